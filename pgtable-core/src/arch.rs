@@ -1,0 +1,123 @@
+//! The arch contract: capabilities and the Linux-named entry operations.
+
+use crate::{generic, Format, Mmu, Slot, VirtAddr};
+
+/// An architecture: a [`Format`] plus its capabilities and entry operations.
+///
+/// Every entry operation is a provided method whose body is Linux's generic
+/// fallback from `include/linux/pgtable.h`, also callable as a free function
+/// in [`generic`] so an override can reuse it. An arch overrides a method
+/// where Linux's arch code defines `__HAVE_ARCH_…`.
+///
+/// Entries are single 64-bit atomics: the hardware walker reads them
+/// concurrently and may write accessed/dirty bits into them.
+pub trait Arch: Format {
+    /// The arch can move a whole PMD table by moving one entry (Linux
+    /// `CONFIG_HAVE_MOVE_PMD`). The fast path also needs the core's
+    /// `move-pmd` feature.
+    const HAVE_MOVE_PMD: bool = false;
+    /// The arch can move a whole PUD table by moving one entry (Linux
+    /// `CONFIG_HAVE_MOVE_PUD`). The fast path also needs the core's
+    /// `move-pud` feature.
+    const HAVE_MOVE_PUD: bool = false;
+    /// Past this many strides a range flush becomes a full flush (Linux:
+    /// 33 on x86 `tlb_single_page_flush_ceiling`, 512 on arm64
+    /// `MAX_TLBI_OPS`).
+    const TLB_FLUSH_CEILING: u64 = 33;
+    /// Table writes need [`Mmu::walker_barrier`] before the walker is
+    /// guaranteed to see them (arm64); `false` where the walker observes
+    /// stores in order (x86).
+    const NEEDS_WALKER_BARRIER: bool = true;
+    /// Changing a live entry in a way the hardware cannot tolerate (output
+    /// address, block size) needs break-before-make: invalid entry, barrier,
+    /// TLB invalidation, then the new entry (arm64 ARM D8.16).
+    const BREAK_BEFORE_MAKE: bool = true;
+
+    /// Linux `set_pte_at`: store a PTE and make it visible to the walker.
+    #[inline]
+    fn set_pte_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pte: u64) {
+        generic::set_entry_at::<Self, M>(mmu, va, slot, pte)
+    }
+
+    /// Linux `set_pmd_at`: store a PMD (block or table) and make it visible.
+    #[inline]
+    fn set_pmd_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pmd: u64) {
+        generic::set_entry_at::<Self, M>(mmu, va, slot, pmd)
+    }
+
+    /// Linux `set_pud_at` (seed 000): store a PUD and make it visible.
+    #[inline]
+    fn set_pud_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pud: u64) {
+        generic::set_entry_at::<Self, M>(mmu, va, slot, pud)
+    }
+
+    /// Linux `set_pte_nosync` (seed 004): store an entry of any level
+    /// without the walker barrier; the caller issues one barrier after the
+    /// last entry of the table (or of a lazy-MMU scope).
+    #[inline]
+    fn set_pte_nosync<M: Mmu>(mmu: &M, slot: &Slot, pte: u64) {
+        generic::set_entry_nosync(mmu, slot, pte)
+    }
+
+    /// Linux `ptep_get_and_clear`: atomically read and clear an entry, so a
+    /// concurrent hardware accessed/dirty update is returned, never lost.
+    #[inline]
+    fn ptep_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
+        generic::get_and_clear(mmu, slot)
+    }
+
+    /// Linux `pmdp_huge_get_and_clear`: the same for a block entry.
+    #[inline]
+    fn pmdp_huge_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
+        generic::get_and_clear(mmu, slot)
+    }
+
+    /// Linux `ptep_modify_prot_start`: take the PTE out of service for a
+    /// protection change and return it with its final accessed/dirty state.
+    #[inline]
+    fn ptep_modify_prot_start<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot) -> u64 {
+        generic::ptep_modify_prot_start::<Self, M>(mmu, va, slot)
+    }
+
+    /// Linux `ptep_modify_prot_commit`: install the modified PTE.
+    #[inline]
+    fn ptep_modify_prot_commit<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, old: u64, new: u64) {
+        generic::ptep_modify_prot_commit::<Self, M>(mmu, va, slot, old, new)
+    }
+
+    /// Linux `pmdp_modify_prot_start` for a block at `height` (PMD or PUD).
+    ///
+    /// The generic fallback is Linux's `pmdp_invalidate`: clear the entry
+    /// and flush its TLB range at once — the first of the two flushes seed
+    /// 003 removes on arm64. An arch whose hardware updates are made safe by
+    /// the atomic clear alone overrides this with
+    /// [`generic::pmdp_modify_prot_start_deferred`], leaving one flush at the
+    /// end of the operation.
+    #[inline]
+    fn pmdp_modify_prot_start<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32) -> u64 {
+        generic::pmdp_modify_prot_start::<Self, M>(mmu, va, slot, height)
+    }
+
+    /// Linux `pmdp_modify_prot_commit`: install the modified block.
+    #[inline]
+    fn pmdp_modify_prot_commit<M: Mmu>(
+        mmu: &M,
+        va: VirtAddr,
+        slot: &Slot,
+        height: u32,
+        old: u64,
+        new: u64,
+    ) {
+        generic::pmdp_modify_prot_commit::<Self, M>(mmu, va, slot, height, old, new)
+    }
+
+    /// Whether the live entry `old` may be replaced by `new` in place,
+    /// without break-before-make. The default allows it only from or to
+    /// none, or when the two differ in accessed/dirty state alone
+    /// (`modify_prot` with the same protection). Arch crates refine it
+    /// (arm64 `pgattr_change_is_safe`).
+    #[inline]
+    fn change_is_safe(old: u64, new: u64, height: u32) -> bool {
+        generic::change_is_safe::<Self>(old, new, height)
+    }
+}

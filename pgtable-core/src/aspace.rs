@@ -1,0 +1,508 @@
+//! The address space handle and the machinery the algorithms share:
+//! table access, input validation, pre-reserved tables, deferred frees,
+//! walker barriers and the lazy-MMU scope.
+
+use core::marker::PhantomData;
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::level::{entry_end, index, size};
+use crate::{
+    Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TlbGather, TlbRange,
+    VirtAddr, PAGE_SIZE,
+};
+
+/// What [`AddressSpace::map`] may use besides 4 KiB pages.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MapOptions {
+    /// Bit `h` set: leaves (blocks) at height `h` are allowed.
+    block_heights: u8,
+}
+
+impl MapOptions {
+    /// Only last-level pages.
+    pub const PAGES: MapOptions = MapOptions { block_heights: 0 };
+    /// PMD blocks (2 MiB) but no PUD blocks.
+    pub const PMD_BLOCKS: MapOptions = MapOptions { block_heights: 1 << 1 };
+    /// Every block size the format allows (2 MiB and 1 GiB).
+    pub const BLOCKS: MapOptions = MapOptions { block_heights: 0b110 };
+
+    /// Whether a block at `height` is allowed.
+    #[inline]
+    pub const fn allows(self, height: u32) -> bool {
+        self.block_heights & (1 << height) != 0
+    }
+}
+
+/// One address space: a root table, the MMU it is live on and the
+/// allocator its tables come from.
+///
+/// Every operation takes `&mut self`, so no two operations on one address
+/// space run at once; the hardware walker (and, in tests, the simulated
+/// hardware agent) is the only concurrent party.
+///
+/// Dropping the address space frees every table it owns; it must not be
+/// installed on any CPU at that point.
+pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
+    pub(crate) root: PhysAddr,
+    pub(crate) mmu: Counted<M>,
+    pub(crate) alloc: T,
+    lazy_depth: u32,
+    barrier_pending: bool,
+    _arch: PhantomData<A>,
+}
+
+/// The MMU wrapped with the `stats` counters, so barriers and flushes
+/// issued anywhere (also inside arch entry operations) are counted.
+pub(crate) struct Counted<M> {
+    pub(crate) inner: M,
+    pub(crate) stats: Stats,
+}
+
+impl<M: Mmu> Mmu for Counted<M> {
+    const OBSERVES_WRITES: bool = M::OBSERVES_WRITES;
+
+    #[inline]
+    fn walker_barrier(&self) {
+        self.stats.add_barriers(1);
+        self.inner.walker_barrier();
+    }
+
+    #[inline]
+    fn flush_tlb_range(&self, range: TlbRange) {
+        self.stats.add_flush_range(1);
+        self.stats.add_flush_range_pages(range.strides());
+        self.inner.flush_tlb_range(range);
+    }
+
+    #[inline]
+    fn flush_tlb_all(&self) {
+        self.stats.add_flush_all(1);
+        self.inner.flush_tlb_all();
+    }
+
+    unsafe fn install_root(&self, root: PhysAddr) {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.inner.install_root(root) }
+    }
+
+    #[inline]
+    fn entry_written(&self, slot: &Slot, old: u64) {
+        self.inner.entry_written(slot, old);
+    }
+}
+
+/// Returns the table at `pa`.
+///
+/// # Safety
+///
+/// `pa` must be a live table frame of `alloc`, and the returned reference
+/// must not be used after that frame is freed.
+#[inline]
+pub(crate) unsafe fn table_at<'t, T: TableAlloc>(alloc: &T, pa: PhysAddr) -> &'t Table {
+    // SAFETY: the caller guarantees the frame is live; `TableAlloc`
+    // guarantees the pointer is valid for reads and atomic writes.
+    unsafe { alloc.phys_to_virt(pa).as_ref() }
+}
+
+/// Table frames allocated up front so the write phase of an operation
+/// cannot fail. They are linked through their first word (a value with the
+/// low 12 bits clear, which no format treats as valid).
+pub(crate) struct Stash {
+    head: u64,
+    pub(crate) count: usize,
+}
+
+/// Table frames unlinked by an operation, freed after its TLB flush.
+pub(crate) struct FreeQueue {
+    head: u64,
+    pub(crate) count: usize,
+}
+
+impl FreeQueue {
+    pub(crate) const fn new() -> FreeQueue {
+        FreeQueue { head: 0, count: 0 }
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// A new, empty address space with a freshly allocated root table.
+    pub fn new(mmu: M, mut alloc: T) -> Result<Self, Error> {
+        const { assert!(A::LEVELS >= 3 && A::LEVELS <= 5) };
+        const { assert!(A::VA_BITS <= 64) };
+        let root = alloc.alloc_table().ok_or(Error::OutOfMemory)?;
+        let s = AddressSpace::from_parts(root, mmu, alloc);
+        s.mmu.stats.add_tables_allocated(1);
+        Ok(s)
+    }
+
+    /// Adopts an existing root table.
+    ///
+    /// # Safety
+    ///
+    /// `root` and every table reachable from it must be frames of `alloc`
+    /// in format `A`, owned by nothing else from now on.
+    pub unsafe fn from_root(root: PhysAddr, mmu: M, alloc: T) -> Self {
+        AddressSpace::from_parts(root, mmu, alloc)
+    }
+
+    fn from_parts(root: PhysAddr, mmu: M, alloc: T) -> Self {
+        AddressSpace {
+            root,
+            mmu: Counted {
+                inner: mmu,
+                stats: Stats::default(),
+            },
+            alloc,
+            lazy_depth: 0,
+            barrier_pending: false,
+            _arch: PhantomData,
+        }
+    }
+
+    /// The physical address of the root table (for TTBR / CR3).
+    pub fn root(&self) -> PhysAddr {
+        self.root
+    }
+
+    /// The MMU.
+    pub fn mmu(&self) -> &M {
+        &self.mmu.inner
+    }
+
+    /// The table allocator.
+    pub fn alloc(&self) -> &T {
+        &self.alloc
+    }
+
+    /// The table allocator, mutably (e.g. to inject failures in tests).
+    pub fn alloc_mut(&mut self) -> &mut T {
+        &mut self.alloc
+    }
+
+    /// The counters (all zero without the `stats` feature).
+    pub fn stats(&self) -> &Stats {
+        &self.mmu.stats
+    }
+
+    /// Installs this address space's root on the MMU.
+    ///
+    /// # Safety
+    ///
+    /// As [`Mmu::install_root`]: the tables must map everything the CPU
+    /// touches next, and the address space must outlive its installation.
+    pub unsafe fn install(&self) {
+        // SAFETY: the caller upholds the contract of `install_root`.
+        unsafe { self.mmu.install_root(self.root) }
+    }
+
+    /// Runs `f` in a lazy-MMU scope (Linux `arch_enter_lazy_mmu_mode`): the
+    /// per-table walker barriers of the operations inside are deferred and
+    /// issued once when the scope ends. Barriers that break-before-make
+    /// needs are never deferred.
+    pub fn lazy_mmu<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        self.lazy_depth += 1;
+        let r = f(self);
+        self.lazy_depth -= 1;
+        if self.lazy_depth == 0 && self.barrier_pending {
+            self.barrier_pending = false;
+            self.mmu.walker_barrier();
+        }
+        r
+    }
+
+    /// The slot of the entry at `height` on the path to `va`, if the tables
+    /// down to that height exist.
+    pub fn slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
+        if !A::va_ok(va.0) || height >= A::LEVELS {
+            return None;
+        }
+        let mut pa = self.root;
+        let mut h = A::LEVELS - 1;
+        loop {
+            // SAFETY: `pa` is the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            let slot = &t.entries[index(va.0, h)];
+            if h == height {
+                return Some(slot);
+            }
+            match A::decode(slot.load(Relaxed), h) {
+                Decoded::Table(c) => pa = c,
+                _ => return None,
+            }
+            h -= 1;
+        }
+    }
+
+    /// Number of tables reachable from the root, the root included.
+    pub fn count_tables(&self) -> usize {
+        self.count_below(self.root, A::LEVELS - 1)
+    }
+
+    fn count_below(&self, pa: PhysAddr, h: u32) -> usize {
+        let mut n = 1;
+        if h > 0 {
+            // SAFETY: reached from the root.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            for e in &t.entries {
+                if let Decoded::Table(c) = A::decode(e.load(Relaxed), h) {
+                    n += self.count_below(c, h - 1);
+                }
+            }
+        }
+        n
+    }
+
+    // ----- shared machinery for the algorithms -----
+
+    /// Checks a virtual range and returns its exclusive end (0 when the
+    /// range reaches the top of the 64-bit space).
+    pub(crate) fn check_range(va: VirtAddr, len: u64) -> Result<u64, Error> {
+        if len == 0 {
+            return Err(Error::ZeroLength);
+        }
+        if !va.is_aligned(PAGE_SIZE) {
+            return Err(Error::MisalignedVirt(va));
+        }
+        if len % PAGE_SIZE != 0 {
+            return Err(Error::MisalignedLength(len));
+        }
+        if !A::va_ok(va.0) {
+            return Err(Error::OutOfRange(va));
+        }
+        let last = va.0.checked_add(len - 1).ok_or(Error::OutOfRange(va))?;
+        // Both ends valid and on the same side of the non-canonical hole.
+        if !A::va_ok(last) || (va.0 ^ last) >> (A::VA_BITS - 1) != 0 {
+            let hole = (va.0 | ((1u64 << (A::VA_BITS - 1)) - 1)).wrapping_add(1);
+            return Err(Error::OutOfRange(VirtAddr(hole)));
+        }
+        Ok(va.0.wrapping_add(len))
+    }
+
+    /// Checks that a physical range is page aligned and encodable.
+    pub(crate) fn check_phys(pa: PhysAddr, len: u64) -> Result<(), Error> {
+        if !pa.is_aligned(PAGE_SIZE) {
+            return Err(Error::MisalignedPhys(pa));
+        }
+        match pa.0.checked_add(len) {
+            Some(end) if A::PA_BITS >= 64 || end <= 1u64 << A::PA_BITS => Ok(()),
+            _ => Err(Error::PhysOutOfRange(pa)),
+        }
+    }
+
+    /// Allocates `n` tables up front, or none at all.
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<Stash, Error> {
+        let mut stash = Stash { head: 0, count: 0 };
+        for _ in 0..n {
+            match self.alloc.alloc_table() {
+                Some(pa) => {
+                    // SAFETY: freshly allocated frame of ours.
+                    let t = unsafe { table_at(&self.alloc, pa) };
+                    // Relaxed: the frame is private to this thread.
+                    t.entries[0].store(stash.head, Relaxed);
+                    stash.head = pa.0;
+                    stash.count += 1;
+                }
+                None => {
+                    self.release_raw(stash);
+                    return Err(Error::OutOfMemory);
+                }
+            }
+        }
+        self.mmu.stats.add_tables_allocated(n as u64);
+        Ok(stash)
+    }
+
+    /// Takes one reserved, zeroed table.
+    pub(crate) fn take(&mut self, stash: &mut Stash) -> PhysAddr {
+        assert!(stash.count > 0, "table reservation under-counted");
+        let pa = PhysAddr(stash.head);
+        // SAFETY: stash frames are live frames of ours, not yet linked.
+        let t = unsafe { table_at(&self.alloc, pa) };
+        // Relaxed: the frame is private to this thread until linked.
+        stash.head = t.entries[0].swap(0, Relaxed);
+        stash.count -= 1;
+        pa
+    }
+
+    /// Frees the tables left in a reservation (none are left when the
+    /// reservation was counted exactly).
+    pub(crate) fn release(&mut self, stash: Stash) {
+        self.mmu.stats.add_tables_freed(stash.count as u64);
+        self.release_raw(stash);
+    }
+
+    fn release_raw(&mut self, mut stash: Stash) {
+        while stash.count > 0 {
+            let pa = self.take(&mut stash);
+            // SAFETY: never linked into the tables, so no walker reaches it.
+            unsafe { self.alloc.free_table(pa) };
+        }
+    }
+
+    /// Queues an unlinked table for freeing after the TLB flush.
+    pub(crate) fn queue_free(&self, q: &mut FreeQueue, pa: PhysAddr) {
+        // SAFETY: the frame is ours and unlinked; a walker that still uses a
+        // cached pointer to it reads the link as an invalid entry.
+        let t = unsafe { table_at(&self.alloc, pa) };
+        // Relaxed: only this thread follows the link.
+        t.entries[0].store(q.head, Relaxed);
+        q.head = pa.0;
+        q.count += 1;
+    }
+
+    /// Queues an unlinked table at `height` and every table below it.
+    pub(crate) fn queue_free_subtree(&self, q: &mut FreeQueue, pa: PhysAddr, height: u32) {
+        if height > 0 {
+            // SAFETY: the subtree is ours; it was reachable until unlinked.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            for e in &t.entries {
+                if let Decoded::Table(c) = A::decode(e.load(Relaxed), height) {
+                    self.queue_free_subtree(q, c, height - 1);
+                }
+            }
+        }
+        self.queue_free(q, pa);
+    }
+
+    /// Flushes the gathered TLB range, then frees the queued tables (in that
+    /// order: a walker may use an unlinked table until the flush).
+    pub(crate) fn finish(&mut self, gather: TlbGather, mut q: FreeQueue) {
+        gather.flush::<A, _>(&self.mmu);
+        self.mmu.stats.add_tables_freed(q.count as u64);
+        while q.count > 0 {
+            let pa = PhysAddr(q.head);
+            // SAFETY: queued frames are ours and unlinked.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            // Relaxed: private to this thread now.
+            q.head = t.entries[0].load(Relaxed);
+            q.count -= 1;
+            // SAFETY: unlinked and the TLB flush above has completed.
+            unsafe { self.alloc.free_table(pa) };
+        }
+    }
+
+    /// The per-table walker barrier after writing a table's entries: now,
+    /// or at the end of the lazy-MMU scope.
+    #[inline]
+    pub(crate) fn table_done(&mut self) {
+        if !A::NEEDS_WALKER_BARRIER {
+            return;
+        }
+        if self.lazy_depth > 0 {
+            self.barrier_pending = true;
+        } else {
+            self.mmu.walker_barrier();
+        }
+    }
+
+    /// Replaces the block `raw` at `height` in `slot` (covering `va`) with a
+    /// table of equivalent next-level leaves taken from `stash`. Uses
+    /// break-before-make where the arch needs it; otherwise the old block's
+    /// translation is added to `gather`. Returns the new table.
+    pub(crate) fn split_block(
+        &mut self,
+        slot: &Slot,
+        raw: u64,
+        va: VirtAddr,
+        height: u32,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+    ) -> PhysAddr {
+        let child = self.take(stash);
+        // SAFETY: a reserved frame of ours, not yet linked.
+        let ct = unsafe { table_at(&self.alloc, child) };
+        let new = A::table_entry(child, height);
+        let block = va.align_down(size(height));
+        let fill = |raw: u64| {
+            let first = A::split_leaf(raw, height);
+            let step = size(height - 1);
+            for (i, e) in ct.entries.iter().enumerate() {
+                // Relaxed: the table is not reachable yet; the link below
+                // is ordered after these stores by the barrier.
+                e.store(first + i as u64 * step, Relaxed);
+            }
+        };
+        if A::BREAK_BEFORE_MAKE && !A::change_is_safe(raw, new, height) {
+            // Break: take the block out (atomically, so its final
+            // accessed/dirty state is what the children inherit), make
+            // sure no TLB holds it, then make the table.
+            let old = A::pmdp_huge_get_and_clear(&self.mmu, slot);
+            self.mmu.flush_tlb_range(TlbRange {
+                start: block,
+                end: block.add(size(height)),
+                stride_shift: crate::level::shift(height),
+                last_level: true,
+            });
+            fill(old);
+            A::set_pte_nosync(&self.mmu, slot, new);
+            // Never deferred: the table must be live before we go on.
+            self.mmu.walker_barrier();
+        } else {
+            // In place: retry if the hardware updated accessed/dirty state
+            // between our read and the exchange, so it is not lost.
+            let mut cur = raw;
+            loop {
+                fill(cur);
+                // Relaxed: atomicity is what matters against the hardware
+                // agent; the walker is ordered by the barrier below.
+                match slot.compare_exchange(cur, new, Relaxed, Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => cur = now,
+                }
+            }
+            if M::OBSERVES_WRITES {
+                self.mmu.entry_written(slot, cur);
+            }
+            self.table_done();
+            gather.add_leaf(block, height);
+        }
+        self.mmu
+            .stats
+            .add_entries_written(crate::ENTRIES_PER_TABLE as u64 + 1);
+        child
+    }
+
+    /// How many tables splitting the block at `height` around the partial
+    /// range `[va, end)` needs, splits of partly covered children included.
+    pub(crate) fn split_need(va: u64, end: u64, height: u32) -> usize {
+        let mut need = 1;
+        if height > 1 {
+            let mut v = va;
+            loop {
+                let next = entry_end(v, height - 1, end);
+                if !covers(v, next, height - 1) {
+                    need += Self::split_need(v, next, height - 1);
+                }
+                v = next;
+                if v == end {
+                    break;
+                }
+            }
+        }
+        need
+    }
+}
+
+/// Whether `[va, next)` is exactly one whole entry at `height`.
+#[inline]
+pub(crate) fn covers(va: u64, next: u64, height: u32) -> bool {
+    va & (size(height) - 1) == 0 && next.wrapping_sub(va) == size(height)
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {
+    fn drop(&mut self) {
+        let mut q = FreeQueue::new();
+        self.queue_free_subtree(&mut q, self.root, A::LEVELS - 1);
+        while q.count > 0 {
+            let pa = PhysAddr(q.head);
+            // SAFETY: queued frames are ours.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            // Relaxed: private to this thread.
+            q.head = t.entries[0].load(Relaxed);
+            q.count -= 1;
+            // SAFETY: the address space is being destroyed and, by the
+            // contract of `AddressSpace`, is not installed anywhere.
+            unsafe { self.alloc.free_table(pa) };
+        }
+    }
+}

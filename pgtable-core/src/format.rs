@@ -1,0 +1,250 @@
+//! The pure half of an architecture: how entries are encoded.
+//!
+//! A [`Format`] has no side effects and executes no instructions, so it is
+//! fully testable on the host. The algorithms of this crate and the simulated
+//! MMU use nothing but these methods to read and build entries, which is what
+//! lets a host test exercise the exact bits the hardware walker will see.
+//!
+//! # Rules for implementations
+//!
+//! - The *none* entry is `0`, and any value whose low 12 bits are clear is
+//!   not valid (the algorithms link free tables through their first word).
+//! - A leaf is linear in its output address: `leaf(pa, p, h) ==
+//!   leaf_template(p, h) | pa.0` for every `pa` aligned to the leaf size. The
+//!   per-entry loops build one template per table and OR the address in.
+//! - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too (a
+//!   block splits into blocks of the next size down).
+
+use core::fmt;
+
+use crate::addr::PhysAddr;
+
+/// What an entry is, as the hardware walker would see it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Decoded {
+    /// The empty entry (`0`).
+    None,
+    /// Points at a next-level table.
+    Table(PhysAddr),
+    /// Maps a page (height 0) or a block (height > 0) at this address.
+    Leaf(PhysAddr),
+    /// Not zero, but not valid for the walker (a software-only encoding).
+    Invalid,
+}
+
+/// Memory type of a mapping.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+pub enum MemType {
+    /// Normal memory, write-back cacheable.
+    #[default]
+    Normal,
+    /// Normal memory, non-cacheable (arm64 Normal-NC, x86 UC- via PCD).
+    NormalNonCacheable,
+    /// Device memory (arm64 Device-nGnRE, x86 UC).
+    Device,
+}
+
+/// An architecture-neutral protection: what accesses a mapping allows.
+///
+/// Every mapping is readable by the kernel; the flags add rights on top.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Prot {
+    bits: u8,
+    /// The memory type.
+    pub mem: MemType,
+}
+
+impl Prot {
+    /// Writes allowed.
+    pub const WRITE: u8 = 1 << 0;
+    /// Instruction fetches allowed (at the privilege that can access it).
+    pub const EXEC: u8 = 1 << 1;
+    /// Accessible from user mode (arm64 EL0, x86 CPL 3).
+    pub const USER: u8 = 1 << 2;
+    /// Global: not tagged with an address-space identifier.
+    pub const GLOBAL: u8 = 1 << 3;
+
+    /// Kernel read-only, not executable.
+    pub const READ_ONLY: Prot = Prot::new(0);
+    /// Kernel read-write, not executable.
+    pub const READ_WRITE: Prot = Prot::new(Prot::WRITE);
+    /// Kernel read-only, executable.
+    pub const READ_EXEC: Prot = Prot::new(Prot::EXEC);
+
+    /// A normal-memory protection with the given flag bits.
+    pub const fn new(bits: u8) -> Prot {
+        Prot {
+            bits,
+            mem: MemType::Normal,
+        }
+    }
+
+    /// The same protection with another memory type.
+    pub const fn with_mem(self, mem: MemType) -> Prot {
+        Prot {
+            bits: self.bits,
+            mem,
+        }
+    }
+
+    /// The flag bits.
+    pub const fn bits(self) -> u8 {
+        self.bits
+    }
+
+    /// Whether writes are allowed.
+    pub const fn writable(self) -> bool {
+        self.bits & Prot::WRITE != 0
+    }
+
+    /// Whether instruction fetches are allowed.
+    pub const fn executable(self) -> bool {
+        self.bits & Prot::EXEC != 0
+    }
+
+    /// Whether user mode may access it.
+    pub const fn user(self) -> bool {
+        self.bits & Prot::USER != 0
+    }
+
+    /// Whether it is global.
+    pub const fn global(self) -> bool {
+        self.bits & Prot::GLOBAL != 0
+    }
+}
+
+impl fmt::Debug for Prot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Prot(r{}{}{}{} {:?})",
+            if self.writable() { "w" } else { "-" },
+            if self.executable() { "x" } else { "-" },
+            if self.user() { " user" } else { "" },
+            if self.global() { " global" } else { "" },
+            self.mem
+        )
+    }
+}
+
+/// One memory access, as the simulated hardware performs it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Access {
+    /// A store (sets the dirty state) rather than a load.
+    pub write: bool,
+    /// An instruction fetch.
+    pub exec: bool,
+    /// Performed at user privilege.
+    pub user: bool,
+}
+
+impl Access {
+    /// A kernel data load.
+    pub const READ: Access = Access {
+        write: false,
+        exec: false,
+        user: false,
+    };
+    /// A kernel data store.
+    pub const WRITE: Access = Access {
+        write: true,
+        exec: false,
+        user: false,
+    };
+    /// A kernel instruction fetch.
+    pub const EXEC: Access = Access {
+        write: false,
+        exec: true,
+        user: false,
+    };
+}
+
+/// Why the hardware refused an access to a present leaf.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AccessFault {
+    /// A store to a read-only mapping.
+    Write,
+    /// An instruction fetch from an execute-never mapping.
+    Exec,
+    /// A user access to a kernel-only mapping.
+    Privilege,
+    /// The access flag is clear and the hardware does not set it (arm64 without FEAT_HAFDBS).
+    AccessFlag,
+}
+
+/// The descriptor encoding of one architecture (pure data, no side effects).
+///
+/// See the [module documentation](self) for the rules every implementation
+/// must follow.
+pub trait Format: Sized + 'static {
+    /// Short human name, e.g. `"arm64-4K-48bit"`.
+    const NAME: &'static str;
+    /// Number of translation levels (3, 4 or 5).
+    const LEVELS: u32;
+    /// Output-address bits the format can encode.
+    const PA_BITS: u32;
+
+    /// Bits of virtual address translated: `12 + 9 * LEVELS`.
+    const VA_BITS: u32 = crate::level::shift(Self::LEVELS);
+
+    /// Whether a leaf (block or page) may sit at `height`. Height 0 always can.
+    fn leaf_allowed(height: u32) -> bool;
+
+    /// Decodes `raw` as an entry of a table at `height`.
+    fn decode(raw: u64, height: u32) -> Decoded;
+
+    /// An entry at `height` pointing at the next-level table at `pa`.
+    fn table_entry(pa: PhysAddr, height: u32) -> u64;
+
+    /// A leaf at `height` with protection `prot` and output address 0.
+    fn leaf_template(prot: Prot, height: u32) -> u64;
+
+    /// A leaf at `height` mapping `pa` with `prot`.
+    #[inline]
+    fn leaf(pa: PhysAddr, prot: Prot, height: u32) -> u64 {
+        Self::leaf_template(prot, height) | pa.0
+    }
+
+    /// The protection a leaf at `height` grants.
+    fn leaf_prot(raw: u64, height: u32) -> Prot;
+
+    /// Linux `pte_modify`: `raw` (a leaf at `height`) with its protection
+    /// replaced by `prot`, keeping the output address and the
+    /// accessed/dirty state.
+    fn modify_prot(raw: u64, prot: Prot, height: u32) -> u64;
+
+    /// The leaf at `height - 1` that maps the first part of the block `raw`
+    /// at `height`, with the same attributes and accessed/dirty state. The
+    /// other children are this value with the address advanced.
+    fn split_leaf(raw: u64, height: u32) -> u64;
+
+    /// Whether the accessed (young) state is set.
+    fn is_young(raw: u64) -> bool;
+
+    /// Whether the dirty state is set (hardware or software dirty).
+    fn is_dirty(raw: u64) -> bool;
+
+    /// Whether the hardware will never write this leaf again: accessed is
+    /// set and it is dirty or cannot become dirty. Settled entries may be
+    /// copied with a plain load and store. The default says "never", which
+    /// is always safe.
+    #[inline]
+    fn is_settled(_raw: u64, _height: u32) -> bool {
+        false
+    }
+
+    /// What the hardware does when it performs `access` through the leaf
+    /// `raw` at `height`: the entry after its accessed/dirty update (equal to
+    /// `raw` if nothing changes), or the fault it raises. Used by the
+    /// simulated MMU, so it must follow the architecture manual.
+    fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault>;
+
+    /// Whether `va` is a valid input address: inside the translated range
+    /// and canonical (the bits above `VA_BITS - 1` all equal bit
+    /// `VA_BITS - 1`). Override for formats that accept one half only.
+    #[inline]
+    fn va_ok(va: u64) -> bool {
+        let top = (va as i64) >> (Self::VA_BITS - 1);
+        top == 0 || top == -1
+    }
+}

@@ -1,0 +1,110 @@
+//! Batching of TLB maintenance (Linux `struct mmu_gather`).
+
+use crate::level::shift;
+use crate::{Arch, Mmu, TlbRange, VirtAddr};
+
+/// Collects the translations an operation invalidated and flushes them once.
+///
+/// The gathered range grows to cover everything added (as Linux's
+/// `mmu_gather` does). [`flush`](TlbGather::flush) issues one range flush,
+/// or one full flush when the range spans more than
+/// [`Arch::TLB_FLUSH_CEILING`] strides. A gather must be flushed: dropping
+/// one that holds work is a bug (checked in debug builds).
+#[must_use = "a TLB gather must be flushed"]
+#[derive(Debug)]
+pub struct TlbGather {
+    start: u64,
+    /// Inclusive last byte, so a range reaching the top of the space works.
+    last: u64,
+    stride_shift: u32,
+    last_level: bool,
+    empty: bool,
+}
+
+impl Default for TlbGather {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TlbGather {
+    /// An empty gather.
+    pub const fn new() -> TlbGather {
+        TlbGather {
+            start: u64::MAX,
+            last: 0,
+            stride_shift: u32::MAX,
+            last_level: true,
+            empty: true,
+        }
+    }
+
+    /// Whether nothing was gathered.
+    pub fn is_empty(&self) -> bool {
+        self.empty
+    }
+
+    /// A leaf at `height` covering `va` was removed or changed.
+    #[inline]
+    pub fn add_leaf(&mut self, va: VirtAddr, height: u32) {
+        let s = shift(height);
+        let start = va.0 >> s << s;
+        self.add(start, start + ((1u64 << s) - 1), s, true);
+    }
+
+    /// `[start, start + len)` held leaves of height `height` that changed.
+    #[inline]
+    pub fn add_range(&mut self, start: VirtAddr, len: u64, height: u32) {
+        debug_assert!(len > 0);
+        self.add(start.0, start.0 + (len - 1), shift(height), true);
+    }
+
+    /// A table entry at `height` covering `va` was removed: cached walks
+    /// through it must go too (not last-level only).
+    #[inline]
+    pub fn add_table(&mut self, va: VirtAddr, height: u32) {
+        let s = shift(height);
+        let start = va.0 >> s << s;
+        // The leaves below may be as small as 4 KiB.
+        self.add(start, start + ((1u64 << s) - 1), shift(0), false);
+    }
+
+    #[inline]
+    fn add(&mut self, start: u64, last: u64, stride_shift: u32, last_level: bool) {
+        self.start = self.start.min(start);
+        self.last = self.last.max(last);
+        self.stride_shift = self.stride_shift.min(stride_shift);
+        self.last_level &= last_level;
+        self.empty = false;
+    }
+
+    /// The range gathered so far, if any.
+    pub fn range(&self) -> Option<TlbRange> {
+        (!self.empty).then(|| TlbRange {
+            start: VirtAddr(self.start),
+            end: VirtAddr(self.last.wrapping_add(1)),
+            stride_shift: self.stride_shift,
+            last_level: self.last_level,
+        })
+    }
+
+    /// Issues the gathered invalidation: one range flush, or a full flush
+    /// past the arch's ceiling. Nothing when empty.
+    pub fn flush<A: Arch, M: Mmu>(mut self, mmu: &M) {
+        if let Some(r) = self.range() {
+            let strides = ((self.last - self.start) >> r.stride_shift) + 1;
+            if strides > A::TLB_FLUSH_CEILING {
+                mmu.flush_tlb_all();
+            } else {
+                mmu.flush_tlb_range(r);
+            }
+        }
+        self.empty = true;
+    }
+}
+
+impl Drop for TlbGather {
+    fn drop(&mut self) {
+        debug_assert!(self.empty, "TlbGather dropped without flush");
+    }
+}

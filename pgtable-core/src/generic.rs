@@ -1,0 +1,136 @@
+//! Linux's generic fallbacks for the entry operations, as free functions.
+//!
+//! These are the default bodies of the [`Arch`] methods. An arch crate that
+//! overrides a method can still call the fallback from here.
+//!
+//! Memory ordering: every entry access is `Relaxed`. Ordering toward the
+//! hardware walker is the job of [`Mmu::walker_barrier`] and of the TLB
+//! flushes (a Rust ordering does not order the walker), and no software
+//! thread reads the tables concurrently: the algorithms hold the address
+//! space exclusively. What the atomics buy is single-copy atomicity (the
+//! walker never sees a torn entry) and read-modify-writes that cannot lose a
+//! concurrent hardware accessed/dirty update.
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::level::size;
+use crate::{Arch, Mmu, Slot, TlbRange, VirtAddr};
+
+/// Stores `val` without a walker barrier (Linux `set_pte_nosync`).
+#[inline]
+pub fn set_entry_nosync<M: Mmu>(mmu: &M, slot: &Slot, val: u64) {
+    if M::OBSERVES_WRITES {
+        // Relaxed: see the module docs; the simulator is the only observer.
+        let old = slot.swap(val, Relaxed);
+        mmu.entry_written(slot, old);
+    } else {
+        // Relaxed: ordering toward the walker comes from the barrier.
+        slot.store(val, Relaxed);
+    }
+}
+
+/// Stores `val` and, where the arch needs it, issues the walker barrier
+/// (Linux `set_pte_at` / `set_pmd_at` / `set_pud_at`).
+#[inline]
+pub fn set_entry_at<A: Arch, M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, val: u64) {
+    set_entry_nosync(mmu, slot, val);
+    if A::NEEDS_WALKER_BARRIER {
+        mmu.walker_barrier();
+    }
+}
+
+/// Atomically reads and clears an entry (Linux `ptep_get_and_clear`).
+#[inline]
+pub fn get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
+    // Relaxed: an atomic swap cannot lose a concurrent hardware A/D update
+    // whatever its ordering; the walker is ordered by barriers and flushes.
+    let old = slot.swap(0, Relaxed);
+    if M::OBSERVES_WRITES {
+        mmu.entry_written(slot, old);
+    }
+    old
+}
+
+/// Generic `ptep_modify_prot_start`: an atomic get-and-clear. The entry is
+/// not present until the commit, so no hardware update can be lost.
+#[inline]
+pub fn ptep_modify_prot_start<A: Arch, M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot) -> u64 {
+    A::ptep_get_and_clear(mmu, slot)
+}
+
+/// Generic `ptep_modify_prot_commit`: `set_pte_at` of the new value.
+#[inline]
+pub fn ptep_modify_prot_commit<A: Arch, M: Mmu>(
+    mmu: &M,
+    va: VirtAddr,
+    slot: &Slot,
+    _old: u64,
+    new: u64,
+) {
+    A::set_pte_at(mmu, va, slot, new)
+}
+
+/// Generic `pmdp_modify_prot_start` (Linux `pmdp_invalidate`): atomically
+/// clear the block and flush its range immediately.
+#[inline]
+pub fn pmdp_modify_prot_start<A: Arch, M: Mmu>(
+    mmu: &M,
+    va: VirtAddr,
+    slot: &Slot,
+    height: u32,
+) -> u64 {
+    let old = A::pmdp_huge_get_and_clear(mmu, slot);
+    let start = va.align_down(size(height));
+    mmu.flush_tlb_range(TlbRange {
+        start,
+        end: start.add(size(height)),
+        stride_shift: crate::level::shift(height),
+        last_level: true,
+    });
+    old
+}
+
+/// The deferred form of `pmdp_modify_prot_start` (arm64, seed 003): an
+/// atomic get-and-clear and no flush; the caller's gathered flush at the end
+/// of the operation removes the old translation.
+#[inline]
+pub fn pmdp_modify_prot_start_deferred<A: Arch, M: Mmu>(
+    mmu: &M,
+    _va: VirtAddr,
+    slot: &Slot,
+    _height: u32,
+) -> u64 {
+    A::pmdp_huge_get_and_clear(mmu, slot)
+}
+
+/// Generic `pmdp_modify_prot_commit`: `set_pmd_at` (or `set_pud_at`).
+#[inline]
+pub fn pmdp_modify_prot_commit<A: Arch, M: Mmu>(
+    mmu: &M,
+    va: VirtAddr,
+    slot: &Slot,
+    height: u32,
+    _old: u64,
+    new: u64,
+) {
+    if height >= 2 {
+        A::set_pud_at(mmu, va, slot, new)
+    } else {
+        A::set_pmd_at(mmu, va, slot, new)
+    }
+}
+
+/// Generic rule for in-place changes of a live entry: from or to none, or
+/// the same entry up to accessed/dirty state.
+#[inline]
+pub fn change_is_safe<A: Arch>(old: u64, new: u64, height: u32) -> bool {
+    if old == 0 || new == 0 {
+        return true;
+    }
+    match (A::decode(old, height), A::decode(new, height)) {
+        (crate::Decoded::Leaf(a), crate::Decoded::Leaf(b)) => {
+            a == b && A::leaf_prot(old, height) == A::leaf_prot(new, height)
+        }
+        _ => old == new,
+    }
+}

@@ -1,0 +1,75 @@
+//! # pgtable-core
+//!
+//! The generic half of the pgtable family: the contract an architecture
+//! implements ([`Format`] for the pure descriptor encoding, [`Arch`] for the
+//! Linux-named entry operations, [`Mmu`] for the machine's barriers and TLB
+//! maintenance) and the algorithms written once against it: [`map`],
+//! [`unmap`], [`translate`] and [`walk`] on an [`AddressSpace`].
+//!
+//! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
+//! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
+//! kernel or a host test picks one arch, one [`Mmu`] (the real one or a
+//! simulated one) and one [`TableAlloc`].
+//!
+//! ## Example
+//!
+//! ```
+//! # #[cfg(feature = "alloc")] {
+//! use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+//! use pgtable_core::test_format::TestFormat;
+//!
+//! let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+//! // Map 4 MiB at 1 GiB to physical 0x8000_0000, allowing 2 MiB blocks.
+//! space
+//!     .map(VirtAddr(1 << 30), PhysAddr(0x8000_0000), 4 << 20, Prot::READ_WRITE, MapOptions::BLOCKS)
+//!     .unwrap();
+//! let t = space.translate(VirtAddr((1 << 30) + 0x1234)).unwrap();
+//! assert_eq!(t.pa, PhysAddr(0x8000_1234));
+//! space.unmap(VirtAddr(1 << 30), 4 << 20).unwrap();
+//! assert!(space.translate(VirtAddr(1 << 30)).is_none());
+//! # }
+//! ```
+//!
+//! [`map`]: AddressSpace::map
+//! [`unmap`]: AddressSpace::unmap
+//! [`translate`]: AddressSpace::translate
+//! [`walk`]: AddressSpace::walk
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+mod addr;
+mod arch;
+mod aspace;
+mod error;
+mod format;
+mod gather;
+mod level;
+mod map;
+mod mmu;
+mod stats;
+mod table;
+mod unmap;
+mod walk;
+
+pub mod generic;
+pub mod test_format;
+
+pub use addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+pub use arch::Arch;
+pub use aspace::{AddressSpace, MapOptions};
+pub use error::{Error, ErrorKind};
+pub use format::{Access, AccessFault, Decoded, Format, MemType, Prot};
+pub use gather::TlbGather;
+pub use level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
+pub use mmu::{Mmu, NoopMmu, TlbRange};
+pub use stats::Stats;
+#[cfg(feature = "alloc")]
+pub use table::Arena;
+pub use table::{Slot, Table, TableAlloc};
+pub use walk::{Mapping, Translation};

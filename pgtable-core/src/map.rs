@@ -1,0 +1,183 @@
+//! `map`: install translations for a range.
+//!
+//! Three phases, so that an error leaves the tables untouched:
+//! 1. check: walk the range read-only, fail on anything already mapped and
+//!    count the tables the mapping needs;
+//! 2. reserve: allocate exactly that many tables (or fail, freeing them);
+//! 3. fill: write the entries, which can no longer fail. Entries of one
+//!    table are written with the nosync setter and the table gets one
+//!    walker barrier (seed 004), or none until the end of a lazy-MMU scope.
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::{covers, table_at, Stash};
+use crate::level::{entry_end, index, size};
+use crate::{
+    AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
+    PAGE_SIZE,
+};
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Maps `[va, va + len)` to `[pa, pa + len)` with `prot`.
+    ///
+    /// Uses a block at PUD or PMD level wherever `opts` allows it, the
+    /// format supports it and VA, PA and the remaining length are aligned to
+    /// the block size; 4 KiB pages elsewhere. No TLB maintenance is needed
+    /// (nothing valid is replaced).
+    ///
+    /// # Errors
+    ///
+    /// Misaligned or zero length, a range outside the address space, a
+    /// physical range the format cannot encode, anything already mapped in
+    /// the range ([`Error::AlreadyMapped`] with the first such address), or
+    /// [`Error::OutOfMemory`]. On error nothing was changed.
+    pub fn map(
+        &mut self,
+        va: VirtAddr,
+        pa: PhysAddr,
+        len: u64,
+        prot: Prot,
+        opts: MapOptions,
+    ) -> Result<(), Error> {
+        let end = Self::check_range(va, len)?;
+        Self::check_phys(pa, len)?;
+        let top = A::LEVELS - 1;
+        // SAFETY: the root is a live table of ours.
+        let root = unsafe { table_at(&self.alloc, self.root) };
+        let need = self.map_check(top, Some(root), va.0, end, pa.0, opts)?;
+        let mut stash = self.reserve(need)?;
+        self.map_fill(top, self.root, va.0, end, pa.0, prot, opts, &mut stash);
+        debug_assert_eq!(stash.count, 0);
+        self.release(stash);
+        Ok(())
+    }
+
+    /// Phase 1: conflicts and the number of tables needed below `height`.
+    fn map_check(
+        &self,
+        height: u32,
+        table: Option<&crate::Table>,
+        mut va: u64,
+        end: u64,
+        mut pa: u64,
+        opts: MapOptions,
+    ) -> Result<usize, Error> {
+        if height == 0 {
+            if let Some(t) = table {
+                let i = index(va, 0);
+                let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+                for (k, e) in t.entries[i..i + n].iter().enumerate() {
+                    // Relaxed: we hold the address space exclusively.
+                    if e.load(Relaxed) != 0 {
+                        return Err(Error::AlreadyMapped(VirtAddr(va + k as u64 * PAGE_SIZE)));
+                    }
+                }
+            }
+            return Ok(0);
+        }
+        let mut need = 0;
+        loop {
+            let next = entry_end(va, height, end);
+            // Relaxed: we hold the address space exclusively.
+            let raw = table.map_or(0, |t| t.entries[index(va, height)].load(Relaxed));
+            if use_leaf::<A>(height, va, next, pa, opts) {
+                if raw != 0 {
+                    return Err(Error::AlreadyMapped(VirtAddr(va)));
+                }
+            } else {
+                match A::decode(raw, height) {
+                    Decoded::None => {
+                        need += 1 + self.map_check(height - 1, None, va, next, pa, opts)?;
+                    }
+                    Decoded::Table(c) => {
+                        // SAFETY: reached from the root.
+                        let ct = unsafe { table_at(&self.alloc, c) };
+                        need += self.map_check(height - 1, Some(ct), va, next, pa, opts)?;
+                    }
+                    Decoded::Leaf(_) | Decoded::Invalid => {
+                        return Err(Error::AlreadyMapped(VirtAddr(va)));
+                    }
+                }
+            }
+            pa = pa.wrapping_add(next.wrapping_sub(va));
+            va = next;
+            if va == end {
+                return Ok(need);
+            }
+        }
+    }
+
+    /// Phase 3: write the entries of the table `tpa` at `height`.
+    #[allow(clippy::too_many_arguments)]
+    fn map_fill(
+        &mut self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        mut pa: u64,
+        prot: Prot,
+        opts: MapOptions,
+        stash: &mut Stash,
+    ) {
+        // SAFETY: `tpa` is the root, a table reached from it, or a reserved
+        // frame of ours.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        if height == 0 {
+            let template = A::leaf_template(prot, 0);
+            let i = index(va, 0);
+            let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+            for e in &t.entries[i..i + n] {
+                A::set_pte_nosync(&self.mmu, e, template | pa);
+                pa += PAGE_SIZE;
+            }
+            self.mmu.stats.add_entries_written(n as u64);
+            self.table_done();
+            return;
+        }
+        let mut wrote = false;
+        loop {
+            let next = entry_end(va, height, end);
+            let slot = &t.entries[index(va, height)];
+            if use_leaf::<A>(height, va, next, pa, opts) {
+                A::set_pte_nosync(&self.mmu, slot, A::leaf(PhysAddr(pa), prot, height));
+                self.mmu.stats.add_entries_written(1);
+                wrote = true;
+            } else {
+                // Relaxed: we hold the address space exclusively.
+                match A::decode(slot.load(Relaxed), height) {
+                    Decoded::Table(c) => {
+                        self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
+                    }
+                    _ => {
+                        // Phase 1 saw `None` here. Fill the new table, then
+                        // link it; this table's barrier covers the link.
+                        let c = self.take(stash);
+                        self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
+                        A::set_pte_nosync(&self.mmu, slot, A::table_entry(c, height));
+                        self.mmu.stats.add_entries_written(1);
+                        wrote = true;
+                    }
+                }
+            }
+            pa = pa.wrapping_add(next.wrapping_sub(va));
+            va = next;
+            if va == end {
+                break;
+            }
+        }
+        if wrote {
+            self.table_done();
+        }
+    }
+}
+
+/// Whether `[va, next)` at `height` is mapped by one leaf entry.
+#[inline]
+fn use_leaf<A: Arch>(height: u32, va: u64, next: u64, pa: u64, opts: MapOptions) -> bool {
+    height == 0
+        || (opts.allows(height)
+            && A::leaf_allowed(height)
+            && covers(va, next, height)
+            && pa & (size(height) - 1) == 0)
+}

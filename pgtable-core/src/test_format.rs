@@ -1,0 +1,173 @@
+//! A small, documented format for tests of the generic algorithms.
+//!
+//! It behaves like a real MMU format (table/block/page descriptors,
+//! write/user/execute-never permissions, accessed and dirty bits that the
+//! (simulated) hardware sets) but its bits are easy to read in a failing
+//! assertion. It uses every generic fallback of [`Arch`], so it is also the
+//! reference for what the fallbacks do. The number of levels is a
+//! parameter (3, 4 or 5).
+//!
+//! | bits | meaning |
+//! |---|---|
+//! | 0 | valid |
+//! | 1 | height > 0: table (1) or block (0); height 0: must be 1 (page) |
+//! | 2 | writable |
+//! | 3 | user |
+//! | 4 | execute-never |
+//! | 5 | accessed |
+//! | 6 | dirty |
+//! | 7 | global |
+//! | 8–9 | memory type (0 normal, 1 normal non-cacheable, 2 device) |
+//! | 12–47 | output address |
+
+use crate::{Access, AccessFault, Arch, Decoded, Format, MemType, PhysAddr, Prot};
+
+/// The test format with `L` levels (default 4: 48-bit VA).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TestFormat<const L: u32 = 4>;
+
+/// Valid bit.
+pub const VALID: u64 = 1 << 0;
+/// Table (height > 0) or page (height 0) bit.
+pub const TABLE_OR_PAGE: u64 = 1 << 1;
+/// Writable.
+pub const WRITE: u64 = 1 << 2;
+/// User accessible.
+pub const USER: u64 = 1 << 3;
+/// Execute-never.
+pub const XN: u64 = 1 << 4;
+/// Accessed.
+pub const ACCESSED: u64 = 1 << 5;
+/// Dirty.
+pub const DIRTY: u64 = 1 << 6;
+/// Global.
+pub const GLOBAL: u64 = 1 << 7;
+/// Memory type field.
+pub const MEM_MASK: u64 = 3 << 8;
+/// Output address field.
+pub const ADDR_MASK: u64 = ((1 << 48) - 1) & !0xfff;
+
+const PROT_MASK: u64 = WRITE | USER | XN | GLOBAL | MEM_MASK;
+
+fn prot_bits(prot: Prot) -> u64 {
+    let mut b = 0;
+    if prot.writable() {
+        b |= WRITE;
+    }
+    if prot.user() {
+        b |= USER;
+    }
+    if !prot.executable() {
+        b |= XN;
+    }
+    if prot.global() {
+        b |= GLOBAL;
+    }
+    b | match prot.mem {
+        MemType::Normal => 0,
+        MemType::NormalNonCacheable => 1 << 8,
+        MemType::Device => 2 << 8,
+    }
+}
+
+impl<const L: u32> Format for TestFormat<L> {
+    const NAME: &'static str = "test";
+    const LEVELS: u32 = L;
+    const PA_BITS: u32 = 48;
+
+    fn leaf_allowed(height: u32) -> bool {
+        height <= 2
+    }
+
+    fn decode(raw: u64, height: u32) -> Decoded {
+        if raw == 0 {
+            Decoded::None
+        } else if raw & VALID == 0 {
+            Decoded::Invalid
+        } else {
+            let pa = PhysAddr(raw & ADDR_MASK);
+            match (height, raw & TABLE_OR_PAGE != 0) {
+                (0, true) => Decoded::Leaf(pa),
+                (0, false) => Decoded::Invalid,
+                (_, true) => Decoded::Table(pa),
+                (h, false) if h <= 2 => Decoded::Leaf(pa),
+                _ => Decoded::Invalid,
+            }
+        }
+    }
+
+    fn table_entry(pa: PhysAddr, _height: u32) -> u64 {
+        pa.0 | VALID | TABLE_OR_PAGE
+    }
+
+    fn leaf_template(prot: Prot, height: u32) -> u64 {
+        VALID | if height == 0 { TABLE_OR_PAGE } else { 0 } | prot_bits(prot)
+    }
+
+    fn leaf_prot(raw: u64, _height: u32) -> Prot {
+        let mut bits = 0;
+        if raw & WRITE != 0 {
+            bits |= Prot::WRITE;
+        }
+        if raw & USER != 0 {
+            bits |= Prot::USER;
+        }
+        if raw & XN == 0 {
+            bits |= Prot::EXEC;
+        }
+        if raw & GLOBAL != 0 {
+            bits |= Prot::GLOBAL;
+        }
+        let mem = match (raw & MEM_MASK) >> 8 {
+            0 => MemType::Normal,
+            1 => MemType::NormalNonCacheable,
+            _ => MemType::Device,
+        };
+        Prot::new(bits).with_mem(mem)
+    }
+
+    fn modify_prot(raw: u64, prot: Prot, _height: u32) -> u64 {
+        (raw & !PROT_MASK) | prot_bits(prot)
+    }
+
+    fn split_leaf(raw: u64, height: u32) -> u64 {
+        if height == 1 {
+            raw | TABLE_OR_PAGE
+        } else {
+            raw
+        }
+    }
+
+    fn is_young(raw: u64) -> bool {
+        raw & ACCESSED != 0
+    }
+
+    fn is_dirty(raw: u64) -> bool {
+        raw & DIRTY != 0
+    }
+
+    fn is_settled(raw: u64, _height: u32) -> bool {
+        raw & ACCESSED != 0 && (raw & DIRTY != 0 || raw & WRITE == 0)
+    }
+
+    fn hw_access(raw: u64, _height: u32, access: Access) -> Result<u64, AccessFault> {
+        if access.user && raw & USER == 0 {
+            return Err(AccessFault::Privilege);
+        }
+        if access.write && raw & WRITE == 0 {
+            return Err(AccessFault::Write);
+        }
+        if access.exec && raw & XN != 0 {
+            return Err(AccessFault::Exec);
+        }
+        Ok(raw | ACCESSED | if access.write { DIRTY } else { 0 })
+    }
+}
+
+impl<const L: u32> Arch for TestFormat<L> {
+    const HAVE_MOVE_PMD: bool = true;
+    const HAVE_MOVE_PUD: bool = true;
+    const TLB_FLUSH_CEILING: u64 = 33;
+    const NEEDS_WALKER_BARRIER: bool = true;
+    const BREAK_BEFORE_MAKE: bool = true;
+}

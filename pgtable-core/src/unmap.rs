@@ -1,0 +1,129 @@
+//! `unmap`: remove translations for a range.
+//!
+//! Phases as in `map`: count the tables that splitting partly covered
+//! blocks needs (only blocks at the two ends of the range can be partly
+//! covered), reserve them, then clear. Holes in the range are skipped, as
+//! Linux's `zap_page_range` skips them. Tables that become empty are
+//! unlinked and freed after the one gathered TLB flush.
+//!
+//! A table whose whole span is unmapped is unlinked without clearing its
+//! entries one by one: after the flush no walker can reach it, and the
+//! allocator takes frames back with any contents. The accessed/dirty state
+//! of unmapped entries is discarded (this crate keeps no per-page state).
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::{covers, table_at, FreeQueue, Stash};
+use crate::level::{entry_end, index};
+use crate::{AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, TableAlloc, TlbGather, VirtAddr};
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Unmaps `[va, va + len)`: clears its entries, splits blocks the range
+    /// covers only in part, frees tables that become empty, and flushes the
+    /// TLB once.
+    ///
+    /// # Errors
+    ///
+    /// Misaligned or zero length, a range outside the address space, or
+    /// [`Error::OutOfMemory`] when a partly covered block cannot be split.
+    /// On error nothing was changed.
+    pub fn unmap(&mut self, va: VirtAddr, len: u64) -> Result<(), Error> {
+        let end = Self::check_range(va, len)?;
+        let top = A::LEVELS - 1;
+        let need = self.unmap_check(top, self.root, va.0, end);
+        let mut stash = self.reserve(need)?;
+        let mut gather = TlbGather::new();
+        let mut q = FreeQueue::new();
+        self.unmap_clear(top, self.root, va.0, end, &mut stash, &mut gather, &mut q);
+        self.release(stash);
+        self.finish(gather, q);
+        Ok(())
+    }
+
+    /// Tables needed to split the partly covered blocks in `[va, end)`.
+    pub(crate) fn unmap_check(&self, height: u32, tpa: PhysAddr, mut va: u64, end: u64) -> usize {
+        if height == 0 {
+            return 0;
+        }
+        // SAFETY: reached from the root.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        let mut need = 0;
+        loop {
+            let next = entry_end(va, height, end);
+            // Relaxed: we hold the address space exclusively.
+            let raw = t.entries[index(va, height)].load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::Leaf(_) if !covers(va, next, height) => {
+                    need += Self::split_need(va, next, height);
+                }
+                Decoded::Table(c) if !covers(va, next, height) => {
+                    need += self.unmap_check(height - 1, c, va, next);
+                }
+                _ => {}
+            }
+            va = next;
+            if va == end {
+                return need;
+            }
+        }
+    }
+
+    /// Clears `[va, end)` in the table `tpa` at `height`; returns whether
+    /// the table is now empty.
+    #[allow(clippy::too_many_arguments)]
+    fn unmap_clear(
+        &mut self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        q: &mut FreeQueue,
+    ) -> bool {
+        let start = va;
+        // SAFETY: reached from the root (or just linked by a split).
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        let mut written = 0u64;
+        loop {
+            let next = entry_end(va, height, end);
+            let slot = &t.entries[index(va, height)];
+            // Relaxed: we hold the address space exclusively; a hardware
+            // A/D update racing the clear below is discarded on purpose.
+            let raw = slot.load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::None => {}
+                Decoded::Invalid => {
+                    A::set_pte_nosync(&self.mmu, slot, 0);
+                    written += 1;
+                }
+                Decoded::Leaf(_) if height == 0 || covers(va, next, height) => {
+                    A::set_pte_nosync(&self.mmu, slot, 0);
+                    written += 1;
+                    gather.add_leaf(VirtAddr(va), height);
+                }
+                Decoded::Leaf(_) => {
+                    let c = self.split_block(slot, raw, VirtAddr(va), height, stash, gather);
+                    self.unmap_clear(height - 1, c, va, next, stash, gather, q);
+                }
+                Decoded::Table(c) => {
+                    let whole = covers(va, next, height);
+                    if whole || self.unmap_clear(height - 1, c, va, next, stash, gather, q) {
+                        A::set_pte_nosync(&self.mmu, slot, 0);
+                        written += 1;
+                        gather.add_table(VirtAddr(va), height);
+                        self.queue_free_subtree(q, c, height - 1);
+                    }
+                }
+            }
+            va = next;
+            if va == end {
+                break;
+            }
+        }
+        self.mmu.stats.add_entries_written(written);
+        // The caller only frees a table it does not cover whole when it is
+        // empty, so scan unless this call covered every entry.
+        covers(start, end, height + 1) || t.entries.iter().all(|e| e.load(Relaxed) == 0)
+    }
+}

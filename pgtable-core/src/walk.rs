@@ -1,0 +1,120 @@
+//! `translate` and range walks.
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::table_at;
+use crate::level::{entry_end, index, size};
+use crate::{
+    AddressSpace, Arch, Decoded, Error, Level, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
+};
+
+/// Where a virtual address translates to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Translation {
+    /// The physical address of the byte at the virtual address.
+    pub pa: PhysAddr,
+    /// The level of the leaf.
+    pub level: Level,
+    /// Height of the leaf above the PTE level (0 = 4 KiB page).
+    pub height: u32,
+    /// The raw leaf entry.
+    pub entry: u64,
+    /// The protection the leaf grants.
+    pub prot: Prot,
+}
+
+/// One leaf found by [`AddressSpace::walk`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Mapping {
+    /// First virtual address the leaf maps (aligned to its size).
+    pub va: VirtAddr,
+    /// First physical address it maps to.
+    pub pa: PhysAddr,
+    /// Bytes the leaf maps.
+    pub size: u64,
+    /// Height above the PTE level.
+    pub height: u32,
+    /// The raw entry.
+    pub entry: u64,
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// What `va` maps to, walking the tables as the hardware would (the
+    /// TLB is not consulted).
+    pub fn translate(&self, va: VirtAddr) -> Option<Translation> {
+        if !A::va_ok(va.0) {
+            return None;
+        }
+        let mut h = A::LEVELS - 1;
+        let mut tpa = self.root;
+        loop {
+            // SAFETY: the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, tpa) };
+            // Relaxed: we hold the address space; the walker may write A/D.
+            let raw = t.entries[index(va.0, h)].load(Relaxed);
+            match A::decode(raw, h) {
+                Decoded::Table(c) if h > 0 => tpa = c,
+                Decoded::Leaf(pa) => {
+                    return Some(Translation {
+                        pa: PhysAddr(pa.0 + (va.0 & (size(h) - 1))),
+                        level: Level::at_height(h, A::LEVELS),
+                        height: h,
+                        entry: raw,
+                        prot: A::leaf_prot(raw, h),
+                    })
+                }
+                _ => return None,
+            }
+            h -= 1;
+        }
+    }
+
+    /// Calls `f` for every leaf that maps part of `[va, va + len)`, in
+    /// address order.
+    ///
+    /// # Errors
+    ///
+    /// Misaligned or zero length, or a range outside the address space.
+    pub fn walk(
+        &self,
+        va: VirtAddr,
+        len: u64,
+        mut f: impl FnMut(Mapping),
+    ) -> Result<(), Error> {
+        let end = Self::check_range(va, len)?;
+        self.walk_table(A::LEVELS - 1, self.root, va.0, end, &mut f);
+        Ok(())
+    }
+
+    fn walk_table(
+        &self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        f: &mut impl FnMut(Mapping),
+    ) {
+        // SAFETY: the root or a table reached from it.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        loop {
+            let next = entry_end(va, height, end);
+            // Relaxed: we hold the address space; the walker may write A/D.
+            let raw = t.entries[index(va, height)].load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::Table(c) if height > 0 => self.walk_table(height - 1, c, va, next, f),
+                Decoded::Leaf(pa) => f(Mapping {
+                    va: VirtAddr(va & !(size(height) - 1)),
+                    pa,
+                    size: size(height),
+                    height,
+                    entry: raw,
+                }),
+                _ => {}
+            }
+            va = next;
+            if va == end {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! x86 page-table format and MMU operations for `pgtable-core` (work in progress).
+#![no_std]
