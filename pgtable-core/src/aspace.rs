@@ -16,15 +16,43 @@ use crate::{
 pub struct MapOptions {
     /// Bit `h` set: leaves (blocks) at height `h` are allowed.
     block_heights: u8,
+    /// Control variant for benchmarks (the code before seed 004): write
+    /// every entry with the synchronising setter, one barrier per entry.
+    sync_each: bool,
 }
 
 impl MapOptions {
     /// Only last-level pages.
-    pub const PAGES: MapOptions = MapOptions { block_heights: 0 };
+    pub const PAGES: MapOptions = MapOptions {
+        block_heights: 0,
+        sync_each: false,
+    };
     /// PMD blocks (2 MiB) but no PUD blocks.
-    pub const PMD_BLOCKS: MapOptions = MapOptions { block_heights: 1 << 1 };
+    pub const PMD_BLOCKS: MapOptions = MapOptions {
+        block_heights: 1 << 1,
+        sync_each: false,
+    };
     /// Every block size the format allows (2 MiB and 1 GiB).
-    pub const BLOCKS: MapOptions = MapOptions { block_heights: 0b110 };
+    pub const BLOCKS: MapOptions = MapOptions {
+        block_heights: 0b110,
+        sync_each: false,
+    };
+
+    /// The same options, but every entry written with the synchronising
+    /// setter (`set_pte_at`: one walker barrier per entry). This is the
+    /// pre-seed-004 behaviour, kept to measure the difference.
+    pub const fn barrier_per_entry(self) -> MapOptions {
+        MapOptions {
+            block_heights: self.block_heights,
+            sync_each: true,
+        }
+    }
+
+    /// Whether entries are written with a barrier each.
+    #[inline]
+    pub const fn is_barrier_per_entry(self) -> bool {
+        self.sync_each
+    }
 
     /// Whether a block at `height` is allowed.
     #[inline]

@@ -52,12 +52,18 @@ mod gather;
 mod level;
 mod map;
 mod mmu;
+mod moves;
+mod protect;
 mod stats;
 mod table;
 mod unmap;
 mod walk;
 
 pub mod generic;
+#[cfg(feature = "sim")]
+pub mod sim;
+#[cfg(feature = "suite")]
+pub mod suite;
 pub mod test_format;
 
 pub use addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
@@ -68,6 +74,7 @@ pub use format::{Access, AccessFault, Decoded, Format, MemType, Prot};
 pub use gather::TlbGather;
 pub use level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
 pub use mmu::{Mmu, NoopMmu, TlbRange};
+pub use moves::MoveOptions;
 pub use stats::Stats;
 #[cfg(feature = "alloc")]
 pub use table::Arena;

@@ -127,9 +127,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let template = A::leaf_template(prot, 0);
             let i = index(va, 0);
             let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
-            for e in &t.entries[i..i + n] {
-                A::set_pte_nosync(&self.mmu, e, template | pa);
-                pa += PAGE_SIZE;
+            if opts.is_barrier_per_entry() {
+                for e in &t.entries[i..i + n] {
+                    A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
+                    pa += PAGE_SIZE;
+                    va += PAGE_SIZE;
+                }
+            } else {
+                for e in &t.entries[i..i + n] {
+                    A::set_pte_nosync(&self.mmu, e, template | pa);
+                    pa += PAGE_SIZE;
+                }
             }
             self.mmu.stats.add_entries_written(n as u64);
             self.table_done();

@@ -1,1 +1,115 @@
-fn main() {}
+//! `cargo xtask`: build, test, boot and benchmark automation for pgtable.
+//!
+//! - `cargo xtask ci`: formatting, clippy (host and both bare-metal targets,
+//!   every feature combination of the library crates), tests and docs.
+//! - `cargo xtask qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N]`:
+//!   builds the tiny kernels, boots them in QEMU, streams their console and
+//!   succeeds only on the agreed exit code and a final `N passed, 0 failed`.
+//! - `cargo xtask bench`: the host criterion benchmarks.
+//!
+//! Plain `cargo test` works without xtask; xtask only strings commands together.
+
+mod arm64;
+mod ci;
+mod qemu;
+mod x86;
+
+use std::process::ExitCode;
+
+/// Options of `qemu-test`.
+#[derive(Clone, Debug)]
+pub struct QemuOpts {
+    /// Which kernels to run.
+    pub arch: String,
+    /// Seed of the suite's pseudo-random fill (printed by the kernel).
+    pub seed: Option<u64>,
+    /// MiB of each moved range that the suite validates.
+    pub threshold_mb: Option<u64>,
+    /// Force TCG even when /dev/kvm opens (x86).
+    pub no_kvm: bool,
+}
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: cargo xtask <ci | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench>"
+    );
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        return usage();
+    };
+    let result = match cmd.as_str() {
+        "ci" => ci::ci(),
+        "qemu-test" => match parse_qemu_opts(&args[1..]) {
+            Ok(opts) => qemu_test(&opts),
+            Err(e) => Err(e),
+        },
+        "bench" => ci::bench(),
+        _ => return usage(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_qemu_opts(args: &[String]) -> Result<QemuOpts, String> {
+    let mut opts = QemuOpts {
+        arch: "all".into(),
+        seed: None,
+        threshold_mb: None,
+        no_kvm: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match a.as_str() {
+            "--arch" => opts.arch = value("--arch")?,
+            "--seed" => {
+                opts.seed = Some(value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?)
+            }
+            "--threshold-mb" => {
+                opts.threshold_mb = Some(
+                    value("--threshold-mb")?
+                        .parse()
+                        .map_err(|e| format!("--threshold-mb: {e}"))?,
+                )
+            }
+            "--no-kvm" => opts.no_kvm = true,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if !["arm64", "x86", "all"].contains(&opts.arch.as_str()) {
+        return Err(format!("--arch must be arm64, x86 or all, not {}", opts.arch));
+    }
+    Ok(opts)
+}
+
+fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
+    let mut failures = Vec::new();
+    if opts.arch == "arm64" || opts.arch == "all" {
+        if let Err(e) = arm64::qemu_test(opts) {
+            failures.push(format!("arm64: {e}"));
+        }
+    }
+    if opts.arch == "x86" || opts.arch == "all" {
+        if let Err(e) = x86::qemu_test(opts) {
+            failures.push(format!("x86: {e}"));
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}

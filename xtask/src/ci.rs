@@ -1,0 +1,65 @@
+//! `cargo xtask ci` and `cargo xtask bench`.
+
+use std::process::Command;
+
+use crate::qemu::{ensure_target, root, run as sh};
+
+const TARGETS: [&str; 2] = ["aarch64-unknown-none", "x86_64-unknown-none"];
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Feature sets each library crate is checked with.
+const FEATURE_SETS: [&[&str]; 4] = [
+    &["--no-default-features"],
+    &["--no-default-features", "--features", "move-pmd"],
+    &["--no-default-features", "--features", "move-pud"],
+    &[],
+];
+
+/// fmt, clippy (host + bare-metal, every feature combination), tests, docs.
+pub fn ci() -> Result<(), String> {
+    for t in TARGETS {
+        ensure_target(t)?;
+    }
+    sh(cargo().args(["fmt", "--all", "--check"]))?;
+    sh(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    for krate in ["pgtable-core", "pgtable-arm64", "pgtable-x86"] {
+        for fs in FEATURE_SETS {
+            sh(cargo()
+                .args(["clippy", "-p", krate, "--lib"])
+                .args(fs)
+                .args(["--", "-D", "warnings"]))?;
+            for t in TARGETS {
+                sh(cargo()
+                    .args(["clippy", "-p", krate, "--lib", "--target", t])
+                    .args(fs)
+                    .args(["--", "-D", "warnings"]))?;
+            }
+        }
+    }
+    for fs in FEATURE_SETS {
+        sh(cargo().args(["test", "--workspace"]).args(fs))?;
+    }
+    sh(cargo().args(["test", "--workspace", "--all-features"]))?;
+    sh(cargo()
+        .args(["doc", "--workspace", "--no-deps", "--all-features"])
+        .env("RUSTDOCFLAGS", "-D warnings"))?;
+    Ok(())
+}
+
+/// The host criterion benchmarks.
+pub fn bench() -> Result<(), String> {
+    sh(cargo().args(["bench", "--workspace", "--all-features"]))
+}
