@@ -59,14 +59,17 @@ impl TlbGather {
         self.add(start.0, start.0 + (len - 1), shift(height), true);
     }
 
-    /// A table entry at `height` covering `va` was removed: cached walks
-    /// through it must go too (not last-level only).
+    /// Table entries covering `[start, start + len)` were removed: cached
+    /// walks through them must go too (not last-level only). Invalidating
+    /// any address a removed table translated drops the walk-cache entry
+    /// for that table (arm64 `tlbi vae1is`; x86 `invlpg` drops all
+    /// paging-structure caches), so the range need not grow to the table's
+    /// whole span.
     #[inline]
-    pub fn add_table(&mut self, va: VirtAddr, height: u32) {
-        let s = shift(height);
-        let start = va.0 >> s << s;
+    pub fn add_tables(&mut self, start: VirtAddr, len: u64) {
+        debug_assert!(len > 0);
         // The leaves below may be as small as 4 KiB.
-        self.add(start, start + ((1u64 << s) - 1), shift(0), false);
+        self.add(start.0, start.0 + (len - 1), shift(0), false);
     }
 
     #[inline]

@@ -11,7 +11,7 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{covers, table_at, Stash};
-use crate::level::{entry_end, index, size};
+use crate::level::{entry_end, index, shift, size};
 use crate::{
     AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
     PAGE_SIZE,
@@ -70,6 +70,21 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // Relaxed: we hold the address space exclusively.
                     if e.load(Relaxed) != 0 {
                         return Err(Error::AlreadyMapped(VirtAddr(va + k as u64 * PAGE_SIZE)));
+                    }
+                }
+            }
+            return Ok(0);
+        }
+        if all_leaves::<A>(height, va, end, pa, opts) {
+            // Fast path: every entry becomes a block; they must all be free.
+            if let Some(t) = table {
+                let i = index(va, height);
+                let n = (end.wrapping_sub(va) >> shift(height)) as usize;
+                for (k, e) in t.entries[i..i + n].iter().enumerate() {
+                    // Relaxed: we hold the address space exclusively.
+                    if e.load(Relaxed) != 0 {
+                        let at = va + ((k as u64) << shift(height));
+                        return Err(Error::AlreadyMapped(VirtAddr(at)));
                     }
                 }
             }
@@ -143,6 +158,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             self.table_done();
             return;
         }
+        if all_leaves::<A>(height, va, end, pa, opts) {
+            // Fast path: a run of blocks, one template, one barrier.
+            let template = A::leaf_template(prot, height);
+            let i = index(va, height);
+            let n = (end.wrapping_sub(va) >> shift(height)) as usize;
+            for e in &t.entries[i..i + n] {
+                A::set_pte_nosync(&self.mmu, e, template | pa);
+                pa += size(height);
+            }
+            self.mmu.stats.add_entries_written(n as u64);
+            self.table_done();
+            return;
+        }
         let mut wrote = false;
         loop {
             let next = entry_end(va, height, end);
@@ -178,6 +206,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             self.table_done();
         }
     }
+}
+
+/// Whether every entry of `[va, end)` (within one table at `height`) is a
+/// leaf: blocks allowed, and VA, PA and length aligned to the block size.
+#[inline]
+fn all_leaves<A: Arch>(height: u32, va: u64, end: u64, pa: u64, opts: MapOptions) -> bool {
+    let mask = size(height) - 1;
+    opts.allows(height)
+        && A::leaf_allowed(height)
+        && (va | pa | end.wrapping_sub(va)) & mask == 0
+        && !opts.is_barrier_per_entry()
 }
 
 /// Whether `[va, next)` at `height` is mapped by one leaf entry.

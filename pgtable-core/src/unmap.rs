@@ -111,7 +111,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if whole || self.unmap_clear(height - 1, c, va, next, stash, gather, q) {
                         A::set_pte_nosync(&self.mmu, slot, 0);
                         written += 1;
-                        gather.add_table(VirtAddr(va), height);
+                        gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
                         self.queue_free_subtree(q, c, height - 1);
                     }
                 }

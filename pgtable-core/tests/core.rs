@@ -1,0 +1,488 @@
+//! Host tests of the generic map / unmap / translate / walk engine with the
+//! test format: every level, every bad input (tables byte-for-byte
+//! unchanged, no leaked frame), allocation failure at every allocation
+//! point, barrier batching and TLB gathering.
+#![cfg(feature = "alloc")]
+
+use std::cell::RefCell;
+
+use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
+use pgtable_core::{
+    AddressSpace, Arena, Error, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, TableAlloc, TlbRange,
+    VirtAddr,
+};
+
+const K4: u64 = 4 << 10;
+const M2: u64 = 2 << 20;
+const G1: u64 = 1 << 30;
+
+type Space<const L: u32 = 4> = AddressSpace<TestFormat<L>, Rec, Arena>;
+
+/// An MMU that records what the algorithms asked of it.
+#[derive(Default)]
+struct Rec {
+    events: RefCell<Vec<Ev>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ev {
+    Barrier,
+    Range(TlbRange),
+    All,
+}
+
+impl Rec {
+    fn take(&self) -> Vec<Ev> {
+        std::mem::take(&mut *self.events.borrow_mut())
+    }
+    fn flushes(&self) -> Vec<Ev> {
+        self.take()
+            .into_iter()
+            .filter(|e| *e != Ev::Barrier)
+            .collect()
+    }
+}
+
+impl Mmu for Rec {
+    fn walker_barrier(&self) {
+        self.events.borrow_mut().push(Ev::Barrier);
+    }
+    fn flush_tlb_range(&self, range: TlbRange) {
+        self.events.borrow_mut().push(Ev::Range(range));
+    }
+    fn flush_tlb_all(&self) {
+        self.events.borrow_mut().push(Ev::All);
+    }
+    unsafe fn install_root(&self, _root: PhysAddr) {}
+}
+
+fn space<const L: u32>() -> Space<L> {
+    AddressSpace::new(Rec::default(), Arena::new()).unwrap()
+}
+
+/// Everything observable about the tables: every leaf, every table frame.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    leaves: Vec<(u64, u64, u64, u32, u64)>,
+    tables: usize,
+    live: usize,
+}
+
+fn snapshot<const L: u32, M: Mmu>(s: &AddressSpace<TestFormat<L>, M, Arena>) -> Snapshot {
+    let mut leaves = Vec::new();
+    let half = 1u64 << (TestFormat::<L>::VA_BITS_PUB - 1);
+    for (start, len) in [(0, half), (half.wrapping_neg(), half)] {
+        s.walk(VirtAddr(start), len, |m| {
+            leaves.push((m.va.0, m.pa.0, m.size, m.height, m.entry))
+        })
+        .unwrap();
+    }
+    Snapshot {
+        leaves,
+        tables: s.count_tables(),
+        live: s.alloc().live(),
+    }
+}
+
+trait VaBits {
+    const VA_BITS_PUB: u32;
+}
+impl<const L: u32> VaBits for TestFormat<L> {
+    const VA_BITS_PUB: u32 = <TestFormat<L> as pgtable_core::Format>::VA_BITS;
+}
+
+fn pa_of<const L: u32, M: Mmu>(s: &AddressSpace<TestFormat<L>, M, Arena>, va: u64) -> Option<u64> {
+    s.translate(VirtAddr(va)).map(|t| t.pa.0)
+}
+
+#[test]
+fn map_translate_unmap_at_every_level() {
+    let mut s = space::<4>();
+    // 4 KiB pages, a 2 MiB block and a 1 GiB block, each with its own PA.
+    let cases = [
+        (0x4000_0000_u64 + K4, 0x1_0000_0000_u64, 3 * K4, 0u32),
+        (0x8000_0000 + 2 * M2, 0x2_0000_0000 + 4 * M2, M2, 1),
+        (0x10_0000_0000, 0x3_0000_0000, G1, 2),
+    ];
+    for (va, pa, len, h) in cases {
+        s.map(VirtAddr(va), PhysAddr(pa), len, Prot::READ_WRITE, MapOptions::BLOCKS)
+            .unwrap();
+        for off in [0, len / 2 + 8, len - 8] {
+            let t = s.translate(VirtAddr(va + off)).unwrap();
+            assert_eq!(t.pa.0, pa + off, "va {:#x}", va + off);
+            assert_eq!(t.height, h);
+            assert_eq!(t.prot, Prot::READ_WRITE);
+        }
+        assert_eq!(pa_of(&s, va + len), None);
+    }
+    // Four tables for the 4 KiB pages (root, PUD, PMD, PTE) plus a PUD
+    // table for the 1 GiB block region, whose PMD shares the first PUD.
+    assert_eq!(s.count_tables(), 5);
+    let mut seen = Vec::new();
+    s.walk(VirtAddr(0), 1 << 47, |m| seen.push((m.va.0, m.height)))
+        .unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            (0x4000_1000, 0),
+            (0x4000_2000, 0),
+            (0x4000_3000, 0),
+            (0x8040_0000, 1),
+            (0x10_0000_0000, 2)
+        ]
+    );
+    for (va, _, len, _) in cases {
+        s.unmap(VirtAddr(va), len).unwrap();
+        assert_eq!(pa_of(&s, va), None);
+    }
+    assert_eq!(s.count_tables(), 1, "empty tables are freed");
+    assert_eq!(s.alloc().live(), 1);
+}
+
+#[test]
+fn blocks_are_used_only_when_allowed_and_aligned() {
+    let mut s = space::<4>();
+    // VA aligned, PA not aligned to 2 MiB: pages.
+    s.map(VirtAddr(0x4000_0000), PhysAddr(0x1000), M2, Prot::READ_ONLY, MapOptions::BLOCKS)
+        .unwrap();
+    assert_eq!(s.translate(VirtAddr(0x4000_0000)).unwrap().height, 0);
+    // Aligned but blocks not allowed: pages.
+    s.map(VirtAddr(0x4020_0000), PhysAddr(0x20_0000), M2, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(s.translate(VirtAddr(0x4020_0000)).unwrap().height, 0);
+    // 1 GiB aligned, PMD blocks only: 512 PMD blocks, no PUD block.
+    s.map(VirtAddr(G1 * 8), PhysAddr(G1 * 2), G1, Prot::READ_ONLY, MapOptions::PMD_BLOCKS)
+        .unwrap();
+    assert_eq!(s.translate(VirtAddr(G1 * 8 + 5)).unwrap().height, 1);
+    // Mixed range: head pages, middle blocks, tail pages.
+    let va = 0x80_0000_0000 - 3 * K4;
+    s.map(VirtAddr(va), PhysAddr(0x4000_0000 - 3 * K4), 3 * K4 + 2 * M2 + K4, Prot::READ_ONLY, MapOptions::BLOCKS)
+        .unwrap();
+    let heights: Vec<u32> = [va, va + 3 * K4, va + 3 * K4 + M2, va + 3 * K4 + 2 * M2]
+        .iter()
+        .map(|&v| s.translate(VirtAddr(v)).unwrap().height)
+        .collect();
+    assert_eq!(heights, [0, 1, 1, 0]);
+}
+
+#[test]
+fn three_and_five_level_formats_fold_like_linux() {
+    let mut s3 = space::<3>();
+    s3.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_ONLY, MapOptions::BLOCKS)
+        .unwrap();
+    assert_eq!(s3.count_tables(), 1, "a 1 GiB block sits in the root");
+    let t = s3.translate(VirtAddr(G1 + 0x1234)).unwrap();
+    assert_eq!((t.pa.0, t.level), (0x1234, pgtable_core::Level::Pgd));
+    // 39-bit VA: 1 << 38 is the start of the upper half.
+    assert_eq!(
+        s3.map(VirtAddr(1 << 38), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES),
+        Err(Error::OutOfRange(VirtAddr(1 << 38)))
+    );
+
+    let mut s5 = space::<5>();
+    let va = 0x00ff_0000_0000_0000; // needs 57-bit VA
+    s5.map(VirtAddr(va), PhysAddr(0x5000), K4, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(s5.count_tables(), 5);
+    assert_eq!(pa_of(&s5, va + 8), Some(0x5008));
+    s5.unmap(VirtAddr(va), K4).unwrap();
+    assert_eq!(s5.count_tables(), 1);
+}
+
+#[test]
+fn the_top_page_of_the_upper_half_maps_and_unmaps() {
+    let mut s = space::<4>();
+    let va = 0xffff_ffff_ffff_f000;
+    s.map(VirtAddr(va), PhysAddr(0x7000), K4, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(pa_of(&s, va + 0xff8), Some(0x7ff8));
+    s.unmap(VirtAddr(va - M2 + K4), M2).unwrap();
+    assert_eq!(pa_of(&s, va), None);
+    assert_eq!(s.count_tables(), 1);
+}
+
+#[test]
+fn bad_input_is_rejected_and_changes_nothing() {
+    let mut s = space::<4>();
+    s.map(VirtAddr(0x4000_0000), PhysAddr(0x10_0000), 4 * K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    s.map(VirtAddr(0x8000_0000), PhysAddr(0x4000_0000), M2, Prot::READ_WRITE, MapOptions::BLOCKS)
+        .unwrap();
+    let before = snapshot(&s);
+    s.mmu().take();
+    let rw = Prot::READ_WRITE;
+    let p = MapOptions::BLOCKS;
+    let cases: Vec<(&str, Result<(), Error>, Error)> = vec![
+        ("zero length", s.map(VirtAddr(0), PhysAddr(0), 0, rw, p), Error::ZeroLength),
+        ("misaligned va", s.map(VirtAddr(0x123), PhysAddr(0), K4, rw, p), Error::MisalignedVirt(VirtAddr(0x123))),
+        ("misaligned pa", s.map(VirtAddr(0), PhysAddr(0x10), K4, rw, p), Error::MisalignedPhys(PhysAddr(0x10))),
+        ("misaligned len", s.map(VirtAddr(0), PhysAddr(0), 100, rw, p), Error::MisalignedLength(100)),
+        ("non-canonical", s.map(VirtAddr(1 << 47), PhysAddr(0), K4, rw, p), Error::OutOfRange(VirtAddr(1 << 47))),
+        ("crosses the hole", s.map(VirtAddr((1 << 47) - K4), PhysAddr(0), 2 * K4, rw, p), Error::OutOfRange(VirtAddr(1 << 47))),
+        ("wraps", s.map(VirtAddr(0xffff_ffff_ffff_f000), PhysAddr(0), 2 * K4, rw, p), Error::OutOfRange(VirtAddr(0xffff_ffff_ffff_f000))),
+        ("pa too wide", s.map(VirtAddr(0), PhysAddr(1 << 48), K4, rw, p), Error::PhysOutOfRange(PhysAddr(1 << 48))),
+        ("page taken", s.map(VirtAddr(0x4000_0000 - K4), PhysAddr(0), 3 * K4, rw, p), Error::AlreadyMapped(VirtAddr(0x4000_0000))),
+        ("block taken", s.map(VirtAddr(0x8010_0000), PhysAddr(0), K4, rw, p), Error::AlreadyMapped(VirtAddr(0x8010_0000))),
+        ("table under block", s.map(VirtAddr(0x4000_0000), PhysAddr(0), M2, rw, p), Error::AlreadyMapped(VirtAddr(0x4000_0000))),
+        ("unmap zero", s.unmap(VirtAddr(0), 0), Error::ZeroLength),
+        ("unmap misaligned", s.unmap(VirtAddr(0x4000_0800), K4), Error::MisalignedVirt(VirtAddr(0x4000_0800))),
+        ("unmap non-canonical", s.unmap(VirtAddr(0x8000_0000_0000), K4), Error::OutOfRange(VirtAddr(0x8000_0000_0000))),
+    ];
+    for (name, got, want) in cases {
+        assert_eq!(got, Err(want), "{name}");
+        assert_eq!(snapshot(&s), before, "{name} changed the tables");
+    }
+    assert!(s.mmu().take().is_empty(), "no barrier or flush for rejected input");
+}
+
+#[test]
+fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
+    // A range across the 5 GiB boundary: 3 pages below it, a 2 MiB block,
+    // 5 pages above. The PUD table exists (the page at 1 GiB); it needs two
+    // PMD tables and two PTE tables.
+    let va = 5 * G1 - 3 * K4;
+    let len = 3 * K4 + 2 * M2 + 5 * K4;
+    let mut s = space::<4>();
+    s.map(VirtAddr(0x4000_0000), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    let before = snapshot(&s);
+    let mut needed = None;
+    for k in 0..16 {
+        s.alloc_mut().fail_after(Some(k));
+        match s.map(VirtAddr(va), PhysAddr(0x10_0000_0000 - 3 * K4), len, Prot::READ_ONLY, MapOptions::BLOCKS) {
+            Err(Error::OutOfMemory) => assert_eq!(snapshot(&s), before, "after failure {k}"),
+            Ok(()) => {
+                needed = Some(k);
+                break;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!(needed, Some(4), "2 PMD + 2 PTE tables");
+    assert_eq!(s.translate(VirtAddr(5 * G1)).unwrap().height, 1);
+    assert_eq!(s.alloc().live(), s.count_tables());
+}
+
+#[test]
+fn partial_unmap_of_a_block_splits_it_down_to_pages() {
+    let mut s = space::<4>();
+    s.map(VirtAddr(G1), PhysAddr(4 * G1), G1, Prot::READ_WRITE, MapOptions::BLOCKS)
+        .unwrap();
+    assert_eq!(s.count_tables(), 2);
+    // A 4 KiB hole in the middle of the 1 GiB block.
+    let hole = G1 + 300 * M2 + 7 * K4;
+    s.unmap(VirtAddr(hole), K4).unwrap();
+    assert_eq!(pa_of(&s, hole), None);
+    for (va, h) in [(G1, 1), (hole - K4, 0), (hole + K4, 0), (2 * G1 - 8, 1)] {
+        let t = s.translate(VirtAddr(va)).unwrap();
+        assert_eq!(t.pa.0, va - G1 + 4 * G1, "va {va:#x}");
+        assert_eq!(t.height, h, "va {va:#x}");
+        assert_eq!(t.prot, Prot::READ_WRITE);
+    }
+    // Root, PUD, the new PMD table and one PTE table.
+    assert_eq!(s.count_tables(), 4);
+    // Break-before-make (the test format asks for it): the block was
+    // invalidated and flushed before the table went in.
+    let flushes = s.mmu().flushes();
+    assert!(flushes.len() >= 2, "{flushes:?}");
+    assert_eq!(s.alloc().live(), s.count_tables());
+}
+
+#[test]
+fn unmap_out_of_memory_while_splitting_changes_nothing() {
+    let mut s = space::<4>();
+    s.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_WRITE, MapOptions::BLOCKS)
+        .unwrap();
+    let before = snapshot(&s);
+    for k in 0..2 {
+        s.alloc_mut().fail_after(Some(k));
+        assert_eq!(s.unmap(VirtAddr(G1 + K4), K4), Err(Error::OutOfMemory));
+        assert_eq!(snapshot(&s), before);
+    }
+    s.alloc_mut().fail_after(Some(2));
+    s.unmap(VirtAddr(G1 + K4), K4).unwrap();
+    assert_eq!(pa_of(&s, G1 + K4), None);
+    assert_eq!(pa_of(&s, G1 + 2 * K4), Some(2 * K4));
+}
+
+#[test]
+fn unmap_skips_holes_and_frees_tables_that_become_empty() {
+    let mut s = space::<4>();
+    s.map(VirtAddr(0x4000_0000), PhysAddr(0), 2 * K4, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    s.map(VirtAddr(0x4000_0000 + 8 * K4), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    s.map(VirtAddr(0x5000_0000), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(s.count_tables(), 5);
+    // Covers the first table's mappings and its holes, not the whole table.
+    s.unmap(VirtAddr(0x4000_0000), 9 * K4).unwrap();
+    assert_eq!(s.count_tables(), 4, "the emptied PTE table is freed");
+    assert_eq!(pa_of(&s, 0x5000_0000), Some(0));
+    assert_eq!(s.alloc().live(), 4);
+    // One range flush for the whole operation.
+    let flushes = s.mmu().flushes();
+    assert_eq!(flushes.len(), 1, "{flushes:?}");
+    match flushes[0] {
+        Ev::Range(r) => {
+            assert_eq!(r.start.0, 0x4000_0000);
+            assert!(!r.last_level, "a table was freed: walk caches must go");
+        }
+        e => panic!("{e:?}"),
+    }
+}
+
+#[test]
+fn tlb_gather_switches_to_a_full_flush_past_the_ceiling() {
+    let mut s = space::<4>();
+    s.map(VirtAddr(0x4000_0000), PhysAddr(0), 200 * K4, Prot::READ_ONLY, MapOptions::PAGES)
+        .unwrap();
+    s.mmu().take();
+    // 4 pages: one range flush of 4 strides, leaf-only.
+    s.unmap(VirtAddr(0x4000_0000), 4 * K4).unwrap();
+    assert_eq!(
+        s.mmu().flushes(),
+        vec![Ev::Range(TlbRange {
+            start: VirtAddr(0x4000_0000),
+            end: VirtAddr(0x4000_4000),
+            stride_shift: 12,
+            last_level: true
+        })]
+    );
+    // 40 pages > 33 (the test format's ceiling): one full flush.
+    s.unmap(VirtAddr(0x4000_4000), 40 * K4).unwrap();
+    assert_eq!(s.mmu().flushes(), vec![Ev::All]);
+}
+
+#[cfg(feature = "stats")]
+#[test]
+fn mapping_1gib_of_pages_issues_one_barrier_per_table_not_per_entry() {
+    let mut s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    s.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let st = s.stats();
+    // 512 PTE tables, one PMD, one PUD, the root.
+    assert_eq!(st.barriers(), 512 + 3);
+    assert_eq!(st.entries_written(), 262_144 + 512 + 1 + 1);
+    assert_eq!(st.tables_allocated(), 1 + 1 + 1 + 512);
+    s.unmap(VirtAddr(G1), G1).unwrap();
+    assert_eq!(st_tables(&s), 1);
+
+    // The control variant (before seed 004): a barrier per entry.
+    let mut c = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    c.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_WRITE, MapOptions::PAGES.barrier_per_entry())
+        .unwrap();
+    assert!(c.stats().barriers() >= 262_144);
+    assert!(c.stats().barriers() / s.stats().barriers() >= 500);
+}
+
+#[cfg(feature = "stats")]
+fn st_tables<M: Mmu>(s: &AddressSpace<TestFormat, M, Arena>) -> usize {
+    s.count_tables()
+}
+
+#[test]
+fn a_lazy_mmu_scope_issues_one_barrier_for_everything_inside() {
+    let mut s = space::<4>();
+    s.lazy_mmu(|s| {
+        for i in 0..4u64 {
+            s.map(VirtAddr(G1 * (i + 1)), PhysAddr(0), 4 * M2, Prot::READ_ONLY, MapOptions::PAGES)
+                .unwrap();
+        }
+        assert!(s.mmu().take().is_empty(), "no barrier inside the scope");
+    });
+    assert_eq!(s.mmu().take(), vec![Ev::Barrier]);
+}
+
+#[test]
+fn accessed_and_dirty_state_survives_a_split() {
+    let mut s = space::<4>();
+    s.map(VirtAddr(G1), PhysAddr(0), M2, Prot::READ_WRITE, MapOptions::BLOCKS)
+        .unwrap();
+    let slot = s.slot(VirtAddr(G1), 1).unwrap();
+    // What hardware would do on a write through the block.
+    slot.fetch_or(ACCESSED | DIRTY, std::sync::atomic::Ordering::Relaxed);
+    s.unmap(VirtAddr(G1), K4).unwrap();
+    let t = s.translate(VirtAddr(G1 + K4)).unwrap();
+    assert_eq!(t.entry & (ACCESSED | DIRTY), ACCESSED | DIRTY);
+}
+
+/// A small deterministic generator for the model test.
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn random_map_unmap_sequences_agree_with_a_reference_model() {
+    // Window of 4 GiB, operations of page/block granularity.
+    let mut s = space::<4>();
+    let mut model = std::collections::BTreeMap::<u64, u64>::new(); // page -> pa
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let base = 0x40_0000_0000u64;
+    for step in 0..600 {
+        let page = rng.next() % (4 * G1 / K4);
+        let pages = 1 + rng.next() % if rng.next() % 8 == 0 { 2048 } else { 16 };
+        let va = base + page * K4;
+        let len = pages * K4;
+        if va + len > base + 4 * G1 {
+            continue;
+        }
+        if rng.next() % 2 == 0 {
+            let pa = (rng.next() % 64) * M2 + (va & (M2 - 1));
+            let taken = (0..pages).any(|i| model.contains_key(&(page + i)));
+            let r = s.map(VirtAddr(va), PhysAddr(pa), len, Prot::READ_WRITE, MapOptions::BLOCKS);
+            if taken {
+                assert!(matches!(r, Err(Error::AlreadyMapped(_))), "step {step}: {r:?}");
+            } else {
+                r.unwrap();
+                for i in 0..pages {
+                    model.insert(page + i, pa + i * K4);
+                }
+            }
+        } else {
+            s.unmap(VirtAddr(va), len).unwrap();
+            for i in 0..pages {
+                model.remove(&(page + i));
+            }
+        }
+        if step % 50 == 0 {
+            let mut got = std::collections::BTreeMap::new();
+            s.walk(VirtAddr(base), 4 * G1, |m| {
+                for i in 0..m.size / K4 {
+                    got.insert((m.va.0 - base) / K4 + i, m.pa.0 + i * K4);
+                }
+            })
+            .unwrap();
+            assert_eq!(got, model, "step {step}");
+            assert_eq!(s.alloc().live(), s.count_tables(), "step {step}: leak");
+        }
+    }
+    s.unmap(VirtAddr(base), 4 * G1).unwrap();
+    assert_eq!(s.count_tables(), 1);
+    assert_eq!(s.alloc().live(), 1);
+}
+
+#[test]
+fn dropping_the_address_space_frees_every_table() {
+    let mut arena_live = 0;
+    {
+        let mut s = space::<4>();
+        s.map(VirtAddr(G1), PhysAddr(0), 8 * M2, Prot::READ_ONLY, MapOptions::PAGES)
+            .unwrap();
+        assert_eq!(s.alloc().live(), 4 + 7);
+        // Count what the arena hands back through a second arena-backed
+        // space built after dropping this one: nothing to observe directly,
+        // so check the free path through TableAlloc instead.
+        let pa = s.alloc_mut().alloc_table().unwrap();
+        // SAFETY: just allocated, never linked.
+        unsafe { s.alloc_mut().free_table(pa) };
+        arena_live += s.alloc().live();
+    }
+    assert_eq!(arena_live, 11);
+}
