@@ -4,6 +4,8 @@
 //! ([`NoopMmu`]). Criterion reports the time of one whole 1 GiB operation;
 //! divide the median by 262,144 pages (or 512 blocks) for the per-entry
 //! figure (`cargo xtask bench` prints that table).
+// criterion's macros generate undocumented public functions.
+#![allow(missing_docs)]
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
