@@ -4,16 +4,8 @@
 //! fully testable on the host. The algorithms of this crate and the simulated
 //! MMU use nothing but these methods to read and build entries, which is what
 //! lets a host test exercise the exact bits the hardware walker will see.
-//!
-//! # Rules for implementations
-//!
-//! - The *none* entry is `0`, and any value whose low 12 bits are clear is
-//!   not valid (the algorithms link free tables through their first word).
-//! - A leaf is linear in its output address: `leaf(pa, p, h) ==
-//!   leaf_template(p, h) | pa.0` for every `pa` aligned to the leaf size. The
-//!   per-entry loops build one template per table and OR the address in.
-//! - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too (a
-//!   block splits into blocks of the next size down).
+//! The per-entry loops build one leaf template per table and OR the address
+//! in, which is why [`Format`] requires leaves to be linear in the address.
 
 use core::fmt;
 
@@ -174,8 +166,13 @@ pub enum AccessFault {
 
 /// The descriptor encoding of one architecture (pure data, no side effects).
 ///
-/// See the [module documentation](self) for the rules every implementation
-/// must follow.
+/// # Rules for implementations
+///
+/// - The *none* entry is `0`, and any value whose low 12 bits are clear is
+///   not valid (the algorithms link free tables through their first word).
+/// - A leaf is linear in its output address: `leaf(pa, p, h) ==
+///   leaf_template(p, h) | pa.0` for every `pa` aligned to the leaf size.
+/// - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too.
 pub trait Format: Sized + 'static {
     /// Short human name, e.g. `"arm64-4K-48bit"`.
     const NAME: &'static str;
