@@ -1,2 +1,68 @@
-//! x86 page-table format and MMU operations for `pgtable-core` (work in progress).
+//! # pgtable-x86
+//!
+//! The x86-64 half of the pgtable family:
+//!
+//! - [`X86_64`] and [`X86_64La57`]: the 4-level and 5-level (LA57) paging
+//!   formats ([`pgtable_core::Format`] + [`pgtable_core::Arch`]), pure data,
+//!   testable on any host. Every bit is documented with its Intel SDM
+//!   reference in [`bits`].
+//! - [`flush`]: the range-flush policy (`INVLPG` up to a ceiling, then one
+//!   full flush; global pages) as a pure function.
+//! - `X86Mmu` (bare metal only: `target_arch = "x86_64"`,
+//!   `target_os = "none"`): [`pgtable_core::Mmu`] with `INVLPG`, CR3,
+//!   INVPCID and CR4.PGE, through the `x86_64` crate.
+//! - [`X86Entry`], [`ReservedBits`], [`EntryError`]: checked construction of
+//!   entries from raw bits.
+//!
+//! ## Decisions (details in the item docs)
+//!
+//! - Memory types assume the power-up PAT MSR: `Normal` = WB (index 0),
+//!   `NormalNonCacheable` = UC- (PCD, index 2), `Device` = UC (PCD | PWT,
+//!   index 3).
+//! - New kernel leaves have A set (and D when writable), like Linux's
+//!   `__PAGE_KERNEL`, so they are settled from birth; new user leaves start
+//!   with A and D clear. Table entries are `P | RW | US | A`.
+//! - No walker barrier (`NEEDS_WALKER_BARRIER = false`) and no
+//!   break-before-make (`BREAK_BEFORE_MAKE = false`); the setters are single
+//!   64-bit stores, `ptep_get_and_clear` an atomic exchange.
+//! - `pmdp_modify_prot_start` is overridden with the deferred form (atomic
+//!   clear, one gathered flush at the end), as Linux x86's
+//!   `pmdp_invalidate_ad` skips its flush.
+//! - [`Format::hw_access`](pgtable_core::Format::hw_access) models CR0.WP = 1
+//!   and EFER.NXE = 1 without SMEP, SMAP or protection keys.
+//! - Reserved bits make an entry [`Decoded::Invalid`](pgtable_core::Decoded)
+//!   (the processor's reserved-bit fault); MAXPHYADDR is a type parameter
+//!   of [`X86Paging`] (52 by default).
+//!
+//! ## Example
+//!
+//! ```
+//! use pgtable_core::{Decoded, Format, PhysAddr, Prot};
+//! use pgtable_x86::X86_64;
+//!
+//! // A 2 MiB kernel page at 0x20_0000, read-write, not executable.
+//! let pde = X86_64::leaf(PhysAddr(0x20_0000), Prot::READ_WRITE, 1);
+//! // XD | 2 MiB address | PS | D | A | R/W | P
+//! assert_eq!(pde, 0x8000_0000_0020_00e3);
+//! assert_eq!(X86_64::decode(pde, 1), Decoded::Leaf(PhysAddr(0x20_0000)));
+//! // Bit 13 is reserved in a PDE that maps a 2 MiB page.
+//! assert!(X86_64::validate(pde | 1 << 13, 1).is_err());
+//! assert_eq!(X86_64::decode(pde | 1 << 13, 1), Decoded::Invalid);
+//! ```
 #![no_std]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+pub mod bits;
+mod entry;
+mod error;
+pub mod flush;
+mod format;
+#[cfg(all(target_arch = "x86_64", target_os = "none"))]
+mod mmu;
+
+pub use entry::X86Entry;
+pub use error::{EntryError, ReservedBits};
+pub use flush::{flush_plan, full_flush_plan, FlushPlan};
+pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
+#[cfg(all(target_arch = "x86_64", target_os = "none"))]
+pub use mmu::X86Mmu;

@@ -1,0 +1,147 @@
+//! The range-flush policy: which instructions a `TlbRange` becomes.
+
+use pgtable_core::{TlbRange, VirtAddr};
+use pgtable_x86::flush::strides;
+use pgtable_x86::{flush_plan, full_flush_plan, FlushPlan};
+
+fn range(start: u64, pages: u64, stride_shift: u32) -> TlbRange {
+    TlbRange {
+        start: VirtAddr(start),
+        end: VirtAddr(start.wrapping_add(pages << stride_shift)),
+        stride_shift,
+        last_level: true,
+    }
+}
+
+#[test]
+fn up_to_the_ceiling_every_page_gets_an_invlpg() {
+    for pages in [1, 2, 32, 33] {
+        assert_eq!(
+            flush_plan(range(0x40_0000, pages, 12), 33, true, false),
+            FlushPlan::Invlpg {
+                start: VirtAddr(0x40_0000),
+                stride_shift: 12,
+                count: pages
+            },
+            "{pages} pages"
+        );
+    }
+}
+
+#[test]
+fn past_the_ceiling_one_full_flush() {
+    let r = range(0x40_0000, 34, 12);
+    assert_eq!(flush_plan(r, 33, false, false), FlushPlan::ReloadCr3);
+    assert_eq!(
+        flush_plan(r, 33, true, false),
+        FlushPlan::InvpcidSingleContext
+    );
+    // A bigger ceiling keeps the INVLPGs.
+    assert!(matches!(
+        flush_plan(r, 64, true, false),
+        FlushPlan::Invlpg { count: 34, .. }
+    ));
+    // Ceiling 0: always a full flush.
+    assert_eq!(
+        flush_plan(range(0, 1, 12), 0, false, false),
+        FlushPlan::ReloadCr3
+    );
+}
+
+#[test]
+fn global_mappings_need_a_flush_that_drops_globals_past_the_ceiling() {
+    let r = range(0xffff_8000_0000_0000, 100, 12);
+    let with = flush_plan(r, 33, true, true);
+    let without = flush_plan(r, 33, false, true);
+    assert_eq!(with, FlushPlan::InvpcidAllContexts);
+    assert_eq!(without, FlushPlan::ToggleCr4Pge);
+    assert!(with.drops_all_globals() && without.drops_all_globals());
+    assert!(!FlushPlan::ReloadCr3.drops_all_globals());
+    assert!(!FlushPlan::InvpcidSingleContext.drops_all_globals());
+    // Below the ceiling INVLPG drops global entries of its page anyway.
+    let small = flush_plan(range(0xffff_8000_0000_0000, 3, 12), 33, false, true);
+    assert_eq!(
+        small,
+        FlushPlan::Invlpg {
+            start: VirtAddr(0xffff_8000_0000_0000),
+            stride_shift: 12,
+            count: 3
+        }
+    );
+    assert!(!small.is_full());
+}
+
+#[test]
+fn huge_pages_are_counted_by_their_stride() {
+    // 64 MiB of 2 MiB pages = 32 INVLPGs; 68 MiB = 34 -> full.
+    assert_eq!(
+        flush_plan(range(0x4000_0000, 32, 21), 33, false, false),
+        FlushPlan::Invlpg {
+            start: VirtAddr(0x4000_0000),
+            stride_shift: 21,
+            count: 32
+        }
+    );
+    assert_eq!(
+        flush_plan(range(0x4000_0000, 34, 21), 33, false, false),
+        FlushPlan::ReloadCr3
+    );
+    // 1 GiB pages.
+    assert!(matches!(
+        flush_plan(range(0, 4, 30), 33, false, false),
+        FlushPlan::Invlpg {
+            count: 4,
+            stride_shift: 30,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn unaligned_starts_and_the_top_of_the_space_are_covered() {
+    // A start inside a page still flushes that page and the one the end
+    // reaches into.
+    let r = TlbRange {
+        start: VirtAddr(0x1800),
+        end: VirtAddr(0x2800),
+        stride_shift: 12,
+        last_level: false,
+    };
+    assert_eq!(strides(r), Some(2));
+    assert_eq!(
+        flush_plan(r, 33, false, false),
+        FlushPlan::Invlpg {
+            start: VirtAddr(0x1000),
+            stride_shift: 12,
+            count: 2
+        }
+    );
+    // The last page of the 64-bit space (end wraps to 0).
+    let top = range(0xffff_ffff_ffff_f000, 1, 12);
+    assert_eq!(top.end, VirtAddr(0));
+    assert_eq!(strides(top), Some(1));
+    // start == end: the whole space, always a full flush.
+    let all = TlbRange {
+        start: VirtAddr(0),
+        end: VirtAddr(0),
+        stride_shift: 12,
+        last_level: false,
+    };
+    assert_eq!(strides(all), None);
+    assert_eq!(
+        flush_plan(all, u64::MAX, true, true),
+        FlushPlan::InvpcidAllContexts
+    );
+}
+
+#[test]
+fn full_flush_choice_depends_on_invpcid_and_globals() {
+    assert_eq!(full_flush_plan(false, false), FlushPlan::ReloadCr3);
+    assert_eq!(
+        full_flush_plan(true, false),
+        FlushPlan::InvpcidSingleContext
+    );
+    assert_eq!(full_flush_plan(true, true), FlushPlan::InvpcidAllContexts);
+    assert_eq!(full_flush_plan(false, true), FlushPlan::ToggleCr4Pge);
+    assert!(full_flush_plan(false, false).is_full());
+}
