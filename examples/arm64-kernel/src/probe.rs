@@ -1,0 +1,162 @@
+//! Memory accesses whose faults come back as values.
+//!
+//! The load and the store are single instructions at known labels in
+//! `boot.rs`; a data abort taken at one of them resumes at the probe's
+//! fixup with the syndrome, so the hardware MMU (not a software walk) is
+//! the judge of what is mapped and writable. The exec probe calls a `RET`
+//! placed at the target address; an instruction abort there returns to
+//! the probe the same way, so the MMU also judges execute permission.
+
+use core::arch::asm;
+
+/// A data abort caught at a probe.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Fault {
+    /// ESR_EL1 (exception syndrome).
+    pub esr: u64,
+    /// FAR_EL1 (the faulting virtual address).
+    pub far: u64,
+}
+
+impl Fault {
+    /// ESR_EL1.ISS.WnR (bit 6, Arm ARM D19.2.40): the abort was caused by a
+    /// write.
+    pub fn is_write(&self) -> bool {
+        self.esr & (1 << 6) != 0
+    }
+}
+
+/// Loads the 64-bit word at `va`, or returns the fault the load raised.
+#[inline]
+pub fn read_u64(va: u64) -> Result<u64, Fault> {
+    let (value, esr, far): (u64, u64, u64);
+    // SAFETY: `pgk_probe_load` is a leaf function under the C ABI (declared
+    // clobbered) whose only memory access is the probed load; a fault there
+    // is turned into a return with x1 = ESR, so an unmapped `va` does not
+    // crash. The load cannot alias Rust-owned memory in a way the compiler
+    // relies on: the asm is not `nomem`, so it is treated as reading memory.
+    unsafe {
+        asm!(
+            "bl pgk_probe_load",
+            inout("x0") va => value,
+            out("x1") esr,
+            out("x2") far,
+            clobber_abi("C"),
+        );
+    }
+    if esr == 0 {
+        Ok(value)
+    } else {
+        Err(Fault { esr, far })
+    }
+}
+
+/// Stores `value` to the 64-bit word at `va`, or returns the fault the
+/// store raised.
+///
+/// Writing through a probe does not make the store safe: the caller picks
+/// addresses that map only memory the kernel handed to the test (the pool)
+/// or nothing at all.
+#[inline]
+pub fn write_u64(va: u64, value: u64) -> Result<(), Fault> {
+    let (esr, far): (u64, u64);
+    // SAFETY: as `read_u64`; the store goes to `va`, which by the contract
+    // above maps only test memory (pool frames) or faults.
+    unsafe {
+        asm!(
+            "bl pgk_probe_store",
+            in("x0") va,
+            inout("x1") value => esr,
+            out("x2") far,
+            clobber_abi("C"),
+        );
+    }
+    if esr == 0 {
+        Ok(())
+    } else {
+        Err(Fault { esr, far })
+    }
+}
+
+/// The A64 `RET` instruction (return to x30).
+const RET: u32 = 0xd65f_03c0;
+
+/// The physical address `va` translates to for a kernel read (`AT S1E1R`),
+/// or `None` if the translation faults.
+pub fn translate(va: u64) -> Option<u64> {
+    let par: u64;
+    // SAFETY: address translation only writes PAR_EL1; the `isb` makes the
+    // result visible to the following read (Arm ARM D8.7 "AT instructions").
+    unsafe {
+        asm!(
+            "at s1e1r, {va}",
+            "isb",
+            "mrs {par}, par_el1",
+            va = in(reg) va,
+            par = out(reg) par,
+            options(nostack, preserves_flags),
+        );
+    }
+    // PAR_EL1.F (bit 0) set: the translation failed; else PA[47:12] in the
+    // same bits.
+    (par & 1 == 0).then_some((par & 0x0000_ffff_ffff_f000) | (va & 0xfff))
+}
+
+/// Makes the instruction at `alias` (an address whose word was just
+/// stored) visible to instruction fetches (Arm ARM B2.4.4: clean the data
+/// cache to the point of unification, invalidate the instruction cache,
+/// then synchronise the context).
+fn sync_icache(alias: u64) {
+    // SAFETY: cache maintenance by VA on a mapped, readable address has no
+    // effect on memory contents.
+    unsafe {
+        asm!(
+            "dc cvau, {a}",
+            "dsb ish",
+            "ic ivau, {a}",
+            "dsb ish",
+            "isb",
+            a = in(reg) alias,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// Whether an instruction fetch from `va` (4-byte aligned) faults, judged by
+/// the MMU: a `RET` is placed at the physical page behind `va` through the
+/// kernel's identity alias and called through `va`; the original word is
+/// put back afterwards. `None` if `va` does not translate to RAM the kernel
+/// maps (nothing is executed then).
+pub fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
+    let Some(pa) = translate(va) else {
+        // Not even readable: a fetch would fault with a translation fault.
+        return Some(Err(Fault { esr: 0, far: va }));
+    };
+    let word = pa & !7;
+    let shift = (pa & 4) * 8;
+    let old = read_u64(word).ok()?;
+    let patched = (old & !(0xffff_ffff << shift)) | (u64::from(RET) << shift);
+    write_u64(word, patched).ok()?;
+    sync_icache(word);
+    let (esr, far): (u64, u64);
+    // SAFETY: `va` maps the RET just stored (or faults on the fetch, which
+    // the vectors turn into a return with x1 = ESR); the probe preserves
+    // the stack and returns to us. Everything the C ABI allows it to
+    // clobber is declared.
+    unsafe {
+        asm!(
+            "bl pgk_probe_exec",
+            in("x0") va,
+            out("x1") esr,
+            out("x2") far,
+            clobber_abi("C"),
+        );
+    }
+    write_u64(word, old).ok()?;
+    sync_icache(word);
+    Some(if esr == 0 {
+        Ok(())
+    } else {
+        Err(Fault { esr, far })
+    })
+}
