@@ -1,2 +1,54 @@
-//! arm64 page-table format and MMU operations for `pgtable-core` (work in progress).
+//! # pgtable-arm64
+//!
+//! The arm64 half of the pgtable family, for a 4 KiB granule:
+//!
+//! - **Format** (pure, host-testable): [`Arm64`] (48-bit VA, 4 levels:
+//!   L0 = PGD, L1 = PUD, L2 = PMD, L3 = PTE) and [`Arm64Va39`] (39-bit VA,
+//!   3 levels), implementing [`pgtable_core::Format`] and
+//!   [`pgtable_core::Arch`]: table, block (1 GiB at L1, 2 MiB at L2) and
+//!   page descriptors, the [`MAIR_VALUE`] memory types, AP / UXN / PXN
+//!   permissions, SH, AF, nG, DBM-based dirty state as Linux does it, the
+//!   contiguous hint. Every bit is documented in [`desc`].
+//! - **Entry operations** as Linux arm64 has them: `set_p*_at` with the
+//!   walker barrier, `set_pte_nosync` without (seed 004), atomic
+//!   get-and-clear, `pmdp_modify_prot_start` without the immediate flush
+//!   (seed 003), and the break-before-make rules ([`bbm`]) with
+//!   [`set_live_entry`].
+//! - **TLB maintenance encodings** ([`tlbi`]): the range-TLBI split
+//!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
+//! - **Register values** ([`regs`]): [`tcr_value`], SCTLR bits.
+//! - **MMU operations** (`mmu`, only for `target_arch = "aarch64"`):
+//!   `Arm64Mmu` with `dsb ishst; isb`, `tlbi vale1is` / `vae1is` /
+//!   `rvale1is` / `aside1is` / `vmalle1is`, and `enable_mmu`.
+//!
+//! ## Example
+//!
+//! ```
+//! use pgtable_arm64::{desc, Arm64};
+//! use pgtable_core::{Decoded, Format, PhysAddr, Prot};
+//!
+//! // A kernel read-write 2 MiB block: AttrIndx 0, SH inner, AF, UXN|PXN,
+//! // DBM (writable, already dirty), nG clear (global).
+//! let prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
+//! let raw = Arm64::leaf(PhysAddr(0x4020_0000), prot, 1);
+//! assert_eq!(raw, 0x0068_0000_4020_0701);
+//! assert_eq!(Arm64::decode(raw, 1), Decoded::Leaf(PhysAddr(0x4020_0000)));
+//! assert!(Arm64::is_dirty(raw) && !desc::is_contiguous(raw));
+//! ```
 #![no_std]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+pub mod bbm;
+pub mod desc;
+pub mod regs;
+pub mod tlbi;
+
+#[cfg(target_arch = "aarch64")]
+pub mod mmu;
+
+pub use bbm::{pgattr_change_is_safe, set_live_entry};
+pub use desc::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
+#[cfg(target_arch = "aarch64")]
+pub use mmu::{enable_mmu, enable_mmu_for, has_tlb_range, Arm64Mmu, Ttbr};
+pub use regs::{tcr_value, TcrConfig};
+pub use tlbi::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};

@@ -1,0 +1,649 @@
+//! VMSAv8-64 stage 1 translation table descriptors, 4 KiB granule.
+//!
+//! Bit positions are from the Arm Architecture Reference Manual for A-profile
+//! (DDI 0487), section D8.3 "Translation table descriptor formats" (D5.3 in
+//! older issues). The same layout serves every level:
+//!
+//! | bits | table descriptor (L0–L2) | block (L1, L2) / page (L3) descriptor |
+//! |---|---|---|
+//! | 0 | valid | valid |
+//! | 1 | 1 = table | L1/L2: 0 = block; L3: 1 = page (0 is reserved) |
+//! | 4:2 | ignored | AttrIndx (index into MAIR_EL1) |
+//! | 5 | ignored | NS (ignored in the Non-secure regime) |
+//! | 7:6 | ignored | AP\[2:1\]: bit 7 = read-only, bit 6 = EL0 access |
+//! | 9:8 | ignored | SH (shareability) |
+//! | 10 | ignored | AF (access flag) |
+//! | 11 | ignored | nG (not global: tagged with the ASID) |
+//! | 47:12 | next-level table address | output address (blocks: 47:30 or 47:21) |
+//! | 50 | ignored | GP (BTI guarded page, unused here) |
+//! | 51 | ignored | DBM (dirty bit modifier; Linux's `PTE_WRITE`) |
+//! | 52 | ignored | Contiguous hint |
+//! | 53 | ignored | PXN (privileged execute-never) |
+//! | 54 | ignored | UXN (unprivileged execute-never) |
+//! | 58:55 | ignored | software use; bit 55 = software dirty |
+//! | 59 | PXNTable | ignored (PBHA) |
+//! | 60 | UXNTable | ignored (PBHA) |
+//! | 62:61 | APTable | ignored (PBHA) |
+//! | 63 | NSTable | ignored |
+//!
+//! # Writable and dirty (FEAT_HAFDBS, as Linux does it)
+//!
+//! A leaf is *writable* when DBM is set (or, for entries this crate never
+//! creates, when AP\[2\] is clear without DBM). A writable leaf is *hardware
+//! dirty* when AP\[2\] (read-only) is clear: with TCR_EL1.HD set, the first
+//! store through a writable, clean leaf (DBM = 1, AP\[2\] = 1) makes the
+//! hardware clear AP\[2\] instead of raising a permission fault. A software
+//! dirty bit (bit 55) keeps the dirty state of a leaf that is made read-only.
+//!
+//! # What this crate creates
+//!
+//! Every new leaf has AF set (so it works on CPUs without hardware access
+//! flag management), SH = inner shareable and nG unless [`Prot::GLOBAL`].
+//! - Kernel (no [`Prot::USER`]) writable leaves are created like Linux's
+//!   `PAGE_KERNEL`: DBM set and AP\[2\] clear, i.e. writable and already
+//!   dirty, so a kernel store never needs hardware dirty-state management.
+//!   Kernel leaves are UXN; PXN unless [`Prot::EXEC`].
+//! - User leaves have AP\[1\] (EL0 access) and PXN (the kernel never runs
+//!   user code); UXN unless [`Prot::EXEC`]. Writable user leaves are created
+//!   clean (DBM and AP\[2\] set): the first store marks them dirty, which
+//!   needs FEAT_HAFDBS with TCR_EL1.HD (or a fault handler that does it).
+//!
+//! A leaf is *settled* (the hardware will never write it again) when AF is
+//! set and it is not writable-but-clean.
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use bit_field::BitField;
+use pgtable_core::{
+    generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
+    VirtAddr,
+};
+use static_assertions::{assert_eq_align, assert_eq_size, const_assert, const_assert_eq};
+
+/// Valid, bit \[0\].
+pub const VALID: u64 = 1 << 0;
+/// Table (L0–L2) or page (L3) descriptor, bit \[1\]; clear = block at L1/L2.
+pub const TABLE_OR_PAGE: u64 = 1 << 1;
+/// AttrIndx\[2:0\], bits \[4:2\]: index of the memory attributes in MAIR_EL1.
+pub const ATTR_INDX_MASK: u64 = 0b111 << ATTR_INDX_SHIFT;
+/// Shift of the AttrIndx field.
+pub const ATTR_INDX_SHIFT: u32 = 2;
+/// NS, bit \[5\] (ignored in the Non-secure EL1&0 regime; always 0 here).
+pub const NS: u64 = 1 << 5;
+/// AP\[1\], bit \[6\]: EL0 (user) access allowed (Linux `PTE_USER`).
+pub const AP_EL0: u64 = 1 << 6;
+/// AP\[2\], bit \[7\]: read-only at every exception level (Linux `PTE_RDONLY`).
+pub const AP_RDONLY: u64 = 1 << 7;
+/// SH\[1:0\], bits \[9:8\]: shareability.
+pub const SH_MASK: u64 = 0b11 << 8;
+/// SH = 0b11: Inner Shareable.
+pub const SH_INNER: u64 = 0b11 << 8;
+/// SH = 0b10: Outer Shareable.
+pub const SH_OUTER: u64 = 0b10 << 8;
+/// AF, bit \[10\]: access flag.
+pub const AF: u64 = 1 << 10;
+/// nG, bit \[11\]: not global (the TLB entry is tagged with the ASID).
+pub const NG: u64 = 1 << 11;
+/// Output address / next-level table address, bits \[47:12\].
+pub const OA_MASK: u64 = ((1 << 48) - 1) & !0xfff;
+/// GP, bit \[50\]: BTI guarded page (never set by this crate).
+pub const GP: u64 = 1 << 50;
+/// DBM, bit \[51\]: dirty bit modifier; here (as in Linux) "writable".
+pub const DBM: u64 = 1 << 51;
+/// Contiguous, bit \[52\]: hint that 16 adjacent entries map contiguous
+/// output addresses with identical attributes.
+pub const CONT: u64 = 1 << 52;
+/// PXN, bit \[53\]: privileged (EL1) execute-never.
+pub const PXN: u64 = 1 << 53;
+/// UXN, bit \[54\]: unprivileged (EL0) execute-never.
+pub const UXN: u64 = 1 << 54;
+/// Software dirty, bit \[55\] (the first of the software bits \[58:55\]).
+pub const SW_DIRTY: u64 = 1 << 55;
+/// Software-use bits \[58:55\] of block and page descriptors.
+pub const SW_MASK: u64 = 0b1111 << 55;
+/// PXNTable, bit \[59\] of a table descriptor.
+pub const PXN_TABLE: u64 = 1 << 59;
+/// UXNTable, bit \[60\] of a table descriptor.
+pub const UXN_TABLE: u64 = 1 << 60;
+/// APTable\[1:0\], bits \[62:61\] of a table descriptor.
+pub const AP_TABLE_MASK: u64 = 0b11 << 61;
+/// NSTable, bit \[63\] of a table descriptor.
+pub const NS_TABLE: u64 = 1 << 63;
+
+/// MAIR_EL1 index of Normal memory, Inner/Outer Write-Back Non-transient,
+/// Read/Write-Allocate (attribute byte `0xff`).
+pub const MAIR_IDX_NORMAL: u64 = 0;
+/// MAIR_EL1 index of Normal memory, Inner/Outer Non-cacheable (`0x44`).
+pub const MAIR_IDX_NORMAL_NC: u64 = 1;
+/// MAIR_EL1 index of Device-nGnRE memory (`0x04`).
+pub const MAIR_IDX_DEVICE_NGNRE: u64 = 2;
+/// MAIR_EL1 index of Device-nGnRnE memory (`0x00`; indices 4–7 are too).
+pub const MAIR_IDX_DEVICE_NGNRNE: u64 = 3;
+
+/// The MAIR_EL1 value the format assumes (Arm ARM D19.2 "MAIR_EL1"): one
+/// attribute byte per AttrIndx, Attr0 in bits \[7:0\].
+///
+/// | AttrIndx | byte | memory type |
+/// |---|---|---|
+/// | 0 | `0xff` | Normal, Inner/Outer Write-Back RW-Allocate ([`MemType::Normal`]) |
+/// | 1 | `0x44` | Normal, Inner/Outer Non-cacheable ([`MemType::NormalNonCacheable`]) |
+/// | 2 | `0x04` | Device-nGnRE ([`MemType::Device`]) |
+/// | 3–7 | `0x00` | Device-nGnRnE |
+pub const MAIR_VALUE: u64 = 0xff << (8 * MAIR_IDX_NORMAL)
+    | 0x44 << (8 * MAIR_IDX_NORMAL_NC)
+    | 0x04 << (8 * MAIR_IDX_DEVICE_NGNRE)
+    | 0x00 << (8 * MAIR_IDX_DEVICE_NGNRNE);
+
+// Layout checks: the fields above are disjoint and where the Arm ARM puts them.
+const_assert_eq!(
+    VALID & TABLE_OR_PAGE & ATTR_INDX_MASK & AP_EL0 & AP_RDONLY & SH_MASK & AF & NG,
+    0
+);
+const_assert_eq!(
+    (VALID | TABLE_OR_PAGE | ATTR_INDX_MASK | NS | AP_EL0 | AP_RDONLY | SH_MASK | AF | NG)
+        & OA_MASK,
+    0
+);
+const_assert_eq!(
+    (VALID | TABLE_OR_PAGE | ATTR_INDX_MASK | NS | AP_EL0 | AP_RDONLY | SH_MASK | AF | NG)
+        .count_ones(),
+    12
+);
+const_assert_eq!((GP | DBM | CONT | PXN | UXN | SW_MASK).count_ones(), 9);
+const_assert_eq!((GP | DBM | CONT | PXN | UXN | SW_MASK) & OA_MASK, 0);
+const_assert_eq!(OA_MASK.count_ones(), 36);
+const_assert!(SW_DIRTY & SW_MASK != 0);
+const_assert_eq!(MAIR_VALUE, 0x0004_44ff);
+
+/// Memory-type attribute index (AttrIndx) this crate uses for `mem`.
+#[inline]
+pub const fn attr_index(mem: MemType) -> u64 {
+    match mem {
+        MemType::Normal => MAIR_IDX_NORMAL,
+        MemType::NormalNonCacheable => MAIR_IDX_NORMAL_NC,
+        MemType::Device => MAIR_IDX_DEVICE_NGNRE,
+    }
+}
+
+/// The memory type of an AttrIndx under [`MAIR_VALUE`].
+#[inline]
+pub const fn mem_type(index: u64) -> MemType {
+    match index {
+        MAIR_IDX_NORMAL => MemType::Normal,
+        MAIR_IDX_NORMAL_NC => MemType::NormalNonCacheable,
+        _ => MemType::Device,
+    }
+}
+
+/// A raw descriptor with named field accessors (for inspection, tests and
+/// callers building unusual entries). The format methods work on `u64`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct Descriptor(pub u64);
+
+assert_eq_size!(Descriptor, u64);
+assert_eq_align!(Descriptor, u64);
+
+impl Descriptor {
+    /// Bit \[0\].
+    pub fn valid(self) -> bool {
+        self.0.get_bit(0)
+    }
+    /// Bit \[1\]: table (L0–L2) or page (L3).
+    pub fn table_or_page(self) -> bool {
+        self.0.get_bit(1)
+    }
+    /// AttrIndx, bits \[4:2\].
+    pub fn attr_index(self) -> u64 {
+        self.0.get_bits(2..5)
+    }
+    /// AP\[2:1\], bits \[7:6\] (bit 0 of the result is AP\[1\]).
+    pub fn ap(self) -> u64 {
+        self.0.get_bits(6..8)
+    }
+    /// SH, bits \[9:8\].
+    pub fn sh(self) -> u64 {
+        self.0.get_bits(8..10)
+    }
+    /// AF, bit \[10\].
+    pub fn af(self) -> bool {
+        self.0.get_bit(10)
+    }
+    /// nG, bit \[11\].
+    pub fn ng(self) -> bool {
+        self.0.get_bit(11)
+    }
+    /// The address field, bits \[47:12\], as an address.
+    pub fn address(self) -> PhysAddr {
+        PhysAddr(self.0.get_bits(12..48) << 12)
+    }
+    /// DBM, bit \[51\].
+    pub fn dbm(self) -> bool {
+        self.0.get_bit(51)
+    }
+    /// Contiguous, bit \[52\].
+    pub fn contiguous(self) -> bool {
+        self.0.get_bit(52)
+    }
+    /// PXN, bit \[53\].
+    pub fn pxn(self) -> bool {
+        self.0.get_bit(53)
+    }
+    /// UXN, bit \[54\].
+    pub fn uxn(self) -> bool {
+        self.0.get_bit(54)
+    }
+    /// Software bits \[58:55\].
+    pub fn software(self) -> u64 {
+        self.0.get_bits(55..59)
+    }
+    /// The same descriptor with AttrIndx replaced.
+    pub fn with_attr_index(mut self, index: u64) -> Descriptor {
+        self.0.set_bits(2..5, index);
+        self
+    }
+    /// The same descriptor with SH replaced.
+    pub fn with_sh(mut self, sh: u64) -> Descriptor {
+        self.0.set_bits(8..10, sh);
+        self
+    }
+    /// The same descriptor with the address field replaced.
+    pub fn with_address(mut self, pa: PhysAddr) -> Descriptor {
+        self.0.set_bits(12..48, pa.0 >> 12);
+        self
+    }
+    /// The same descriptor with the contiguous hint set or cleared.
+    pub fn with_contiguous(mut self, on: bool) -> Descriptor {
+        self.0.set_bit(52, on);
+        self
+    }
+}
+
+impl core::fmt::Debug for Descriptor {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "Descriptor({:#018x}: v{} t{} attr{} ap{:02b} sh{:02b} af{} ng{} oa={:#x} dbm{} cont{} pxn{} uxn{} sw{:04b})",
+            self.0,
+            self.valid() as u8,
+            self.table_or_page() as u8,
+            self.attr_index(),
+            self.ap(),
+            self.sh(),
+            self.af() as u8,
+            self.ng() as u8,
+            self.address().0,
+            self.dbm() as u8,
+            self.contiguous() as u8,
+            self.pxn() as u8,
+            self.uxn() as u8,
+            self.software()
+        )
+    }
+}
+
+/// Which hardware management of the access flag and dirty state
+/// (FEAT_HAFDBS) the CPU has and TCR_EL1 enables.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HwFeatures {
+    /// TCR_EL1.HA: the hardware sets AF instead of raising an Access flag fault.
+    pub access_flag: bool,
+    /// TCR_EL1.HD: a store through a DBM leaf clears AP\[2\] instead of
+    /// raising a Permission fault.
+    pub dirty: bool,
+}
+
+impl HwFeatures {
+    /// FEAT_HAFDBS with TCR_EL1.HA and TCR_EL1.HD set (what
+    /// [`Format::hw_access`] models).
+    pub const HAFDBS: HwFeatures = HwFeatures {
+        access_flag: true,
+        dirty: true,
+    };
+    /// No hardware updates: software handles Access flag and Permission faults.
+    pub const NONE: HwFeatures = HwFeatures {
+        access_flag: false,
+        dirty: false,
+    };
+}
+
+/// The arm64 stage 1 format with a 4 KiB granule and `L` levels: 4 (48-bit
+/// VA, [`Arm64`]) or 3 (39-bit VA, [`Arm64Va39`]).
+///
+/// Valid input addresses are canonical: `[0, 2^(VA-1))` (TTBR0_EL1) and
+/// `[2^64 - 2^(VA-1), 2^64)` (TTBR1_EL1). One root serves both halves when
+/// TTBR1_EL1 points at its second half (root + 2 KiB) and T0SZ = T1SZ =
+/// 65 - VA, which is what [`tcr_value`](crate::tcr_value) computes: root
+/// entries 0–255 then translate the low half and 256–511 the high half,
+/// exactly as the software walk indexes them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Arm64Format<const L: u32>;
+
+/// 4 KiB granule, 48-bit VA, 4 levels (L0 = PGD, L1 = PUD, L2 = PMD, L3 = PTE).
+pub type Arm64 = Arm64Format<4>;
+/// 4 KiB granule, 39-bit VA, 3 levels (L1 = PGD with the PUD folded in,
+/// L2 = PMD, L3 = PTE). L1 blocks (1 GiB) sit in the root.
+pub type Arm64Va39 = Arm64Format<3>;
+
+/// Whether `raw` is a leaf that is writable (DBM, or AP\[2\] clear).
+#[inline]
+pub const fn is_writable(raw: u64) -> bool {
+    raw & DBM != 0 || raw & AP_RDONLY == 0
+}
+
+/// Linux `pte_hw_dirty`: writable through DBM and AP\[2\] clear.
+#[inline]
+pub const fn is_hw_dirty(raw: u64) -> bool {
+    raw & DBM != 0 && raw & AP_RDONLY == 0
+}
+
+/// Whether the contiguous hint is set.
+#[inline]
+pub const fn is_contiguous(raw: u64) -> bool {
+    raw & CONT != 0
+}
+
+/// The leaf with the contiguous hint set (Linux `pte_mkcont`). The caller
+/// must write 16 aligned adjacent entries with contiguous output addresses
+/// and identical attributes (Arm ARM D8.6.1) before relying on it.
+#[inline]
+pub const fn mk_contiguous(raw: u64) -> u64 {
+    raw | CONT
+}
+
+/// The address of a leaf at `height`, with the bits below the leaf size
+/// cleared (they are RES0 or other fields, e.g. nT at bit 16 of a block).
+#[inline]
+const fn leaf_address(raw: u64, height: u32) -> u64 {
+    raw & OA_MASK & !((1u64 << (12 + 9 * height)) - 1)
+}
+
+/// What the hardware does on `access` through the leaf `raw` at `height`,
+/// with the hardware updates `hw` enables (Arm ARM D8.4 "Memory access
+/// control" and D8.5 "Hardware updates of the translation table").
+///
+/// Checks, in the order the Arm ARM prioritises the faults (Access flag
+/// before Permission): AF clear without `hw.access_flag` is an Access flag
+/// fault; an EL0 access without AP\[1\] is a Permission fault
+/// ([`AccessFault::Privilege`]); an instruction fetch is refused by UXN
+/// (EL0) or PXN (EL1; also implied for EL1 fetches from EL0-writable
+/// memory); a store with AP\[2\] set is refused unless DBM is set and
+/// `hw.dirty`, in which case the hardware clears AP\[2\] (marks it dirty).
+/// A successful access sets AF (with `hw.access_flag`). A faulting access
+/// leaves the entry unchanged in this model (the architecture allows but
+/// does not require an AF update for it). PAN and WXN are not modelled
+/// (both off).
+pub fn hw_access_with(
+    raw: u64,
+    _height: u32,
+    access: Access,
+    hw: HwFeatures,
+) -> Result<u64, AccessFault> {
+    let mut new = raw;
+    if raw & AF == 0 {
+        if !hw.access_flag {
+            return Err(AccessFault::AccessFlag);
+        }
+        new |= AF;
+    }
+    if access.user && raw & AP_EL0 == 0 {
+        return Err(AccessFault::Privilege);
+    }
+    if access.exec {
+        let el0_writable = raw & AP_EL0 != 0 && raw & AP_RDONLY == 0;
+        let xn = if access.user {
+            raw & UXN != 0
+        } else {
+            raw & PXN != 0 || el0_writable
+        };
+        if xn {
+            return Err(AccessFault::Exec);
+        }
+    }
+    if access.write && raw & AP_RDONLY != 0 {
+        if raw & DBM != 0 && hw.dirty {
+            new &= !AP_RDONLY;
+        } else {
+            return Err(AccessFault::Write);
+        }
+    }
+    Ok(new)
+}
+
+impl<const L: u32> Arm64Format<L> {
+    const CHECK_LEVELS: () = assert!(L == 3 || L == 4, "arm64 4K granule: 3 or 4 levels");
+}
+
+impl<const L: u32> Format for Arm64Format<L> {
+    const NAME: &'static str = if L == 4 {
+        "arm64-4K-48bit"
+    } else {
+        "arm64-4K-39bit"
+    };
+    const LEVELS: u32 = {
+        let () = Self::CHECK_LEVELS;
+        L
+    };
+    const PA_BITS: u32 = 48;
+
+    #[inline]
+    fn leaf_allowed(height: u32) -> bool {
+        // 4 KiB granule: pages at L3, blocks at L2 (2 MiB) and L1 (1 GiB);
+        // no L0 blocks without FEAT_LPA2.
+        height <= 2
+    }
+
+    #[inline]
+    fn decode(raw: u64, height: u32) -> Decoded {
+        if raw == 0 {
+            return Decoded::None;
+        }
+        if raw & VALID == 0 {
+            return Decoded::Invalid;
+        }
+        let table_or_page = raw & TABLE_OR_PAGE != 0;
+        match height {
+            0 if table_or_page => Decoded::Leaf(PhysAddr(raw & OA_MASK)),
+            // L3 with bit 1 clear is reserved: treated as invalid.
+            0 => Decoded::Invalid,
+            _ if table_or_page => Decoded::Table(PhysAddr(raw & OA_MASK)),
+            1 | 2 => Decoded::Leaf(PhysAddr(leaf_address(raw, height))),
+            // A block at L0 is invalid with the 4 KiB granule.
+            _ => Decoded::Invalid,
+        }
+    }
+
+    #[inline]
+    fn table_entry(pa: PhysAddr, _height: u32) -> u64 {
+        debug_assert_eq!(pa.0 & !OA_MASK, 0);
+        pa.0 | TABLE_OR_PAGE | VALID
+    }
+
+    #[inline]
+    fn leaf_template(prot: Prot, height: u32) -> u64 {
+        let mut v = VALID | SH_INNER | AF | (attr_index(prot.mem) << ATTR_INDX_SHIFT);
+        if height == 0 {
+            v |= TABLE_OR_PAGE;
+        }
+        if !prot.global() {
+            v |= NG;
+        }
+        if prot.user() {
+            // EL0 access; never executable at EL1.
+            v |= AP_EL0 | PXN;
+            if !prot.executable() {
+                v |= UXN;
+            }
+            // Writable user leaves start clean: DBM | RDONLY.
+            v |= AP_RDONLY;
+            if prot.writable() {
+                v |= DBM;
+            }
+        } else {
+            // Kernel: never executable at EL0.
+            v |= UXN;
+            if !prot.executable() {
+                v |= PXN;
+            }
+            // PAGE_KERNEL style: writable = DBM with RDONLY clear (dirty).
+            if prot.writable() {
+                v |= DBM;
+            } else {
+                v |= AP_RDONLY;
+            }
+        }
+        v
+    }
+
+    #[inline]
+    fn leaf_prot(raw: u64, _height: u32) -> Prot {
+        let user = raw & AP_EL0 != 0;
+        let mut bits = 0;
+        if is_writable(raw) {
+            bits |= Prot::WRITE;
+        }
+        if user {
+            bits |= Prot::USER;
+        }
+        let xn = if user { raw & UXN } else { raw & PXN };
+        if xn == 0 {
+            bits |= Prot::EXEC;
+        }
+        if raw & NG == 0 {
+            bits |= Prot::GLOBAL;
+        }
+        Prot::new(bits).with_mem(mem_type((raw & ATTR_INDX_MASK) >> ATTR_INDX_SHIFT))
+    }
+
+    #[inline]
+    fn modify_prot(raw: u64, prot: Prot, height: u32) -> u64 {
+        // Keep the address, the access flag, the contiguous hint and the
+        // software bits; carry the dirty state across (Linux `pte_modify`:
+        // hardware dirty becomes software dirty, and a writable result of a
+        // dirty leaf is made hardware dirty again).
+        let dirty = Self::is_dirty(raw);
+        let keep = raw & (leaf_address(raw, height) | AF | CONT | SW_MASK);
+        let mut new = (Self::leaf_template(prot, height) & !AF) | keep;
+        if dirty {
+            new |= SW_DIRTY;
+            if new & DBM != 0 {
+                new &= !AP_RDONLY;
+            }
+        }
+        new
+    }
+
+    #[inline]
+    fn split_leaf(raw: u64, height: u32) -> u64 {
+        // The contiguous hint describes 16 entries of the parent's size; it
+        // does not carry over to the children.
+        let child = raw & !CONT;
+        if height == 1 {
+            child | TABLE_OR_PAGE
+        } else {
+            child
+        }
+    }
+
+    #[inline]
+    fn is_young(raw: u64) -> bool {
+        raw & AF != 0
+    }
+
+    #[inline]
+    fn is_dirty(raw: u64) -> bool {
+        is_hw_dirty(raw) || raw & SW_DIRTY != 0
+    }
+
+    /// AF set, and not writable-but-clean (DBM with AP\[2\] set): the only
+    /// hardware updates (FEAT_HAFDBS) set AF and clear AP\[2\] of a DBM leaf.
+    #[inline]
+    fn is_settled(raw: u64, _height: u32) -> bool {
+        raw & AF != 0 && raw & (DBM | AP_RDONLY) != (DBM | AP_RDONLY)
+    }
+
+    /// Models FEAT_HAFDBS with TCR_EL1.HA and TCR_EL1.HD set
+    /// ([`hw_access_with`] with [`HwFeatures::HAFDBS`]).
+    #[inline]
+    fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault> {
+        hw_access_with(raw, height, access, HwFeatures::HAFDBS)
+    }
+}
+
+/// Stores `val` and, when it is valid, issues the walker barrier (Linux
+/// arm64 `__set_pte` / `set_pmd` / `set_pud`: `dsb ishst; isb` so the walker
+/// sees the entry before the next instruction can use it). Linux skips the
+/// barrier for user PTEs and relies on spurious-fault handling; a kernel
+/// built on this crate may have no such handler, so every valid entry gets it.
+#[inline]
+fn set_valid_at<M: Mmu>(mmu: &M, slot: &Slot, val: u64) {
+    generic::set_entry_nosync(mmu, slot, val);
+    if val & VALID != 0 {
+        mmu.walker_barrier();
+    }
+}
+
+impl<const L: u32> Arch for Arm64Format<L> {
+    const HAVE_MOVE_PMD: bool = true;
+    const HAVE_MOVE_PUD: bool = true;
+    const TLB_FLUSH_CEILING: u64 = crate::tlbi::MAX_TLBI_OPS;
+    const NEEDS_WALKER_BARRIER: bool = true;
+    const BREAK_BEFORE_MAKE: bool = true;
+
+    #[inline]
+    fn set_pte_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pte: u64) {
+        set_valid_at(mmu, slot, pte)
+    }
+
+    #[inline]
+    fn set_pmd_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pmd: u64) {
+        set_valid_at(mmu, slot, pmd)
+    }
+
+    #[inline]
+    fn set_pud_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pud: u64) {
+        set_valid_at(mmu, slot, pud)
+    }
+
+    /// Store only; the `dsb ishst; isb` comes once at the end of the table
+    /// or of the lazy-MMU scope (seed 004).
+    #[inline]
+    fn set_pte_nosync<M: Mmu>(mmu: &M, slot: &Slot, pte: u64) {
+        generic::set_entry_nosync(mmu, slot, pte)
+    }
+
+    /// An atomic swap with 0 (`swpal`/`ldxr`-`stxr` on the CPU), so an AF
+    /// or dirty update by the walker racing the clear is returned.
+    #[inline]
+    fn ptep_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
+        generic::get_and_clear(mmu, slot)
+    }
+
+    /// As [`ptep_get_and_clear`](Arch::ptep_get_and_clear), for blocks.
+    #[inline]
+    fn pmdp_huge_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
+        generic::get_and_clear(mmu, slot)
+    }
+
+    /// Seed 003: the atomic get-and-clear alone makes the hardware's
+    /// accessed/dirty updates safe (an invalid entry is never cached nor
+    /// updated), so the immediate flush of the generic `pmdp_invalidate`
+    /// is dropped; the operation's one gathered flush removes the old block.
+    #[inline]
+    fn pmdp_modify_prot_start<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32) -> u64 {
+        generic::pmdp_modify_prot_start_deferred::<Self, M>(mmu, va, slot, height)
+    }
+
+    #[inline]
+    fn change_is_safe(old: u64, new: u64, height: u32) -> bool {
+        crate::bbm::pgattr_change_is_safe(old, new, height)
+    }
+}
+
+/// Reads an entry (single-copy atomic).
+#[inline]
+pub(crate) fn load(slot: &Slot) -> u64 {
+    // Relaxed: callers hold the address space; ordering toward the walker
+    // comes from barriers and TLB maintenance, not from Rust orderings.
+    slot.load(Relaxed)
+}

@@ -1,0 +1,104 @@
+//! System register values the format assumes (pure, host-testable).
+//!
+//! [`MAIR_VALUE`](crate::MAIR_VALUE) gives the memory types of the AttrIndx
+//! values; [`tcr_value`] the translation control; [`SCTLR_MMU_BITS`] the
+//! SCTLR_EL1 bits that turn the MMU and caches on.
+
+use bit_field::BitField;
+
+/// TCR_EL1.IPS / ID_AA64MMFR0_EL1.PARange encoding of 48 bits, the most the
+/// format encodes.
+pub const PARANGE_48: u64 = 0b101;
+
+/// SCTLR_EL1.M, bit \[0\]: stage 1 MMU enable.
+pub const SCTLR_M: u64 = 1 << 0;
+/// SCTLR_EL1.A, bit \[1\]: alignment checking (cleared).
+pub const SCTLR_A: u64 = 1 << 1;
+/// SCTLR_EL1.C, bit \[2\]: data cacheability.
+pub const SCTLR_C: u64 = 1 << 2;
+/// SCTLR_EL1.I, bit \[12\]: instruction cacheability.
+pub const SCTLR_I: u64 = 1 << 12;
+/// SCTLR_EL1.WXN, bit \[19\]: write implies execute-never (cleared: the
+/// format's permissions say what is executable).
+pub const SCTLR_WXN: u64 = 1 << 19;
+/// The bits `enable_mmu` (aarch64 only) sets in SCTLR_EL1.
+pub const SCTLR_MMU_BITS: u64 = SCTLR_M | SCTLR_C | SCTLR_I;
+/// The bits it clears.
+pub const SCTLR_MMU_CLEAR: u64 = SCTLR_A | SCTLR_WXN;
+
+/// What [`tcr_value`] configures.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TcrConfig {
+    /// The format's `VA_BITS` (48 for [`Arm64`](crate::Arm64), 39 for
+    /// [`Arm64Va39`](crate::Arm64Va39)). Each half (TTBR0 low, TTBR1 high)
+    /// translates `VA_BITS - 1` bits, matching the canonical addresses the
+    /// format accepts.
+    pub va_bits: u32,
+    /// Walk TTBR1_EL1 for the high half (EPD1 = 0); otherwise high-half
+    /// accesses fault without a walk (EPD1 = 1).
+    pub ttbr1: bool,
+    /// Intermediate physical address size, ID_AA64MMFR0_EL1.PARange
+    /// encoding (capped at [`PARANGE_48`]).
+    pub pa_range: u64,
+    /// TCR_EL1.HA: hardware access-flag updates (needs FEAT_HAFDBS).
+    pub hw_access_flag: bool,
+    /// TCR_EL1.HD: hardware dirty-state updates (needs HA and FEAT_HAFDBS
+    /// with dirty state).
+    pub hw_dirty: bool,
+}
+
+impl TcrConfig {
+    /// 48-bit VA in both halves, 48-bit PA, HA and HD on.
+    pub const DEFAULT_48: TcrConfig = TcrConfig {
+        va_bits: 48,
+        ttbr1: true,
+        pa_range: PARANGE_48,
+        hw_access_flag: true,
+        hw_dirty: true,
+    };
+}
+
+/// The TCR_EL1 value for `cfg` (Arm ARM D19.2 "TCR_EL1"):
+///
+/// | field | bits | value |
+/// |---|---|---|
+/// | T0SZ | 5:0 | `65 - va_bits` |
+/// | IRGN0 / ORGN0 | 9:8 / 11:10 | 0b01: walks Write-Back Read/Write-Allocate |
+/// | SH0 | 13:12 | 0b11: Inner Shareable |
+/// | TG0 | 15:14 | 0b00: 4 KiB |
+/// | T1SZ | 21:16 | `65 - va_bits` |
+/// | A1 | 22 | 0: the ASID comes from TTBR0_EL1 |
+/// | EPD1 | 23 | `!ttbr1` |
+/// | IRGN1 / ORGN1 / SH1 | 25:24 / 27:26 / 29:28 | as for TTBR0 |
+/// | TG1 | 31:30 | 0b10: 4 KiB (TG1 encodes differently from TG0) |
+/// | IPS | 34:32 | `pa_range` |
+/// | AS | 36 | 0: 8-bit ASIDs |
+/// | HA / HD | 39 / 40 | `hw_access_flag` / `hw_dirty` |
+pub fn tcr_value(cfg: TcrConfig) -> u64 {
+    let txsz = 65 - cfg.va_bits as u64;
+    let mut v = 0u64;
+    v.set_bits(0..6, txsz); // T0SZ
+    v.set_bits(8..10, 0b01); // IRGN0
+    v.set_bits(10..12, 0b01); // ORGN0
+    v.set_bits(12..14, 0b11); // SH0
+    v.set_bits(14..16, 0b00); // TG0 = 4 KiB
+    v.set_bits(16..22, txsz); // T1SZ
+    v.set_bit(23, !cfg.ttbr1); // EPD1
+    v.set_bits(24..26, 0b01); // IRGN1
+    v.set_bits(26..28, 0b01); // ORGN1
+    v.set_bits(28..30, 0b11); // SH1
+    v.set_bits(30..32, 0b10); // TG1 = 4 KiB
+    v.set_bits(32..35, cfg.pa_range.min(PARANGE_48)); // IPS
+    v.set_bit(39, cfg.hw_access_flag); // HA
+    v.set_bit(40, cfg.hw_access_flag && cfg.hw_dirty); // HD
+    v
+}
+
+/// The TTBR1_EL1 base that makes a root's high half (entries 256–511)
+/// translate the high canonical half: the root plus 2 KiB. With T1SZ =
+/// 65 - VA the TTBR1 walk's top table has 256 entries and must be aligned
+/// to 2 KiB, which the root's second half is.
+#[inline]
+pub const fn ttbr1_base(root: u64) -> u64 {
+    root + 256 * 8
+}
