@@ -1,0 +1,692 @@
+//! The simulated MMU (feature `sim`, host only): page-table bugs that
+//! normally show only on hardware fail an ordinary `cargo test`.
+//!
+//! A [`SimMachine`] models one machine: sparse physical memory for data,
+//! the table frames, a table walker that decodes entries with the *real*
+//! format it is given ([`Format::decode`], [`Format::hw_access`]), a TLB
+//! with a walk cache, and the arm64 rule that a table write is not visible
+//! to the walker before a barrier. It hands out cheap, `Send + Sync`
+//! handles sharing that state:
+//!
+//! - [`SimMmu`] implements [`Mmu`] (barriers, TLB flushes, installing a
+//!   root) and observes every entry write the algorithms make;
+//! - [`SimAlloc`] implements [`TableAlloc`] (with live counts and failure
+//!   injection);
+//!
+//! so a test builds an `AddressSpace<A, SimMmu<A>, SimAlloc>`, installs it,
+//! and then loads, stores and fetches through virtual addresses with
+//! [`SimMachine::read_u64`], [`write_u64`](SimMachine::write_u64),
+//! [`read_u8`](SimMachine::read_u8), [`write_u8`](SimMachine::write_u8) and
+//! [`exec`](SimMachine::exec). Faults are values ([`SimFault`]), never
+//! panics.
+//!
+//! # The model
+//!
+//! - **Walker.** Starts at the installed root, or below the deepest
+//!   walk-cache entry covering the address; reads each entry atomically;
+//!   follows [`Decoded::Table`], stops at a [`Decoded::Leaf`] at a height
+//!   the format allows, faults on anything else. A table pointer to a frame
+//!   that is not a table frame of this machine, or to a freed one, faults
+//!   too ([`SimFaultKind::NotATable`], [`SimFaultKind::FreedTable`]) — the
+//!   classic use-after-free of a table that was freed before the TLB flush.
+//! - **Accessed/dirty.** The permission check and the A/D update are the
+//!   format's [`hw_access`](crate::Format::hw_access). The update is written back
+//!   with a compare-exchange, as hardware does, and the walk is retried if
+//!   the entry changed in between. A software read-modify-write that is not
+//!   atomic can therefore lose a dirty bit the simulated hardware set, as
+//!   on a real machine ([`SimMachine::hw_touch`] and
+//!   [`SimMachine::spawn_agent`] let another thread play the hardware).
+//! - **TLB.** Every successful walk caches the leaf (with its height, so a
+//!   block is one entry) and the table entries it passed through (the walk
+//!   cache). A hit serves the access without reading memory; if the access
+//!   needs an A/D update the cached entry lacks (a store through a clean
+//!   entry), the walker walks again and updates memory. Cached entries stay
+//!   until a flush removes them: [`Mmu::flush_tlb_range`] drops the leaves
+//!   overlapping the range, and the walk-cache entries too unless the range
+//!   is `last_level`; [`Mmu::flush_tlb_all`] and installing a root drop
+//!   everything. The TLB holds [`SimMachine::set_tlb_capacity`] entries
+//!   (default 1024) and evicts the oldest entry first (deterministic).
+//! - **Walker visibility** (only when [`Arch::NEEDS_WALKER_BARRIER`], i.e.
+//!   arm64): every entry write reported through [`Mmu::entry_written`] is
+//!   pending, and the walker keeps seeing the slot's value from before the
+//!   first pending write, until [`Mmu::walker_barrier`] or any TLB flush
+//!   (a flush orders the writes before it; see the rules in [`Mmu`]). A
+//!   walk through a pending slot does not write A/D state back.
+//!
+//! # Checking
+//!
+//! The TLB may legitimately hold an old translation *during* an operation
+//! (between clearing an entry and the flush), so the checks run between
+//! operations: call [`SimMachine::check`] after each one. It fails with
+//!
+//! - [`CheckError::Stale`] ([`check_tlb`](SimMachine::check_tlb)): a cached
+//!   leaf or walk-cache entry disagrees with a fresh walk of memory
+//!   (different output address, size, protection, unmapped now, or cached
+//!   dirty while memory says clean) — a missing or too narrow TLB flush;
+//! - [`CheckError::Pending`] ([`check_visible`](SimMachine::check_visible)):
+//!   an entry write the walker cannot see yet — a missing barrier.
+//!
+//! The conformance suite's simulated machine ([`SimSuiteMachine`], feature
+//! `suite`) runs [`check`](SimMachine::check) after every operation of
+//! every case.
+//!
+//! Not modelled: ASIDs, multiple CPUs' TLBs (one shared TLB stands for
+//! all, which is what broadcast invalidation gives), memory attributes,
+//! x86's invalidation of a faulting translation, and the hardware setting
+//! accessed bits in table (non-leaf) entries.
+//!
+//! # For OS authors: your arch port on the simulator
+//!
+//! Nothing here is specific to the test format. Give [`SimMachine`] your
+//! own [`Arch`] type and every host test of your port runs against the
+//! exact bits your `Format` produces, with your `Arch` overrides (your
+//! `set_pte_at`, your `ptep_modify_prot_start`, …) doing the writes:
+//!
+//! 1. build `SimMachine::<MyArch>::new()` and an
+//!    `AddressSpace::<MyArch, _, _>::new(machine.mmu(), machine.alloc())`,
+//!    then `install()` it;
+//! 2. drive your code, touching memory with `read_u64` / `write_u64` /
+//!    `exec` (from other threads too: the handles are `Send + Sync`);
+//! 3. call [`SimMachine::check`] after each operation;
+//! 4. run the conformance suite with [`SimSuiteMachine`] (see
+//!    [`crate::suite`]) — the same suite your kernel runs on hardware.
+//!
+//! Your [`Format::hw_access`] decides what the simulated hardware does
+//! (rights, accessed flag faults, dirty-bit management such as arm64 DBM),
+//! so it must follow the architecture manual; your
+//! [`Arch::NEEDS_WALKER_BARRIER`] decides whether the visibility model is
+//! on.
+//!
+//! To show that a check catches what it should, wrap [`SimMmu`] in an
+//! [`Mmu`] that drops flushes or barriers (see `tests/sim_broken.rs` in
+//! this crate), or override an [`Arch`] entry operation with a broken one.
+//!
+//! # Example: a stale TLB entry is caught
+//!
+//! ```
+//! use pgtable_core::sim::SimMachine;
+//! use pgtable_core::test_format::TestFormat;
+//! use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+//!
+//! let machine = SimMachine::<TestFormat<4>>::new();
+//! let mut space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+//! // SAFETY (simulated): nothing runs on these tables but the simulator.
+//! unsafe { space.install() };
+//!
+//! let va = VirtAddr(0x4000_0000);
+//! space.map(va, PhysAddr(0x8000_0000), 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+//! machine.write_u64(va, 42).unwrap();
+//! assert_eq!(machine.read_u64(va).unwrap(), 42);
+//! assert_eq!(machine.phys_read_u64(PhysAddr(0x8000_0000)), 42);
+//! machine.check().unwrap();
+//!
+//! space.unmap(va, 0x1000).unwrap();
+//! assert!(machine.read_u64(va).is_err()); // unmapped and flushed
+//! machine.check().unwrap();
+//!
+//! // Clear the entry behind the MMU's back (no flush): the TLB is stale.
+//! space.map(va, PhysAddr(0x8000_0000), 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+//! machine.read_u64(va).unwrap();
+//! space.slot(va, 0).unwrap().store(0, core::sync::atomic::Ordering::Relaxed);
+//! let stale = machine.check_tlb().unwrap_err();
+//! assert_eq!(stale.va, va);
+//! ```
+//!
+//! [`Format::decode`]: crate::Format::decode
+//! [`Format::hw_access`]: crate::Format::hw_access
+//! [`Format`]: crate::Format
+//! [`Decoded::Table`]: crate::Decoded::Table
+//! [`Decoded::Leaf`]: crate::Decoded::Leaf
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::{
+    Access, AccessFault, Arch, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbRange, VirtAddr,
+};
+
+mod state;
+#[cfg(feature = "suite")]
+mod suite_machine;
+
+use state::State;
+#[cfg(feature = "suite")]
+pub use suite_machine::SimSuiteMachine;
+
+/// Why a simulated access faulted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SimFaultKind {
+    /// No valid entry: the walk ended at this height (the format's
+    /// `LEVELS` for an address outside the translated range).
+    Translation {
+        /// Height of the table whose entry was not valid.
+        height: u32,
+    },
+    /// The leaf refused the access.
+    Permission(AccessFault),
+    /// A table entry points at a frame that is not a table frame.
+    NotATable(PhysAddr),
+    /// A table entry (or a cached walk) points at a freed table frame.
+    FreedTable(PhysAddr),
+    /// A `u64` access that is not 8-byte aligned.
+    Unaligned,
+    /// No root is installed.
+    NoRoot,
+}
+
+/// A simulated access fault.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SimFault {
+    /// The faulting address.
+    pub va: VirtAddr,
+    /// Whether it was a store.
+    pub write: bool,
+    /// Why.
+    pub kind: SimFaultKind,
+}
+
+impl fmt::Display for SimFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = if self.write { "store" } else { "load/fetch" };
+        write!(f, "{op} at {} faulted: {:?}", self.va, self.kind)
+    }
+}
+
+impl std::error::Error for SimFault {}
+
+/// A cached translation that disagrees with the tables in memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct StaleTlb {
+    /// First address of the region the cached entry covers.
+    pub va: VirtAddr,
+    /// Height of the cached entry.
+    pub height: u32,
+    /// A leaf (TLB) or a table entry (walk cache).
+    pub leaf: bool,
+    /// The cached entry.
+    pub cached: u64,
+    /// What a fresh walk finds (`None`: nothing valid).
+    pub fresh: Option<u64>,
+}
+
+impl fmt::Display for StaleTlb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "stale {} at {} (height {}): cached {:#x}, tables say {:x?}",
+            if self.leaf {
+                "TLB entry"
+            } else {
+                "walk-cache entry"
+            },
+            self.va,
+            self.height,
+            self.cached,
+            self.fresh
+        )
+    }
+}
+
+/// A table write the walker cannot see yet (no barrier or flush since).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PendingWrite {
+    /// Host address of the entry.
+    pub slot: u64,
+    /// The value the walker still sees.
+    pub old: u64,
+    /// The value written.
+    pub new: u64,
+}
+
+/// What [`SimMachine::check`] found.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CheckError {
+    /// A stale TLB or walk-cache entry (missing or too narrow flush).
+    Stale(StaleTlb),
+    /// A write not visible to the walker (missing barrier).
+    Pending(PendingWrite),
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::Stale(s) => s.fmt(f),
+            CheckError::Pending(p) => write!(
+                f,
+                "entry at host {:#x} written ({:#x} -> {:#x}) but not visible to the walker",
+                p.slot, p.old, p.new
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+/// The accessed/dirty state an access set in its leaf.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct AdUpdate {
+    /// The access set the accessed state.
+    pub accessed: bool,
+    /// The access set the dirty state.
+    pub dirty: bool,
+}
+
+/// The simulator's own counters (the address space's [`Stats`] count the
+/// algorithms' requests; these count what the machine did).
+///
+/// [`Stats`]: crate::Stats
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct SimStats {
+    /// Accesses served by a cached leaf.
+    pub tlb_hits: u64,
+    /// Accesses that walked the tables.
+    pub tlb_misses: u64,
+    /// Walks (including retries).
+    pub walks: u64,
+    /// Walks that started from the walk cache.
+    pub walk_cache_hits: u64,
+    /// Entries dropped by flushes.
+    pub tlb_entries_flushed: u64,
+    /// Entries evicted for capacity.
+    pub tlb_evictions: u64,
+    /// Range flushes.
+    pub flush_range: u64,
+    /// Full flushes.
+    pub flush_all: u64,
+    /// Walker barriers.
+    pub barriers: u64,
+    /// Entry writes reported by the algorithms.
+    pub entries_written: u64,
+    /// Walker reads that saw an older value than memory held.
+    pub stale_walker_reads: u64,
+    /// Accessed states set by the walker.
+    pub accessed_set: u64,
+    /// Dirty states set by the walker.
+    pub dirty_set: u64,
+    /// A/D write-backs retried because the entry changed under the walker.
+    pub ad_retries: u64,
+}
+
+/// What an agent thread did (see [`SimMachine::spawn_agent`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct AgentReport {
+    /// Accesses made.
+    pub touches: u64,
+    /// Accesses that faulted.
+    pub faults: u64,
+    /// Accessed states it set.
+    pub accessed_set: u64,
+    /// Dirty states it set.
+    pub dirty_set: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+/// A simulated machine for the arch `A`; cheap to clone (all clones share
+/// one machine).
+pub struct SimMachine<A: Arch> {
+    shared: Arc<Shared>,
+    _arch: PhantomData<fn() -> A>,
+}
+
+impl<A: Arch> Clone for SimMachine<A> {
+    fn clone(&self) -> Self {
+        SimMachine {
+            shared: self.shared.clone(),
+            _arch: PhantomData,
+        }
+    }
+}
+
+impl<A: Arch> Default for SimMachine<A> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<A: Arch> fmt::Debug for SimMachine<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimMachine")
+            .field("arch", &A::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, State> {
+    // A panicking test thread must not hide the state from the others.
+    shared.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<A: Arch> SimMachine<A> {
+    /// A machine with empty memory, no root and an empty TLB.
+    pub fn new() -> Self {
+        SimMachine {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::new()),
+            }),
+            _arch: PhantomData,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.shared)
+    }
+
+    /// The MMU handle (for `AddressSpace::new`).
+    pub fn mmu(&self) -> SimMmu<A> {
+        SimMmu {
+            shared: self.shared.clone(),
+            _arch: PhantomData,
+        }
+    }
+
+    /// The table allocator handle (for `AddressSpace::new`).
+    pub fn alloc(&self) -> SimAlloc {
+        SimAlloc {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The installed root.
+    pub fn root(&self) -> Option<PhysAddr> {
+        self.state().root
+    }
+
+    /// Performs `access` at `va` like the hardware: the physical address of
+    /// the byte and the A/D update made, or the fault.
+    pub fn access(&self, va: VirtAddr, access: Access) -> Result<(PhysAddr, AdUpdate), SimFault> {
+        let (pa, upd) = self.state().access::<A>(va.0, access)?;
+        Ok((PhysAddr(pa), upd))
+    }
+
+    /// The physical address a kernel load at `va` uses (through the TLB,
+    /// setting A/D state like any access).
+    pub fn translate(&self, va: VirtAddr) -> Result<PhysAddr, SimFault> {
+        self.access(va, Access::READ).map(|r| r.0)
+    }
+
+    fn aligned(va: VirtAddr, write: bool) -> Result<(), SimFault> {
+        if va.is_aligned(8) {
+            Ok(())
+        } else {
+            Err(SimFault {
+                va,
+                write,
+                kind: SimFaultKind::Unaligned,
+            })
+        }
+    }
+
+    /// A kernel load of the `u64` at `va` (8-byte aligned).
+    pub fn read_u64(&self, va: VirtAddr) -> Result<u64, SimFault> {
+        Self::aligned(va, false)?;
+        let mut s = self.state();
+        let (pa, _) = s.access::<A>(va.0, Access::READ)?;
+        let mut b = [0; 8];
+        s.mem_read(pa, &mut b);
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// A kernel store of the `u64` at `va` (8-byte aligned).
+    pub fn write_u64(&self, va: VirtAddr, val: u64) -> Result<(), SimFault> {
+        Self::aligned(va, true)?;
+        let mut s = self.state();
+        let (pa, _) = s.access::<A>(va.0, Access::WRITE)?;
+        s.mem_write(pa, &val.to_le_bytes());
+        Ok(())
+    }
+
+    /// A kernel load of the byte at `va`.
+    pub fn read_u8(&self, va: VirtAddr) -> Result<u8, SimFault> {
+        let mut s = self.state();
+        let (pa, _) = s.access::<A>(va.0, Access::READ)?;
+        let mut b = [0; 1];
+        s.mem_read(pa, &mut b);
+        Ok(b[0])
+    }
+
+    /// A kernel store of the byte at `va`.
+    pub fn write_u8(&self, va: VirtAddr, val: u8) -> Result<(), SimFault> {
+        let mut s = self.state();
+        let (pa, _) = s.access::<A>(va.0, Access::WRITE)?;
+        s.mem_write(pa, &[val]);
+        Ok(())
+    }
+
+    /// A kernel instruction fetch at `va`: `Ok` if it would execute.
+    pub fn exec(&self, va: VirtAddr) -> Result<(), SimFault> {
+        self.access(va, Access::EXEC).map(|_| ())
+    }
+
+    /// The hardware agent's access: what a CPU (or a device) touching `va`
+    /// does to the tables, from any thread. Returns the A/D update made.
+    pub fn hw_touch(&self, va: VirtAddr, write: bool) -> Result<AdUpdate, SimFault> {
+        let a = if write { Access::WRITE } else { Access::READ };
+        self.access(va, a).map(|r| r.1)
+    }
+
+    /// Starts a thread that plays the hardware on `[va, va + len)` until
+    /// `stop` is set: it touches every page in turn, alternating loads and
+    /// stores, and flushes its own TLB entries for the page after each
+    /// touch so that every touch walks the tables and races with software
+    /// updates of the entries (the worst case for lost A/D updates).
+    pub fn spawn_agent(
+        &self,
+        va: VirtAddr,
+        len: u64,
+        stop: Arc<AtomicBool>,
+    ) -> JoinHandle<AgentReport>
+    where
+        A: Send,
+    {
+        let m = self.clone();
+        std::thread::spawn(move || {
+            let mut r = AgentReport::default();
+            let pages = (len / crate::PAGE_SIZE).max(1);
+            let mut i = 0u64;
+            // Relaxed: a stop request needs no ordering with the touches.
+            while !stop.load(Ordering::Relaxed) {
+                let page = VirtAddr(va.0 + (i % pages) * crate::PAGE_SIZE);
+                // Each page alternates load and store from one round to
+                // the next.
+                match m.hw_touch(page, (i + i / pages) % 2 == 1) {
+                    Ok(u) => {
+                        r.accessed_set += u64::from(u.accessed);
+                        r.dirty_set += u64::from(u.dirty);
+                    }
+                    Err(_) => r.faults += 1,
+                }
+                r.touches += 1;
+                m.drop_cached(page);
+                i += 1;
+            }
+            r
+        })
+    }
+
+    /// Drops the cached leaves covering `va` without counting a flush (the
+    /// agent's way to force its next touch to walk).
+    fn drop_cached(&self, va: VirtAddr) {
+        let mut s = self.state();
+        s.tlb
+            .retain(|&(base, h, leaf), _| !(leaf && (va.0 & !(crate::level::size(h) - 1)) == base));
+    }
+
+    /// Reads a `u64` of physical memory directly (no translation).
+    pub fn phys_read_u64(&self, pa: PhysAddr) -> u64 {
+        let mut b = [0; 8];
+        self.state().mem_read(pa.0, &mut b);
+        u64::from_le_bytes(b)
+    }
+
+    /// Writes a `u64` of physical memory directly (no translation).
+    pub fn phys_write_u64(&self, pa: PhysAddr, val: u64) {
+        self.state().mem_write(pa.0, &val.to_le_bytes());
+    }
+
+    /// Checks that no cached translation disagrees with a fresh walk of the
+    /// tables (see the [module docs](self#checking)).
+    pub fn check_tlb(&self) -> Result<(), StaleTlb> {
+        self.state().check_tlb::<A>()
+    }
+
+    /// Checks that every reported entry write is visible to the walker.
+    pub fn check_visible(&self) -> Result<(), PendingWrite> {
+        self.state().check_visible()
+    }
+
+    /// [`check_tlb`](Self::check_tlb) and
+    /// [`check_visible`](Self::check_visible): call it after every
+    /// operation.
+    pub fn check(&self) -> Result<(), CheckError> {
+        self.state().check::<A>()
+    }
+
+    /// Number of cached entries (leaves and walk-cache entries).
+    pub fn tlb_len(&self) -> usize {
+        self.state().tlb.len()
+    }
+
+    /// Whether a leaf covering `va` is cached.
+    pub fn tlb_holds(&self, va: VirtAddr) -> bool {
+        let s = self.state();
+        (0..A::LEVELS).any(|h| {
+            s.tlb
+                .contains_key(&(va.0 & !(crate::level::size(h) - 1), h, true))
+        })
+    }
+
+    /// Sets how many entries the TLB holds (at least 1).
+    pub fn set_tlb_capacity(&self, n: usize) {
+        let mut s = self.state();
+        s.tlb_capacity = n.max(1);
+        let cap = s.tlb_capacity;
+        s.shrink_to(cap);
+    }
+
+    /// The machine's counters.
+    pub fn stats(&self) -> SimStats {
+        self.state().stats
+    }
+
+    /// Table frames allocated and not freed.
+    pub fn live_tables(&self) -> usize {
+        self.state().live.len()
+    }
+
+    /// Lets the next `n` table allocations succeed and every later one fail
+    /// (`None`: never fail).
+    pub fn fail_table_allocs_after(&self, n: Option<u64>) {
+        self.state().arena.fail_after(n);
+    }
+}
+
+/// The [`Mmu`] of a [`SimMachine`].
+pub struct SimMmu<A: Arch> {
+    shared: Arc<Shared>,
+    _arch: PhantomData<fn() -> A>,
+}
+
+impl<A: Arch> Clone for SimMmu<A> {
+    fn clone(&self) -> Self {
+        SimMmu {
+            shared: self.shared.clone(),
+            _arch: PhantomData,
+        }
+    }
+}
+
+impl<A: Arch> fmt::Debug for SimMmu<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SimMmu")
+    }
+}
+
+impl<A: Arch> SimMmu<A> {
+    /// The machine this MMU belongs to.
+    pub fn machine(&self) -> SimMachine<A> {
+        SimMachine {
+            shared: self.shared.clone(),
+            _arch: PhantomData,
+        }
+    }
+}
+
+impl<A: Arch> Mmu for SimMmu<A> {
+    const OBSERVES_WRITES: bool = true;
+
+    fn walker_barrier(&self) {
+        lock(&self.shared).barrier();
+    }
+
+    fn flush_tlb_range(&self, range: TlbRange) {
+        lock(&self.shared).flush_range(range);
+    }
+
+    fn flush_tlb_all(&self) {
+        lock(&self.shared).flush_all();
+    }
+
+    unsafe fn install_root(&self, root: PhysAddr) {
+        let mut s = lock(&self.shared);
+        s.root = Some(root);
+        // No ASIDs: a new root starts with an empty TLB. Installing also
+        // orders earlier table writes (as a TTBR/CR3 write does with its
+        // barriers).
+        s.flush_all();
+    }
+
+    fn entry_written(&self, slot: &Slot, old: u64) {
+        lock(&self.shared).entry_written::<A>(slot, old);
+    }
+}
+
+/// The [`TableAlloc`] of a [`SimMachine`]: table frames the simulated
+/// walker can read.
+#[derive(Clone)]
+pub struct SimAlloc {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for SimAlloc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SimAlloc")
+    }
+}
+
+impl SimAlloc {
+    /// Table frames allocated and not freed.
+    pub fn live(&self) -> usize {
+        lock(&self.shared).live.len()
+    }
+
+    /// Lets the next `n` allocations succeed and every later one fail
+    /// (`None`: never fail).
+    pub fn fail_after(&self, n: Option<u64>) {
+        lock(&self.shared).arena.fail_after(n);
+    }
+}
+
+// SAFETY: frames come from the machine's `Arena` (which upholds the
+// contract) and are tracked, not altered, by the machine; `phys_to_virt` is
+// the arena's.
+unsafe impl TableAlloc for SimAlloc {
+    fn alloc_table(&mut self) -> Option<PhysAddr> {
+        lock(&self.shared).alloc_table()
+    }
+
+    unsafe fn free_table(&mut self, pa: PhysAddr) {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { lock(&self.shared).free_table(pa) }
+    }
+
+    fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        lock(&self.shared).phys_to_virt(pa)
+    }
+}

@@ -1,0 +1,146 @@
+//! The conformance suite's [`Machine`] on the simulator.
+
+use std::fmt;
+use std::string::String;
+use std::time::Instant;
+use std::vec::Vec;
+
+use super::{CheckError, SimMachine};
+use crate::suite::{Fault, Inconsistency, Machine};
+use crate::{Arch, PhysAddr, VirtAddr};
+
+/// Runs [`crate::suite`] on a [`SimMachine`]: accesses go through the
+/// simulated TLB and walker, and after every page-table operation the suite
+/// calls [`SimMachine::check`] (stale TLB entries, writes the walker cannot
+/// see).
+///
+/// Defaults: RAM `0x4000_0000 + 4 GiB` (sparse, so it costs only what is
+/// written), a 16 GiB window at `1 << (VA_BITS - 3)` (inside the lower half
+/// of every format), execution tested, output collected in
+/// [`lines`](Self::lines) and echoed to stdout (which the test harness
+/// shows for failing tests).
+pub struct SimSuiteMachine<A: Arch> {
+    machine: SimMachine<A>,
+    ram: (PhysAddr, u64),
+    window: (VirtAddr, u64),
+    lines: Vec<String>,
+    echo: bool,
+    start: Instant,
+}
+
+impl<A: Arch> SimSuiteMachine<A> {
+    /// The suite's machine on `machine` (whose MMU must have the suite's
+    /// address space installed).
+    pub fn new(machine: SimMachine<A>) -> Self {
+        SimSuiteMachine {
+            machine,
+            ram: (PhysAddr(0x4000_0000), 4 << 30),
+            window: (VirtAddr(1 << (A::VA_BITS - 3)), 16 << 30),
+            lines: Vec::new(),
+            echo: true,
+            start: Instant::now(),
+        }
+    }
+
+    /// Uses another RAM pool.
+    pub fn with_ram(mut self, base: PhysAddr, len: u64) -> Self {
+        self.ram = (base, len);
+        self
+    }
+
+    /// Uses another window.
+    pub fn with_window(mut self, base: VirtAddr, len: u64) -> Self {
+        self.window = (base, len);
+        self
+    }
+
+    /// Whether printed lines also go to stdout.
+    pub fn with_echo(mut self, echo: bool) -> Self {
+        self.echo = echo;
+        self
+    }
+
+    /// Every line the suite printed.
+    pub fn lines(&self) -> &[String] {
+        &self.lines
+    }
+
+    /// The lines that report a failed case.
+    pub fn failures(&self) -> impl Iterator<Item = &str> {
+        self.lines
+            .iter()
+            .map(|l| l.as_str())
+            .filter(|l| l.starts_with("FAIL"))
+    }
+
+    /// The simulated machine.
+    pub fn machine(&self) -> &SimMachine<A> {
+        &self.machine
+    }
+}
+
+impl<A: Arch> Machine for SimSuiteMachine<A> {
+    fn read_u64(&mut self, va: VirtAddr) -> Result<u64, Fault> {
+        self.machine.read_u64(va).map_err(|f| Fault {
+            va: f.va,
+            write: false,
+        })
+    }
+
+    fn write_u64(&mut self, va: VirtAddr, val: u64) -> Result<(), Fault> {
+        self.machine.write_u64(va, val).map_err(|f| Fault {
+            va: f.va,
+            write: true,
+        })
+    }
+
+    fn exec_faults(&mut self, va: VirtAddr) -> Option<bool> {
+        Some(self.machine.exec(va).is_err())
+    }
+
+    fn cycles(&mut self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn cycle_hz(&self) -> Option<u64> {
+        Some(1_000_000_000)
+    }
+
+    fn emulated(&self) -> bool {
+        true
+    }
+
+    fn print(&mut self, args: fmt::Arguments) {
+        let line = std::format!("{args}");
+        if self.echo {
+            std::println!("{line}");
+        }
+        self.lines.push(line);
+    }
+
+    fn ram(&self) -> (PhysAddr, u64) {
+        self.ram
+    }
+
+    fn window(&self) -> (VirtAddr, u64) {
+        self.window
+    }
+
+    fn check_consistency(&mut self) -> Result<(), Inconsistency> {
+        match self.machine.check() {
+            Ok(()) => Ok(()),
+            Err(CheckError::Stale(s)) => Err(Inconsistency {
+                va: s.va,
+                what: if s.leaf {
+                    "stale TLB entry (missing TLB flush)"
+                } else {
+                    "stale walk-cache entry (missing non-last-level TLB flush)"
+                },
+            }),
+            Err(CheckError::Pending(p)) => Err(Inconsistency {
+                va: VirtAddr(p.slot),
+                what: "missing barrier: a table write is not visible to the walker; entry at host address",
+            }),
+        }
+    }
+}

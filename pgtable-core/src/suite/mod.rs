@@ -1,0 +1,688 @@
+//! The conformance suite (feature `suite`): one set of behavioural cases
+//! that runs unchanged on the simulated MMU (host tests) and inside a kernel
+//! on real or emulated hardware.
+//!
+//! The suite is `no_std` and allocates nothing. It talks to the machine
+//! through the small [`Machine`] trait (load and store through the MMU with
+//! faults as values, a cycle counter, a line printer, a pool of RAM and a
+//! virtual window to map into) and to the page tables through the live,
+//! installed [`AddressSpace`] whose translations the machine's accesses use.
+//! So every case is judged by the MMU itself, not by a software walk.
+//!
+//! # What it checks
+//!
+//! - **map / unmap** at every leaf size (4 KiB pages, 2 MiB and 1 GiB blocks
+//!   where the format and the RAM allow), pages straddling table
+//!   boundaries, aliases (a store through one virtual address is seen
+//!   through another mapping of the same physical page), partial unmaps that
+//!   split a block (the rest stays accessible, the hole faults), mapping
+//!   over a mapping and malformed input (typed [`Error`], tables
+//!   unchanged), and mappings made inside a lazy-MMU scope (usable once the
+//!   scope's one deferred barrier ran).
+//! - **change_protection**: a store to a page made read-only faults, the
+//!   data stays readable, making it writable again accepts stores; blocks
+//!   too; holes in the range stay holes; execute-never where
+//!   [`Machine::exec_faults`] can tell.
+//! - **move_page_tables**, modelled on Linux's
+//!   `tools/testing/selftests/mm/mremap_test.c`: sizes 8 KiB, 2 MiB, 4 MiB,
+//!   5 MiB, and with [`Config::big_moves`] 1 GiB and 2 GiB, times source and
+//!   destination alignment 4 KiB, 1 MiB, PMD (2 MiB), PUD (1 GiB) and
+//!   "mutually aligned" (the same offset inside a PMD, moved with
+//!   [`MoveOptions::free_below`]), each with 4 KiB pages and with blocks
+//!   where possible. The source is filled with a pseudo-random pattern (a
+//!   splitmix64 stream seeded by [`Config::seed`], printed at the start),
+//!   the first [`Config::threshold_bytes`] bytes are validated through the
+//!   new range, sample words elsewhere must read the same before and after,
+//!   and the old range must fault. Overlapping, misaligned and occupied
+//!   moves must fail with the right [`Error`] and change nothing; a moved
+//!   read-only page stays read-only.
+//!
+//! Every case leaves the window empty: after it the suite walks the window
+//! (no leaf may remain), counts the tables (no more than before the first
+//! case) and asks the machine for its own consistency check
+//! ([`Machine::check_consistency`]; the simulator checks for stale TLB
+//! entries and for table writes the walker cannot see yet).
+//!
+//! ## Ranges larger than RAM
+//!
+//! A move of 1 or 2 GiB needs that much source mapping, which a small
+//! machine may not have in RAM. The suite then maps the source onto the
+//! RAM pool repeatedly (aliases): the mapping is still a real mapping of
+//! the full size, with the same table structure, but only the first
+//! `threshold_bytes` (clamped to the usable RAM) map distinct bytes, so only
+//! those carry the pattern. Sample words at the middle and the end of the
+//! range are read before and after the move and must agree.
+//!
+//! The physical address of the source is chosen congruent to the virtual
+//! address modulo the largest block size the RAM pool allows, so the block
+//! variants really get blocks.
+//!
+//! # Output
+//!
+//! One line per case, `ok <name>`, `FAIL <name>: <reason>` or
+//! `skip <name>: <reason>`, and a final line that is exactly
+//! `N passed, N failed`.
+//!
+//! # For OS authors: running it on your port
+//!
+//! Implement [`Machine`] for your kernel (or use the simulator's
+//! `pgtable_core::sim::SimSuiteMachine` on the host), hand [`run`] your live
+//! address space and check [`Summary::failed`]. What your kernel must
+//! provide:
+//!
+//! - loads and stores that return a [`Fault`] instead of crashing (a data
+//!   abort / page-fault handler that records the fault and skips the
+//!   instruction, or a fault-fixup table);
+//! - a RAM pool nothing else uses (a few MiB suffice; a pool holding an
+//!   aligned 1 GiB enables the 1 GiB block cases, otherwise they print
+//!   `skip`);
+//! - a window of at least 8 GiB, 1 GiB aligned, unmapped in the address
+//!   space you pass, and table frames from your [`TableAlloc`]: with
+//!   [`Config::big_moves`] a 2 GiB move of 4 KiB pages needs about 8 MiB of
+//!   tables at its peak (source and destination), without it well under
+//!   1 MiB.
+//!
+//! Use [`Config::only`] / [`Config::skip`] (name prefixes) to run a subset
+//! while bringing a port up, and [`Config::verbose`] for per-move cycle
+//! counts. On the host:
+//!
+//! ```
+//! # #[cfg(feature = "sim")] {
+//! use pgtable_core::sim::{SimMachine, SimSuiteMachine};
+//! use pgtable_core::suite::{self, Config};
+//! use pgtable_core::test_format::TestFormat;
+//! use pgtable_core::AddressSpace;
+//!
+//! let machine = SimMachine::<TestFormat<4>>::new();
+//! let mut space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+//! // SAFETY (simulated): the simulator walks whatever root is installed.
+//! unsafe { space.install() };
+//! let mut mach = SimSuiteMachine::new(machine.clone());
+//! let cfg = Config { only: &["map"], ..Config::DEFAULT };
+//! let sum = suite::run(&mut space, &mut mach, &cfg);
+//! assert_eq!(sum.failed, 0);
+//! assert!(sum.passed > 0);
+//! # }
+//! ```
+//!
+//! [`MoveOptions::free_below`]: crate::MoveOptions::free_below
+
+// A failed case carries its message inline (no allocation), so the error
+// side of a case's `Result` is a couple of hundred bytes; failures are rare
+// and off the measured paths.
+#![allow(clippy::result_large_err)]
+
+use core::fmt::{self, Write};
+
+use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, TableAlloc, VirtAddr};
+
+mod cases;
+mod moves;
+
+/// What the suite needs from the machine it runs on.
+///
+/// All accesses go through the MMU with the translations of the live
+/// address space handed to [`run`].
+pub trait Machine {
+    /// Loads a `u64` through the MMU at `va` (8-byte aligned). `Err` if the
+    /// access faults; the machine must recover and return.
+    fn read_u64(&mut self, va: VirtAddr) -> Result<u64, Fault>;
+
+    /// Stores a `u64` through the MMU at `va` (8-byte aligned). `Err` if the
+    /// access faults (nothing is stored then).
+    fn write_u64(&mut self, va: VirtAddr, val: u64) -> Result<(), Fault>;
+
+    /// Whether an instruction fetch at `va` would fault; `None` when the
+    /// machine cannot test execution (the suite then skips those checks).
+    ///
+    /// The suite only asks for pages it mapped over its RAM pool; their
+    /// contents are whatever the suite last stored, so an implementation
+    /// that really executes must place its own code there first (through
+    /// another mapping) or test the fetch permission without executing.
+    fn exec_faults(&mut self, va: VirtAddr) -> Option<bool> {
+        let _ = va;
+        None
+    }
+
+    /// A monotonically increasing cycle or tick counter.
+    fn cycles(&mut self) -> u64;
+
+    /// The frequency of [`cycles`](Machine::cycles) in Hz, if known.
+    fn cycle_hz(&self) -> Option<u64>;
+
+    /// Whether timings are emulated (TCG, the simulator): they are then
+    /// labelled so and must not be quoted as hardware figures.
+    fn emulated(&self) -> bool;
+
+    /// Prints one line (`args` holds no newline).
+    fn print(&mut self, args: fmt::Arguments);
+
+    /// Physical RAM the suite may map and overwrite freely: `(base, len)`.
+    /// Nothing else may use it while the suite runs.
+    fn ram(&self) -> (PhysAddr, u64);
+
+    /// A virtual window the suite may map into, unmapped when [`run`]
+    /// starts: `(base, len)`. It must be 1 GiB aligned and at least 8 GiB
+    /// long (the 2 GiB moves at PUD alignment need two halves of 4 GiB).
+    fn window(&self) -> (VirtAddr, u64);
+
+    /// Called after every page-table operation of the suite: the machine's
+    /// own check that its translation caches agree with the tables (the
+    /// simulator looks for stale TLB entries and for writes the walker
+    /// cannot see yet). Real hardware has nothing to check: the default
+    /// says all is well.
+    fn check_consistency(&mut self) -> Result<(), Inconsistency> {
+        Ok(())
+    }
+}
+
+/// An access that faulted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Fault {
+    /// The faulting address.
+    pub va: VirtAddr,
+    /// Whether the access was a store.
+    pub write: bool,
+}
+
+/// A disagreement between the machine's translation caches and the tables
+/// (see [`Machine::check_consistency`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Inconsistency {
+    /// The virtual address concerned.
+    pub va: VirtAddr,
+    /// What is wrong, e.g. `"stale TLB entry"`.
+    pub what: &'static str,
+}
+
+/// How the suite runs.
+///
+/// Build one from [`Config::DEFAULT`] with struct update syntax, so new
+/// fields do not break you: `Config { seed: 7, ..Config::DEFAULT }`.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Seed of the pseudo-random fill pattern (printed at the start).
+    pub seed: u64,
+    /// Bytes at the start of each moved range that are filled and validated
+    /// (clamped to the range and to the usable RAM).
+    pub threshold_bytes: u64,
+    /// Also run the 1 GiB and 2 GiB moves.
+    pub big_moves: bool,
+    /// Print a detail line per step (timings of the moves, mapping sizes).
+    pub verbose: bool,
+    /// Run only the cases whose name starts with one of these (empty: all).
+    pub only: &'static [&'static str],
+    /// Skip the cases whose name starts with one of these.
+    pub skip: &'static [&'static str],
+}
+
+impl Config {
+    /// Seed 1, 4 MiB threshold, no big moves, quiet, every case.
+    pub const DEFAULT: Config = Config {
+        seed: 1,
+        threshold_bytes: 4 << 20,
+        big_moves: false,
+        verbose: false,
+        only: &[],
+        skip: &[],
+    };
+
+    fn selected(&self, name: &str) -> bool {
+        (self.only.is_empty() || self.only.iter().any(|p| name.starts_with(p)))
+            && !self.skip.iter().any(|p| name.starts_with(p))
+    }
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config::DEFAULT
+    }
+}
+
+/// The result of a run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Summary {
+    /// Cases that passed.
+    pub passed: u32,
+    /// Cases that failed.
+    pub failed: u32,
+    /// Cases skipped because the machine or the format cannot run them
+    /// (printed with the reason; not counted as passed).
+    pub skipped: u32,
+}
+
+/// Runs every selected case on `space` (live and installed: `mach`'s
+/// accesses translate through it) and prints one line per case and the
+/// final `N passed, N failed` line.
+///
+/// The window of [`Machine::window`] must be unmapped in `space` when the
+/// run starts; it is unmapped again when the run ends (also after a failed
+/// case, best effort).
+pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    space: &mut AddressSpace<A, M, T>,
+    mach: &mut H,
+    cfg: &Config,
+) -> Summary {
+    let (win, win_len) = mach.window();
+    let (rb, rl) = mach.ram();
+    let ram = Ram::new(rb.0, rl);
+    let tables = space.count_tables();
+    let mut cx = Ctx {
+        space,
+        mach,
+        cfg,
+        win: win.0,
+        win_len,
+        ram,
+        tables,
+        sum: Summary::default(),
+        case_no: 0,
+    };
+    let hz = cx.mach.cycle_hz();
+    let emulated = cx.mach.emulated();
+    cx.mach.print(format_args!(
+        "pgtable suite: format {} ({} levels), seed {:#x}, threshold {} KiB, window {:#x}+{:#x}, ram {:#x}+{:#x} (usable {:#x}+{:#x}, granule {:#x}), cycles {} Hz{}",
+        A::NAME,
+        A::LEVELS,
+        cfg.seed,
+        cfg.threshold_bytes >> 10,
+        win.0,
+        win_len,
+        rb.0,
+        rl,
+        ram.base,
+        ram.len,
+        ram.gran,
+        hz.unwrap_or(0),
+        if emulated { " (emulated timings)" } else { "" }
+    ));
+    if !win.is_aligned(1 << 30) || win_len < 8 << 30 {
+        cx.mach.print(format_args!(
+            "FAIL setup: the window must be 1 GiB aligned and at least 8 GiB long"
+        ));
+        cx.sum.failed += 1;
+    } else if ram.len == 0 {
+        cx.mach
+            .print(format_args!("FAIL setup: the RAM pool holds no whole page"));
+        cx.sum.failed += 1;
+    } else if cx.window_used() {
+        cx.mach.print(format_args!(
+            "FAIL setup: the window is not empty at the start"
+        ));
+        cx.sum.failed += 1;
+    } else {
+        cases::all(&mut cx);
+        moves::all(&mut cx);
+    }
+    let s = cx.sum;
+    cx.mach
+        .print(format_args!("{} passed, {} failed", s.passed, s.failed));
+    s
+}
+
+// ----- machinery shared by the cases -----
+
+pub(crate) const K4: u64 = 4 << 10;
+pub(crate) const M1: u64 = 1 << 20;
+pub(crate) const M2: u64 = 2 << 20;
+pub(crate) const G1: u64 = 1 << 30;
+
+/// A fixed-size text buffer (no allocation); longer text is truncated.
+pub(crate) struct Buf<const N: usize> {
+    b: [u8; N],
+    n: usize,
+}
+
+impl<const N: usize> Buf<N> {
+    pub(crate) const fn new() -> Self {
+        Buf { b: [0; N], n: 0 }
+    }
+
+    pub(crate) fn from_args(args: fmt::Arguments) -> Self {
+        let mut b = Self::new();
+        let _ = b.write_fmt(args);
+        b
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        match core::str::from_utf8(&self.b[..self.n]) {
+            Ok(s) => s,
+            // Truncated inside a character: drop the partial character.
+            Err(e) => core::str::from_utf8(&self.b[..e.valid_up_to()]).unwrap_or(""),
+        }
+    }
+}
+
+impl<const N: usize> Write for Buf<N> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let take = s.len().min(N - self.n);
+        self.b[self.n..self.n + take].copy_from_slice(&s.as_bytes()[..take]);
+        self.n += take;
+        Ok(())
+    }
+}
+
+/// Why a case stopped early.
+pub(crate) enum Stop {
+    Fail(Buf<200>),
+    Skip(Buf<200>),
+}
+
+impl Stop {
+    pub(crate) fn fail(args: fmt::Arguments) -> Stop {
+        Stop::Fail(Buf::from_args(args))
+    }
+}
+
+pub(crate) type R<T = ()> = Result<T, Stop>;
+
+/// Returns a failure from the enclosing case.
+macro_rules! fail {
+    ($($t:tt)*) => {
+        return Err($crate::suite::Stop::fail(format_args!($($t)*)))
+    };
+}
+pub(crate) use fail;
+
+/// Fails the enclosing case unless `cond`.
+macro_rules! ensure {
+    ($cond:expr, $($t:tt)*) => {
+        if !$cond {
+            $crate::suite::fail!($($t)*);
+        }
+    };
+}
+pub(crate) use ensure;
+
+/// Skips the enclosing case with a reason.
+macro_rules! skip {
+    ($($t:tt)*) => {
+        return Err($crate::suite::Stop::Skip($crate::suite::Buf::from_args(format_args!($($t)*))))
+    };
+}
+pub(crate) use skip;
+
+/// The RAM pool, trimmed to the largest block granule it can hold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ram {
+    /// First usable byte, aligned to `gran`.
+    pub(crate) base: u64,
+    /// Usable bytes, a multiple of `gran` (0 if not even a page).
+    pub(crate) len: u64,
+    /// 1 GiB, 2 MiB or 4 KiB.
+    pub(crate) gran: u64,
+}
+
+impl Ram {
+    fn new(base: u64, len: u64) -> Ram {
+        let end = base.saturating_add(len);
+        for gran in [G1, M2, K4] {
+            let b = base.saturating_add(gran - 1) & !(gran - 1);
+            let e = end & !(gran - 1);
+            if e > b {
+                return Ram {
+                    base: b,
+                    len: e - b,
+                    gran,
+                };
+            }
+        }
+        Ram {
+            base,
+            len: 0,
+            gran: K4,
+        }
+    }
+
+    /// A physical address of the pool congruent to `va` modulo the granule,
+    /// `off` bytes (wrapping around the pool) into it.
+    pub(crate) fn pa_for(&self, va: u64, off: u64) -> u64 {
+        self.base + ((va % self.gran) + off) % self.len
+    }
+}
+
+/// splitmix64: the fill pattern (small, fast, good enough to catch a page
+/// landing in the wrong place).
+#[inline]
+pub(crate) fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The pattern word `i` of the case seeded `seed`.
+#[inline]
+pub(crate) fn pattern(seed: u64, i: u64) -> u64 {
+    splitmix(seed ^ i.wrapping_mul(0xd6e8_feb8_6659_fd93))
+}
+
+/// Translations of a few addresses plus the table count: a cheap picture of
+/// the tables for "nothing changed" checks.
+#[derive(PartialEq, Eq, Debug)]
+pub(crate) struct Snap {
+    entries: [Option<(u64, u64)>; 8],
+    tables: usize,
+}
+
+/// The state of one run.
+pub(crate) struct Ctx<'a, A: Arch, M: Mmu, T: TableAlloc, H: Machine> {
+    pub(crate) space: &'a mut AddressSpace<A, M, T>,
+    pub(crate) mach: &'a mut H,
+    pub(crate) cfg: &'a Config,
+    pub(crate) win: u64,
+    pub(crate) win_len: u64,
+    pub(crate) ram: Ram,
+    /// Tables before the first case (no case may leave more).
+    tables: usize,
+    sum: Summary,
+    case_no: u64,
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc, H: Machine> Ctx<'_, A, M, T, H> {
+    /// Runs one case if selected, checks that it left the window empty,
+    /// and prints its line.
+    pub(crate) fn case(&mut self, name: fmt::Arguments, f: impl FnOnce(&mut Self) -> R) {
+        let name: Buf<64> = Buf::from_args(name);
+        let name = name.as_str();
+        self.case_no += 1;
+        if !self.cfg.selected(name) {
+            return;
+        }
+        let r = f(self).and_then(|()| self.leak_check());
+        match r {
+            Ok(()) => {
+                self.sum.passed += 1;
+                self.mach.print(format_args!("ok {name}"));
+            }
+            Err(Stop::Skip(why)) => {
+                self.sum.skipped += 1;
+                self.mach
+                    .print(format_args!("skip {name}: {}", why.as_str()));
+                self.cleanup();
+            }
+            Err(Stop::Fail(why)) => {
+                self.sum.failed += 1;
+                self.mach
+                    .print(format_args!("FAIL {name}: {}", why.as_str()));
+                self.cleanup();
+            }
+        }
+    }
+
+    /// The per-case seed of the fill pattern.
+    pub(crate) fn seed(&self) -> u64 {
+        splitmix(self.cfg.seed ^ self.case_no.wrapping_mul(0x1000_0000_01b3))
+    }
+
+    /// After a failed case: unmap the window so later cases start clean.
+    fn cleanup(&mut self) {
+        let _ = self.space.unmap(VirtAddr(self.win), self.win_len);
+        if self.cfg.verbose && self.window_used() {
+            self.mach
+                .print(format_args!("  note: the window could not be emptied"));
+        }
+    }
+
+    pub(crate) fn window_used(&self) -> bool {
+        let mut used = false;
+        let _ = self
+            .space
+            .walk(VirtAddr(self.win), self.win_len, |_| used = true);
+        used
+    }
+
+    fn leak_check(&mut self) -> R {
+        let mut first = None;
+        self.space
+            .walk(VirtAddr(self.win), self.win_len, |m| {
+                first.get_or_insert(m.va.0);
+            })
+            .map_err(|e| Stop::fail(format_args!("walk of the window: {e}")))?;
+        if let Some(va) = first {
+            fail!("the case left a mapping at {va:#x}");
+        }
+        let n = self.space.count_tables();
+        ensure!(
+            n <= self.tables,
+            "{} table(s) leaked ({} now, {} before)",
+            n - self.tables,
+            n,
+            self.tables
+        );
+        self.tables = n;
+        self.consistent("the case")
+    }
+
+    /// The machine's consistency check, after `what`.
+    pub(crate) fn consistent(&mut self, what: &str) -> R {
+        if let Err(i) = self.mach.check_consistency() {
+            fail!("after {what}: {} at {}", i.what, i.va);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn note(&mut self, args: fmt::Arguments) {
+        if self.cfg.verbose {
+            self.mach.print(format_args!("  {args}"));
+        }
+    }
+
+    // ----- page-table operations that fail the case on error -----
+
+    pub(crate) fn map(
+        &mut self,
+        va: u64,
+        pa: u64,
+        len: u64,
+        prot: crate::Prot,
+        opts: crate::MapOptions,
+    ) -> R {
+        if let Err(e) = self.space.map(VirtAddr(va), PhysAddr(pa), len, prot, opts) {
+            fail!("map {va:#x}+{len:#x} -> {pa:#x}: {e}");
+        }
+        self.consistent("map")
+    }
+
+    pub(crate) fn unmap(&mut self, va: u64, len: u64) -> R {
+        if let Err(e) = self.space.unmap(VirtAddr(va), len) {
+            fail!("unmap {va:#x}+{len:#x}: {e}");
+        }
+        self.consistent("unmap")
+    }
+
+    pub(crate) fn protect(&mut self, va: u64, len: u64, prot: crate::Prot) -> R {
+        if let Err(e) = self.space.change_protection(VirtAddr(va), len, prot) {
+            fail!("change_protection {va:#x}+{len:#x} to {prot:?}: {e}");
+        }
+        self.consistent("change_protection")
+    }
+
+    /// The leaf height mapping `va`, failing if unmapped.
+    pub(crate) fn height(&self, va: u64) -> R<u32> {
+        match self.space.translate(VirtAddr(va)) {
+            Some(t) => Ok(t.height),
+            None => fail!("{va:#x} does not translate"),
+        }
+    }
+
+    pub(crate) fn pa(&self, va: u64) -> Option<u64> {
+        self.space.translate(VirtAddr(va)).map(|t| t.pa.0)
+    }
+
+    // ----- accesses through the machine -----
+
+    pub(crate) fn read(&mut self, va: u64) -> R<u64> {
+        match self.mach.read_u64(VirtAddr(va)) {
+            Ok(v) => Ok(v),
+            Err(_) => fail!("load from {va:#x} faulted"),
+        }
+    }
+
+    pub(crate) fn write(&mut self, va: u64, v: u64) -> R {
+        match self.mach.write_u64(VirtAddr(va), v) {
+            Ok(()) => Ok(()),
+            Err(_) => fail!("store to {va:#x} faulted"),
+        }
+    }
+
+    pub(crate) fn expect(&mut self, va: u64, want: u64) -> R {
+        let got = self.read(va)?;
+        ensure!(
+            got == want,
+            "load from {va:#x} read {got:#x}, expected {want:#x}"
+        );
+        Ok(())
+    }
+
+    pub(crate) fn read_faults(&mut self, va: u64) -> R {
+        match self.mach.read_u64(VirtAddr(va)) {
+            Ok(v) => fail!("load from {va:#x} should fault but read {v:#x}"),
+            Err(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn write_faults(&mut self, va: u64) -> R {
+        match self.mach.write_u64(VirtAddr(va), 0x5a5a_5a5a_5a5a_5a5a) {
+            Ok(()) => fail!("store to {va:#x} should fault but succeeded"),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// A picture of the tables at up to 8 addresses.
+    pub(crate) fn snap(&self, vas: &[u64]) -> Snap {
+        let mut entries = [None; 8];
+        for (e, &va) in entries.iter_mut().zip(vas) {
+            *e = self
+                .space
+                .translate(VirtAddr(va))
+                .map(|t| (t.pa.0, t.entry));
+        }
+        Snap {
+            entries,
+            tables: self.space.count_tables(),
+        }
+    }
+
+    /// Fails unless `r` is exactly the error `want` and the tables are as
+    /// in `before`.
+    pub(crate) fn expect_error(
+        &mut self,
+        what: &str,
+        r: Result<(), Error>,
+        want: Error,
+        vas: &[u64],
+        before: &Snap,
+    ) -> R {
+        match r {
+            Ok(()) => fail!("{what} succeeded, expected {want:?}"),
+            Err(e) if e != want => fail!("{what} failed with {e:?}, expected {want:?}"),
+            Err(_) => {}
+        }
+        ensure!(
+            self.snap(vas) == *before,
+            "{what} failed but changed the tables"
+        );
+        self.consistent(what)
+    }
+}

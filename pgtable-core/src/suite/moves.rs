@@ -1,0 +1,333 @@
+//! The `move_page_tables` cases, modelled on Linux's
+//! `tools/testing/selftests/mm/mremap_test.c`.
+
+use super::{ensure, fail, pattern, skip, Ctx, Machine, G1, K4, M1, M2, R};
+use crate::{Arch, Error, MapOptions, Mmu, MoveOptions, Prot, TableAlloc, VirtAddr};
+
+/// How source and destination are placed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Align {
+    /// Both starts are odd multiples of this many bytes.
+    To(u64),
+    /// Both starts at the same offset inside a PMD (not PMD aligned), moved
+    /// with `free_below`.
+    Mutual,
+}
+
+const SIZES: [(u64, &str, bool); 6] = [
+    (2 * K4, "8k", false),
+    (M2, "2m", false),
+    (2 * M2, "4m", false),
+    (5 * M1, "5m", false),
+    (G1, "1g", true),
+    (2 * G1, "2g", true),
+];
+
+const ALIGNS: [(Align, &str); 5] = [
+    (Align::To(K4), "4k"),
+    (Align::To(M1), "1m"),
+    (Align::To(M2), "pmd"),
+    (Align::To(G1), "pud"),
+    (Align::Mutual, "mutual"),
+];
+
+/// Runs the move matrix and the move error cases.
+pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) {
+    cx.case(format_args!("move_overlapping_fails"), move_overlap);
+    cx.case(format_args!("move_misaligned_fails"), move_misaligned);
+    cx.case(format_args!("move_onto_a_mapping_fails"), move_onto_mapping);
+    cx.case(format_args!("move_keeps_protection"), move_keeps_protection);
+    for &(size, sname, big) in &SIZES {
+        if big && !cx.cfg.big_moves {
+            continue;
+        }
+        for &(align, aname) in &ALIGNS {
+            for blocks in [false, true] {
+                // Blocks need a range that can hold one.
+                if blocks && size < M2 {
+                    continue;
+                }
+                let kind = if blocks { "blocks" } else { "pages" };
+                cx.case(format_args!("move_{sname}_align_{aname}_{kind}"), |cx| {
+                    move_case(cx, size, align, blocks)
+                });
+            }
+        }
+    }
+}
+
+/// The `k`-th odd multiple of `align` at or above `base`.
+fn odd_multiple(base: u64, align: u64, k: u64) -> u64 {
+    let mut a = base.div_ceil(align) * align;
+    if (a / align) % 2 == 0 {
+        a += align;
+    }
+    a + 2 * k * align
+}
+
+/// Maps `[va, va + len)` read-write over the RAM pool (repeatedly when the
+/// pool is smaller), congruent to `va` modulo the pool's granule so blocks
+/// are possible where `opts` allows them.
+fn map_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    va: u64,
+    len: u64,
+    opts: MapOptions,
+) -> R {
+    let mut off = 0;
+    while off < len {
+        let pa = cx.ram.pa_for(va, off);
+        let chunk = (len - off).min(cx.ram.base + cx.ram.len - pa);
+        cx.map(va + off, pa, chunk, Prot::READ_WRITE, opts)?;
+        off += chunk;
+    }
+    Ok(())
+}
+
+fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    len: u64,
+    align: Align,
+    blocks: bool,
+) -> R {
+    let half = cx.win_len / 2;
+    let (src, dst, opts) = match align {
+        Align::To(a) => (
+            odd_multiple(cx.win, a, 0),
+            // The next odd multiple: the offsets differ at the level above.
+            odd_multiple(cx.win + half, a, 1),
+            MoveOptions::DEFAULT,
+        ),
+        Align::Mutual => {
+            let off = 37 * K4;
+            (
+                odd_multiple(cx.win, M2, 0) + off,
+                odd_multiple(cx.win + half, M2, 1) + off,
+                MoveOptions {
+                    free_below: true,
+                    ..MoveOptions::DEFAULT
+                },
+            )
+        }
+    };
+    // In a small window, fall back to the first odd multiple.
+    let dst = if dst + len > cx.win + cx.win_len {
+        dst - match align {
+            Align::To(a) => 2 * a,
+            Align::Mutual => 2 * M2,
+        }
+    } else {
+        dst
+    };
+    if src + len > cx.win + half || dst + len > cx.win + cx.win_len {
+        skip!("the window is too small for this placement");
+    }
+    if blocks && cx.ram.gran < M2 {
+        skip!("the RAM pool holds no aligned 2 MiB block");
+    }
+    let mopts = if blocks {
+        MapOptions::BLOCKS
+    } else {
+        MapOptions::PAGES
+    };
+    map_source(cx, src, len, mopts)?;
+    if blocks {
+        let mut leaves = 0u64;
+        let mut big = 0u64;
+        let _ = cx.space.walk(VirtAddr(src), len, |m| {
+            leaves += 1;
+            if m.height > 0 {
+                big += 1;
+            }
+        });
+        cx.note(format_args!("source: {leaves} leaves, {big} blocks"));
+    }
+
+    // Fill the first `threshold` bytes with the pattern, through the MMU.
+    let seed = cx.seed();
+    let thr = cx.cfg.threshold_bytes.min(len).min(cx.ram.len) & !7;
+    for i in 0..thr / 8 {
+        cx.write(src + 8 * i, pattern(seed, i))?;
+    }
+    // Sample words beyond the threshold: the same before and after.
+    let samples = [len / 2 - 8, len - K4, len - 8];
+    let mut before = [0u64; 3];
+    for (b, &o) in before.iter_mut().zip(&samples) {
+        *b = cx.read(src + o)?;
+    }
+    let pa_first = cx.pa(src);
+    let pa_last = cx.pa(src + len - 8);
+
+    let t0 = cx.mach.cycles();
+    let r = cx
+        .space
+        .move_page_tables_with(VirtAddr(src), VirtAddr(dst), len, opts);
+    let t1 = cx.mach.cycles();
+    if let Err(e) = r {
+        fail!("move {src:#x} -> {dst:#x} ({len:#x} bytes): {e}");
+    }
+    cx.consistent("move_page_tables")?;
+    let emulated = if cx.mach.emulated() {
+        " (emulated)"
+    } else {
+        ""
+    };
+    cx.note(format_args!(
+        "move {src:#x} -> {dst:#x} len {len:#x}: {} cycles{emulated}",
+        t1.wrapping_sub(t0)
+    ));
+
+    // The new range holds the same bytes.
+    ensure!(
+        cx.pa(dst) == pa_first && cx.pa(dst + len - 8) == pa_last,
+        "the new range translates to other frames than the old one did"
+    );
+    for i in 0..thr / 8 {
+        let got = cx.read(dst + 8 * i)?;
+        let want = pattern(seed, i);
+        ensure!(
+            got == want,
+            "moved data differs at offset {:#x}: {got:#x}, expected {want:#x} (seed {seed:#x})",
+            8 * i
+        );
+    }
+    for (&b, &o) in before.iter().zip(&samples) {
+        cx.expect(dst + o, b)?;
+    }
+    let mut mapped = 0u64;
+    let _ = cx.space.walk(VirtAddr(dst), len, |m| mapped += m.size);
+    ensure!(
+        mapped == len,
+        "the new range maps {mapped:#x} bytes, expected {len:#x}"
+    );
+
+    // The old range is gone, for the tables and for the MMU.
+    let mut left = None;
+    let _ = cx.space.walk(VirtAddr(src), len, |m| {
+        left.get_or_insert(m.va.0);
+    });
+    if let Some(va) = left {
+        fail!("the old range still maps {va:#x}");
+    }
+    for o in [0, 8, len / 2 - 8, len - 8] {
+        cx.read_faults(src + o)?;
+    }
+    cx.write_faults(src)?;
+
+    cx.unmap(dst, len)?;
+    cx.read_faults(dst)
+}
+
+fn move_overlap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
+    let va = cx.win + 5 * K4;
+    let len = 4 * K4;
+    map_source(cx, va, len, MapOptions::PAGES)?;
+    let vas = [va, va + K4, va + 3 * K4, va + 4 * K4, va - K4, va + 5 * K4];
+    let before = cx.snap(&vas);
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(va + K4), len);
+    cx.expect_error("a move up by one page", r, Error::Overlap, &vas, &before)?;
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(va - K4), len);
+    cx.expect_error("a move down by one page", r, Error::Overlap, &vas, &before)?;
+    let r = cx.space.move_page_tables(VirtAddr(va), VirtAddr(va), len);
+    cx.expect_error("a move onto itself", r, Error::Overlap, &vas, &before)?;
+    cx.unmap(va, len)
+}
+
+fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
+    let va = cx.win + 9 * K4;
+    let dst = cx.win + 4 * G1 + 9 * K4;
+    let len = 2 * K4;
+    map_source(cx, va, len, MapOptions::PAGES)?;
+    let vas = [va, va + K4, dst, dst + K4];
+    let before = cx.snap(&vas);
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va + 8), VirtAddr(dst), len);
+    cx.expect_error(
+        "a move from a misaligned address",
+        r,
+        Error::MisalignedVirt(VirtAddr(va + 8)),
+        &vas,
+        &before,
+    )?;
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(dst + 0x800), len);
+    cx.expect_error(
+        "a move to a misaligned address",
+        r,
+        Error::MisalignedVirt(VirtAddr(dst + 0x800)),
+        &vas,
+        &before,
+    )?;
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(dst), len - 8);
+    cx.expect_error(
+        "a move of a misaligned length",
+        r,
+        Error::MisalignedLength(len - 8),
+        &vas,
+        &before,
+    )?;
+    let r = cx.space.move_page_tables(VirtAddr(va), VirtAddr(dst), 0);
+    cx.expect_error("a move of nothing", r, Error::ZeroLength, &vas, &before)?;
+    cx.unmap(va, len)
+}
+
+fn move_onto_mapping<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+) -> R {
+    let va = cx.win + 11 * K4;
+    let dst = cx.win + 4 * G1 + 11 * K4;
+    let len = 4 * K4;
+    map_source(cx, va, len, MapOptions::PAGES)?;
+    // One page mapped in the middle of the destination.
+    map_source(cx, dst + 2 * K4, K4, MapOptions::PAGES)?;
+    let vas = [va, va + 3 * K4, dst, dst + 2 * K4, dst + 3 * K4];
+    let before = cx.snap(&vas);
+    let r = cx.space.move_page_tables(VirtAddr(va), VirtAddr(dst), len);
+    match r {
+        Err(Error::AlreadyMapped(_)) => {
+            ensure!(
+                cx.snap(&vas) == before,
+                "the refused move changed the tables"
+            );
+        }
+        other => fail!("a move onto a mapping returned {other:?}, expected AlreadyMapped"),
+    }
+    cx.consistent("a refused move")?;
+    cx.unmap(va, len)?;
+    cx.unmap(dst + 2 * K4, K4)
+}
+
+fn move_keeps_protection<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+) -> R {
+    // A read-only page and a writable one move together and keep their
+    // rights and their data.
+    let va = cx.win + 13 * K4;
+    let dst = cx.win + 4 * G1 + M2 + 3 * K4;
+    map_source(cx, va, 2 * K4, MapOptions::PAGES)?;
+    let seed = cx.seed();
+    cx.write(va, pattern(seed, 0))?;
+    cx.write(va + K4, pattern(seed, 1))?;
+    cx.protect(va, K4, Prot::READ_ONLY)?;
+    if let Err(e) = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(dst), 2 * K4)
+    {
+        fail!("move: {e}");
+    }
+    cx.consistent("move_page_tables")?;
+    cx.expect(dst, pattern(seed, 0))?;
+    cx.write_faults(dst)?;
+    cx.expect(dst + K4, pattern(seed, 1))?;
+    cx.write(dst + K4, 3)?;
+    cx.read_faults(va)?;
+    cx.unmap(dst, 2 * K4)
+}

@@ -1,0 +1,187 @@
+//! The conformance suite on the simulated MMU with the test format at 3, 4
+//! and 5 levels. Every operation of every case is followed by the
+//! simulator's stale-TLB and walker-visibility check.
+#![cfg(all(feature = "sim", feature = "suite"))]
+
+use pgtable_core::sim::{SimMachine, SimSuiteMachine};
+use pgtable_core::suite::{self, Config, Summary};
+use pgtable_core::test_format::TestFormat;
+use pgtable_core::{AddressSpace, Arch};
+
+/// Runs the suite on a fresh simulated machine; returns the summary, the
+/// failure lines and the number of table frames still live after the
+/// address space was dropped.
+fn run<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, usize) {
+    let machine = SimMachine::<A>::new();
+    let mut space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: simulated; nothing but the simulator uses these tables.
+    unsafe { space.install() };
+    let mut mach = SimSuiteMachine::new(machine.clone());
+    let sum = suite::run(&mut space, &mut mach, cfg);
+    let fails = mach.failures().map(String::from).collect();
+    let last = mach.lines().last().cloned().unwrap_or_default();
+    assert_eq!(
+        last,
+        format!("{} passed, {} failed", sum.passed, sum.failed),
+        "the final line is the summary"
+    );
+    drop(space);
+    (sum, fails, machine.live_tables())
+}
+
+/// The configuration of the host runs: a 256 KiB threshold keeps debug
+/// builds quick (every validated word is a simulated load and store); the
+/// 4-level run validates 1 MiB.
+fn cfg() -> Config {
+    Config {
+        seed: 0x5eed_0001,
+        threshold_bytes: 256 << 10,
+        // The 1 and 2 GiB moves run in their own test (release builds).
+        big_moves: false,
+        ..Config::DEFAULT
+    }
+}
+
+/// Cases in a run without the big moves: 14 map/unmap/protect cases, 4
+/// move cases outside the matrix (3 errors, protection kept), 5
+/// alignments of the 8 KiB move (pages only) and 5 alignments times
+/// pages/blocks of the 2, 4 and 5 MiB moves.
+const CASES: u32 = 14 + 4 + 5 + 3 * 5 * 2;
+/// The 1 and 2 GiB moves add 5 alignments times pages/blocks each.
+const BIG_CASES: u32 = 2 * 5 * 2;
+
+fn assert_green(sum: Summary, fails: Vec<String>, live: usize, cases: u32) {
+    assert!(fails.is_empty(), "failed cases:\n{}", fails.join("\n"));
+    assert_eq!(sum.failed, 0);
+    assert_eq!(sum.passed + sum.skipped, cases, "cases run");
+    assert_eq!(live, 0, "table frames leaked");
+}
+
+#[test]
+fn suite_passes_on_the_simulator_with_4_levels() {
+    let cfg = Config {
+        threshold_bytes: 1 << 20,
+        ..cfg()
+    };
+    let (sum, fails, live) = run::<TestFormat<4>>(&cfg);
+    assert_green(sum, fails, live, CASES);
+    // The test format allows 1 GiB blocks and the default RAM holds one,
+    // and the simulator can test execution: nothing may be skipped.
+    assert_eq!(sum.skipped, 0);
+}
+
+#[test]
+fn suite_passes_on_the_simulator_with_3_levels() {
+    let (sum, fails, live) = run::<TestFormat<3>>(&cfg());
+    assert_green(sum, fails, live, CASES);
+}
+
+#[test]
+fn suite_passes_on_the_simulator_with_5_levels() {
+    let (sum, fails, live) = run::<TestFormat<5>>(&cfg());
+    assert_green(sum, fails, live, CASES);
+}
+
+#[test]
+fn suite_passes_with_a_small_unaligned_ram_pool() {
+    // 40 MiB + 12 KiB starting 12 KiB past a 2 MiB boundary: no 1 GiB
+    // block is possible (those cases skip), 2 MiB blocks are.
+    let machine = SimMachine::<TestFormat<4>>::new();
+    let mut space =
+        AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: simulated.
+    unsafe { space.install() };
+    let mut mach = SimSuiteMachine::new(machine.clone())
+        .with_ram(pgtable_core::PhysAddr(0x8020_3000), (40 << 20) + 0x3000);
+    let sum = suite::run(&mut space, &mut mach, &cfg());
+    let fails: Vec<String> = mach.failures().map(String::from).collect();
+    assert!(fails.is_empty(), "failed cases:\n{}", fails.join("\n"));
+    assert_eq!(sum.passed, CASES - 2);
+    assert_eq!(sum.skipped, 2);
+    assert!(
+        mach.lines()
+            .iter()
+            .any(|l| l.starts_with("skip map_1g_block")),
+        "the 1 GiB block case should skip without a 1 GiB aligned RAM block"
+    );
+}
+
+#[test]
+fn suite_reports_a_failing_case_and_counts_it() {
+    // A machine whose stores are silently dropped must fail the data
+    // checks, and the summary must say so.
+    struct Forgetful(SimSuiteMachine<TestFormat<4>>);
+    impl suite::Machine for Forgetful {
+        fn read_u64(&mut self, va: pgtable_core::VirtAddr) -> Result<u64, suite::Fault> {
+            self.0.read_u64(va)
+        }
+        fn write_u64(&mut self, va: pgtable_core::VirtAddr, _: u64) -> Result<(), suite::Fault> {
+            // Check the translation but store nothing.
+            self.0.read_u64(va).map(|_| ()).map_err(|f| suite::Fault {
+                va: f.va,
+                write: true,
+            })
+        }
+        fn cycles(&mut self) -> u64 {
+            self.0.cycles()
+        }
+        fn cycle_hz(&self) -> Option<u64> {
+            self.0.cycle_hz()
+        }
+        fn emulated(&self) -> bool {
+            true
+        }
+        fn print(&mut self, args: std::fmt::Arguments) {
+            self.0.print(args)
+        }
+        fn ram(&self) -> (pgtable_core::PhysAddr, u64) {
+            self.0.ram()
+        }
+        fn window(&self) -> (pgtable_core::VirtAddr, u64) {
+            self.0.window()
+        }
+    }
+    use suite::Machine;
+    let machine = SimMachine::<TestFormat<4>>::new();
+    let mut space =
+        AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: simulated.
+    unsafe { space.install() };
+    let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
+    let cfg = Config {
+        only: &["map_4k_pages", "map_2m_block"],
+        ..cfg()
+    };
+    let sum = suite::run(&mut space, &mut mach, &cfg);
+    assert_eq!(
+        sum,
+        Summary {
+            passed: 0,
+            failed: 2,
+            skipped: 0
+        }
+    );
+    assert_eq!(mach.0.lines().last().unwrap(), "0 passed, 2 failed");
+    assert!(mach.0.failures().all(|l| l.contains("expected")));
+    // The failed cases cleaned the window up.
+    let mut left = 0;
+    let (w, wl) = mach.window();
+    space.walk(w, wl, |_| left += 1).unwrap();
+    assert_eq!(left, 0);
+}
+
+#[test]
+fn suite_big_moves_pass_on_the_simulator() {
+    // The 1 GiB and 2 GiB moves of the matrix, with a smaller threshold to
+    // keep debug builds quick (the samples at the middle and the end of
+    // each range are still checked).
+    let cfg = Config {
+        threshold_bytes: 256 << 10,
+        big_moves: true,
+        only: &["move_1g", "move_2g"],
+        ..cfg()
+    };
+    let (sum, fails, live) = run::<TestFormat<4>>(&cfg);
+    assert_green(sum, fails, live, BIG_CASES);
+    assert_eq!(sum.skipped, 0);
+}

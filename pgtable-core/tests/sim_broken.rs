@@ -1,0 +1,472 @@
+//! Deliberately broken variants, each caught by the simulator: a dropped
+//! TLB flush (stale entry), a flush that keeps walk caches when a table was
+//! freed, a missing walker barrier (the walker still sees the old entry),
+//! and a non-atomic read-modify-write of an entry racing the hardware (a
+//! lost dirty bit) — with the correct variant beside each one passing.
+#![cfg(all(feature = "sim", feature = "suite"))]
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+use pgtable_core::sim::{CheckError, SimAlloc, SimFaultKind, SimMachine, SimMmu, SimSuiteMachine};
+use pgtable_core::suite::{self, Config};
+use pgtable_core::test_format::{TestFormat, DIRTY};
+use pgtable_core::{
+    Access, AccessFault, AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, PhysAddr, Prot,
+    Slot, TlbRange, VirtAddr,
+};
+
+const K4: u64 = 4 << 10;
+const M2: u64 = 2 << 20;
+const G1: u64 = 1 << 30;
+
+type T4 = TestFormat<4>;
+
+/// What a broken MMU wrapper leaves out.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Break {
+    /// Every TLB flush is dropped.
+    Flushes,
+    /// Every walker barrier is dropped.
+    Barriers,
+    /// Every flush keeps the walk caches (as if always `last_level`).
+    WalkCacheFlushes,
+}
+
+/// An MMU that forwards to `M` except for what it breaks.
+struct Broken<M> {
+    inner: M,
+    brk: Break,
+}
+
+impl<M: Mmu> Mmu for Broken<M> {
+    const OBSERVES_WRITES: bool = M::OBSERVES_WRITES;
+
+    fn walker_barrier(&self) {
+        if self.brk != Break::Barriers {
+            self.inner.walker_barrier();
+        }
+    }
+
+    fn flush_tlb_range(&self, range: TlbRange) {
+        match self.brk {
+            Break::Flushes => {}
+            Break::WalkCacheFlushes => self.inner.flush_tlb_range(TlbRange {
+                last_level: true,
+                ..range
+            }),
+            Break::Barriers => self.inner.flush_tlb_range(range),
+        }
+    }
+
+    fn flush_tlb_all(&self) {
+        match self.brk {
+            Break::Flushes => {}
+            // Leaves only, everywhere.
+            Break::WalkCacheFlushes => self.inner.flush_tlb_range(TlbRange {
+                start: VirtAddr(0),
+                end: VirtAddr(0),
+                stride_shift: 12,
+                last_level: true,
+            }),
+            Break::Barriers => self.inner.flush_tlb_all(),
+        }
+    }
+
+    unsafe fn install_root(&self, root: PhysAddr) {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.inner.install_root(root) }
+    }
+
+    fn entry_written(&self, slot: &Slot, old: u64) {
+        self.inner.entry_written(slot, old)
+    }
+}
+
+type BrokenSpace<A = T4> = AddressSpace<A, Broken<SimMmu<A>>, SimAlloc>;
+type Space<A = T4> = AddressSpace<A, SimMmu<A>, SimAlloc>;
+
+fn broken(brk: Break) -> (SimMachine<T4>, BrokenSpace) {
+    let m = SimMachine::<T4>::new();
+    let inner = m.mmu();
+    let s = BrokenSpace::new(Broken { inner, brk }, m.alloc()).unwrap();
+    // SAFETY: simulated.
+    unsafe { s.install() };
+    (m, s)
+}
+
+fn correct() -> (SimMachine<T4>, Space) {
+    let m = SimMachine::<T4>::new();
+    let s = Space::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: simulated.
+    unsafe { s.install() };
+    (m, s)
+}
+
+const VA: VirtAddr = VirtAddr(G1 + 5 * K4);
+const PA: PhysAddr = PhysAddr(0x8000_0000);
+const PA2: PhysAddr = PhysAddr(0x9000_0000);
+
+#[test]
+fn a_dropped_flush_after_unmap_leaves_a_stale_entry_that_check_tlb_names() {
+    let (m, mut s) = broken(Break::Flushes);
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(VA, 0x1111).unwrap();
+    m.check().unwrap();
+    s.unmap(VA, K4).unwrap();
+    // The bug as a program sees it: the unmapped page is still accessible.
+    assert_eq!(m.read_u64(VA).unwrap(), 0x1111);
+    let stale = m.check_tlb().unwrap_err();
+    assert_eq!((stale.va, stale.height, stale.leaf), (VA, 0, true));
+    assert_eq!(stale.fresh, None);
+    // Remapped elsewhere, the stale entry still reaches the old frame.
+    m.phys_write_u64(PA2, 0x2222);
+    s.map(VA, PA2, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(m.read_u64(VA).unwrap(), 0x1111, "stale translation used");
+    assert!(matches!(m.check(), Err(CheckError::Stale(_))));
+
+    // The correct MMU: the same steps leave nothing stale.
+    let (m, mut s) = correct();
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(VA, 0x1111).unwrap();
+    s.unmap(VA, K4).unwrap();
+    m.check().unwrap();
+    assert!(m.read_u64(VA).is_err());
+    m.phys_write_u64(PA2, 0x2222);
+    s.map(VA, PA2, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(m.read_u64(VA).unwrap(), 0x2222);
+    m.check().unwrap();
+}
+
+#[test]
+fn a_dropped_flush_after_write_protect_lets_stores_through_and_is_caught() {
+    let (m, mut s) = broken(Break::Flushes);
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(VA, 1).unwrap();
+    s.change_protection(VA, K4, Prot::READ_ONLY).unwrap();
+    // The store goes through the stale writable entry.
+    m.write_u64(VA, 2).unwrap();
+    let stale = m.check_tlb().unwrap_err();
+    assert_eq!(stale.va, VA);
+    assert!(stale.fresh.is_some(), "still mapped, but read-only");
+
+    let (m, mut s) = correct();
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(VA, 1).unwrap();
+    s.change_protection(VA, K4, Prot::READ_ONLY).unwrap();
+    m.check().unwrap();
+    assert_eq!(
+        m.write_u64(VA, 2).unwrap_err().kind,
+        SimFaultKind::Permission(AccessFault::Write)
+    );
+}
+
+#[test]
+fn a_flush_that_keeps_walk_caches_after_freeing_a_table_is_caught() {
+    let (m, mut s) = broken(Break::WalkCacheFlushes);
+    // A whole PTE table's worth of pages: unmapping them frees the table.
+    let va = VirtAddr(G1 + M2);
+    s.map(va, PA, M2, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.read_u64(va).unwrap();
+    let tables = m.live_tables();
+    s.unmap(va, M2).unwrap();
+    // The PTE, PMD and PUD tables all became empty and were freed.
+    assert_eq!(m.live_tables(), tables - 3);
+    let stale = m.check_tlb().unwrap_err();
+    assert!(!stale.leaf, "a walk-cache entry: {stale:?}");
+    assert_eq!(stale.fresh, None);
+    // The walker follows the cached pointer into the freed table.
+    assert!(matches!(
+        m.read_u64(va).unwrap_err().kind,
+        SimFaultKind::FreedTable(_)
+    ));
+
+    let (m, mut s) = correct();
+    s.map(va, PA, M2, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.read_u64(va).unwrap();
+    s.unmap(va, M2).unwrap();
+    m.check().unwrap();
+    assert_eq!(
+        m.read_u64(va).unwrap_err().kind,
+        SimFaultKind::Translation { height: 3 }
+    );
+}
+
+#[test]
+fn a_missing_barrier_hides_the_new_mapping_from_the_walker() {
+    let (m, mut s) = broken(Break::Barriers);
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    // The walker still sees the old (empty) entries.
+    assert!(matches!(
+        m.read_u64(VA).unwrap_err().kind,
+        SimFaultKind::Translation { .. }
+    ));
+    assert!(matches!(m.check(), Err(CheckError::Pending(_))));
+    assert!(m.stats().stale_walker_reads > 0);
+
+    let (m, mut s) = correct();
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.read_u64(VA).unwrap();
+    m.check().unwrap();
+}
+
+/// The test format with a broken `set_pte_at`: it stores without the
+/// walker barrier its arch needs.
+#[derive(Clone, Copy, Debug, Default)]
+struct NoBarrierSetPte;
+
+impl Format for NoBarrierSetPte {
+    const NAME: &'static str = "test-no-barrier";
+    const LEVELS: u32 = 4;
+    const PA_BITS: u32 = 48;
+    fn leaf_allowed(h: u32) -> bool {
+        T4::leaf_allowed(h)
+    }
+    fn decode(raw: u64, h: u32) -> Decoded {
+        T4::decode(raw, h)
+    }
+    fn table_entry(pa: PhysAddr, h: u32) -> u64 {
+        T4::table_entry(pa, h)
+    }
+    fn leaf_template(p: Prot, h: u32) -> u64 {
+        T4::leaf_template(p, h)
+    }
+    fn leaf_prot(raw: u64, h: u32) -> Prot {
+        T4::leaf_prot(raw, h)
+    }
+    fn modify_prot(raw: u64, p: Prot, h: u32) -> u64 {
+        T4::modify_prot(raw, p, h)
+    }
+    fn split_leaf(raw: u64, h: u32) -> u64 {
+        T4::split_leaf(raw, h)
+    }
+    fn is_young(raw: u64) -> bool {
+        T4::is_young(raw)
+    }
+    fn is_dirty(raw: u64) -> bool {
+        T4::is_dirty(raw)
+    }
+    fn hw_access(raw: u64, h: u32, a: Access) -> Result<u64, AccessFault> {
+        T4::hw_access(raw, h, a)
+    }
+}
+
+impl Arch for NoBarrierSetPte {
+    fn set_pte_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pte: u64) {
+        // BUG (on purpose): no `walker_barrier` after the store.
+        pgtable_core::generic::set_entry_nosync(mmu, slot, pte)
+    }
+}
+
+#[test]
+fn an_arch_whose_set_pte_at_skips_the_barrier_is_caught() {
+    let m = SimMachine::<NoBarrierSetPte>::new();
+    let mut s = AddressSpace::<NoBarrierSetPte, _, _>::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: simulated.
+    unsafe { s.install() };
+    // The page next to VA shares its PTE table.
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let next = VirtAddr(VA.0 + K4);
+    let leaf = NoBarrierSetPte::leaf(PA2, Prot::READ_WRITE, 0);
+    NoBarrierSetPte::set_pte_at(s.mmu(), next, s.slot(next, 0).unwrap(), leaf);
+    assert_eq!(
+        m.read_u64(next).unwrap_err().kind,
+        SimFaultKind::Translation { height: 0 }
+    );
+    let p = m.check_visible().unwrap_err();
+    assert_eq!((p.old, p.new), (0, leaf));
+
+    // The generic `set_pte_at` of the test format issues the barrier.
+    let (m, mut s) = correct();
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let leaf = T4::leaf(PA2, Prot::READ_WRITE, 0);
+    T4::set_pte_at(s.mmu(), next, s.slot(next, 0).unwrap(), leaf);
+    m.read_u64(next).unwrap();
+    m.check().unwrap();
+}
+
+/// One "clean the page" step as software does it: take the entry's dirty
+/// state and write it back clean (read-only then writable again would do
+/// the same), returning whether the entry was dirty. `atomic` picks the
+/// transaction (`ptep_modify_prot_start` = atomic swap) or the broken
+/// load-then-store; `window` runs between the read and the write (where
+/// the hardware may strike).
+fn clean_entry(
+    mmu: &SimMmu<T4>,
+    va: VirtAddr,
+    slot: &Slot,
+    atomic: bool,
+    window: impl FnOnce(),
+) -> bool {
+    let old = if atomic {
+        T4::ptep_modify_prot_start(mmu, va, slot)
+    } else {
+        // BUG (on purpose): a plain load; the store below overwrites
+        // whatever the hardware set in between.
+        slot.load(Relaxed)
+    };
+    window();
+    let new = T4::modify_prot(old, Prot::READ_WRITE, 0) & !DIRTY;
+    if atomic {
+        T4::ptep_modify_prot_commit(mmu, va, slot, old, new);
+    } else {
+        slot.store(new, Relaxed);
+        mmu.walker_barrier();
+    }
+    // The clean entry must not stay cached as dirty.
+    mmu.flush_tlb_range(TlbRange {
+        start: va,
+        end: VirtAddr(va.0 + K4),
+        stride_shift: 12,
+        last_level: true,
+    });
+    T4::is_dirty(old)
+}
+
+#[test]
+fn a_non_atomic_entry_update_loses_the_dirty_bit_the_hardware_set() {
+    for atomic in [false, true] {
+        let (m, mut s) = correct();
+        s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+            .unwrap();
+        let slot = s.slot(VA, 0).unwrap();
+        let mut hw_dirtied = 0;
+        // The hardware stores to the page exactly inside the window.
+        let seen = clean_entry(s.mmu(), VA, slot, atomic, || {
+            if let Ok(u) = m.hw_touch(VA, true) {
+                hw_dirtied += u64::from(u.dirty);
+            }
+        });
+        let seen_now = T4::is_dirty(slot.load(Relaxed));
+        // Every dirty state the hardware set is seen by software: in the
+        // value it took out, or still in the entry.
+        let accounted = u64::from(seen) + u64::from(seen_now);
+        if atomic {
+            // The entry was out of service: the store faulted (or used the
+            // old translation) and set nothing that could be lost.
+            assert_eq!(accounted, hw_dirtied, "atomic path lost nothing");
+        } else {
+            assert_eq!(hw_dirtied, 1, "the hardware dirtied the page");
+            assert_eq!(accounted, 0, "and the plain store erased it");
+        }
+    }
+}
+
+#[test]
+fn the_atomic_transaction_loses_no_dirty_bit_against_a_hardware_thread() {
+    let (m, mut s) = correct();
+    let len = 4 * K4;
+    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let agent = m.spawn_agent(VA, len, stop.clone());
+    let mut seen = 0u64;
+    let mut rounds = 0u64;
+    // Run until the hardware has dirtied pages many times (bounded in time
+    // for a starved agent thread on a loaded machine).
+    let t0 = std::time::Instant::now();
+    while t0.elapsed().as_secs() < 30 && (m.stats().dirty_set < 300 || rounds < 1_000) {
+        for p in 0..4 {
+            let va = VirtAddr(VA.0 + p * K4);
+            let slot = s.slot(va, 0).unwrap();
+            seen += u64::from(clean_entry(s.mmu(), va, slot, true, || {}));
+        }
+        rounds += 1;
+    }
+    stop.store(true, Relaxed);
+    let report = agent.join().unwrap();
+    // What is still dirty in the entries counts as seen.
+    s.walk(VA, len, |mp| seen += u64::from(T4::is_dirty(mp.entry)))
+        .unwrap();
+    assert!(report.dirty_set > 100, "the race was exercised: {report:?}");
+    assert_eq!(seen, report.dirty_set, "no dirty bit lost: {report:?}");
+    m.check().unwrap();
+}
+
+#[test]
+fn the_suite_fails_on_an_mmu_that_drops_flushes_or_barriers() {
+    for (brk, what) in [
+        (Break::Flushes, "stale TLB entry"),
+        (Break::Barriers, "missing barrier"),
+        (Break::WalkCacheFlushes, "stale walk-cache entry"),
+    ] {
+        let (m, mut s) = broken(brk);
+        let mut mach = SimSuiteMachine::new(m.clone()).with_echo(false);
+        let cfg = Config {
+            only: &[
+                "map_4k_pages",
+                "unmap_hole_in_pages",
+                "move_4m_align_pmd_pages",
+            ],
+            threshold_bytes: 64 << 10,
+            ..Config::DEFAULT
+        };
+        let sum = suite::run(&mut s, &mut mach, &cfg);
+        assert!(sum.failed > 0, "{brk:?} went unnoticed: {:?}", mach.lines());
+        assert!(
+            mach.failures().any(|l| l.contains(what)),
+            "{brk:?}: expected a failure mentioning {what:?}: {:?}",
+            mach.lines()
+        );
+    }
+}
+
+#[test]
+fn a_load_modify_store_loop_racing_a_hardware_thread_is_caught_losing_dirty_bits() {
+    // The broken loop of the test above, against the real agent thread.
+    // The race is timing dependent, so run epochs (agent started, loop,
+    // agent stopped, books balanced) until one loses a bit; a loaded
+    // machine gets many epochs.
+    let (m, mut s) = correct();
+    let len = 4 * K4;
+    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let mut epochs = 0;
+    let lost = loop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let agent = m.spawn_agent(VA, len, stop.clone());
+        let mut seen = 0u64;
+        let e0 = std::time::Instant::now();
+        while e0.elapsed().as_millis() < 300 {
+            for p in 0..4 {
+                let va = VirtAddr(VA.0 + p * K4);
+                let slot = s.slot(va, 0).unwrap();
+                seen += u64::from(clean_entry(s.mmu(), va, slot, false, || {}));
+            }
+        }
+        stop.store(true, Relaxed);
+        let report = agent.join().unwrap();
+        // Whatever is still dirty counts as seen; then clean for the next
+        // epoch (nothing races now).
+        for p in 0..4 {
+            let va = VirtAddr(VA.0 + p * K4);
+            seen += u64::from(clean_entry(
+                s.mmu(),
+                va,
+                s.slot(va, 0).unwrap(),
+                true,
+                || {},
+            ));
+        }
+        assert!(seen <= report.dirty_set, "more dirty states seen than set");
+        epochs += 1;
+        let lost = report.dirty_set - seen;
+        if lost > 0 || t0.elapsed().as_secs() >= 60 {
+            break lost;
+        }
+    };
+    assert!(lost > 0, "no dirty bit lost in {epochs} epochs");
+}
