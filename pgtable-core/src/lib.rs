@@ -75,6 +75,7 @@ pub use gather::TlbGather;
 pub use level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
 pub use mmu::{Mmu, NoopMmu, TlbRange};
 pub use moves::MoveOptions;
+pub use protect::{DeferredBlockProt, GenericBlockProt};
 pub use stats::Stats;
 #[cfg(feature = "alloc")]
 pub use table::Arena;

@@ -1,0 +1,558 @@
+//! `change_protection`: mprotect for page tables (seed 003).
+//!
+//! Shaped like Linux's `change_protection` → `change_p4d_range` →
+//! `change_pud_range` → `change_pmd_range` → `change_pte_range`, one
+//! recursive function here because every level has the same layout:
+//!
+//! 1. check: walk the range read-only and count the tables that splitting
+//!    the partly covered blocks needs (only blocks at the two ends of the
+//!    range can be partly covered; blocks that already have the new
+//!    protection are not split);
+//! 2. reserve: allocate exactly that many tables, or fail with nothing
+//!    changed;
+//! 3. change: per PTE `ptep_modify_prot_start` → [`Format::modify_prot`] →
+//!    `ptep_modify_prot_commit`; per whole block `pmdp_modify_prot_start` /
+//!    `pmdp_modify_prot_commit`; one gathered TLB flush at the end.
+//!
+//! # Accessed/dirty state
+//!
+//! The start operations are atomic get-and-clear swaps: between start and
+//! commit the entry is not present, so the hardware cannot set an accessed
+//! or dirty bit that the commit would then overwrite; whatever it set before
+//! the swap is in the returned value and [`Format::modify_prot`] keeps it.
+//! An entry the format calls *settled* ([`Format::is_settled`]: accessed
+//! and dirty, or accessed and unable to become dirty) is never written by
+//! the hardware, so it is changed with a plain load and store instead
+//! (DESIGN.md "Settled entries"); this avoids a locked instruction per page.
+//!
+//! # Memory-type changes
+//!
+//! A [`Prot`] carries a memory type. Linux's mprotect never changes it, but
+//! this function can, and where the arch needs break-before-make
+//! ([`Arch::BREAK_BEFORE_MAKE`], arm64: a change of memory type or
+//! cacheability of a live mapping: Arm ARM D8.16 "break-before-make", and
+//! Linux arm64 `pgattr_change_is_safe` allows no such change) such an entry is
+//! cleared, its translation flushed at once, and only then the new entry
+//! written. Permission changes alone are made in place, as Linux does.
+//!
+//! # Counters
+//!
+//! [`Stats::entries_written`](crate::Stats::entries_written) counts each
+//! changed entry once (a start/commit pair is one logical write); entries
+//! that already grant the protection are not counted, nor written.
+//!
+//! # Walker barriers
+//!
+//! The entry operations of one table run in a lazy-MMU scope, as Linux's
+//! `change_pte_range` runs inside `arch_enter_lazy_mmu_mode`: the walker
+//! barrier an arch's commit would issue per entry (`set_pte_at`) is
+//! replaced by one per table, after its last changed entry, issued where the
+//! arch needs it ([`Arch::NEEDS_WALKER_BARRIER`]) and deferred further
+//! inside [`AddressSpace::lazy_mmu`]. This is safe because nothing depends
+//! on a new entry being visible to the walker before the operation's final
+//! flush, and a flush orders the entry writes before it (the rules in
+//! [`Mmu`]); until then a CPU may still see the old or the cleared entry,
+//! exactly as during Linux's mprotect. TLB flushes an arch issues inside an
+//! entry operation (the generic `pmdp_modify_prot_start`) are never
+//! deferred, and neither is the barrier of a break-before-make split.
+//!
+//! # Costs
+//!
+//! Per changed PTE: one load, one atomic swap and one store (or a load and a
+//! store for a settled entry); no barrier; no flush. Per table: one walker
+//! barrier and one range added to the gather. Per operation: one TLB flush
+//! (range, or full past the ceiling), plus one per block for an arch that
+//! keeps the generic block start.
+
+use core::marker::PhantomData;
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::{covers, table_at, FreeQueue, Stash};
+use crate::level::{entry_end, index, shift, size};
+use crate::{
+    generic, Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Prot,
+    Slot, TableAlloc, TlbGather, TlbRange, VirtAddr, PAGE_SIZE,
+};
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Changes the protection of every mapping in `[va, va + len)` to
+    /// `prot` (Linux `change_protection`, the page-table half of
+    /// `mprotect`).
+    ///
+    /// - Output addresses and accessed/dirty state are kept; a hardware
+    ///   accessed/dirty update racing the change is never lost.
+    /// - A block the range covers only in part is split into next-level
+    ///   leaves first; the part outside the range keeps its protection and
+    ///   its physical addresses.
+    /// - Entries that already grant `prot` are not written and add nothing
+    ///   to the TLB flush.
+    /// - Holes (unmapped parts of the range, and software-only invalid
+    ///   entries) are skipped, as [`unmap`](Self::unmap) skips them: it is
+    ///   not an error to change the protection of a partly mapped range.
+    /// - The TLB is flushed once for the whole operation (a full flush past
+    ///   [`Arch::TLB_FLUSH_CEILING`]), plus one flush per block where the
+    ///   arch keeps Linux's generic `pmdp_modify_prot_start`, which
+    ///   invalidates and flushes each block at once (seed 003). Splitting a
+    ///   block and changing a memory type flush at once where the arch needs
+    ///   break-before-make (see the module docs).
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::test_format::TestFormat;
+    ///
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let va = VirtAddr(1 << 30);
+    /// space.map(va, PhysAddr(0x8000_0000), 2 << 20, Prot::READ_WRITE, MapOptions::BLOCKS).unwrap();
+    /// // Make the second 4 KiB page read-only: the 2 MiB block is split.
+    /// space.change_protection(va.add(0x1000), 0x1000, Prot::READ_ONLY).unwrap();
+    /// assert_eq!(space.translate(va.add(0x1000)).unwrap().prot, Prot::READ_ONLY);
+    /// assert_eq!(space.translate(va).unwrap().prot, Prot::READ_WRITE);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLength`], [`Error::MisalignedVirt`] /
+    /// [`Error::MisalignedLength`], [`Error::OutOfRange`] for a range
+    /// outside the address space, or [`Error::OutOfMemory`] when a partly
+    /// covered block cannot be split. On error nothing was changed and no
+    /// table frame stays allocated.
+    pub fn change_protection(&mut self, va: VirtAddr, len: u64, prot: Prot) -> Result<(), Error> {
+        let end = Self::check_range(va, len)?;
+        let top = A::LEVELS - 1;
+        let need = self.protect_check(top, self.root, va.0, end, prot);
+        let mut stash = self.reserve(need)?;
+        let mut gather = TlbGather::new();
+        self.protect_change(top, self.root, va.0, end, prot, &mut stash, &mut gather);
+        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
+        self.release(stash);
+        self.finish(gather, FreeQueue::new());
+        Ok(())
+    }
+
+    /// Phase 1: tables needed to split the partly covered blocks in
+    /// `[va, end)` whose protection changes.
+    fn protect_check(
+        &self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        prot: Prot,
+    ) -> usize {
+        if height == 0 {
+            return 0;
+        }
+        // SAFETY: the root or a table reached from it.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        let mut need = 0;
+        loop {
+            let next = entry_end(va, height, end);
+            if !covers(va, next, height) {
+                // Relaxed: we hold the address space exclusively; the
+                // hardware changes accessed/dirty state only, never the
+                // kind of entry or its protection.
+                let raw = t.entries[index(va, height)].load(Relaxed);
+                match A::decode(raw, height) {
+                    Decoded::Leaf(_) if A::leaf_prot(raw, height) != prot => {
+                        need += Self::split_need(va, next, height);
+                    }
+                    Decoded::Table(c) => need += self.protect_check(height - 1, c, va, next, prot),
+                    _ => {}
+                }
+            }
+            va = next;
+            if va == end {
+                return need;
+            }
+        }
+    }
+
+    /// Phase 3: changes `[va, end)` in the table `tpa` at `height`.
+    #[allow(clippy::too_many_arguments)]
+    fn protect_change(
+        &mut self,
+        height: u32,
+        tpa: PhysAddr,
+        va: u64,
+        end: u64,
+        prot: Prot,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+    ) {
+        // SAFETY: the root, a table reached from it, or a table a split
+        // just linked.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        if height == 0 {
+            self.protect_ptes(t, va, end, prot, gather);
+            return;
+        }
+        let mut changed = 0u64;
+        let mut va = va;
+        loop {
+            let next = entry_end(va, height, end);
+            let slot = &t.entries[index(va, height)];
+            // Relaxed: we hold the address space exclusively; a racing
+            // hardware update is picked up by the atomic start below.
+            let raw = slot.load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::Table(c) => {
+                    self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                }
+                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
+                Decoded::Leaf(_) if covers(va, next, height) => {
+                    let v = VirtAddr(va);
+                    let lazy = LazyBarrier::new(&self.mmu);
+                    let old = if A::BREAK_BEFORE_MAKE && A::leaf_prot(raw, height).mem != prot.mem {
+                        // A memory-type change: break-before-make.
+                        let old = A::pmdp_huge_get_and_clear(&lazy, slot);
+                        lazy.flush_tlb_range(one_leaf(v, height));
+                        old
+                    } else {
+                        A::pmdp_modify_prot_start(&lazy, v, slot, height)
+                    };
+                    let new = A::modify_prot(old, prot, height);
+                    A::pmdp_modify_prot_commit(&lazy, v, slot, height, old, new);
+                    gather.add_leaf(v, height);
+                    changed += 1;
+                }
+                Decoded::Leaf(_) => {
+                    // Partly covered (Linux `__split_huge_pmd`): split, then
+                    // change the covered part one level down.
+                    let c = self.split_block(slot, raw, VirtAddr(va), height, stash, gather);
+                    self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                }
+                Decoded::None | Decoded::Invalid => {}
+            }
+            va = next;
+            if va == end {
+                break;
+            }
+        }
+        if changed > 0 {
+            self.mmu.stats.add_entries_written(changed);
+            self.table_done();
+        }
+    }
+
+    /// The PTE loop (Linux `change_pte_range`) over `[va, end)` of `t`.
+    fn protect_ptes(
+        &mut self,
+        t: &crate::Table,
+        va: u64,
+        end: u64,
+        prot: Prot,
+        gather: &mut TlbGather,
+    ) {
+        let lazy = LazyBarrier::new(&self.mmu);
+        let i = index(va, 0);
+        let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+        // First and one-past-last changed page index, for one gather entry.
+        let mut first = usize::MAX;
+        let mut last = 0;
+        // Entries changed (a start/commit pair counts as one write).
+        let mut written = 0u64;
+        // The last attribute word seen and whether it grants `prot`. No
+        // leaf has the attribute word 0: a value with the low 12 bits clear
+        // is never valid (the `Format` rules).
+        let mut memo_attrs = 0u64;
+        let mut memo_same = false;
+        // Whether that attribute word needs break-before-make for `prot`.
+        let mut memo_bbm = false;
+        for (k, slot) in t.entries[i..i + n].iter().enumerate() {
+            // Relaxed: we hold the address space exclusively; the hardware
+            // may set accessed/dirty state, which the start below catches
+            // (or which cannot happen to a settled entry).
+            let raw = slot.load(Relaxed);
+            let Decoded::Leaf(pa) = A::decode(raw, 0) else {
+                continue;
+            };
+            // A leaf is its template OR its address (the `Format` rules),
+            // so what it grants is a function of the remaining bits: decide
+            // "unchanged" once per distinct attribute word (usually once per
+            // table), not per entry.
+            let attrs = raw ^ pa.0;
+            if attrs != memo_attrs {
+                let now = A::leaf_prot(raw, 0);
+                memo_attrs = attrs;
+                memo_same = now == prot;
+                memo_bbm = A::BREAK_BEFORE_MAKE && now.mem != prot.mem;
+            }
+            if memo_same {
+                continue;
+            }
+            if memo_bbm {
+                // A memory-type change: break-before-make (see the docs).
+                let v = VirtAddr(va + k as u64 * PAGE_SIZE);
+                let old = A::ptep_get_and_clear(&lazy, slot);
+                lazy.flush_tlb_range(one_leaf(v, 0));
+                A::ptep_modify_prot_commit(&lazy, v, slot, old, A::modify_prot(old, prot, 0));
+            } else if A::is_settled(raw, 0) {
+                // The hardware never writes a settled entry, so nothing can
+                // change between the load above and this store.
+                A::set_pte_nosync(&lazy, slot, A::modify_prot(raw, prot, 0));
+            } else {
+                let v = VirtAddr(va + k as u64 * PAGE_SIZE);
+                let old = A::ptep_modify_prot_start(&lazy, v, slot);
+                let new = A::modify_prot(old, prot, 0);
+                A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
+            }
+            first = first.min(k);
+            last = k + 1;
+            written += 1;
+        }
+        if written == 0 {
+            return;
+        }
+        gather.add_range(
+            VirtAddr(va + first as u64 * PAGE_SIZE),
+            (last - first) as u64 * PAGE_SIZE,
+            0,
+        );
+        self.mmu.stats.add_entries_written(written);
+        self.table_done();
+    }
+}
+
+/// The TLB range of the one leaf at `height` that maps `va`.
+#[inline]
+fn one_leaf(va: VirtAddr, height: u32) -> TlbRange {
+    let start = va.align_down(size(height));
+    TlbRange {
+        start,
+        end: start.add(size(height)),
+        stride_shift: shift(height),
+        last_level: true,
+    }
+}
+
+/// An [`Mmu`] adapter for one table's entry operations (the lazy-MMU scope
+/// of the module docs): the walker barrier an arch's commit issues is
+/// dropped, because the caller issues the per-table barrier
+/// (`table_done`) after the last changed entry of the table.
+/// TLB flushes and write observation pass through.
+struct LazyBarrier<'m, M: Mmu> {
+    inner: &'m M,
+}
+
+impl<'m, M: Mmu> LazyBarrier<'m, M> {
+    #[inline]
+    fn new(inner: &'m M) -> Self {
+        LazyBarrier { inner }
+    }
+}
+
+impl<M: Mmu> Mmu for LazyBarrier<'_, M> {
+    const OBSERVES_WRITES: bool = M::OBSERVES_WRITES;
+
+    #[inline]
+    fn walker_barrier(&self) {
+        // Deferred to the per-table barrier; see the type docs.
+    }
+
+    #[inline]
+    fn flush_tlb_range(&self, range: TlbRange) {
+        self.inner.flush_tlb_range(range)
+    }
+
+    #[inline]
+    fn flush_tlb_all(&self) {
+        self.inner.flush_tlb_all()
+    }
+
+    unsafe fn install_root(&self, root: PhysAddr) {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.inner.install_root(root) }
+    }
+
+    #[inline]
+    fn entry_written(&self, slot: &Slot, old: u64) {
+        self.inner.entry_written(slot, old)
+    }
+}
+
+/// Defines a zero-sized wrapper arch that delegates everything to `A` except
+/// `pmdp_modify_prot_start`, which uses `$start`.
+macro_rules! block_prot_wrapper {
+    ($(#[$m:meta])* $name:ident, $start:ident) => {
+        $(#[$m])*
+        pub struct $name<A>(PhantomData<A>);
+
+        impl<A: Arch> Format for $name<A> {
+            const NAME: &'static str = A::NAME;
+            const LEVELS: u32 = A::LEVELS;
+            const PA_BITS: u32 = A::PA_BITS;
+            const VA_BITS: u32 = A::VA_BITS;
+
+            #[inline]
+            fn leaf_allowed(height: u32) -> bool {
+                A::leaf_allowed(height)
+            }
+            #[inline]
+            fn decode(raw: u64, height: u32) -> Decoded {
+                A::decode(raw, height)
+            }
+            #[inline]
+            fn table_entry(pa: PhysAddr, height: u32) -> u64 {
+                A::table_entry(pa, height)
+            }
+            #[inline]
+            fn leaf_template(prot: Prot, height: u32) -> u64 {
+                A::leaf_template(prot, height)
+            }
+            #[inline]
+            fn leaf(pa: PhysAddr, prot: Prot, height: u32) -> u64 {
+                A::leaf(pa, prot, height)
+            }
+            #[inline]
+            fn leaf_prot(raw: u64, height: u32) -> Prot {
+                A::leaf_prot(raw, height)
+            }
+            #[inline]
+            fn modify_prot(raw: u64, prot: Prot, height: u32) -> u64 {
+                A::modify_prot(raw, prot, height)
+            }
+            #[inline]
+            fn split_leaf(raw: u64, height: u32) -> u64 {
+                A::split_leaf(raw, height)
+            }
+            #[inline]
+            fn is_young(raw: u64) -> bool {
+                A::is_young(raw)
+            }
+            #[inline]
+            fn is_dirty(raw: u64) -> bool {
+                A::is_dirty(raw)
+            }
+            #[inline]
+            fn is_settled(raw: u64, height: u32) -> bool {
+                A::is_settled(raw, height)
+            }
+            #[inline]
+            fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault> {
+                A::hw_access(raw, height, access)
+            }
+            #[inline]
+            fn va_ok(va: u64) -> bool {
+                A::va_ok(va)
+            }
+        }
+
+        impl<A: Arch> Arch for $name<A> {
+            const HAVE_MOVE_PMD: bool = A::HAVE_MOVE_PMD;
+            const HAVE_MOVE_PUD: bool = A::HAVE_MOVE_PUD;
+            const TLB_FLUSH_CEILING: u64 = A::TLB_FLUSH_CEILING;
+            const NEEDS_WALKER_BARRIER: bool = A::NEEDS_WALKER_BARRIER;
+            const BREAK_BEFORE_MAKE: bool = A::BREAK_BEFORE_MAKE;
+
+            #[inline]
+            fn set_pte_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pte: u64) {
+                A::set_pte_at(mmu, va, slot, pte)
+            }
+            #[inline]
+            fn set_pmd_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pmd: u64) {
+                A::set_pmd_at(mmu, va, slot, pmd)
+            }
+            #[inline]
+            fn set_pud_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pud: u64) {
+                A::set_pud_at(mmu, va, slot, pud)
+            }
+            #[inline]
+            fn set_pte_nosync<M: Mmu>(mmu: &M, slot: &Slot, pte: u64) {
+                A::set_pte_nosync(mmu, slot, pte)
+            }
+            #[inline]
+            fn ptep_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
+                A::ptep_get_and_clear(mmu, slot)
+            }
+            #[inline]
+            fn pmdp_huge_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
+                A::pmdp_huge_get_and_clear(mmu, slot)
+            }
+            #[inline]
+            fn ptep_modify_prot_start<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot) -> u64 {
+                A::ptep_modify_prot_start(mmu, va, slot)
+            }
+            #[inline]
+            fn ptep_modify_prot_commit<M: Mmu>(
+                mmu: &M,
+                va: VirtAddr,
+                slot: &Slot,
+                old: u64,
+                new: u64,
+            ) {
+                A::ptep_modify_prot_commit(mmu, va, slot, old, new)
+            }
+            #[inline]
+            fn pmdp_modify_prot_start<M: Mmu>(
+                mmu: &M,
+                va: VirtAddr,
+                slot: &Slot,
+                height: u32,
+            ) -> u64 {
+                generic::$start::<Self, M>(mmu, va, slot, height)
+            }
+            #[inline]
+            fn pmdp_modify_prot_commit<M: Mmu>(
+                mmu: &M,
+                va: VirtAddr,
+                slot: &Slot,
+                height: u32,
+                old: u64,
+                new: u64,
+            ) {
+                A::pmdp_modify_prot_commit(mmu, va, slot, height, old, new)
+            }
+            #[inline]
+            fn change_is_safe(old: u64, new: u64, height: u32) -> bool {
+                A::change_is_safe(old, new, height)
+            }
+        }
+
+        impl<A> Clone for $name<A> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<A> Copy for $name<A> {}
+
+        impl<A> Default for $name<A> {
+            fn default() -> Self {
+                $name(PhantomData)
+            }
+        }
+
+        impl<A> core::fmt::Debug for $name<A> {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str(stringify!($name))
+            }
+        }
+    };
+}
+
+block_prot_wrapper!(
+    /// The arch `A` with Linux's generic `pmdp_modify_prot_start`
+    /// ([`generic::pmdp_modify_prot_start`]: clear the block and flush its
+    /// TLB range at once), whatever `A` overrides: the pre-seed-003
+    /// control variant, for benchmarks and tests that compare both block
+    /// paths in one binary. Every other constant and method is `A`'s.
+    ///
+    /// Tables built through an address space of `A` belong to that space;
+    /// build a separate `AddressSpace<GenericBlockProt<A>, _, _>` (same
+    /// descriptor bits) to measure this variant.
+    GenericBlockProt,
+    pmdp_modify_prot_start
+);
+
+block_prot_wrapper!(
+    /// The arch `A` with the deferred `pmdp_modify_prot_start`
+    /// ([`generic::pmdp_modify_prot_start_deferred`]: an atomic
+    /// get-and-clear, no flush until the end of the operation), whatever
+    /// `A` does: the seed-003 transaction path, for benchmarks and tests
+    /// of formats (such as the test format) that keep the generic
+    /// fallback. The counterpart of [`GenericBlockProt`].
+    DeferredBlockProt,
+    pmdp_modify_prot_start_deferred
+);
