@@ -1,0 +1,1075 @@
+//! `move_page_tables`: mremap for page tables (seeds 000–002).
+//!
+//! Moves the mappings of one virtual range to another of the same length,
+//! the way Linux's `mm/mremap.c` does, in three phases so that an error
+//! leaves the tables untouched:
+//!
+//! 1. **check** (read-only): both ranges valid, not overlapping, the
+//!    destination empty; then a dry run of the move loop below that counts
+//!    exactly how many tables the move will take (destination tables and
+//!    splits of partly covered source blocks);
+//! 2. **reserve**: allocate exactly that many tables (or fail, freeing them);
+//! 3. **move**, which can no longer fail, then free the source tables that
+//!    became empty, flush the TLB once for the source range and only then
+//!    release the freed frames.
+//!
+//! The move loop walks by *extent*: the distance to the next entry boundary
+//! at the source, at the destination, or to the end, whichever is nearest.
+//! At each position it takes the coarsest step possible:
+//!
+//! - a hole in the source is skipped (nothing to move);
+//! - a whole PUD (resp. PMD) extent whose source entry points at a table
+//!   moves that one entry (`move_normal_pud` / `move_normal_pmd`), when the
+//!   arch constant ([`Arch::HAVE_MOVE_PUD`] / [`Arch::HAVE_MOVE_PMD`]), the
+//!   Cargo feature (`move-pud` / `move-pmd`) and the runtime
+//!   [`MoveOptions`] switch all allow it and the destination entry is none:
+//!   one store instead of 262,144 (resp. 512) for 1 GiB;
+//! - a block (huge leaf) the extent covers whole moves as one entry; a block
+//!   it covers in part is split first;
+//! - otherwise the PTEs of the extent move one by one (`move_ptes`): an
+//!   atomic get-and-clear at the source (so a concurrent hardware
+//!   accessed/dirty update is carried over, never lost), or a plain load and
+//!   clear for *settled* entries the hardware will not write again
+//!   ([`Format::is_settled`](crate::Format::is_settled)); the destination is
+//!   written with the nosync setter.
+//!
+//! **Whole PTE tables without an atomic per entry** (beyond Linux): on the
+//! PTE path, a source PTE table the range covers whole (every table but the
+//! two at the ends) is unlinked from its PMD entry instead of being emptied
+//! entry by entry, and copied to the destination with plain loads *after*
+//! the TLB flush. Until the flush a walker that cached the path may still
+//! set accessed/dirty bits in it; after the flush none can reach it, so the
+//! copy carries every such update, and the per-entry locked exchange (about
+//! as costly as the rest of the move on x86) is not needed. The destination
+//! still receives the table's entries one by one (the control variant keeps
+//! its 262,144 stores per GiB).
+//!
+//! Destination tables get one walker barrier each (a barrier is issued when
+//! the move leaves a destination table, and one at the end), not one per
+//! entry (seed 004).
+//!
+//! **Mutual alignment** (beyond the seeds; Linux's later mremap rule): when
+//! source and destination start at the same offset inside a PMD, the range
+//! reaches the next PMD boundary and nothing is mapped between the
+//! aligned-down starts and the starts on either side, both starts are aligned
+//! down so that the first, partial PMD moves as one entry too.
+//!
+//! **Counters** (feature `stats`): `entries_written` counts the entries
+//! stored at the destination that carry a moved mapping or table (1 for a
+//! PUD-aligned 1 GiB move, 512 on the PMD path, 262,144 on the PTE path),
+//! plus the entries of any block split; source clears and the links of new
+//! destination tables are not counted. `tables_allocated` / `tables_freed`
+//! count destination tables and freed (emptied) source tables.
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::{table_at, FreeQueue, Stash};
+use crate::level::{entry_end, index, size};
+use crate::{
+    generic, AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Slot, TableAlloc, TlbGather,
+    VirtAddr, ENTRIES_PER_TABLE, PAGE_SIZE,
+};
+
+/// Runtime switches of [`AddressSpace::move_page_tables_with`]; each fast
+/// path also needs the arch constant and the core's Cargo feature.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MoveOptions {
+    /// Allow moving whole PMD tables (one entry per 2 MiB).
+    pub pmd: bool,
+    /// Allow moving whole PUD tables (one entry per 1 GiB).
+    pub pud: bool,
+    /// The caller states that the space below both aligned-down starts
+    /// (down to the PMD boundary) is free, enabling the mutual-alignment
+    /// rule.
+    ///
+    /// The rule is also taken without this claim whenever the tables show
+    /// that space unmapped. With the claim, the tables are checked all the
+    /// same, and a mapping found there is reported as
+    /// [`Error::AlreadyMapped`] (the claim was wrong), so a wrong claim can
+    /// never move or hide a mapping outside the requested ranges.
+    pub free_below: bool,
+}
+
+impl MoveOptions {
+    /// Every fast path the build allows; no claim about free space.
+    pub const DEFAULT: MoveOptions = MoveOptions {
+        pmd: true,
+        pud: true,
+        free_below: false,
+    };
+
+    /// Only the PTE-by-PTE path (the control variant of the seeds).
+    pub const PTES_ONLY: MoveOptions = MoveOptions {
+        pmd: false,
+        pud: false,
+        free_below: false,
+    };
+
+    /// Whole-PMD moves but no whole-PUD moves (arm64 before seed 000).
+    pub const PMD_ONLY: MoveOptions = MoveOptions {
+        pmd: true,
+        pud: false,
+        free_below: false,
+    };
+}
+
+impl Default for MoveOptions {
+    fn default() -> Self {
+        MoveOptions::DEFAULT
+    }
+}
+
+/// Which fast paths are on: arch constant AND Cargo feature AND option.
+#[derive(Clone, Copy)]
+struct Fast {
+    pmd: bool,
+    pud: bool,
+}
+
+impl Fast {
+    fn new<A: Arch>(opts: MoveOptions) -> Fast {
+        Fast {
+            pmd: A::HAVE_MOVE_PMD && cfg!(feature = "move-pmd") && opts.pmd,
+            pud: A::HAVE_MOVE_PUD && cfg!(feature = "move-pud") && opts.pud,
+        }
+    }
+
+    /// Whether a whole table at `height` may move as one entry.
+    #[inline]
+    fn table_move(self, height: u32) -> bool {
+        match height {
+            1 => self.pmd,
+            2 => self.pud,
+            _ => false,
+        }
+    }
+}
+
+/// Linux `enum pgt_entry`: the kinds of entries moved whole.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PgtEntry {
+    /// A PMD entry pointing at a PTE table.
+    NormalPmd,
+    /// A PUD entry pointing at a PMD table.
+    NormalPud,
+    /// A block (huge leaf) at this height, or a software entry the extent
+    /// covers whole.
+    Huge(u32),
+}
+
+/// What the move does at the current position.
+enum Step<'t> {
+    /// Nothing is mapped in the next `len` bytes of the source.
+    Skip(u64),
+    /// Move `count` consecutive source entries of one kind at `height`
+    /// (`slots`; `None` for a block split in the dry run), each covering
+    /// `size(height)` bytes whole at both ends.
+    Entry {
+        kind: PgtEntry,
+        height: u32,
+        slots: Option<&'t [Slot]>,
+        count: usize,
+    },
+    /// Split the partly covered source block `raw` at `height` (in `slot`).
+    Split {
+        height: u32,
+        slot: Option<&'t Slot>,
+        raw: u64,
+    },
+    /// Move the PTEs of the next `len` bytes out of the source PTE table
+    /// `src` (`None`: a block split in the dry run, every entry present),
+    /// linked from the PMD entry `pmd`.
+    Ptes {
+        len: u64,
+        src: Option<PhysAddr>,
+        pmd: Option<&'t Slot>,
+    },
+}
+
+/// State the dry run simulates instead of writing it: the source block
+/// being split at each height, and the destination table last allocated at
+/// each height (both walks are monotone, so one of each per height
+/// suffices).
+#[derive(Default)]
+struct DryRun {
+    split: [Option<u64>; 5],
+    alloc: [Option<u64>; 5],
+}
+
+/// Destination tables written since the last walker barrier, by height.
+/// Leaving a table for another one at the same height issues the barrier
+/// (it covers every earlier write), so each destination table gets one.
+#[derive(Default)]
+struct Owed {
+    table: [Option<PhysAddr>; 5],
+    /// Some destination write still needs a barrier (also writes that
+    /// are not tracked by table, see `defer_ptes`).
+    pending: bool,
+}
+
+/// Source PTE tables unlinked whole during the move, to be copied after
+/// the flush: a list in address order, linked through each table's first
+/// entry, with the table's source address in its second entry (both values
+/// have their low 12 bits clear, so a walker that still reaches the table
+/// sees them as invalid entries and never writes them).
+#[derive(Default)]
+struct Deferred {
+    head: u64,
+    tail: u64,
+    count: usize,
+}
+
+/// Bytes from `old` (and `new`) to the nearer of the next boundaries of
+/// entries at `height` on both sides, at most `rem`.
+#[inline]
+fn extent(old: u64, new: u64, rem: u64, height: u32) -> u64 {
+    let mask = size(height) - 1;
+    let a = size(height) - (old & mask);
+    let b = size(height) - (new & mask);
+    a.min(b).min(rem)
+}
+
+/// Whether `[a, a + len)` and `[b, b + len)` intersect (`len > 0`, neither
+/// range wraps past the top of the 64-bit space).
+#[inline]
+fn overlap(a: u64, b: u64, len: u64) -> bool {
+    a <= b.wrapping_add(len - 1) && b <= a.wrapping_add(len - 1)
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Moves the mappings of `[old, old + len)` to `[new, new + len)`, with
+    /// every fast path the arch and the build allow
+    /// ([`MoveOptions::DEFAULT`]).
+    ///
+    /// Every leaf keeps its output address and attributes, accessed and
+    /// dirty state included; the source range translates to nothing
+    /// afterwards. Holes in the source are skipped. Source tables that
+    /// become empty are freed, after the one TLB flush of the source range.
+    ///
+    /// # Errors
+    ///
+    /// Zero or misaligned length, a misaligned address, either range outside
+    /// the address space, overlapping ranges ([`Error::Overlap`]), anything
+    /// mapped in the destination ([`Error::AlreadyMapped`] with the first
+    /// such address), or [`Error::OutOfMemory`] for the destination tables.
+    /// On error nothing was changed and no table frame is kept.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::test_format::TestFormat;
+    ///
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let (old, new) = (VirtAddr(1 << 30), VirtAddr(3 << 30));
+    /// space.map(old, PhysAddr(0x8000_0000), 4 << 20, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    /// space.move_page_tables(old, new, 4 << 20).unwrap();
+    /// assert_eq!(space.translate(new.add(0x1234)).unwrap().pa, PhysAddr(0x8000_1234));
+    /// assert!(space.translate(old).is_none());
+    /// # }
+    /// ```
+    pub fn move_page_tables(
+        &mut self,
+        old: VirtAddr,
+        new: VirtAddr,
+        len: u64,
+    ) -> Result<(), Error> {
+        self.move_page_tables_with(old, new, len, MoveOptions::DEFAULT)
+    }
+
+    /// [`move_page_tables`](Self::move_page_tables) with runtime switches:
+    /// each fast path runs only when `opts`, the arch constant and the Cargo
+    /// feature all allow it, so one binary can measure every variant.
+    ///
+    /// # Errors
+    ///
+    /// As [`move_page_tables`](Self::move_page_tables); with
+    /// [`MoveOptions::free_below`] also [`Error::AlreadyMapped`] when the
+    /// space the caller claimed free below a start is mapped.
+    pub fn move_page_tables_with(
+        &mut self,
+        old: VirtAddr,
+        new: VirtAddr,
+        len: u64,
+        opts: MoveOptions,
+    ) -> Result<(), Error> {
+        // Phase 1: check, read-only.
+        Self::check_range(old, len)?;
+        Self::check_range(new, len)?;
+        if overlap(old.0, new.0, len) {
+            return Err(Error::Overlap);
+        }
+        if let Some(va) = self.first_mapped(new.0, len) {
+            return Err(Error::AlreadyMapped(va));
+        }
+        let fast = Fast::new::<A>(opts);
+        let (old, new, len) = self.realign(old.0, new.0, len, fast, opts.free_below)?;
+        let need = self.count_tables_needed(old, new, len, fast);
+
+        // Phase 2: reserve; the only failure left.
+        let mut stash = self.reserve(need)?;
+
+        // Phase 3: move, free the emptied source tables, flush, release.
+        let mut gather = TlbGather::new();
+        let mut q = FreeQueue::new();
+        let mut owed = Owed::default();
+        let mut later = Deferred::default();
+        let (mut o, mut n, mut rem) = (old, new, len);
+        while rem > 0 {
+            let step = match self.plan(o, n, rem, fast, None) {
+                Step::Skip(l) => l,
+                Step::Entry {
+                    kind,
+                    height,
+                    slots,
+                    count,
+                } => {
+                    let slots = slots.expect("real source entries");
+                    self.move_pgt_entry(kind, slots, o, n, &mut stash, &mut gather, &mut owed);
+                    count as u64 * size(height)
+                }
+                Step::Split { height, slot, raw } => {
+                    let slot = slot.expect("a real source block");
+                    self.split_block(slot, raw, VirtAddr(o), height, &mut stash, &mut gather);
+                    0
+                }
+                Step::Ptes { len, src, pmd } => {
+                    let src = src.expect("a real source table");
+                    if o & (size(1) - 1) == 0 && rem >= size(1) {
+                        // The whole PTE table moves: unlink it now and
+                        // copy it after the flush (see `defer_ptes`).
+                        let pmd = pmd.expect("a real PMD entry");
+                        self.defer_ptes(
+                            src,
+                            pmd,
+                            o,
+                            n,
+                            &mut stash,
+                            &mut gather,
+                            &mut owed,
+                            &mut later,
+                        );
+                        size(1)
+                    } else {
+                        self.move_ptes(src, o, n, len, &mut stash, &mut gather, &mut owed);
+                        len
+                    }
+                }
+            };
+            o = o.wrapping_add(step);
+            n = n.wrapping_add(step);
+            rem -= step;
+        }
+        self.free_empty(
+            A::LEVELS - 1,
+            self.root,
+            old,
+            old.wrapping_add(len),
+            &mut gather,
+            &mut q,
+        );
+        // The one TLB flush. Unlinked tables are freed only after it, and
+        // the deferred PTE tables are copied only after it: from then on no
+        // walker can reach them to set an accessed or dirty bit.
+        self.finish(gather, FreeQueue::new());
+        self.copy_deferred(later, new.wrapping_sub(old), &mut stash, &mut owed, &mut q);
+        if owed.pending {
+            self.table_done();
+        }
+        debug_assert_eq!(stash.count, 0, "table reservation over-counted");
+        self.release(stash);
+        self.finish(TlbGather::new(), q);
+        Ok(())
+    }
+
+    /// The first address in `[va, va + len)` that something is mapped at
+    /// (a leaf, or a software entry the walker does not decode).
+    fn first_mapped(&self, va: u64, len: u64) -> Option<VirtAddr> {
+        self.first_mapped_in(A::LEVELS - 1, self.root, va, va.wrapping_add(len))
+    }
+
+    fn first_mapped_in(
+        &self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+    ) -> Option<VirtAddr> {
+        // SAFETY: the root or a table reached from it; nothing is freed
+        // while this shared borrow of the address space lasts.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        if height == 0 {
+            let i = index(va, 0);
+            let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+            // Relaxed: we hold the address space exclusively.
+            let k = t.entries[i..i + n]
+                .iter()
+                .position(|e| e.load(Relaxed) != 0)?;
+            return Some(VirtAddr(va + k as u64 * PAGE_SIZE));
+        }
+        loop {
+            let next = entry_end(va, height, end);
+            // Relaxed: we hold the address space exclusively.
+            let raw = t.entries[index(va, height)].load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::None => {}
+                Decoded::Table(c) => {
+                    if let Some(hit) = self.first_mapped_in(height - 1, c, va, next) {
+                        return Some(hit);
+                    }
+                }
+                Decoded::Leaf(_) | Decoded::Invalid => return Some(VirtAddr(va)),
+            }
+            va = next;
+            if va == end {
+                return None;
+            }
+        }
+    }
+
+    /// The mutual-alignment rule: returns the (possibly aligned-down)
+    /// `(old, new, len)` to move.
+    fn realign(
+        &self,
+        old: u64,
+        new: u64,
+        len: u64,
+        fast: Fast,
+        claimed_free: bool,
+    ) -> Result<(u64, u64, u64), Error> {
+        let pmd = size(1);
+        let off = old & (pmd - 1);
+        let unchanged = Ok((old, new, len));
+        if !fast.pmd || off == 0 || off != new & (pmd - 1) || len < pmd - off {
+            return unchanged;
+        }
+        let (ao, an, alen) = (old - off, new - off, len + off);
+        // Aligning down stays on the same side of the non-canonical hole
+        // (each half starts PMD aligned), but the widened ranges must still
+        // be disjoint.
+        if overlap(ao, an, alen) {
+            return unchanged;
+        }
+        match self
+            .first_mapped(ao, off)
+            .or_else(|| self.first_mapped(an, off))
+        {
+            None => Ok((ao, an, alen)),
+            Some(va) if claimed_free => Err(Error::AlreadyMapped(va)),
+            Some(_) => unchanged,
+        }
+    }
+
+    /// Phase 1: a dry run of the move loop, counting the tables it takes.
+    fn count_tables_needed(&self, old: u64, new: u64, len: u64, fast: Fast) -> usize {
+        let mut dry = DryRun::default();
+        let mut need = 0;
+        let (mut o, mut n, mut rem) = (old, new, len);
+        while rem > 0 {
+            let step = match self.plan(o, n, rem, fast, Some(&dry)) {
+                Step::Skip(l) => l,
+                Step::Entry { height, count, .. } => {
+                    // One destination table holds the whole run.
+                    need += self.dest_need(n, height, &mut dry);
+                    count as u64 * size(height)
+                }
+                Step::Split { height, .. } => {
+                    need += 1;
+                    dry.split[height as usize] = Some(o & !(size(height) - 1));
+                    0
+                }
+                Step::Ptes { len, src, .. } => {
+                    let present = src.is_none_or(|c| {
+                        // SAFETY: a table reached from the root.
+                        let t = unsafe { table_at(&self.alloc, c) };
+                        let i = index(o, 0);
+                        let k = (len / PAGE_SIZE) as usize;
+                        // Relaxed: we hold the address space exclusively.
+                        t.entries[i..i + k].iter().any(|e| e.load(Relaxed) != 0)
+                    });
+                    if present {
+                        need += self.dest_need(n, 0, &mut dry);
+                    }
+                    len
+                }
+            };
+            o = o.wrapping_add(step);
+            n = n.wrapping_add(step);
+            rem -= step;
+        }
+        need
+    }
+
+    /// What to do at source `old` / destination `new` with `rem` bytes left.
+    /// `dry` is the dry run's simulated state (`None` in the write phase,
+    /// where the tables themselves are the state).
+    fn plan<'t>(&self, old: u64, new: u64, rem: u64, fast: Fast, dry: Option<&DryRun>) -> Step<'t> {
+        let mut h = A::LEVELS - 1;
+        // SAFETY: the root is a live table of ours; the frames reached from
+        // it stay live until `finish` (nothing is freed before).
+        let mut t: &'t crate::Table = unsafe { table_at(&self.alloc, self.root) };
+        let mut slot = Some(&t.entries[index(old, h)]);
+        // Relaxed: we hold the address space exclusively; the walker's A/D
+        // updates are picked up by the atomic moves below, not here.
+        let mut raw = slot.map_or(0, |s| s.load(Relaxed));
+        loop {
+            let ext = extent(old, new, rem, h);
+            let whole = ext == size(h);
+            match A::decode(raw, h) {
+                Decoded::None => {
+                    return Step::Skip(entry_end(old, h, old.wrapping_add(rem)).wrapping_sub(old));
+                }
+                Decoded::Invalid if h == 0 => unreachable!("PTE tables are moved as a whole"),
+                // Whole entries move as one when the destination entry is
+                // none (it can hold an empty table, see `dest_lookup`).
+                Decoded::Invalid if whole && self.dest_entry_none(new, h) => {
+                    return Step::Entry {
+                        kind: PgtEntry::Huge(h),
+                        height: h,
+                        slots: slot.map(core::slice::from_ref),
+                        count: 1,
+                    }
+                }
+                // A software entry cannot be split; leave it in place.
+                Decoded::Invalid => return Step::Skip(ext),
+                Decoded::Leaf(_) if whole && self.dest_entry_none(new, h) => {
+                    let slots = slot.map(|_| self.run(t, old, new, rem, h, false));
+                    return Step::Entry {
+                        kind: PgtEntry::Huge(h),
+                        height: h,
+                        slots,
+                        count: slots.map_or(1, <[Slot]>::len),
+                    };
+                }
+                // Partly covered, or an (empty) table in the way at the
+                // destination: split, as Linux does when `move_huge_pmd`
+                // fails.
+                Decoded::Leaf(_) => {
+                    let block = old & !(size(h) - 1);
+                    if dry.is_some_and(|d| d.split[h as usize] == Some(block)) {
+                        // Split in the dry run: its children are blocks (or
+                        // pages) of the next size down, all present.
+                        if h == 1 {
+                            return Step::Ptes {
+                                len: ext,
+                                src: None,
+                                pmd: None,
+                            };
+                        }
+                        raw = A::split_leaf(raw, h) + index(old, h - 1) as u64 * size(h - 1);
+                        slot = None;
+                        h -= 1;
+                        continue;
+                    }
+                    return Step::Split {
+                        height: h,
+                        slot,
+                        raw,
+                    };
+                }
+                Decoded::Table(c) => {
+                    if whole && fast.table_move(h) && self.dest_entry_none(new, h) {
+                        let kind = if h == 2 {
+                            PgtEntry::NormalPud
+                        } else {
+                            PgtEntry::NormalPmd
+                        };
+                        let slots = self.run(t, old, new, rem, h, true);
+                        return Step::Entry {
+                            kind,
+                            height: h,
+                            slots: Some(slots),
+                            count: slots.len(),
+                        };
+                    }
+                    if h == 1 {
+                        return Step::Ptes {
+                            len: ext,
+                            src: Some(c),
+                            pmd: slot,
+                        };
+                    }
+                    // SAFETY: a table reached from the root.
+                    t = unsafe { table_at(&self.alloc, c) };
+                    h -= 1;
+                    let s = &t.entries[index(old, h)];
+                    slot = Some(s);
+                    // Relaxed: as above.
+                    raw = s.load(Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Whether the destination entry at `height` for `new` is none (or will
+    /// be, in a table still to be allocated).
+    fn dest_entry_none(&self, new: u64, height: u32) -> bool {
+        match self.dest_lookup(new, height) {
+            Ok(Some(t)) => t.entries[index(new, height)].load(Relaxed) == 0,
+            Ok(None) => true,
+            Err(()) => false,
+        }
+    }
+
+    /// The existing destination table at `height` for `new`: `Ok(None)`
+    /// when a table on the path is missing (every entry below is none),
+    /// `Err` when a leaf or software entry is on the path.
+    fn dest_lookup<'t>(&self, new: u64, height: u32) -> Result<Option<&'t crate::Table>, ()> {
+        let mut tpa = self.root;
+        let mut h = A::LEVELS - 1;
+        loop {
+            // SAFETY: the root or a table reached from it; live until
+            // `finish`.
+            let t: &'t crate::Table = unsafe { table_at(&self.alloc, tpa) };
+            if h == height {
+                return Ok(Some(t));
+            }
+            // Relaxed: we hold the address space exclusively.
+            match A::decode(t.entries[index(new, h)].load(Relaxed), h) {
+                Decoded::None => return Ok(None),
+                Decoded::Table(c) => tpa = c,
+                // Excluded by the empty-destination check.
+                Decoded::Leaf(_) | Decoded::Invalid => return Err(()),
+            }
+            h -= 1;
+        }
+    }
+
+    /// The run of source entries in `t` at `height` from `old` that move
+    /// like the first one (tables when `tables`, blocks otherwise), each
+    /// whole at both ends with a none destination entry, within one source
+    /// and one destination table. Moving them in one step saves a walk
+    /// from the root per entry (512 per GiB on the PMD path).
+    fn run<'t>(
+        &self,
+        t: &'t crate::Table,
+        old: u64,
+        new: u64,
+        rem: u64,
+        height: u32,
+        tables: bool,
+    ) -> &'t [Slot] {
+        let (i, j) = (index(old, height), index(new, height));
+        let max = (ENTRIES_PER_TABLE - i)
+            .min(ENTRIES_PER_TABLE - j)
+            .min((rem / size(height)) as usize);
+        let mut k = 1;
+        if max > 1 {
+            let dst = self.dest_lookup(new, height).ok().flatten();
+            while k < max {
+                // Relaxed: we hold the address space exclusively.
+                let same = match A::decode(t.entries[i + k].load(Relaxed), height) {
+                    Decoded::Table(_) => tables,
+                    Decoded::Leaf(_) => !tables,
+                    _ => false,
+                };
+                // Relaxed: as above.
+                if !same || dst.is_some_and(|d| d.entries[j + k].load(Relaxed) != 0) {
+                    break;
+                }
+                k += 1;
+            }
+        }
+        &t.entries[i..i + k]
+    }
+
+    /// Dry run: tables the destination path to the entry at `height` for
+    /// `new` still lacks; records them as allocated.
+    fn dest_need(&self, new: u64, height: u32, dry: &mut DryRun) -> usize {
+        let mut tpa = self.root;
+        let mut h = A::LEVELS - 1;
+        while h > height {
+            // SAFETY: the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, tpa) };
+            // Relaxed: we hold the address space exclusively.
+            match A::decode(t.entries[index(new, h)].load(Relaxed), h) {
+                Decoded::Table(c) => tpa = c,
+                _ => {
+                    // The tables at heights h-1 ..= height are missing,
+                    // unless an earlier step of the dry run allocated them.
+                    let mut need = 0;
+                    for k in (height..h).rev() {
+                        let span = new & !(size(k + 1) - 1);
+                        if dry.alloc[k as usize] != Some(span) {
+                            dry.alloc[k as usize] = Some(span);
+                            need += 1;
+                        }
+                    }
+                    return need;
+                }
+            }
+            h -= 1;
+        }
+        0
+    }
+
+    /// The destination table at `height` (the one holding entries of that
+    /// height) for `new`, allocating and linking the missing tables on the
+    /// way from the reservation (Linux `alloc_new_pmd` / `alloc_new_pud`).
+    fn dest_table(
+        &mut self,
+        new: u64,
+        height: u32,
+        stash: &mut Stash,
+        owed: &mut Owed,
+    ) -> PhysAddr {
+        let mut tpa = self.root;
+        let mut h = A::LEVELS - 1;
+        while h > height {
+            // SAFETY: the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, tpa) };
+            let slot = &t.entries[index(new, h)];
+            // Relaxed: we hold the address space exclusively.
+            match A::decode(slot.load(Relaxed), h) {
+                Decoded::Table(c) => tpa = c,
+                _ => {
+                    // Checked empty: this is `None`. Link a zeroed table;
+                    // the barrier of this table covers the link.
+                    let c = self.take(stash);
+                    A::set_pte_nosync(&self.mmu, slot, A::table_entry(c, h));
+                    self.wrote(owed, h, tpa);
+                    tpa = c;
+                }
+            }
+            h -= 1;
+        }
+        tpa
+    }
+
+    /// Notes a write to destination table `tpa` at `height`; issues the
+    /// walker barrier when the move leaves another table at that height.
+    #[inline]
+    fn wrote(&mut self, owed: &mut Owed, height: u32, tpa: PhysAddr) {
+        let cur = &mut owed.table[height as usize];
+        if *cur == Some(tpa) {
+            return;
+        }
+        if cur.is_some() {
+            // One barrier makes every earlier write visible.
+            self.table_done();
+            owed.table = [None; 5];
+        }
+        owed.table[height as usize] = Some(tpa);
+        owed.pending = true;
+    }
+
+    /// Linux `move_pgt_entry`: moves the source entries `src` (a run of
+    /// one kind, see [`run`](Self::run)) to the destination.
+    #[allow(clippy::too_many_arguments)]
+    fn move_pgt_entry(
+        &mut self,
+        kind: PgtEntry,
+        src: &[Slot],
+        old: u64,
+        new: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        owed: &mut Owed,
+    ) {
+        match kind {
+            PgtEntry::NormalPud => self.move_normal_pud(src, old, new, stash, gather, owed),
+            PgtEntry::NormalPmd => self.move_normal_pmd(src, old, new, stash, gather, owed),
+            PgtEntry::Huge(h) => self.move_huge(h, src, old, new, stash, gather, owed),
+        }
+    }
+
+    /// Moves PUD entries that point at whole PMD tables: one entry per
+    /// 1 GiB (seed 002).
+    fn move_normal_pud(
+        &mut self,
+        src: &[Slot],
+        old: u64,
+        new: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        owed: &mut Owed,
+    ) {
+        self.move_entries(2, true, src, old, new, stash, gather, owed);
+    }
+
+    /// Moves PMD entries that point at whole PTE tables: one entry per
+    /// 2 MiB.
+    fn move_normal_pmd(
+        &mut self,
+        src: &[Slot],
+        old: u64,
+        new: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        owed: &mut Owed,
+    ) {
+        self.move_entries(1, true, src, old, new, stash, gather, owed);
+    }
+
+    /// Moves blocks (huge leaves) at `height`, one entry each (Linux
+    /// `move_huge_pmd` / `move_huge_pud`).
+    #[allow(clippy::too_many_arguments)]
+    fn move_huge(
+        &mut self,
+        height: u32,
+        src: &[Slot],
+        old: u64,
+        new: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        owed: &mut Owed,
+    ) {
+        self.move_entries(height, false, src, old, new, stash, gather, owed);
+    }
+
+    /// Moves the entries `src` at `height` (tables when `tables`) to the
+    /// consecutive destination entries from `new`, in one destination
+    /// table.
+    #[allow(clippy::too_many_arguments)]
+    fn move_entries(
+        &mut self,
+        height: u32,
+        tables: bool,
+        src: &[Slot],
+        old: u64,
+        new: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        owed: &mut Owed,
+    ) {
+        let dt = self.dest_table(new, height, stash, owed);
+        // SAFETY: `dest_table` returns a live table of ours; the run stays
+        // inside it.
+        let dst = unsafe { &table_at(&self.alloc, dt).entries[index(new, height)..][..src.len()] };
+        for (s, d) in src.iter().zip(dst) {
+            // An atomic exchange: a block's accessed/dirty state, and the
+            // accessed bit x86 sets in table entries too, must not be lost
+            // between the read and the clear.
+            let raw = if tables {
+                generic::get_and_clear(&self.mmu, s)
+            } else {
+                A::pmdp_huge_get_and_clear(&self.mmu, s)
+            };
+            // The nosync half of `set_pud_at` / `set_pmd_at`; the barrier
+            // is this destination table's, issued by `wrote` or at the end.
+            A::set_pte_nosync(&self.mmu, d, raw);
+        }
+        self.wrote(owed, height, dt);
+        self.mmu.stats.add_entries_written(src.len() as u64);
+        let len = src.len() as u64 * size(height);
+        if tables {
+            // Walk caches of the old path must go, not only leaves.
+            gather.add_tables(VirtAddr(old), len);
+        } else {
+            gather.add_range(VirtAddr(old), len, height);
+        }
+    }
+
+    /// Linux `move_ptes`: moves the PTEs of `[old, old + len)` (inside the
+    /// source PTE table `src`) to `[new, new + len)`.
+    #[allow(clippy::too_many_arguments)]
+    fn move_ptes(
+        &mut self,
+        src: PhysAddr,
+        old: u64,
+        new: u64,
+        len: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        owed: &mut Owed,
+    ) {
+        let n = (len / PAGE_SIZE) as usize;
+        // SAFETY: a table reached from the root; live until `finish`.
+        let st = unsafe { table_at(&self.alloc, src) };
+        let src = &st.entries[index(old, 0)..][..n];
+        // Relaxed: we hold the address space exclusively.
+        let Some(first) = src.iter().position(|e| e.load(Relaxed) != 0) else {
+            return;
+        };
+        // Only now, with something to move, take a destination table.
+        let dt = self.dest_table(new, 0, stash, owed);
+        // SAFETY: `dest_table` returns a live table of ours, distinct
+        // entries from `src` (the ranges do not overlap).
+        let dst = unsafe { &table_at(&self.alloc, dt).entries[index(new, 0)..][..n] };
+        let mut moved = 0u64;
+        for (s, d) in src[first..].iter().zip(&dst[first..]) {
+            // Relaxed: exclusive access; ordering toward the walker comes
+            // from the barrier and the flush.
+            let raw = s.load(Relaxed);
+            if raw == 0 {
+                continue;
+            }
+            let pte = if A::is_settled(raw, 0) {
+                // The hardware will never write this entry again, so a
+                // plain clear cannot lose an accessed/dirty update.
+                generic::set_entry_nosync(&self.mmu, s, 0);
+                raw
+            } else {
+                A::ptep_get_and_clear(&self.mmu, s)
+            };
+            A::set_pte_nosync(&self.mmu, d, pte);
+            moved += 1;
+        }
+        self.wrote(owed, 0, dt);
+        self.mmu.stats.add_entries_written(moved);
+        let start = old + first as u64 * PAGE_SIZE;
+        gather.add_range(VirtAddr(start), (n - first) as u64 * PAGE_SIZE, 0);
+    }
+
+    /// Moves a whole source PTE table (`[old, old + 2 MiB)`, linked from
+    /// `pmd`) without an atomic exchange per entry: entries 0 and 1 move
+    /// now (their slots then carry the [`Deferred`] list), the table is
+    /// unlinked, and [`copy_deferred`](Self::copy_deferred) copies the rest
+    /// with plain loads after the flush. Until the flush a walker that
+    /// cached the path may still set accessed/dirty bits in the table; the
+    /// copy reads them, so none is lost.
+    #[allow(clippy::too_many_arguments)]
+    fn defer_ptes(
+        &mut self,
+        src: PhysAddr,
+        pmd: &Slot,
+        old: u64,
+        new: u64,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+        owed: &mut Owed,
+        later: &mut Deferred,
+    ) {
+        // SAFETY: a table reached from the root; unlinked below, freed only
+        // after the copy.
+        let t = unsafe { table_at(&self.alloc, src) };
+        for (k, e) in t.entries[..2].iter().enumerate() {
+            // Relaxed: we hold the address space exclusively.
+            if e.load(Relaxed) == 0 {
+                continue;
+            }
+            let va = new + k as u64 * PAGE_SIZE;
+            let dt = self.dest_table(va, 0, stash, owed);
+            // SAFETY: `dest_table` returns a live table of ours.
+            let d = unsafe { &table_at(&self.alloc, dt).entries[index(va, 0)] };
+            // Atomic: the table is still live.
+            let pte = A::ptep_get_and_clear(&self.mmu, e);
+            A::set_pte_nosync(&self.mmu, d, pte);
+            // The rest of this destination table is written after the
+            // flush; its barrier then covers this write too.
+            owed.pending = true;
+            self.mmu.stats.add_entries_written(1);
+        }
+        // Atomic, as `move_table_entry`; walk caches of the path must go.
+        generic::get_and_clear(&self.mmu, pmd);
+        gather.add_tables(VirtAddr(old), size(1));
+        // Relaxed: only this thread follows the list; a walker reading
+        // these slots sees invalid entries (low 12 bits clear).
+        t.entries[0].store(0, Relaxed);
+        t.entries[1].store(old, Relaxed);
+        if later.count == 0 {
+            later.head = src.0;
+        } else {
+            // SAFETY: the tail is a deferred table of ours, not yet freed.
+            let tail = unsafe { table_at(&self.alloc, PhysAddr(later.tail)) };
+            // Relaxed: as above.
+            tail.entries[0].store(src.0, Relaxed);
+        }
+        later.tail = src.0;
+        later.count += 1;
+    }
+
+    /// After the flush: copies the deferred source PTE tables to their
+    /// destinations (`delta` = destination − source) with plain loads, and
+    /// queues them for freeing.
+    fn copy_deferred(
+        &mut self,
+        later: Deferred,
+        delta: u64,
+        stash: &mut Stash,
+        owed: &mut Owed,
+        q: &mut FreeQueue,
+    ) {
+        let mut pa = later.head;
+        for _ in 0..later.count {
+            // SAFETY: a deferred table of ours: unlinked, flushed, not freed.
+            let t = unsafe { table_at(&self.alloc, PhysAddr(pa)) };
+            // Relaxed: private to this thread since the flush.
+            let (next, old) = (t.entries[0].load(Relaxed), t.entries[1].load(Relaxed));
+            let new = old.wrapping_add(delta);
+            // Entries that land in the first destination table, then the
+            // rest (a misaligned destination spans two tables).
+            let split = ((size(1) - (new & (size(1) - 1))) / PAGE_SIZE) as usize;
+            for (lo, hi) in [(0, split), (split, ENTRIES_PER_TABLE)] {
+                // Entries 0 and 1 moved already.
+                let lo = lo.max(2);
+                if lo >= hi {
+                    continue;
+                }
+                let src = &t.entries[lo..hi];
+                // Relaxed: as above.
+                let Some(first) = src.iter().position(|e| e.load(Relaxed) != 0) else {
+                    continue;
+                };
+                let va = new.wrapping_add(lo as u64 * PAGE_SIZE);
+                let dt = self.dest_table(va, 0, stash, owed);
+                // SAFETY: `dest_table` returns a live table of ours.
+                let dst = unsafe { &table_at(&self.alloc, dt).entries[index(va, 0)..][..hi - lo] };
+                let mut moved = 0u64;
+                for (s, d) in src[first..].iter().zip(&dst[first..]) {
+                    // Relaxed: no walker can reach the source any more; the
+                    // destination is ordered by its barrier.
+                    let pte = s.load(Relaxed);
+                    if pte != 0 {
+                        A::set_pte_nosync(&self.mmu, d, pte);
+                        moved += 1;
+                    }
+                }
+                self.wrote(owed, 0, dt);
+                self.mmu.stats.add_entries_written(moved);
+            }
+            self.queue_free(q, PhysAddr(pa));
+            pa = next;
+        }
+    }
+
+    /// After the move: unlinks and queues the source tables in
+    /// `[va, end)` that are now empty. Returns whether the table `tpa` at
+    /// `height` is empty.
+    ///
+    /// Everything whose span lies inside the source range was moved, so a
+    /// table covered whole is empty (its subtree holds only empty tables)
+    /// and is not scanned; only the partly covered tables at the two ends of
+    /// the range are.
+    fn free_empty(
+        &mut self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        gather: &mut TlbGather,
+        q: &mut FreeQueue,
+    ) -> bool {
+        let start = va;
+        // SAFETY: the root or a table reached from it.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        if height > 0 {
+            loop {
+                let next = entry_end(va, height, end);
+                let slot = &t.entries[index(va, height)];
+                // Relaxed: we hold the address space exclusively.
+                if let Decoded::Table(c) = A::decode(slot.load(Relaxed), height) {
+                    let whole = crate::aspace::covers(va, next, height);
+                    if whole || self.free_empty(height - 1, c, va, next, gather, q) {
+                        // A source-side clear; the flush orders it.
+                        generic::set_entry_nosync(&self.mmu, slot, 0);
+                        gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
+                        self.queue_free_subtree(q, c, height - 1);
+                    }
+                }
+                va = next;
+                if va == end {
+                    break;
+                }
+            }
+        }
+        if height == A::LEVELS - 1 {
+            // The root stays, empty or not: no need to scan it.
+            return false;
+        }
+        crate::aspace::covers(start, end, height + 1)
+            // Relaxed: we hold the address space exclusively.
+            || t.entries.iter().all(|e| e.load(Relaxed) == 0)
+    }
+}
