@@ -173,6 +173,11 @@ pub enum AccessFault {
 /// - A leaf is linear in its output address: `leaf(pa, p, h) ==
 ///   leaf_template(p, h) | pa.0` for every `pa` aligned to the leaf size.
 /// - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too.
+/// - [`leaf_prot`](Format::leaf_prot), [`is_settled`](Format::is_settled)
+///   and the bits [`modify_prot`](Format::modify_prot) changes
+///   (`modify_prot(raw) ^ raw`) depend only on the leaf's attribute word
+///   (`raw` without its output address), so the loops decide them once per
+///   distinct attribute word.
 pub trait Format: Sized + 'static {
     /// Short human name, e.g. `"arm64-4K-48bit"`.
     const NAME: &'static str;

@@ -248,18 +248,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let lazy = LazyBarrier::new(&self.mmu);
         let i = index(va, 0);
         let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
-        // First and one-past-last changed page index, for one gather entry.
+        // First and last changed page index, for one gather entry.
         let mut first = usize::MAX;
         let mut last = 0;
         // Entries changed (a start/commit pair counts as one write).
         let mut written = 0u64;
-        // The last attribute word seen and whether it grants `prot`. No
-        // leaf has the attribute word 0: a value with the low 12 bits clear
-        // is never valid (the `Format` rules).
+        // What to do with a leaf is a function of its attribute word (the
+        // entry without its address: `Format` rules), so it is decided once
+        // per distinct attribute word (usually once per table), not per
+        // entry. No leaf has the attribute word 0 (a value with the low 12
+        // bits clear is never valid), so 0 means "nothing decided yet".
         let mut memo_attrs = 0u64;
-        let mut memo_same = false;
-        // Whether that attribute word needs break-before-make for `prot`.
-        let mut memo_bbm = false;
+        let mut memo = PteAction::Keep;
         for (k, slot) in t.entries[i..i + n].iter().enumerate() {
             // Relaxed: we hold the address space exclusively; the hardware
             // may set accessed/dirty state, which the start below catches
@@ -268,40 +268,40 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let Decoded::Leaf(pa) = A::decode(raw, 0) else {
                 continue;
             };
-            // A leaf is its template OR its address (the `Format` rules),
-            // so what it grants is a function of the remaining bits: decide
-            // "unchanged" once per distinct attribute word (usually once per
-            // table), not per entry.
             let attrs = raw ^ pa.0;
             if attrs != memo_attrs {
-                let now = A::leaf_prot(raw, 0);
                 memo_attrs = attrs;
-                memo_same = now == prot;
-                memo_bbm = A::BREAK_BEFORE_MAKE && now.mem != prot.mem;
+                memo = PteAction::decide::<A>(raw, prot);
             }
-            if memo_same {
-                continue;
+            match memo {
+                PteAction::Keep => continue,
+                PteAction::Plain(delta) => {
+                    // The hardware never writes a settled entry, so nothing
+                    // can change between the load above and this store.
+                    A::set_pte_nosync(&lazy, slot, raw ^ delta);
+                }
+                PteAction::Transaction => {
+                    let v = VirtAddr(va + k as u64 * PAGE_SIZE);
+                    let old = A::ptep_modify_prot_start(&lazy, v, slot);
+                    let new = A::modify_prot(old, prot, 0);
+                    A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
+                }
+                PteAction::BreakBeforeMake => {
+                    // A memory-type change: break-before-make (see the docs).
+                    let v = VirtAddr(va + k as u64 * PAGE_SIZE);
+                    let old = A::ptep_get_and_clear(&lazy, slot);
+                    lazy.flush_tlb_range(one_leaf(v, 0));
+                    let new = A::modify_prot(old, prot, 0);
+                    A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
+                }
             }
-            if memo_bbm {
-                // A memory-type change: break-before-make (see the docs).
-                let v = VirtAddr(va + k as u64 * PAGE_SIZE);
-                let old = A::ptep_get_and_clear(&lazy, slot);
-                lazy.flush_tlb_range(one_leaf(v, 0));
-                A::ptep_modify_prot_commit(&lazy, v, slot, old, A::modify_prot(old, prot, 0));
-            } else if A::is_settled(raw, 0) {
-                // The hardware never writes a settled entry, so nothing can
-                // change between the load above and this store.
-                A::set_pte_nosync(&lazy, slot, A::modify_prot(raw, prot, 0));
-            } else {
-                let v = VirtAddr(va + k as u64 * PAGE_SIZE);
-                let old = A::ptep_modify_prot_start(&lazy, v, slot);
-                let new = A::modify_prot(old, prot, 0);
-                A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
+            if first == usize::MAX {
+                first = k;
             }
-            first = first.min(k);
-            last = k + 1;
+            last = k;
             written += 1;
         }
+        let last = last + 1;
         if written == 0 {
             return;
         }
@@ -312,6 +312,37 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         );
         self.mmu.stats.add_entries_written(written);
         self.table_done();
+    }
+}
+
+/// What the PTE loop does with leaves of one attribute word.
+#[derive(Clone, Copy)]
+enum PteAction {
+    /// The protection is already `prot`: not touched, not flushed.
+    Keep,
+    /// Settled: a plain store of the entry XOR this delta (what
+    /// `modify_prot` changes, which by the `Format` rules depends only on
+    /// the attribute word).
+    Plain(u64),
+    /// The atomic `ptep_modify_prot_start` / `_commit` transaction.
+    Transaction,
+    /// A memory-type change on a break-before-make arch.
+    BreakBeforeMake,
+}
+
+impl PteAction {
+    #[inline]
+    fn decide<A: Arch>(raw: u64, prot: Prot) -> PteAction {
+        let now = A::leaf_prot(raw, 0);
+        if now == prot {
+            PteAction::Keep
+        } else if A::BREAK_BEFORE_MAKE && now.mem != prot.mem {
+            PteAction::BreakBeforeMake
+        } else if A::is_settled(raw, 0) {
+            PteAction::Plain(A::modify_prot(raw, prot, 0) ^ raw)
+        } else {
+            PteAction::Transaction
+        }
     }
 }
 
