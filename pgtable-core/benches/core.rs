@@ -23,7 +23,8 @@ type Space = AddressSpace<TestFormat, NoopMmu, Arena>;
 fn space() -> Space {
     let mut s = Space::new(NoopMmu, Arena::new()).unwrap();
     // Warm the arena's free list so every run reuses the same frames.
-    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     s.unmap(VA, G1).unwrap();
     s
 }
@@ -41,7 +42,8 @@ fn bench(c: &mut Criterion) {
             let mut t = Duration::ZERO;
             for _ in 0..iters {
                 let t0 = Instant::now();
-                s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+                s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
+                    .unwrap();
                 t += t0.elapsed();
                 s.unmap(VA, G1).unwrap();
             }
@@ -53,7 +55,8 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let mut t = Duration::ZERO;
             for _ in 0..iters {
-                s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+                s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
+                    .unwrap();
                 let t0 = Instant::now();
                 s.unmap(VA, G1).unwrap();
                 t += t0.elapsed();
@@ -68,7 +71,8 @@ fn bench(c: &mut Criterion) {
             let mut t = Duration::ZERO;
             for _ in 0..iters {
                 let t0 = Instant::now();
-                s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PMD_BLOCKS).unwrap();
+                s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PMD_BLOCKS)
+                    .unwrap();
                 t += t0.elapsed();
                 s.unmap(VA, G1).unwrap();
             }

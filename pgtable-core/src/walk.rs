@@ -4,9 +4,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::table_at;
 use crate::level::{entry_end, index, size};
-use crate::{
-    AddressSpace, Arch, Decoded, Error, Level, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
-};
+use crate::{AddressSpace, Arch, Decoded, Error, Level, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr};
 
 /// Where a virtual address translates to.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -75,12 +73,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// # Errors
     ///
     /// Misaligned or zero length, or a range outside the address space.
-    pub fn walk(
-        &self,
-        va: VirtAddr,
-        len: u64,
-        mut f: impl FnMut(Mapping),
-    ) -> Result<(), Error> {
+    pub fn walk(&self, va: VirtAddr, len: u64, mut f: impl FnMut(Mapping)) -> Result<(), Error> {
         let end = Self::check_range(va, len)?;
         self.walk_table(A::LEVELS - 1, self.root, va.0, end, &mut f);
         Ok(())

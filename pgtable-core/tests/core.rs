@@ -105,8 +105,14 @@ fn map_translate_unmap_at_every_level() {
         (0x10_0000_0000, 0x3_0000_0000, G1, 2),
     ];
     for (va, pa, len, h) in cases {
-        s.map(VirtAddr(va), PhysAddr(pa), len, Prot::READ_WRITE, MapOptions::BLOCKS)
-            .unwrap();
+        s.map(
+            VirtAddr(va),
+            PhysAddr(pa),
+            len,
+            Prot::READ_WRITE,
+            MapOptions::BLOCKS,
+        )
+        .unwrap();
         for off in [0, len / 2 + 8, len - 8] {
             let t = s.translate(VirtAddr(va + off)).unwrap();
             assert_eq!(t.pa.0, pa + off, "va {:#x}", va + off);
@@ -143,21 +149,45 @@ fn map_translate_unmap_at_every_level() {
 fn blocks_are_used_only_when_allowed_and_aligned() {
     let mut s = space::<4>();
     // VA aligned, PA not aligned to 2 MiB: pages.
-    s.map(VirtAddr(0x4000_0000), PhysAddr(0x1000), M2, Prot::READ_ONLY, MapOptions::BLOCKS)
-        .unwrap();
+    s.map(
+        VirtAddr(0x4000_0000),
+        PhysAddr(0x1000),
+        M2,
+        Prot::READ_ONLY,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
     assert_eq!(s.translate(VirtAddr(0x4000_0000)).unwrap().height, 0);
     // Aligned but blocks not allowed: pages.
-    s.map(VirtAddr(0x4020_0000), PhysAddr(0x20_0000), M2, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
+    s.map(
+        VirtAddr(0x4020_0000),
+        PhysAddr(0x20_0000),
+        M2,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     assert_eq!(s.translate(VirtAddr(0x4020_0000)).unwrap().height, 0);
     // 1 GiB aligned, PMD blocks only: 512 PMD blocks, no PUD block.
-    s.map(VirtAddr(G1 * 8), PhysAddr(G1 * 2), G1, Prot::READ_ONLY, MapOptions::PMD_BLOCKS)
-        .unwrap();
+    s.map(
+        VirtAddr(G1 * 8),
+        PhysAddr(G1 * 2),
+        G1,
+        Prot::READ_ONLY,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
     assert_eq!(s.translate(VirtAddr(G1 * 8 + 5)).unwrap().height, 1);
     // Mixed range: head pages, middle blocks, tail pages.
     let va = 0x80_0000_0000 - 3 * K4;
-    s.map(VirtAddr(va), PhysAddr(0x4000_0000 - 3 * K4), 3 * K4 + 2 * M2 + K4, Prot::READ_ONLY, MapOptions::BLOCKS)
-        .unwrap();
+    s.map(
+        VirtAddr(va),
+        PhysAddr(0x4000_0000 - 3 * K4),
+        3 * K4 + 2 * M2 + K4,
+        Prot::READ_ONLY,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
     let heights: Vec<u32> = [va, va + 3 * K4, va + 3 * K4 + M2, va + 3 * K4 + 2 * M2]
         .iter()
         .map(|&v| s.translate(VirtAddr(v)).unwrap().height)
@@ -168,21 +198,39 @@ fn blocks_are_used_only_when_allowed_and_aligned() {
 #[test]
 fn three_and_five_level_formats_fold_like_linux() {
     let mut s3 = space::<3>();
-    s3.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_ONLY, MapOptions::BLOCKS)
-        .unwrap();
+    s3.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        G1,
+        Prot::READ_ONLY,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
     assert_eq!(s3.count_tables(), 1, "a 1 GiB block sits in the root");
     let t = s3.translate(VirtAddr(G1 + 0x1234)).unwrap();
     assert_eq!((t.pa.0, t.level), (0x1234, pgtable_core::Level::Pgd));
     // 39-bit VA: 1 << 38 is the start of the upper half.
     assert_eq!(
-        s3.map(VirtAddr(1 << 38), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES),
+        s3.map(
+            VirtAddr(1 << 38),
+            PhysAddr(0),
+            K4,
+            Prot::READ_ONLY,
+            MapOptions::PAGES
+        ),
         Err(Error::OutOfRange(VirtAddr(1 << 38)))
     );
 
     let mut s5 = space::<5>();
     let va = 0x00ff_0000_0000_0000; // needs 57-bit VA
-    s5.map(VirtAddr(va), PhysAddr(0x5000), K4, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
+    s5.map(
+        VirtAddr(va),
+        PhysAddr(0x5000),
+        K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     assert_eq!(s5.count_tables(), 5);
     assert_eq!(pa_of(&s5, va + 8), Some(0x5008));
     s5.unmap(VirtAddr(va), K4).unwrap();
@@ -193,8 +241,14 @@ fn three_and_five_level_formats_fold_like_linux() {
 fn the_top_page_of_the_upper_half_maps_and_unmaps() {
     let mut s = space::<4>();
     let va = 0xffff_ffff_ffff_f000;
-    s.map(VirtAddr(va), PhysAddr(0x7000), K4, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
+    s.map(
+        VirtAddr(va),
+        PhysAddr(0x7000),
+        K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     assert_eq!(pa_of(&s, va + 0xff8), Some(0x7ff8));
     s.unmap(VirtAddr(va - M2 + K4), M2).unwrap();
     assert_eq!(pa_of(&s, va), None);
@@ -204,35 +258,102 @@ fn the_top_page_of_the_upper_half_maps_and_unmaps() {
 #[test]
 fn bad_input_is_rejected_and_changes_nothing() {
     let mut s = space::<4>();
-    s.map(VirtAddr(0x4000_0000), PhysAddr(0x10_0000), 4 * K4, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
-    s.map(VirtAddr(0x8000_0000), PhysAddr(0x4000_0000), M2, Prot::READ_WRITE, MapOptions::BLOCKS)
-        .unwrap();
+    s.map(
+        VirtAddr(0x4000_0000),
+        PhysAddr(0x10_0000),
+        4 * K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    s.map(
+        VirtAddr(0x8000_0000),
+        PhysAddr(0x4000_0000),
+        M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
     let before = snapshot(&s);
     s.mmu().take();
     let rw = Prot::READ_WRITE;
     let p = MapOptions::BLOCKS;
     let cases: Vec<(&str, Result<(), Error>, Error)> = vec![
-        ("zero length", s.map(VirtAddr(0), PhysAddr(0), 0, rw, p), Error::ZeroLength),
-        ("misaligned va", s.map(VirtAddr(0x123), PhysAddr(0), K4, rw, p), Error::MisalignedVirt(VirtAddr(0x123))),
-        ("misaligned pa", s.map(VirtAddr(0), PhysAddr(0x10), K4, rw, p), Error::MisalignedPhys(PhysAddr(0x10))),
-        ("misaligned len", s.map(VirtAddr(0), PhysAddr(0), 100, rw, p), Error::MisalignedLength(100)),
-        ("non-canonical", s.map(VirtAddr(1 << 47), PhysAddr(0), K4, rw, p), Error::OutOfRange(VirtAddr(1 << 47))),
-        ("crosses the hole", s.map(VirtAddr((1 << 47) - K4), PhysAddr(0), 2 * K4, rw, p), Error::OutOfRange(VirtAddr(1 << 47))),
-        ("wraps", s.map(VirtAddr(0xffff_ffff_ffff_f000), PhysAddr(0), 2 * K4, rw, p), Error::OutOfRange(VirtAddr(0xffff_ffff_ffff_f000))),
-        ("pa too wide", s.map(VirtAddr(0), PhysAddr(1 << 48), K4, rw, p), Error::PhysOutOfRange(PhysAddr(1 << 48))),
-        ("page taken", s.map(VirtAddr(0x4000_0000 - K4), PhysAddr(0), 3 * K4, rw, p), Error::AlreadyMapped(VirtAddr(0x4000_0000))),
-        ("block taken", s.map(VirtAddr(0x8010_0000), PhysAddr(0), K4, rw, p), Error::AlreadyMapped(VirtAddr(0x8010_0000))),
-        ("table under block", s.map(VirtAddr(0x4000_0000), PhysAddr(0), M2, rw, p), Error::AlreadyMapped(VirtAddr(0x4000_0000))),
+        (
+            "zero length",
+            s.map(VirtAddr(0), PhysAddr(0), 0, rw, p),
+            Error::ZeroLength,
+        ),
+        (
+            "misaligned va",
+            s.map(VirtAddr(0x123), PhysAddr(0), K4, rw, p),
+            Error::MisalignedVirt(VirtAddr(0x123)),
+        ),
+        (
+            "misaligned pa",
+            s.map(VirtAddr(0), PhysAddr(0x10), K4, rw, p),
+            Error::MisalignedPhys(PhysAddr(0x10)),
+        ),
+        (
+            "misaligned len",
+            s.map(VirtAddr(0), PhysAddr(0), 100, rw, p),
+            Error::MisalignedLength(100),
+        ),
+        (
+            "non-canonical",
+            s.map(VirtAddr(1 << 47), PhysAddr(0), K4, rw, p),
+            Error::OutOfRange(VirtAddr(1 << 47)),
+        ),
+        (
+            "crosses the hole",
+            s.map(VirtAddr((1 << 47) - K4), PhysAddr(0), 2 * K4, rw, p),
+            Error::OutOfRange(VirtAddr(1 << 47)),
+        ),
+        (
+            "wraps",
+            s.map(VirtAddr(0xffff_ffff_ffff_f000), PhysAddr(0), 2 * K4, rw, p),
+            Error::OutOfRange(VirtAddr(0xffff_ffff_ffff_f000)),
+        ),
+        (
+            "pa too wide",
+            s.map(VirtAddr(0), PhysAddr(1 << 48), K4, rw, p),
+            Error::PhysOutOfRange(PhysAddr(1 << 48)),
+        ),
+        (
+            "page taken",
+            s.map(VirtAddr(0x4000_0000 - K4), PhysAddr(0), 3 * K4, rw, p),
+            Error::AlreadyMapped(VirtAddr(0x4000_0000)),
+        ),
+        (
+            "block taken",
+            s.map(VirtAddr(0x8010_0000), PhysAddr(0), K4, rw, p),
+            Error::AlreadyMapped(VirtAddr(0x8010_0000)),
+        ),
+        (
+            "table under block",
+            s.map(VirtAddr(0x4000_0000), PhysAddr(0), M2, rw, p),
+            Error::AlreadyMapped(VirtAddr(0x4000_0000)),
+        ),
         ("unmap zero", s.unmap(VirtAddr(0), 0), Error::ZeroLength),
-        ("unmap misaligned", s.unmap(VirtAddr(0x4000_0800), K4), Error::MisalignedVirt(VirtAddr(0x4000_0800))),
-        ("unmap non-canonical", s.unmap(VirtAddr(0x8000_0000_0000), K4), Error::OutOfRange(VirtAddr(0x8000_0000_0000))),
+        (
+            "unmap misaligned",
+            s.unmap(VirtAddr(0x4000_0800), K4),
+            Error::MisalignedVirt(VirtAddr(0x4000_0800)),
+        ),
+        (
+            "unmap non-canonical",
+            s.unmap(VirtAddr(0x8000_0000_0000), K4),
+            Error::OutOfRange(VirtAddr(0x8000_0000_0000)),
+        ),
     ];
     for (name, got, want) in cases {
         assert_eq!(got, Err(want), "{name}");
         assert_eq!(snapshot(&s), before, "{name} changed the tables");
     }
-    assert!(s.mmu().take().is_empty(), "no barrier or flush for rejected input");
+    assert!(
+        s.mmu().take().is_empty(),
+        "no barrier or flush for rejected input"
+    );
 }
 
 #[test]
@@ -243,13 +364,25 @@ fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
     let va = 5 * G1 - 3 * K4;
     let len = 3 * K4 + 2 * M2 + 5 * K4;
     let mut s = space::<4>();
-    s.map(VirtAddr(0x4000_0000), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
+    s.map(
+        VirtAddr(0x4000_0000),
+        PhysAddr(0),
+        K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     let before = snapshot(&s);
     let mut needed = None;
     for k in 0..16 {
         s.alloc_mut().fail_after(Some(k));
-        match s.map(VirtAddr(va), PhysAddr(0x10_0000_0000 - 3 * K4), len, Prot::READ_ONLY, MapOptions::BLOCKS) {
+        match s.map(
+            VirtAddr(va),
+            PhysAddr(0x10_0000_0000 - 3 * K4),
+            len,
+            Prot::READ_ONLY,
+            MapOptions::BLOCKS,
+        ) {
             Err(Error::OutOfMemory) => assert_eq!(snapshot(&s), before, "after failure {k}"),
             Ok(()) => {
                 needed = Some(k);
@@ -266,8 +399,14 @@ fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
 #[test]
 fn partial_unmap_of_a_block_splits_it_down_to_pages() {
     let mut s = space::<4>();
-    s.map(VirtAddr(G1), PhysAddr(4 * G1), G1, Prot::READ_WRITE, MapOptions::BLOCKS)
-        .unwrap();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(4 * G1),
+        G1,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
     assert_eq!(s.count_tables(), 2);
     // A 4 KiB hole in the middle of the 1 GiB block.
     let hole = G1 + 300 * M2 + 7 * K4;
@@ -291,8 +430,14 @@ fn partial_unmap_of_a_block_splits_it_down_to_pages() {
 #[test]
 fn unmap_out_of_memory_while_splitting_changes_nothing() {
     let mut s = space::<4>();
-    s.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_WRITE, MapOptions::BLOCKS)
-        .unwrap();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        G1,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
     let before = snapshot(&s);
     for k in 0..2 {
         s.alloc_mut().fail_after(Some(k));
@@ -308,12 +453,30 @@ fn unmap_out_of_memory_while_splitting_changes_nothing() {
 #[test]
 fn unmap_skips_holes_and_frees_tables_that_become_empty() {
     let mut s = space::<4>();
-    s.map(VirtAddr(0x4000_0000), PhysAddr(0), 2 * K4, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
-    s.map(VirtAddr(0x4000_0000 + 8 * K4), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
-    s.map(VirtAddr(0x5000_0000), PhysAddr(0), K4, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
+    s.map(
+        VirtAddr(0x4000_0000),
+        PhysAddr(0),
+        2 * K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    s.map(
+        VirtAddr(0x4000_0000 + 8 * K4),
+        PhysAddr(0),
+        K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    s.map(
+        VirtAddr(0x5000_0000),
+        PhysAddr(0),
+        K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     assert_eq!(s.count_tables(), 5);
     // Covers the first table's mappings and its holes, not the whole table.
     s.unmap(VirtAddr(0x4000_0000), 9 * K4).unwrap();
@@ -335,8 +498,14 @@ fn unmap_skips_holes_and_frees_tables_that_become_empty() {
 #[test]
 fn tlb_gather_switches_to_a_full_flush_past_the_ceiling() {
     let mut s = space::<4>();
-    s.map(VirtAddr(0x4000_0000), PhysAddr(0), 200 * K4, Prot::READ_ONLY, MapOptions::PAGES)
-        .unwrap();
+    s.map(
+        VirtAddr(0x4000_0000),
+        PhysAddr(0),
+        200 * K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     s.mmu().take();
     // 4 pages: one range flush of 4 strides, leaf-only.
     s.unmap(VirtAddr(0x4000_0000), 4 * K4).unwrap();
@@ -358,8 +527,14 @@ fn tlb_gather_switches_to_a_full_flush_past_the_ceiling() {
 #[test]
 fn mapping_1gib_of_pages_issues_one_barrier_per_table_not_per_entry() {
     let mut s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
-    s.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        G1,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     let st = s.stats();
     // 512 PTE tables, one PMD, one PUD, the root.
     assert_eq!(st.barriers(), 512 + 3);
@@ -370,8 +545,14 @@ fn mapping_1gib_of_pages_issues_one_barrier_per_table_not_per_entry() {
 
     // The control variant (before seed 004): a barrier per entry.
     let mut c = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
-    c.map(VirtAddr(G1), PhysAddr(0), G1, Prot::READ_WRITE, MapOptions::PAGES.barrier_per_entry())
-        .unwrap();
+    c.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        G1,
+        Prot::READ_WRITE,
+        MapOptions::PAGES.barrier_per_entry(),
+    )
+    .unwrap();
     assert!(c.stats().barriers() >= 262_144);
     assert!(c.stats().barriers() / s.stats().barriers() >= 500);
 }
@@ -386,8 +567,14 @@ fn a_lazy_mmu_scope_issues_one_barrier_for_everything_inside() {
     let mut s = space::<4>();
     s.lazy_mmu(|s| {
         for i in 0..4u64 {
-            s.map(VirtAddr(G1 * (i + 1)), PhysAddr(0), 4 * M2, Prot::READ_ONLY, MapOptions::PAGES)
-                .unwrap();
+            s.map(
+                VirtAddr(G1 * (i + 1)),
+                PhysAddr(0),
+                4 * M2,
+                Prot::READ_ONLY,
+                MapOptions::PAGES,
+            )
+            .unwrap();
         }
         assert!(s.mmu().take().is_empty(), "no barrier inside the scope");
     });
@@ -397,8 +584,14 @@ fn a_lazy_mmu_scope_issues_one_barrier_for_everything_inside() {
 #[test]
 fn accessed_and_dirty_state_survives_a_split() {
     let mut s = space::<4>();
-    s.map(VirtAddr(G1), PhysAddr(0), M2, Prot::READ_WRITE, MapOptions::BLOCKS)
-        .unwrap();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
     let slot = s.slot(VirtAddr(G1), 1).unwrap();
     // What hardware would do on a write through the block.
     slot.fetch_or(ACCESSED | DIRTY, std::sync::atomic::Ordering::Relaxed);
@@ -436,9 +629,18 @@ fn random_map_unmap_sequences_agree_with_a_reference_model() {
         if rng.next() % 2 == 0 {
             let pa = (rng.next() % 64) * M2 + (va & (M2 - 1));
             let taken = (0..pages).any(|i| model.contains_key(&(page + i)));
-            let r = s.map(VirtAddr(va), PhysAddr(pa), len, Prot::READ_WRITE, MapOptions::BLOCKS);
+            let r = s.map(
+                VirtAddr(va),
+                PhysAddr(pa),
+                len,
+                Prot::READ_WRITE,
+                MapOptions::BLOCKS,
+            );
             if taken {
-                assert!(matches!(r, Err(Error::AlreadyMapped(_))), "step {step}: {r:?}");
+                assert!(
+                    matches!(r, Err(Error::AlreadyMapped(_))),
+                    "step {step}: {r:?}"
+                );
             } else {
                 r.unwrap();
                 for i in 0..pages {
@@ -473,8 +675,14 @@ fn dropping_the_address_space_frees_every_table() {
     let mut arena_live = 0;
     {
         let mut s = space::<4>();
-        s.map(VirtAddr(G1), PhysAddr(0), 8 * M2, Prot::READ_ONLY, MapOptions::PAGES)
-            .unwrap();
+        s.map(
+            VirtAddr(G1),
+            PhysAddr(0),
+            8 * M2,
+            Prot::READ_ONLY,
+            MapOptions::PAGES,
+        )
+        .unwrap();
         assert_eq!(s.alloc().live(), 4 + 7);
         // Count what the arena hands back through a second arena-backed
         // space built after dropping this one: nothing to observe directly,

@@ -91,7 +91,12 @@ pub struct Outcome {
 
 /// Boots QEMU with `args`, streaming its console (stdout) to ours with a
 /// prefix, killing it after `timeout`.
-pub fn boot(qemu: &str, args: &[String], timeout: Duration, prefix: &str) -> Result<Outcome, String> {
+pub fn boot(
+    qemu: &str,
+    args: &[String],
+    timeout: Duration,
+    prefix: &str,
+) -> Result<Outcome, String> {
     eprintln!("xtask: {qemu} {}", args.join(" "));
     let mut child = Command::new(qemu)
         .args(args)
@@ -129,7 +134,9 @@ pub fn boot(qemu: &str, args: &[String], timeout: Duration, prefix: &str) -> Res
             break;
         }
     }
-    let status = child.wait().map_err(|e| format!("waiting for {qemu}: {e}"))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for {qemu}: {e}"))?;
     let _ = reader.join();
     while let Ok(line) = rx.try_recv() {
         let _ = writeln!(out, "{prefix}{line}");
@@ -176,9 +183,9 @@ pub fn parse_summary(line: &str) -> Option<(u64, u64)> {
         _ => line,
     };
     let (p, rest) = body.split_once(" passed, ")?;
-    let f = rest.strip_suffix(" failed").or_else(|| {
-        rest.split_once(" failed,").map(|(f, _)| f)
-    })?;
+    let f = rest
+        .strip_suffix(" failed")
+        .or_else(|| rest.split_once(" failed,").map(|(f, _)| f))?;
     Some((p.trim().parse().ok()?, f.trim().parse().ok()?))
 }
 
