@@ -59,7 +59,10 @@ pub fn ci() -> Result<(), String> {
     Ok(())
 }
 
-/// The host criterion benchmarks.
+/// The host criterion benchmarks, then Linux's own mremap of 1 GiB on this
+/// machine next to the x86 kernel's in-kernel benchmarks (booted in QEMU).
 pub fn bench() -> Result<(), String> {
-    sh(cargo().args(["bench", "--workspace", "--all-features"]))
+    sh(cargo().args(["bench", "--workspace", "--all-features"]))?;
+    crate::linux_mremap::bench()?;
+    crate::x86::bench()
 }

@@ -5,12 +5,15 @@
 //! - `cargo xtask qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N]`:
 //!   builds the tiny kernels, boots them in QEMU, streams their console and
 //!   succeeds only on the agreed exit code and a final `N passed, 0 failed`.
-//! - `cargo xtask bench`: the host criterion benchmarks.
+//! - `cargo xtask bench`: the host criterion benchmarks, Linux's own
+//!   `mremap` of 1 GiB on this machine, and the x86 kernel's in-kernel
+//!   benchmarks (booted in QEMU) in the same run.
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 
 mod arm64;
 mod ci;
+mod linux_mremap;
 mod qemu;
 mod x86;
 

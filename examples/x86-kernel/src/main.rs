@@ -1,0 +1,414 @@
+//! The x86_64 tiny kernel of pgtable.
+//!
+//! QEMU boots it through the PVH ELF note ([`boot`]); it prints on COM1
+//! ([`serial`]), turns page faults at known probe instructions into results
+//! ([`trap`]), builds its own identity map of RAM with pgtable-x86 and runs
+//! on it ([`mem`]), then runs the conformance suite ([`machine`]) and the
+//! benchmarks ([`bench`]) and leaves through `isa-debug-exit`: 0x10 when
+//! everything passed (QEMU exits with 33), 0x11 otherwise (35).
+//!
+//! Command line (`-append`): `[la57] [seed=N] [threshold_mb=M] [nobench]
+//! [nobench=move,mprotect,linear] [nobig] [only=prefix,..] [skip=prefix,..]
+//! [verbose] [accel=kvm|kvm-pvm|tcg]`.
+#![no_std]
+#![no_main]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod bench;
+mod boot;
+mod machine;
+mod mem;
+mod serial;
+mod trap;
+mod tsc;
+
+use core::arch::x86_64::{__cpuid, __cpuid_count};
+use core::cell::UnsafeCell;
+
+use pgtable_core::suite::{self, Config};
+use pgtable_core::{AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_x86::{X86Mmu, X86_64La57, X86_64};
+
+use crate::machine::KernelMachine;
+use crate::mem::{Frames, RamMap};
+use crate::tsc::Tsc;
+
+use x86_64::instructions::port::Port;
+
+/// The isa-debug-exit port (QEMU `-device isa-debug-exit,iobase=0xf4,iosize=0x04`).
+const DEBUG_EXIT_PORT: u16 = 0xf4;
+/// Written on success: QEMU exits with `(0x10 << 1) | 1 = 33`.
+const EXIT_SUCCESS: u32 = 0x10;
+/// Written on failure: QEMU exits with 35.
+const EXIT_FAILURE: u32 = 0x11;
+
+/// Ends the run through isa-debug-exit.
+pub fn exit(success: bool) -> ! {
+    let code = if success { EXIT_SUCCESS } else { EXIT_FAILURE };
+    // SAFETY: the port belongs to QEMU's debug-exit device; writing it stops
+    // the virtual machine.
+    unsafe { Port::<u32>::new(DEBUG_EXIT_PORT).write(code) };
+    loop {
+        x86_64::instructions::hlt();
+    }
+}
+
+/// Moves the 8259 PICs' vectors above the exceptions and masks them, and
+/// stops PIT channel 0, which the firmware leaves ticking at 18.2 Hz: the
+/// kernel uses no device interrupt and runs with interrupts off.
+fn quiet_interrupt_sources() {
+    // SAFETY: the PICs and the PIT belong to this kernel, which uses no
+    // device interrupts; these writes only mask or stop them.
+    unsafe {
+        // Remap the PICs to vectors 0x20..0x30 (ICW1..ICW4), away from
+        // the exceptions the firmware's base 0x08 overlaps, then mask all.
+        let out = |port: u16, v: u8| Port::<u8>::new(port).write(v);
+        out(0x20, 0x11);
+        out(0xa0, 0x11);
+        out(0x21, 0x20);
+        out(0xa1, 0x28);
+        out(0x21, 0x04);
+        out(0xa1, 0x02);
+        out(0x21, 0x01);
+        out(0xa1, 0x01);
+        out(0x21, 0xff); // master PIC: mask all
+        out(0xa1, 0xff); // slave PIC: mask all
+        out(0x43, 0b0011_0000); // PIT ch0: mode 0 (one-shot), lo/hi
+        out(0x40, 0x00);
+        out(0x40, 0x00);
+    }
+    // Take (and drop) whatever was left pending, then run with interrupts
+    // off again.
+    x86_64::instructions::interrupts::enable();
+    for _ in 0..1000 {
+        core::hint::spin_loop();
+    }
+    x86_64::instructions::interrupts::disable();
+}
+
+/// Options from the command line.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Seed of the suite's pseudo-random fill.
+    pub seed: u64,
+    /// MiB of each moved range the suite validates.
+    pub threshold_mb: u64,
+    /// 5-level paging was asked for.
+    pub la57: bool,
+    /// Skip the benchmarks.
+    pub nobench: bool,
+    /// The accelerator QEMU was started with (`accel=kvm|kvm-pvm|tcg`), if
+    /// said.
+    pub accel: Option<&'static str>,
+    /// Suite case-name prefixes to run (`only=a,b`; empty: all).
+    pub only: &'static [&'static str],
+    /// Suite case-name prefixes to skip (`skip=a,b`).
+    pub skip: &'static [&'static str],
+    /// Benchmarks to skip (`nobench=move,mprotect,linear`).
+    pub nobench_list: &'static str,
+    /// Print the suite's detail lines (`verbose`).
+    pub verbose: bool,
+    /// Leave out the suite's 1 GiB and 2 GiB moves (`nobig`).
+    pub nobig: bool,
+}
+
+/// Storage for the `only=` and `skip=` lists (the command line is parsed
+/// once, before anything reads them).
+struct Lists {
+    only: [&'static str; 8],
+    skip: [&'static str; 8],
+}
+
+struct ListsCell(UnsafeCell<Lists>);
+
+// SAFETY: one CPU; written once while the command line is parsed, only
+// read afterwards.
+unsafe impl Sync for ListsCell {}
+
+static LISTS: ListsCell = ListsCell(UnsafeCell::new(Lists {
+    only: [""; 8],
+    skip: [""; 8],
+}));
+
+/// Splits `v` at commas into `dst`; returns how many were stored.
+fn split_list(v: &'static str, dst: &mut [&'static str; 8]) -> usize {
+    let mut n = 0;
+    for p in v.split(',').filter(|p| !p.is_empty()) {
+        if n < dst.len() {
+            dst[n] = p;
+            n += 1;
+        }
+    }
+    n
+}
+
+fn parse_cmdline(cmdline: &'static str) -> Options {
+    let mut o = Options {
+        seed: 0x5eed_1234,
+        threshold_mb: 4,
+        la57: false,
+        nobench: false,
+        accel: None,
+        only: &[],
+        skip: &[],
+        nobench_list: "",
+        verbose: false,
+        nobig: false,
+    };
+    let (mut only_arg, mut skip_arg) = ("", "");
+    for word in cmdline.split_ascii_whitespace() {
+        match word.split_once('=') {
+            Some(("seed", v)) => o.seed = parse_u64(v).unwrap_or(o.seed),
+            Some(("threshold_mb", v)) => o.threshold_mb = parse_u64(v).unwrap_or(o.threshold_mb),
+            Some(("accel", v)) => o.accel = Some(v),
+            Some(("only", v)) => only_arg = v,
+            Some(("skip", v)) => skip_arg = v,
+            Some(("nobench", v)) => o.nobench_list = v,
+            None if word == "la57" => o.la57 = true,
+            None if word == "nobench" => o.nobench = true,
+            None if word == "verbose" => o.verbose = true,
+            None if word == "nobig" => o.nobig = true,
+            _ => println!("ignoring unknown option {word}"),
+        }
+    }
+    // SAFETY: parsed once at boot on the only CPU; nothing else refers to
+    // `LISTS` yet, and afterwards it is only read (through `o`).
+    let Lists { only, skip } = unsafe { &mut *LISTS.0.get() };
+    let n = split_list(only_arg, only);
+    o.only = &only[..n];
+    let n = split_list(skip_arg, skip);
+    o.skip = &skip[..n];
+    o
+}
+
+fn parse_u64(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// The command line of the PVH start info (empty if there is none).
+fn cmdline(info: &boot::StartInfo) -> &'static str {
+    if info.cmdline_paddr == 0 {
+        return "";
+    }
+    let p = info.cmdline_paddr as *const u8;
+    let mut n = 0;
+    // SAFETY: the boot loader passes a NUL-terminated string in low memory,
+    // identity-mapped by the boot tables; we bound the scan.
+    while n < 4096 && unsafe { p.add(n).read() } != 0 {
+        n += 1;
+    }
+    // SAFETY: `n` bytes starting at `p` were just read; the memory is
+    // never written while the kernel runs.
+    let bytes = unsafe { core::slice::from_raw_parts(p, n) };
+    core::str::from_utf8(bytes).unwrap_or("")
+}
+
+/// The Rust entry, called by `boot` in 64-bit mode with the boot tables.
+#[no_mangle]
+extern "C" fn kmain(start_info: u64) -> ! {
+    serial::init();
+    trap::init();
+    quiet_interrupt_sources();
+    println!("x86-kernel: booted (PVH)");
+    // SAFETY: the boot loader passes the physical address of its start
+    // info in ebx; it lies in identity-mapped low memory.
+    let info = unsafe { (start_info as *const boot::StartInfo).read() };
+    if info.magic != boot::START_INFO_MAGIC {
+        println!("bad hvm_start_info magic {:#x}", info.magic);
+        exit(false);
+    }
+    let line = cmdline(&info);
+    let opts = parse_cmdline(line);
+    println!("cmdline: \"{line}\" -> {opts:?}");
+    let ok = run(&info, &opts);
+    exit(ok)
+}
+
+/// Whether we run under hardware-assisted KVM (native timings): the
+/// `accel=` option from xtask (`kvm`; `kvm-pvm` and `tcg` are emulated),
+/// otherwise the hypervisor signature (CPUID 0x40000000: "KVMKVMKVM\0\0\0").
+fn under_kvm(opts: &Options) -> bool {
+    if let Some(a) = opts.accel {
+        return a == "kvm";
+    }
+    if __cpuid(1).ecx & (1 << 31) == 0 {
+        return false;
+    }
+    let l = __cpuid(0x4000_0000);
+    (l.ebx, l.ecx, l.edx) == (0x4b4d_564b, 0x564b_4d56, 0x4d)
+}
+
+/// Whether the CPU maps 1 GiB pages (CPUID.80000001H:EDX[26]).
+fn has_1g_pages() -> bool {
+    __cpuid(0x8000_0001).edx & (1 << 26) != 0
+}
+
+fn run(info: &boot::StartInfo, opts: &Options) -> bool {
+    let ram = RamMap::from_start_info(info, 2 << 30);
+    for r in ram.iter() {
+        println!(
+            "ram: {:#x}..{:#x} ({} MiB)",
+            r.start,
+            r.end,
+            (r.end - r.start) >> 20
+        );
+    }
+    let kvm = under_kvm(opts);
+    let tsc = Tsc::detect();
+    println!(
+        "accelerator: {}; TSC {} kHz from {}",
+        match (kvm, opts.accel) {
+            (true, _) => "KVM (native TSC timings)",
+            (false, Some("kvm-pvm")) =>
+                "KVM through kvm_pvm (no hardware virtualisation: the hypervisor emulates this kernel; timings are EMULATED, not hardware figures)",
+            _ => "TCG (timings are EMULATED, not hardware figures)",
+        },
+        tsc.hz / 1000,
+        match tsc.source {
+            tsc::Source::Cpuid15 => "CPUID leaf 0x15",
+            tsc::Source::Hypervisor => "hypervisor leaf 0x40000010",
+            tsc::Source::Pit => "PIT calibration (no CPUID frequency leaf)",
+        }
+    );
+    println!(
+        "cpuid: 1G pages {}, INVPCID {}, PCID {}, LA57 {}",
+        has_1g_pages(),
+        __cpuid_count(7, 0).ebx & (1 << 10) != 0,
+        __cpuid(1).ecx & (1 << 17) != 0,
+        __cpuid_count(7, 0).ecx & (1 << 16) != 0
+    );
+    let la57 = X86Mmu::la57_enabled();
+    if opts.la57 && !la57 {
+        println!("la57: skipped: the CPU lacks 5-level paging (CPUID.(EAX=7,ECX=0):ECX[16] = 0); running 4-level");
+    }
+    if la57 {
+        println!("paging: 5-level (CR4.LA57 = 1)");
+        run_on::<X86_64La57>(&ram, tsc, kvm, opts)
+    } else {
+        println!("paging: 4-level");
+        run_on::<X86_64>(&ram, tsc, kvm, opts)
+    }
+}
+
+/// A new address space in format `A` with the kernel's identity map of RAM
+/// (every GiB that holds RAM, read-write-execute, with the largest blocks
+/// the CPU has). Not installed.
+pub fn kernel_space<A: Arch>(ram: &RamMap) -> Result<AddressSpace<A, X86Mmu, Frames>, Error> {
+    const G: u64 = 1 << 30;
+    let mut space = AddressSpace::<A, X86Mmu, Frames>::new(X86Mmu::new(), Frames)?;
+    let end = ram.iter().map(|r| r.end).max().unwrap_or(0);
+    let opts = if has_1g_pages() {
+        MapOptions::BLOCKS
+    } else {
+        MapOptions::PMD_BLOCKS
+    };
+    let prot = Prot::new(Prot::WRITE | Prot::EXEC);
+    let mut g = 0;
+    while g < end {
+        if ram.iter().any(|r| r.start < g + G && r.end > g) {
+            space.map(VirtAddr(g), PhysAddr(g), G, prot, opts)?;
+        }
+        g += G;
+    }
+    Ok(space)
+}
+
+/// Builds the kernel's identity map of RAM in format `A`, switches to it,
+/// runs the suite and the benchmarks on it.
+fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
+    let mut space = match kernel_space::<A>(ram) {
+        Ok(s) => s,
+        Err(e) => {
+            println!("cannot build the kernel's tables: {e}");
+            return false;
+        }
+    };
+    // SAFETY: the new tables map all RAM identity (kernel image, stack,
+    // start info, table frames); the space lives until `run_on` returns,
+    // and before that we never return to code that needs the boot tables.
+    unsafe { space.install() };
+    println!(
+        "running on pgtable tables: format {}, root {:#x}, {} tables, INVPCID {}",
+        A::NAME,
+        space.root().0,
+        space.count_tables(),
+        if space.mmu().has_invpcid() {
+            "used"
+        } else {
+            "absent"
+        }
+    );
+    let mut pool = ram
+        .pool()
+        .max_by_key(|r| r.end - r.start)
+        .unwrap_or_default();
+    pool.end = pool.end.min(pool.start + (4 << 30));
+    if !has_1g_pages() {
+        // The suite maps 1 GiB blocks when the pool holds an aligned GiB;
+        // this CPU cannot (the PS bit of a PDPTE is reserved), so offer a
+        // pool without one: the suite then uses 2 MiB blocks at most.
+        const G: u64 = 1 << 30;
+        if pool.start % G == 0 {
+            pool.start += 2 << 20;
+        }
+        if pool.end % G == 0 {
+            pool.end -= 2 << 20;
+        }
+        println!(
+            "no 1 GiB pages (CPUID.80000001H:EDX[26] = 0): RAM pool {:#x}..{:#x} holds no aligned GiB, so 1 GiB blocks are not used",
+            pool.start, pool.end
+        );
+    }
+    let mut mach = KernelMachine {
+        tsc,
+        emulated: !kvm,
+        ram: (PhysAddr(pool.start), pool.end - pool.start),
+    };
+    // Struct update on purpose: fields the suite adds later keep their
+    // defaults (the suite's documented way to build a Config).
+    #[allow(clippy::needless_update)]
+    let cfg = Config {
+        seed: opts.seed,
+        threshold_bytes: opts.threshold_mb << 20,
+        big_moves: !opts.nobig,
+        verbose: opts.verbose,
+        only: opts.only,
+        skip: opts.skip,
+        ..Config::DEFAULT
+    };
+    let sum = suite::run(&mut space, &mut mach, &cfg);
+    let suite_ok = sum.failed == 0 && sum.passed > 0;
+    let bench_ok = opts.nobench || bench::run(&mut space, &mut mach, ram, kvm, opts.nobench_list);
+    // No table frame may leak: every frame still allocated must belong to
+    // the kernel's own tables.
+    let live = Frames.live();
+    let held = space.count_tables() as u64;
+    let frames_ok = live == held;
+    println!(
+        "table frames: {live} allocated, {held} in the kernel's tables, peak {}{}",
+        Frames.peak(),
+        if frames_ok { "" } else { " -- LEAKED FRAMES" }
+    );
+    // The xtask judges the last `N passed, N failed` line: repeat the
+    // suite's after the benchmarks, counting a failed benchmark run and a
+    // leak as one more failure each.
+    println!();
+    println!(
+        "{} passed, {} failed",
+        sum.passed,
+        sum.failed + u32::from(!bench_ok) + u32::from(!frames_ok)
+    );
+    // The live space is never torn down: dropping it would free the very
+    // tables the CPU is walking. The machine exits right after this.
+    core::mem::forget(space);
+    suite_ok && bench_ok && frames_ok
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    println!("PANIC: {info}");
+    exit(false)
+}

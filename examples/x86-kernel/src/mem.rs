@@ -1,0 +1,175 @@
+//! Physical memory: the RAM map, the table-frame allocator, and the
+//! kernel's own identity map built with pgtable.
+//!
+//! Layout (physical = virtual everywhere; the kernel runs identity-mapped):
+//!
+//! | range | use |
+//! |---|---|
+//! | 0 – 1 MiB | firmware, PVH start info, command line |
+//! | 1 MiB – `__kernel_end` | kernel image, stack, boot tables |
+//! | [`TABLES_START`] – [`TABLES_END`] | page-table frames ([`Frames`]) |
+//! | [`POOL_START`] – end of RAM | the test pool the suite and benchmarks map |
+
+use core::cell::Cell;
+use core::ptr::NonNull;
+
+use pgtable_core::{PhysAddr, Table, TableAlloc};
+
+use crate::boot::{MemmapEntry, StartInfo};
+
+/// First byte of the table-frame region.
+pub const TABLES_START: u64 = 16 << 20;
+/// One past the table-frame region (64 MiB of frames: 16384 tables).
+pub const TABLES_END: u64 = 80 << 20;
+/// First byte of the test pool.
+pub const POOL_START: u64 = 256 << 20;
+
+/// A RAM region.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Region {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+/// The RAM regions the firmware reports (E820 type 1), at most 8.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RamMap {
+    /// The regions, `len` of them valid.
+    pub regions: [Region; 8],
+    /// How many are valid.
+    pub len: usize,
+}
+
+impl RamMap {
+    /// The valid regions.
+    pub fn iter(&self) -> impl Iterator<Item = Region> + '_ {
+        self.regions[..self.len].iter().copied()
+    }
+
+    /// Reads the PVH memory map (start info version 1); without one,
+    /// assumes RAM from 0 to `fallback_end`.
+    pub fn from_start_info(info: &StartInfo, fallback_end: u64) -> RamMap {
+        let mut map = RamMap::default();
+        if info.version >= 1 && info.memmap_paddr != 0 {
+            let base = info.memmap_paddr as *const MemmapEntry;
+            for i in 0..info.memmap_entries as usize {
+                // SAFETY: the loader passes `memmap_entries` entries at
+                // `memmap_paddr`, in identity-mapped low memory.
+                let e = unsafe { base.add(i).read_unaligned() };
+                if e.kind == 1 && map.len < map.regions.len() {
+                    map.regions[map.len] = Region {
+                        start: e.addr,
+                        end: e.addr + e.size,
+                    };
+                    map.len += 1;
+                }
+            }
+        }
+        if map.len == 0 {
+            map.regions[0] = Region {
+                start: 0,
+                end: fallback_end,
+            };
+            map.len = 1;
+        }
+        map
+    }
+
+    /// The parts of RAM at or above [`POOL_START`], 2 MiB aligned.
+    pub fn pool(&self) -> impl Iterator<Item = Region> + '_ {
+        self.iter().filter_map(|r| {
+            let start = r.start.max(POOL_START).next_multiple_of(2 << 20);
+            let end = r.end & !((2 << 20) - 1);
+            (start < end).then_some(Region { start, end })
+        })
+    }
+}
+
+/// The state of the table-frame region: a bump pointer plus a free list
+/// linked through the first word of each free frame.
+struct FramePool {
+    next: Cell<u64>,
+    free: Cell<u64>,
+    live: Cell<u64>,
+    peak: Cell<u64>,
+}
+
+/// The one frame pool.
+struct PoolCell(FramePool);
+
+// SAFETY: the kernel runs on one CPU and never touches the pool from an
+// exception handler, so the cells are never accessed concurrently.
+unsafe impl Sync for PoolCell {}
+
+static POOL: PoolCell = PoolCell(FramePool {
+    next: Cell::new(TABLES_START),
+    free: Cell::new(0),
+    live: Cell::new(0),
+    peak: Cell::new(0),
+});
+
+/// A handle to the kernel's table-frame allocator (bump + free list over
+/// [`TABLES_START`]..[`TABLES_END`]). Handles are free to copy; all share
+/// one pool, so several address spaces can draw from it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Frames;
+
+impl Frames {
+    /// Frames currently allocated.
+    pub fn live(&self) -> u64 {
+        POOL.0.live.get()
+    }
+
+    /// The most frames ever allocated at once.
+    pub fn peak(&self) -> u64 {
+        POOL.0.peak.get()
+    }
+}
+
+// SAFETY: frames come from `TABLES_START..TABLES_END`, a RAM range that
+// nothing but this allocator uses; each is 4 KiB aligned, zeroed before it
+// is handed out, handed out once until freed; phys == virt (identity map),
+// so `phys_to_virt` points at the frame itself.
+unsafe impl TableAlloc for Frames {
+    fn alloc_table(&mut self) -> Option<PhysAddr> {
+        let p = &POOL.0;
+        let pa = match p.free.get() {
+            0 => {
+                let pa = p.next.get();
+                if pa >= TABLES_END {
+                    return None;
+                }
+                p.next.set(pa + 4096);
+                pa
+            }
+            pa => {
+                // SAFETY: a free frame of ours; its first word links the list.
+                p.free.set(unsafe { (pa as *const u64).read() });
+                pa
+            }
+        };
+        // SAFETY: the frame is ours and unused; zero all 4 KiB.
+        unsafe { (pa as *mut Table).write_bytes(0, 1) };
+        p.live.set(p.live.get() + 1);
+        p.peak.set(p.peak.get().max(p.live.get()));
+        Some(PhysAddr(pa))
+    }
+
+    unsafe fn free_table(&mut self, pa: PhysAddr) {
+        let p = &POOL.0;
+        // SAFETY: the caller returns a frame of ours that nothing uses any
+        // more; we store the free-list link in its first word.
+        unsafe { (pa.0 as *mut u64).write(p.free.get()) };
+        p.free.set(pa.0);
+        p.live.set(p.live.get() - 1);
+    }
+
+    #[inline]
+    fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        // SAFETY: frames are non-zero addresses (>= TABLES_START), and the
+        // kernel's identity map makes a physical address usable as-is.
+        unsafe { NonNull::new_unchecked(pa.0 as *mut Table) }
+    }
+}

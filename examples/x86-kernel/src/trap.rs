@@ -1,0 +1,349 @@
+//! Exceptions: the IDT, the entry stubs, and the memory probes.
+//!
+//! Every exception vector 0–31 enters a `global_asm!` stub that pushes a
+//! dummy error code where the CPU pushes none (Intel SDM vol. 3 §6.13,
+//! table 6-1), the vector number and the general registers, then calls
+//! [`trap_dispatch`] with a pointer to that [`TrapFrame`]. The handler may
+//! edit the frame; the stub restores it and returns with `iretq`.
+//!
+//! A page fault at one of the *probe* instructions (the single load or
+//! store inside [`read_u64`] / [`write_u64`]) is an expected outcome: the
+//! handler records CR2 and the error code, sets the probe's fault flag and
+//! resumes after the instruction. Any other exception prints the vector,
+//! error code, RIP (and CR2 for a page fault) and ends the run as failed.
+
+use core::arch::global_asm;
+use core::cell::UnsafeCell;
+
+use x86_64::instructions::tables::lidt;
+use x86_64::registers::control::Cr2;
+use x86_64::structures::idt::InterruptDescriptorTable;
+use x86_64::structures::DescriptorTablePointer;
+use x86_64::VirtAddr;
+
+/// The registers the stubs save, lowest address first.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TrapFrame {
+    r15: u64,
+    r14: u64,
+    r13: u64,
+    r12: u64,
+    r11: u64,
+    r10: u64,
+    r9: u64,
+    r8: u64,
+    rdi: u64,
+    rsi: u64,
+    rbp: u64,
+    rbx: u64,
+    rdx: u64,
+    rcx: u64,
+    rax: u64,
+    vector: u64,
+    error: u64,
+    rip: u64,
+    cs: u64,
+    rflags: u64,
+    rsp: u64,
+    ss: u64,
+}
+
+global_asm!(
+    r#"
+    .section .text.trap, "ax"
+    .irp n, 0,1,2,3,4,5,6,7,9,15,16,18,19,20,22,23,24,25,26,27,28,31
+isr_\n:
+    push 0
+    push \n
+    jmp isr_common
+    .endr
+    .irp n, 8,10,11,12,13,14,17,21,29,30
+isr_\n:
+    push \n
+    jmp isr_common
+    .endr
+
+isr_common:
+    push rax
+    push rcx
+    push rdx
+    push rbx
+    push rbp
+    push rsi
+    push rdi
+    push r8
+    push r9
+    push r10
+    push r11
+    push r12
+    push r13
+    push r14
+    push r15
+    /* The CPU aligned RSP to 16 before its 40-byte frame; with the vector,
+       the error code and 15 registers (176 bytes in all) RSP is aligned
+       again here, as the call below requires. */
+    mov rdi, rsp
+    cld
+    call trap_dispatch
+    pop r15
+    pop r14
+    pop r13
+    pop r12
+    pop r11
+    pop r10
+    pop r9
+    pop r8
+    pop rdi
+    pop rsi
+    pop rbp
+    pop rbx
+    pop rdx
+    pop rcx
+    pop rax
+    add rsp, 16
+    iretq
+
+    /* Device interrupts (vectors 32..255): none is expected, all sources
+       are masked; one that was already pending is acknowledged at both
+       PICs and dropped. */
+irq_ignore:
+    push rax
+    mov al, 0x20
+    out 0xa0, al
+    out 0x20, al
+    pop rax
+    iretq
+
+    .section .rodata.isr_table, "a"
+    .p2align 3
+    .global isr_table
+isr_table:
+    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .quad isr_\n
+    .endr
+
+    /* Probes: sysv64, address in rdi (value in rsi); return the loaded
+       value in rax and 0 (no fault) / 1 (fault) in rdx. */
+    .global irq_ignore_addr
+    .p2align 3
+irq_ignore_addr:
+    .quad irq_ignore
+
+    .section .text.probe, "ax"
+    .global probe_read64
+probe_read64:
+    xor edx, edx
+    xor eax, eax
+probe_read64_insn:
+    mov rax, qword ptr [rdi]
+probe_read64_resume:
+    ret
+
+    .global probe_write64
+probe_write64:
+    xor edx, edx
+    xor eax, eax
+probe_write64_insn:
+    mov qword ptr [rdi], rsi
+probe_write64_resume:
+    ret
+
+    .global probe_addrs
+    .section .rodata.probe_addrs, "a"
+    .p2align 3
+probe_addrs:
+    .quad probe_read64_insn, probe_read64_resume
+    .quad probe_write64_insn, probe_write64_resume
+"#
+);
+
+/// What a probe returns (in rax:rdx, as sysv64 returns a two-word struct).
+#[repr(C)]
+struct ProbeResult {
+    value: u64,
+    faulted: u64,
+}
+
+extern "sysv64" {
+    fn probe_read64(va: u64) -> ProbeResult;
+    fn probe_write64(va: u64, value: u64) -> ProbeResult;
+}
+
+extern "C" {
+    static irq_ignore_addr: u64;
+    static isr_table: [u64; 32];
+    static probe_addrs: [u64; 4];
+}
+
+/// A page fault caught by a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageFault {
+    /// The faulting linear address (CR2).
+    pub cr2: u64,
+    /// The page-fault error code (bit 0 present, bit 1 write, bit 4 fetch).
+    pub error: u64,
+}
+
+/// The last fault a probe caught (single CPU, written only by the handler
+/// while the probe waits for it).
+static mut LAST_FAULT: PageFault = PageFault { cr2: 0, error: 0 };
+
+/// Reads the 8 bytes at `va` (8-byte aligned), or returns the page fault.
+pub fn read_u64(va: u64) -> Result<u64, PageFault> {
+    // SAFETY: the probe is a single load whose page fault the handler turns
+    // into a result; any other fault ends the run. `va` is not Rust memory
+    // the compiler reasons about.
+    let r = unsafe { probe_read64(va) };
+    if r.faulted == 0 {
+        Ok(r.value)
+    } else {
+        // SAFETY: single CPU; the handler wrote it before resuming here.
+        Err(unsafe { core::ptr::read_volatile(&raw const LAST_FAULT) })
+    }
+}
+
+/// Writes the 8 bytes at `va` (8-byte aligned), or returns the page fault.
+pub fn write_u64(va: u64, value: u64) -> Result<(), PageFault> {
+    // SAFETY: as in `read_u64`; the store targets memory the suite owns (a
+    // mapping of the test pool), never kernel data.
+    let r = unsafe { probe_write64(va, value) };
+    if r.faulted == 0 {
+        Ok(())
+    } else {
+        // SAFETY: single CPU; the handler wrote it before resuming here.
+        Err(unsafe { core::ptr::read_volatile(&raw const LAST_FAULT) })
+    }
+}
+
+/// The IDT, written once by [`init`].
+struct IdtCell(UnsafeCell<InterruptDescriptorTable>);
+
+// SAFETY: one CPU; the IDT is written only by `init`, before it is loaded,
+// and read only by the processor afterwards.
+unsafe impl Sync for IdtCell {}
+
+static IDT: IdtCell = IdtCell(UnsafeCell::new(InterruptDescriptorTable::new()));
+
+/// Installs the IDT with the stubs for vectors 0–31.
+pub fn init() {
+    // SAFETY: `isr_table` is a static array of 32 addresses defined above.
+    let table = unsafe { &isr_table };
+    let addr = |v: usize| VirtAddr::new(table[v]);
+    // SAFETY: single CPU during boot, interrupts off: nothing else touches
+    // the IDT while it is built.
+    let idt = unsafe { &mut *IDT.0.get() };
+    // SAFETY: each address is the stub for its vector, which saves all
+    // state, handles the exception and returns with `iretq` after popping
+    // the error code the CPU pushed (or the dummy the stub pushed); device
+    // vectors get `irq_ignore`, which acknowledges and returns.
+    unsafe {
+        idt.divide_error.set_handler_addr(addr(0));
+        idt.debug.set_handler_addr(addr(1));
+        idt.non_maskable_interrupt.set_handler_addr(addr(2));
+        idt.breakpoint.set_handler_addr(addr(3));
+        idt.overflow.set_handler_addr(addr(4));
+        idt.bound_range_exceeded.set_handler_addr(addr(5));
+        idt.invalid_opcode.set_handler_addr(addr(6));
+        idt.device_not_available.set_handler_addr(addr(7));
+        idt.double_fault.set_handler_addr(addr(8));
+        idt.invalid_tss.set_handler_addr(addr(10));
+        idt.segment_not_present.set_handler_addr(addr(11));
+        idt.stack_segment_fault.set_handler_addr(addr(12));
+        idt.general_protection_fault.set_handler_addr(addr(13));
+        idt.page_fault.set_handler_addr(addr(14));
+        idt.x87_floating_point.set_handler_addr(addr(16));
+        idt.alignment_check.set_handler_addr(addr(17));
+        idt.machine_check.set_handler_addr(addr(18));
+        idt.simd_floating_point.set_handler_addr(addr(19));
+        idt.virtualization.set_handler_addr(addr(20));
+        idt.cp_protection_exception.set_handler_addr(addr(21));
+        let irq = VirtAddr::new(irq_ignore_addr);
+        for v in 32..=255u8 {
+            idt[v].set_handler_addr(irq);
+        }
+    }
+    let ptr = DescriptorTablePointer {
+        limit: (core::mem::size_of::<InterruptDescriptorTable>() - 1) as u16,
+        base: VirtAddr::from_ptr(IDT.0.get()),
+    };
+    // SAFETY: the IDT is a static that lives forever and holds valid gates.
+    unsafe { lidt(&ptr) };
+}
+
+/// Called by the stubs with the saved state.
+#[no_mangle]
+extern "C" fn trap_dispatch(frame: &mut TrapFrame) {
+    if frame.vector == 14 {
+        let cr2 = Cr2::read_raw();
+        // SAFETY: `probe_addrs` is a static array defined above.
+        let p = unsafe { &probe_addrs };
+        let resume = if frame.rip == p[0] {
+            Some(p[1])
+        } else if frame.rip == p[2] {
+            Some(p[3])
+        } else {
+            None
+        };
+        if let Some(resume) = resume {
+            // SAFETY: single CPU; the probe reads it after we return.
+            unsafe {
+                core::ptr::write_volatile(
+                    &raw mut LAST_FAULT,
+                    PageFault {
+                        cr2,
+                        error: frame.error,
+                    },
+                )
+            };
+            frame.rax = 0;
+            frame.rdx = 1;
+            frame.rip = resume;
+            return;
+        }
+        crate::println!(
+            "UNEXPECTED page fault: CR2={:#x} error={:#x} RIP={:#x} RSP={:#x}",
+            cr2,
+            frame.error,
+            frame.rip,
+            frame.rsp
+        );
+    } else {
+        crate::println!(
+            "UNEXPECTED exception {} ({}): error={:#x} RIP={:#x} RSP={:#x}",
+            frame.vector,
+            name(frame.vector),
+            frame.error,
+            frame.rip,
+            frame.rsp
+        );
+    }
+    crate::println!("{:x?}", frame);
+    crate::exit(false);
+}
+
+fn name(vector: u64) -> &'static str {
+    match vector {
+        0 => "#DE divide error",
+        1 => "#DB debug",
+        2 => "NMI",
+        3 => "#BP breakpoint",
+        4 => "#OF overflow",
+        5 => "#BR bound range",
+        6 => "#UD invalid opcode",
+        7 => "#NM device not available",
+        8 => "#DF double fault",
+        10 => "#TS invalid TSS",
+        11 => "#NP segment not present",
+        12 => "#SS stack fault",
+        13 => "#GP general protection",
+        14 => "#PF page fault",
+        16 => "#MF x87",
+        17 => "#AC alignment check",
+        18 => "#MC machine check",
+        19 => "#XM SIMD",
+        20 => "#VE virtualization",
+        21 => "#CP control protection",
+        _ => "reserved",
+    }
+}
