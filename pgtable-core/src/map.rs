@@ -176,7 +176,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let next = entry_end(va, height, end);
             let slot = &t.entries[index(va, height)];
             if use_leaf::<A>(height, va, next, pa, opts) {
-                A::set_pte_nosync(&self.mmu, slot, A::leaf(PhysAddr(pa), prot, height));
+                let leaf = A::leaf(PhysAddr(pa), prot, height);
+                if opts.is_barrier_per_entry() {
+                    if height >= 2 {
+                        A::set_pud_at(&self.mmu, VirtAddr(va), slot, leaf);
+                    } else {
+                        A::set_pmd_at(&self.mmu, VirtAddr(va), slot, leaf);
+                    }
+                } else {
+                    A::set_pte_nosync(&self.mmu, slot, leaf);
+                }
                 self.mmu.stats.add_entries_written(1);
                 wrote = true;
             } else {

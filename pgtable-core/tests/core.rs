@@ -558,6 +558,24 @@ fn mapping_1gib_of_pages_issues_one_barrier_per_table_not_per_entry() {
 }
 
 #[cfg(feature = "stats")]
+#[test]
+fn the_barrier_per_entry_control_variant_also_covers_blocks() {
+    let mut s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        G1,
+        Prot::READ_WRITE,
+        MapOptions::PMD_BLOCKS.barrier_per_entry(),
+    )
+    .unwrap();
+    // 512 blocks with a barrier each, then one per table written (the
+    // PMD, PUD and root tables).
+    assert_eq!(s.stats().barriers(), 512 + 3);
+    assert_eq!(s.translate(VirtAddr(G1)).unwrap().height, 1);
+}
+
+#[cfg(feature = "stats")]
 fn st_tables<M: Mmu>(s: &AddressSpace<TestFormat, M, Arena>) -> usize {
     s.count_tables()
 }

@@ -56,8 +56,27 @@ pub fn ci() -> Result<(), String> {
     sh(cargo()
         .args(["doc", "--workspace", "--no-deps", "--all-features"])
         .env("RUSTDOCFLAGS", "-D warnings"))?;
+    // The tiny kernels are their own workspaces (bare-metal binaries):
+    // formatting and clippy for their target.
+    for (dir, target) in KERNELS {
+        let manifest = root().join(dir).join("Cargo.toml");
+        sh(cargo()
+            .args(["fmt", "--check", "--manifest-path"])
+            .arg(&manifest))?;
+        sh(cargo()
+            .args(["clippy", "--target", target, "--manifest-path"])
+            .arg(&manifest)
+            .args(["--", "-D", "warnings"])
+            .env("CARGO_TARGET_DIR", root().join("target/kernels")))?;
+    }
     Ok(())
 }
+
+/// The tiny kernels and their targets.
+const KERNELS: [(&str, &str); 2] = [
+    ("examples/arm64-kernel", "aarch64-unknown-none"),
+    ("examples/x86-kernel", "x86_64-unknown-none"),
+];
 
 /// The host criterion benchmarks, then Linux's own mremap of 1 GiB on this
 /// machine next to the x86 kernel's in-kernel benchmarks (booted in QEMU).

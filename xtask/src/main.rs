@@ -79,7 +79,11 @@ fn parse_qemu_opts(args: &[String]) -> Result<QemuOpts, String> {
         match a.as_str() {
             "--arch" => opts.arch = value("--arch")?,
             "--seed" => {
-                opts.seed = Some(value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?)
+                opts.seed = Some(
+                    value("--seed")?
+                        .parse()
+                        .map_err(|e| format!("--seed: {e}"))?,
+                )
             }
             "--threshold-mb" => {
                 opts.threshold_mb = Some(
@@ -93,7 +97,10 @@ fn parse_qemu_opts(args: &[String]) -> Result<QemuOpts, String> {
         }
     }
     if !["arm64", "x86", "all"].contains(&opts.arch.as_str()) {
-        return Err(format!("--arch must be arm64, x86 or all, not {}", opts.arch));
+        return Err(format!(
+            "--arch must be arm64, x86 or all, not {}",
+            opts.arch
+        ));
     }
     Ok(opts)
 }
