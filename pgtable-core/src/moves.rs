@@ -13,6 +13,17 @@
 //!    became empty, flush the TLB once for the source range and only then
 //!    release the freed frames.
 //!
+//! **One-step moves** (a PUD-aligned 1 GiB move of one PUD entry, a run of
+//! PMD entries, one block): the first step is planned before the checks.
+//! When it moves the whole range at once, the walk that planned it has
+//! already seen every destination entry of the range none (so the
+//! destination is empty, and the entry-aligned start leaves nothing to the
+//! mutual-alignment rule) and knows the destination table, or how many
+//! tables its path lacks. The separate empty-destination walk, the dry run
+//! and the destination walk of the write are skipped; the free pass is
+//! skipped too when the step's source table still holds other entries (it
+//! then cannot have become empty). A 1 GiB PUD move walks each side once.
+//!
 //! The move loop walks by *extent*: the distance to the next entry boundary
 //! at the source, at the destination, or to the end, whichever is nearest.
 //! At each position it takes the coarsest step possible:
@@ -162,13 +173,16 @@ enum Step<'t> {
     /// Nothing is mapped in the next `len` bytes of the source.
     Skip(u64),
     /// Move `count` consecutive source entries of one kind at `height`
-    /// (`slots`; `None` for a block split in the dry run), each covering
-    /// `size(height)` bytes whole at both ends.
+    /// (`slots`, in the source table `table`; both `None` for a block
+    /// split in the dry run), each covering `size(height)` bytes whole at
+    /// both ends, to `dst`.
     Entry {
         kind: PgtEntry,
         height: u32,
         slots: Option<&'t [Slot]>,
+        table: Option<&'t crate::Table>,
         count: usize,
+        dst: Dest,
     },
     /// Split the partly covered source block `raw` at `height` (in `slot`).
     Split {
@@ -184,6 +198,17 @@ enum Step<'t> {
         src: Option<PhysAddr>,
         pmd: Option<&'t Slot>,
     },
+}
+
+/// Where the destination entries of a [`Step::Entry`] go, as found by the
+/// walk that checked them none: the existing destination table at the
+/// step's height, or how many tables on the path to it are missing.
+#[derive(Clone, Copy)]
+enum Dest {
+    /// The destination table holding the entries.
+    Table(PhysAddr),
+    /// This many tables (the deepest at the step's height) are missing.
+    Missing(u32),
 }
 
 /// State the dry run simulates instead of writing it: the source block
@@ -300,12 +325,45 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if overlap(old.0, new.0, len) {
             return Err(Error::Overlap);
         }
-        if let Some(va) = self.first_mapped(new.0, len) {
-            return Err(Error::AlreadyMapped(va));
-        }
         let fast = Fast::new::<A>(opts);
-        let (old, new, len) = self.realign(old.0, new.0, len, fast, opts.free_below)?;
-        let need = self.count_tables_needed(old, new, len, fast);
+        // One whole-entry step covering the whole range (a 1 GiB PUD
+        // entry, a run of PMD entries, a block): its planning walk already
+        // found every destination entry of the range none, so the
+        // destination is empty, the mutual-alignment rule does not apply
+        // (the start is entry aligned) and the tables it needs are the
+        // missing ones on its destination path. Checked in one walk of
+        // each side instead of the separate check and dry run below.
+        let mut first = match self.plan(old.0, new.0, len, fast, None) {
+            step @ Step::Entry { height, count, .. } if count as u64 * size(height) == len => {
+                Some(step)
+            }
+            _ => None,
+        };
+        // The source table of that step, if the move may leave it empty.
+        let mut single = None;
+        let (old, new, len, need) = match first {
+            Some(Step::Entry {
+                dst,
+                table,
+                height,
+                count,
+                ..
+            }) => {
+                single = table.map(|t| (t, height, count));
+                let need = match dst {
+                    Dest::Table(_) => 0,
+                    Dest::Missing(m) => m as usize,
+                };
+                (old.0, new.0, len, need)
+            }
+            _ => {
+                if let Some(va) = self.first_mapped(new.0, len) {
+                    return Err(Error::AlreadyMapped(va));
+                }
+                let (old, new, len) = self.realign(old.0, new.0, len, fast, opts.free_below)?;
+                (old, new, len, self.count_tables_needed(old, new, len, fast))
+            }
+        };
 
         // Phase 2: reserve; the only failure left.
         let mut stash = self.reserve(need)?;
@@ -317,16 +375,23 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut later = Deferred::default();
         let (mut o, mut n, mut rem) = (old, new, len);
         while rem > 0 {
-            let step = match self.plan(o, n, rem, fast, None) {
+            // The shortcut's step is still current: reserving tables does
+            // not change the tables.
+            let step = match first
+                .take()
+                .unwrap_or_else(|| self.plan(o, n, rem, fast, None))
+            {
                 Step::Skip(l) => l,
                 Step::Entry {
                     kind,
                     height,
                     slots,
                     count,
+                    dst,
+                    ..
                 } => {
                     let slots = slots.expect("real source entries");
-                    self.move_pgt_entry(kind, slots, o, n, &mut stash, &mut gather, &mut owed);
+                    self.move_pgt_entry(kind, slots, o, n, dst, &mut stash, &mut gather, &mut owed);
                     count as u64 * size(height)
                 }
                 Step::Split { height, slot, raw } => {
@@ -361,25 +426,49 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             n = n.wrapping_add(step);
             rem -= step;
         }
-        self.free_empty(
-            A::LEVELS - 1,
-            self.root,
-            old,
-            old.wrapping_add(len),
-            &mut gather,
-            &mut q,
-        );
+        // After a single step, the moved entries were the only ones of the
+        // range, and they are none now: only their source table (then its
+        // ancestors) can have become empty, and only if it is not the root
+        // and holds no other entry. Otherwise there is nothing to free and
+        // no need to walk the range again. (A whole table moved out is
+        // empty: `free_empty` frees it without a scan.)
+        let nothing_to_free =
+            single.is_some_and(|(t, height, count): (&crate::Table, u32, usize)| {
+                height == A::LEVELS - 1
+                    || (count < ENTRIES_PER_TABLE
+                        // Relaxed: we hold the address space exclusively.
+                        && t.entries.iter().any(|e| e.load(Relaxed) != 0))
+            });
+        if !nothing_to_free {
+            self.free_empty(
+                A::LEVELS - 1,
+                self.root,
+                old,
+                old.wrapping_add(len),
+                &mut gather,
+                &mut q,
+            );
+        }
         // The one TLB flush. Unlinked tables are freed only after it, and
         // the deferred PTE tables are copied only after it: from then on no
-        // walker can reach them to set an accessed or dirty bit.
-        self.finish(gather, FreeQueue::new());
-        self.copy_deferred(later, new.wrapping_sub(old), &mut stash, &mut owed, &mut q);
+        // walker can reach them to set an accessed or dirty bit. Without
+        // deferred tables, one `finish` flushes and frees.
+        let q = if later.count == 0 {
+            self.finish(gather, q);
+            None
+        } else {
+            self.finish(gather, FreeQueue::new());
+            self.copy_deferred(later, new.wrapping_sub(old), &mut stash, &mut owed, &mut q);
+            Some(q)
+        };
         if owed.pending {
             self.table_done();
         }
         debug_assert_eq!(stash.count, 0, "table reservation over-counted");
         self.release(stash);
-        self.finish(TlbGather::new(), q);
+        if let Some(q) = q {
+            self.finish(TlbGather::new(), q);
+        }
         Ok(())
     }
 
@@ -516,30 +605,45 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         loop {
             let ext = extent(old, new, rem, h);
             let whole = ext == size(h);
-            match A::decode(raw, h) {
+            let decoded = A::decode(raw, h);
+            // Whole entries move as one when the destination entry is none
+            // (it can hold an empty table, see `dest_lookup`); the walk
+            // that checks it also finds where the entries go.
+            let dst = match decoded {
+                Decoded::Invalid | Decoded::Leaf(_) if whole && h > 0 => self.dest_none(new, h),
+                Decoded::Table(_) if whole && fast.table_move(h) => self.dest_none(new, h),
+                _ => None,
+            };
+            match decoded {
                 Decoded::None => {
                     return Step::Skip(entry_end(old, h, old.wrapping_add(rem)).wrapping_sub(old));
                 }
                 Decoded::Invalid if h == 0 => unreachable!("PTE tables are moved as a whole"),
-                // Whole entries move as one when the destination entry is
-                // none (it can hold an empty table, see `dest_lookup`).
-                Decoded::Invalid if whole && self.dest_entry_none(new, h) => {
+                Decoded::Invalid => {
+                    let Some(dst) = dst else {
+                        // A software entry cannot be split; leave it in
+                        // place.
+                        return Step::Skip(ext);
+                    };
                     return Step::Entry {
                         kind: PgtEntry::Huge(h),
                         height: h,
                         slots: slot.map(core::slice::from_ref),
+                        table: slot.map(|_| t),
                         count: 1,
-                    }
+                        dst,
+                    };
                 }
-                // A software entry cannot be split; leave it in place.
-                Decoded::Invalid => return Step::Skip(ext),
-                Decoded::Leaf(_) if whole && self.dest_entry_none(new, h) => {
-                    let slots = slot.map(|_| self.run(t, old, new, rem, h, false));
+                Decoded::Leaf(_) if dst.is_some() => {
+                    let dst = dst.expect("checked above");
+                    let slots = slot.map(|_| self.run(t, old, new, rem, h, false, dst));
                     return Step::Entry {
                         kind: PgtEntry::Huge(h),
                         height: h,
                         slots,
+                        table: slot.map(|_| t),
                         count: slots.map_or(1, <[Slot]>::len),
+                        dst,
                     };
                 }
                 // Partly covered, or an (empty) table in the way at the
@@ -569,18 +673,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     };
                 }
                 Decoded::Table(c) => {
-                    if whole && fast.table_move(h) && self.dest_entry_none(new, h) {
+                    if let Some(dst) = dst {
                         let kind = if h == 2 {
                             PgtEntry::NormalPud
                         } else {
                             PgtEntry::NormalPmd
                         };
-                        let slots = self.run(t, old, new, rem, h, true);
+                        let slots = self.run(t, old, new, rem, h, true, dst);
                         return Step::Entry {
                             kind,
                             height: h,
                             slots: Some(slots),
+                            table: Some(t),
                             count: slots.len(),
+                            dst,
                         };
                     }
                     if h == 1 {
@@ -602,34 +708,39 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
     }
 
-    /// Whether the destination entry at `height` for `new` is none (or will
-    /// be, in a table still to be allocated).
-    fn dest_entry_none(&self, new: u64, height: u32) -> bool {
+    /// Where the destination entry at `height` for `new` is, when it is
+    /// none (or will be, in a table still to be allocated); `None` when it
+    /// is not.
+    fn dest_none(&self, new: u64, height: u32) -> Option<Dest> {
         match self.dest_lookup(new, height) {
-            Ok(Some(t)) => t.entries[index(new, height)].load(Relaxed) == 0,
-            Ok(None) => true,
-            Err(()) => false,
+            Ok(Dest::Table(pa)) => {
+                // SAFETY: `dest_lookup` returns a live table of ours.
+                let t = unsafe { table_at(&self.alloc, pa) };
+                // Relaxed: we hold the address space exclusively.
+                (t.entries[index(new, height)].load(Relaxed) == 0).then_some(Dest::Table(pa))
+            }
+            Ok(missing) => Some(missing),
+            Err(()) => None,
         }
     }
 
-    /// The existing destination table at `height` for `new`: `Ok(None)`
-    /// when a table on the path is missing (every entry below is none),
-    /// `Err` when a leaf or software entry is on the path.
-    fn dest_lookup<'t>(&self, new: u64, height: u32) -> Result<Option<&'t crate::Table>, ()> {
+    /// The existing destination table at `height` for `new`, or how many
+    /// tables are missing on the path to it (every entry below is none);
+    /// `Err` when a leaf or software entry is on the path (only possible
+    /// before the empty-destination check).
+    fn dest_lookup(&self, new: u64, height: u32) -> Result<Dest, ()> {
         let mut tpa = self.root;
         let mut h = A::LEVELS - 1;
         loop {
-            // SAFETY: the root or a table reached from it; live until
-            // `finish`.
-            let t: &'t crate::Table = unsafe { table_at(&self.alloc, tpa) };
             if h == height {
-                return Ok(Some(t));
+                return Ok(Dest::Table(tpa));
             }
+            // SAFETY: the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, tpa) };
             // Relaxed: we hold the address space exclusively.
             match A::decode(t.entries[index(new, h)].load(Relaxed), h) {
-                Decoded::None => return Ok(None),
+                Decoded::None => return Ok(Dest::Missing(h - height)),
                 Decoded::Table(c) => tpa = c,
-                // Excluded by the empty-destination check.
                 Decoded::Leaf(_) | Decoded::Invalid => return Err(()),
             }
             h -= 1;
@@ -639,8 +750,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The run of source entries in `t` at `height` from `old` that move
     /// like the first one (tables when `tables`, blocks otherwise), each
     /// whole at both ends with a none destination entry, within one source
-    /// and one destination table. Moving them in one step saves a walk
-    /// from the root per entry (512 per GiB on the PMD path).
+    /// and one destination table (`dst`, where the first one goes). Moving
+    /// them in one step saves a walk from the root per entry (512 per GiB
+    /// on the PMD path).
+    #[allow(clippy::too_many_arguments)]
     fn run<'t>(
         &self,
         t: &'t crate::Table,
@@ -649,6 +762,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         rem: u64,
         height: u32,
         tables: bool,
+        dst: Dest,
     ) -> &'t [Slot] {
         let (i, j) = (index(old, height), index(new, height));
         let max = (ENTRIES_PER_TABLE - i)
@@ -656,7 +770,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             .min((rem / size(height)) as usize);
         let mut k = 1;
         if max > 1 {
-            let dst = self.dest_lookup(new, height).ok().flatten();
+            let dst = match dst {
+                // SAFETY: `dest_lookup` returned a live table of ours.
+                Dest::Table(pa) => Some(unsafe { table_at(&self.alloc, pa) }),
+                Dest::Missing(_) => None,
+            };
             while k < max {
                 // Relaxed: we hold the address space exclusively.
                 let same = match A::decode(t.entries[i + k].load(Relaxed), height) {
@@ -763,43 +881,48 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         src: &[Slot],
         old: u64,
         new: u64,
+        dst: Dest,
         stash: &mut Stash,
         gather: &mut TlbGather,
         owed: &mut Owed,
     ) {
         match kind {
-            PgtEntry::NormalPud => self.move_normal_pud(src, old, new, stash, gather, owed),
-            PgtEntry::NormalPmd => self.move_normal_pmd(src, old, new, stash, gather, owed),
-            PgtEntry::Huge(h) => self.move_huge(h, src, old, new, stash, gather, owed),
+            PgtEntry::NormalPud => self.move_normal_pud(src, old, new, dst, stash, gather, owed),
+            PgtEntry::NormalPmd => self.move_normal_pmd(src, old, new, dst, stash, gather, owed),
+            PgtEntry::Huge(h) => self.move_huge(h, src, old, new, dst, stash, gather, owed),
         }
     }
 
     /// Moves PUD entries that point at whole PMD tables: one entry per
     /// 1 GiB (seed 002).
+    #[allow(clippy::too_many_arguments)]
     fn move_normal_pud(
         &mut self,
         src: &[Slot],
         old: u64,
         new: u64,
+        dst: Dest,
         stash: &mut Stash,
         gather: &mut TlbGather,
         owed: &mut Owed,
     ) {
-        self.move_entries(2, true, src, old, new, stash, gather, owed);
+        self.move_entries(2, true, src, old, new, dst, stash, gather, owed);
     }
 
     /// Moves PMD entries that point at whole PTE tables: one entry per
     /// 2 MiB.
+    #[allow(clippy::too_many_arguments)]
     fn move_normal_pmd(
         &mut self,
         src: &[Slot],
         old: u64,
         new: u64,
+        dst: Dest,
         stash: &mut Stash,
         gather: &mut TlbGather,
         owed: &mut Owed,
     ) {
-        self.move_entries(1, true, src, old, new, stash, gather, owed);
+        self.move_entries(1, true, src, old, new, dst, stash, gather, owed);
     }
 
     /// Moves blocks (huge leaves) at `height`, one entry each (Linux
@@ -811,16 +934,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         src: &[Slot],
         old: u64,
         new: u64,
+        dst: Dest,
         stash: &mut Stash,
         gather: &mut TlbGather,
         owed: &mut Owed,
     ) {
-        self.move_entries(height, false, src, old, new, stash, gather, owed);
+        self.move_entries(height, false, src, old, new, dst, stash, gather, owed);
     }
 
     /// Moves the entries `src` at `height` (tables when `tables`) to the
     /// consecutive destination entries from `new`, in one destination
-    /// table.
+    /// table (`dst`, as the planning walk found it: no second walk when it
+    /// exists).
     #[allow(clippy::too_many_arguments)]
     fn move_entries(
         &mut self,
@@ -829,13 +954,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         src: &[Slot],
         old: u64,
         new: u64,
+        dst: Dest,
         stash: &mut Stash,
         gather: &mut TlbGather,
         owed: &mut Owed,
     ) {
-        let dt = self.dest_table(new, height, stash, owed);
-        // SAFETY: `dest_table` returns a live table of ours; the run stays
-        // inside it.
+        let dt = match dst {
+            Dest::Table(pa) => pa,
+            Dest::Missing(_) => self.dest_table(new, height, stash, owed),
+        };
+        // SAFETY: `dst` / `dest_table` is a live table of ours; the run
+        // stays inside it.
         let dst = unsafe { &table_at(&self.alloc, dt).entries[index(new, height)..][..src.len()] };
         for (s, d) in src.iter().zip(dst) {
             // An atomic exchange: a block's accessed/dirty state, and the

@@ -984,3 +984,179 @@ fn block_onto_an_existing_empty_destination_table_is_split_into_it() {
     assert!(s.translate(VirtAddr(other)).is_some());
     assert_eq!(s.alloc().live(), s.count_tables());
 }
+
+// ----- one-step moves (the whole range is one entry or one run) -----
+
+/// Maps one 2 MiB block at `va` (to `pa`).
+fn map_block(s: &mut Space, va: u64, pa: u64) {
+    s.map(
+        VirtAddr(va),
+        PhysAddr(pa),
+        MIB2,
+        Prot::READ_WRITE,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
+}
+
+#[test]
+fn one_block_move_keeps_a_source_table_that_still_maps_something() {
+    // Two blocks in one PMD table; the first moves to a fresh part of the
+    // space (a PUD table and a PMD table to allocate).
+    let (old, other, new) = (2 * GIB, 2 * GIB + MIB2, 600 * GIB);
+    let mut s = space();
+    map_block(&mut s, old, PA.0);
+    map_block(&mut s, other, PA.0 + MIB2);
+    s.stats().reset();
+    let tables_before = s.count_tables();
+
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2)
+        .unwrap();
+
+    assert_eq!(
+        s.translate(VirtAddr(new + 0x1234)).unwrap().pa.0,
+        PA.0 + 0x1234
+    );
+    assert!(s.translate(VirtAddr(old)).is_none());
+    assert_eq!(s.translate(VirtAddr(other)).unwrap().pa.0, PA.0 + MIB2);
+    assert_eq!(s.count_tables(), tables_before + 2);
+    assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
+    assert_eq!(s.mmu().flushes(), 1);
+    if Stats::ENABLED {
+        assert_eq!(s.stats().entries_written(), 1);
+        assert_eq!(s.stats().tables_allocated(), 2);
+        assert_eq!(s.stats().tables_freed(), 0);
+    }
+}
+
+#[test]
+fn one_block_move_frees_the_source_tables_it_empties() {
+    // The only mapping under its PUD entry: its PMD table and the PUD
+    // table above it (nothing else under that root entry) become empty.
+    let (old, new) = (600 * GIB, 2 * GIB);
+    let mut s = space();
+    map_block(&mut s, old, PA.0);
+    // Something under the destination's PUD table, so only the
+    // destination PMD table is missing.
+    s.map(
+        VirtAddr(new + GIB / 2),
+        PhysAddr(0x7000_0000),
+        KIB4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    s.stats().reset();
+    s.mmu().reset();
+    let tables_before = s.count_tables();
+
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2)
+        .unwrap();
+
+    assert_eq!(
+        s.translate(VirtAddr(new + 0x5678)).unwrap().pa.0,
+        PA.0 + 0x5678
+    );
+    assert!(s.translate(VirtAddr(old)).is_none());
+    assert!(s.slot(VirtAddr(old), 2).is_none(), "source PUD table kept");
+    assert!(s.translate(VirtAddr(new + GIB / 2)).is_some());
+    // The destination shares the existing PMD table of the page.
+    assert_eq!(s.count_tables(), tables_before - 2);
+    assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
+    assert_eq!(s.mmu().flushes(), 1);
+    assert_eq!(s.mmu().barriers.get(), 1);
+    if Stats::ENABLED {
+        assert_eq!(s.stats().entries_written(), 1);
+        assert_eq!(s.stats().tables_allocated(), 0);
+        assert_eq!(s.stats().tables_freed(), 2);
+    }
+}
+
+#[test]
+fn one_step_move_onto_a_mapped_destination_is_rejected() {
+    let (old, new) = (GIB, 3 * GIB);
+    // A whole PUD (or run of PMD entries) onto a page deep inside it.
+    let mut s = mapped_pages(old, GIB);
+    let page = new + 300 * MIB2 + 7 * KIB4;
+    s.map(
+        VirtAddr(page),
+        PhysAddr(0x7000_0000),
+        KIB4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    assert_rejected(&mut s, old, new, GIB, Error::AlreadyMapped(VirtAddr(page)));
+    // A block onto a block.
+    let mut s = space();
+    map_block(&mut s, old, PA.0);
+    map_block(&mut s, new, PA.0 + MIB2);
+    assert_rejected(&mut s, old, new, MIB2, Error::AlreadyMapped(VirtAddr(new)));
+}
+
+#[test]
+fn one_step_move_into_an_existing_empty_table_uses_it() {
+    use pgtable_core::Format;
+    let (old, new) = (GIB, 3 * GIB);
+    let mut s = mapped_pages(old, GIB);
+    // An empty PMD table already linked at the destination PUD entry: the
+    // PUD entry cannot move, the 512 PMD entries move into that table.
+    let empty = s.alloc_mut().alloc_table().unwrap();
+    s.slot(VirtAddr(new), 2).unwrap().store(
+        TestFormat::<4>::table_entry(empty, 2),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let before = leaves_in(&s, old, GIB);
+    let tables_before = s.count_tables();
+
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB)
+        .unwrap();
+
+    assert_moved(&before, &leaves_in(&s, new, GIB), old, new);
+    assert!(leaves_in(&s, old, GIB).is_empty());
+    assert_eq!(
+        s.slot(VirtAddr(new), 2)
+            .unwrap()
+            .load(std::sync::atomic::Ordering::Relaxed),
+        TestFormat::<4>::table_entry(empty, 2)
+    );
+    assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
+    assert_eq!(s.mmu().flushes(), 1);
+    if PMD_ON {
+        // The source PMD table is freed, nothing is allocated.
+        assert_eq!(s.count_tables(), tables_before - 1);
+        if Stats::ENABLED {
+            assert_eq!(s.stats().entries_written(), 512);
+            assert_eq!(s.stats().tables_allocated(), 0);
+            assert_eq!(s.stats().tables_freed(), 1);
+        }
+    }
+}
+
+#[test]
+fn allocation_failure_in_a_one_step_move_leaves_everything_as_before() {
+    // A block to an empty part of the space: a PUD table and a PMD table.
+    let (old, new) = (2 * GIB, 600 * GIB);
+    let mut s = space();
+    map_block(&mut s, old, PA.0);
+    let snap = snapshot(&s);
+    let mut k = 0;
+    loop {
+        s.alloc_mut().fail_after(Some(k));
+        s.mmu().reset();
+        match s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2) {
+            Err(e) => {
+                assert_eq!(e, Error::OutOfMemory);
+                assert_eq!(snapshot(&s), snap, "failure after {k} allocations");
+                assert_eq!(s.alloc().live(), snap.live);
+                assert_eq!((s.mmu().flushes(), s.mmu().barriers.get()), (0, 0));
+                k += 1;
+            }
+            Ok(()) => break,
+        }
+    }
+    s.alloc_mut().fail_after(None);
+    assert_eq!(k, 2);
+    assert_eq!(s.translate(VirtAddr(new)).unwrap().pa, PA);
+    assert_eq!(s.alloc().live(), s.count_tables());
+}
