@@ -490,6 +490,48 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         child
     }
 
+    /// Phase 1 of unmap and change_protection: the tables needed to split
+    /// the blocks that `[va, end)` covers only in part and for which
+    /// `needs_split(raw, height)` holds (only blocks at the two ends of a
+    /// range can be partly covered).
+    pub(crate) fn split_check(
+        &self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        needs_split: &impl Fn(u64, u32) -> bool,
+    ) -> usize {
+        if height == 0 {
+            return 0;
+        }
+        // SAFETY: the root or a table reached from it.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        let mut need = 0;
+        loop {
+            let next = entry_end(va, height, end);
+            if !covers(va, next, height) {
+                // Relaxed: we hold the address space exclusively; the
+                // hardware changes accessed/dirty state only, never the
+                // kind of entry or its protection.
+                let raw = t.entries[index(va, height)].load(Relaxed);
+                match A::decode(raw, height) {
+                    Decoded::Leaf(_) if needs_split(raw, height) => {
+                        need += Self::split_need(va, next, height);
+                    }
+                    Decoded::Table(c) => {
+                        need += self.split_check(height - 1, c, va, next, needs_split);
+                    }
+                    _ => {}
+                }
+            }
+            va = next;
+            if va == end {
+                return need;
+            }
+        }
+    }
+
     /// How many tables splitting the block at `height` around the partial
     /// range `[va, end)` needs, splits of partly covered children included.
     pub(crate) fn split_need(va: u64, end: u64, height: u32) -> usize {

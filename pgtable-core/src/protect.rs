@@ -121,7 +121,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     pub fn change_protection(&mut self, va: VirtAddr, len: u64, prot: Prot) -> Result<(), Error> {
         let end = Self::check_range(va, len)?;
         let top = A::LEVELS - 1;
-        let need = self.protect_check(top, self.root, va.0, end, prot);
+        // A block that already grants `prot` is left whole, not split.
+        let differs = |raw, h| A::leaf_prot(raw, h) != prot;
+        let need = self.split_check(top, self.root, va.0, end, &differs);
         let mut stash = self.reserve(need)?;
         let mut gather = TlbGather::new();
         self.protect_change(top, self.root, va.0, end, prot, &mut stash, &mut gather);
@@ -129,44 +131,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.release(stash);
         self.finish(gather, FreeQueue::new());
         Ok(())
-    }
-
-    /// Phase 1: tables needed to split the partly covered blocks in
-    /// `[va, end)` whose protection changes.
-    fn protect_check(
-        &self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
-        prot: Prot,
-    ) -> usize {
-        if height == 0 {
-            return 0;
-        }
-        // SAFETY: the root or a table reached from it.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        let mut need = 0;
-        loop {
-            let next = entry_end(va, height, end);
-            if !covers(va, next, height) {
-                // Relaxed: we hold the address space exclusively; the
-                // hardware changes accessed/dirty state only, never the
-                // kind of entry or its protection.
-                let raw = t.entries[index(va, height)].load(Relaxed);
-                match A::decode(raw, height) {
-                    Decoded::Leaf(_) if A::leaf_prot(raw, height) != prot => {
-                        need += Self::split_need(va, next, height);
-                    }
-                    Decoded::Table(c) => need += self.protect_check(height - 1, c, va, next, prot),
-                    _ => {}
-                }
-            }
-            va = next;
-            if va == end {
-                return need;
-            }
-        }
     }
 
     /// Phase 3: changes `[va, end)` in the table `tpa` at `height`.

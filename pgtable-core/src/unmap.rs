@@ -30,7 +30,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     pub fn unmap(&mut self, va: VirtAddr, len: u64) -> Result<(), Error> {
         let end = Self::check_range(va, len)?;
         let top = A::LEVELS - 1;
-        let need = self.unmap_check(top, self.root, va.0, end);
+        let need = self.split_check(top, self.root, va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
         let mut gather = TlbGather::new();
         let mut q = FreeQueue::new();
@@ -38,34 +38,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.release(stash);
         self.finish(gather, q);
         Ok(())
-    }
-
-    /// Tables needed to split the partly covered blocks in `[va, end)`.
-    pub(crate) fn unmap_check(&self, height: u32, tpa: PhysAddr, mut va: u64, end: u64) -> usize {
-        if height == 0 {
-            return 0;
-        }
-        // SAFETY: reached from the root.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        let mut need = 0;
-        loop {
-            let next = entry_end(va, height, end);
-            // Relaxed: we hold the address space exclusively.
-            let raw = t.entries[index(va, height)].load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Leaf(_) if !covers(va, next, height) => {
-                    need += Self::split_need(va, next, height);
-                }
-                Decoded::Table(c) if !covers(va, next, height) => {
-                    need += self.unmap_check(height - 1, c, va, next);
-                }
-                _ => {}
-            }
-            va = next;
-            if va == end {
-                return need;
-            }
-        }
     }
 
     /// Clears `[va, end)` in the table `tpa` at `height`; returns whether
