@@ -85,3 +85,49 @@ pub fn bench() -> Result<(), String> {
     crate::linux_mremap::bench()?;
     crate::x86::bench()
 }
+
+/// Test-name fragments Miri skips: cases over 1 GiB of entries (hours under
+/// Miri) and the timing-driven thread races (Miri's scheduler makes them
+/// spin to their time limit). Everything else runs.
+const MIRI_SKIP: [&str; 9] = [
+    "1g",
+    "gib",
+    "random",
+    "racing",
+    "non_atomic",
+    "every_level",
+    "every_k",
+    "big",
+    "agent",
+];
+
+/// The host tests of pgtable-core under Miri (nightly toolchain with the
+/// `miri` component). The arena hands out host addresses as physical
+/// addresses, hence permissive provenance.
+pub fn miri() -> Result<(), String> {
+    // The rustup proxy (not $CARGO, which is the stable cargo itself)
+    // understands `+nightly`.
+    let mut c = Command::new("cargo");
+    c.current_dir(root());
+    c.args([
+        "+nightly",
+        "miri",
+        "test",
+        "-p",
+        "pgtable-core",
+        "--features",
+        "alloc,stats",
+        "--test",
+        "core",
+        "--test",
+        "moves",
+        "--test",
+        "protect",
+        "--",
+    ]);
+    for s in MIRI_SKIP {
+        c.args(["--skip", s]);
+    }
+    c.env("MIRIFLAGS", "-Zmiri-permissive-provenance");
+    sh(&mut c)
+}

@@ -9,6 +9,8 @@
 //!   `mremap` of 1 GiB on this machine, and the x86 kernel's in-kernel
 //!   benchmarks (booted in QEMU) in the same run.
 //!
+//! - `cargo xtask miri`: pgtable-core's host tests under Miri (nightly).
+//!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 
 mod arm64;
@@ -34,7 +36,7 @@ pub struct QemuOpts {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <ci | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench>"
+        "usage: cargo xtask <ci | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench | miri>"
     );
     ExitCode::from(2)
 }
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         "bench" => ci::bench(),
+        "miri" => ci::miri(),
         _ => return usage(),
     };
     match result {
