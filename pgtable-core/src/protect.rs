@@ -224,12 +224,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // bits clear is never valid), so 0 means "nothing decided yet".
         let mut memo_attrs = 0u64;
         let mut memo = PteAction::Keep;
-        for (k, slot) in t.entries[i..i + n].iter().enumerate() {
+        let entries = &t.entries[i..i + n];
+        let mut k = 0;
+        while k < n {
+            let slot = &entries[k];
             // Relaxed: we hold the address space exclusively; the hardware
             // may set accessed/dirty state, which the start below catches
             // (or which cannot happen to a settled entry).
             let raw = slot.load(Relaxed);
             let Decoded::Leaf(pa) = A::decode(raw, 0) else {
+                k += 1;
                 continue;
             };
             let attrs = raw ^ pa.0;
@@ -238,11 +242,36 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 memo = PteAction::decide::<A>(raw, prot);
             }
             match memo {
-                PteAction::Keep => continue,
+                PteAction::Keep => {
+                    k += 1;
+                    continue;
+                }
                 PteAction::Plain(delta) => {
                     // The hardware never writes a settled entry, so nothing
                     // can change between the load above and this store.
                     A::set_pte_nosync(&lazy, slot, raw ^ delta);
+                    // The run of leaves that follow with the same attribute
+                    // word takes the same plain store, without deciding
+                    // again (the common case: a whole table of them).
+                    let mut run = 1;
+                    for next in &entries[k + 1..] {
+                        // Relaxed: as above.
+                        let raw = next.load(Relaxed);
+                        match A::decode(raw, 0) {
+                            Decoded::Leaf(pa) if raw ^ pa.0 == memo_attrs => {
+                                A::set_pte_nosync(&lazy, next, raw ^ delta);
+                                run += 1;
+                            }
+                            _ => break,
+                        }
+                    }
+                    if first == usize::MAX {
+                        first = k;
+                    }
+                    k += run;
+                    last = k - 1;
+                    written += run as u64;
+                    continue;
                 }
                 PteAction::Transaction => {
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
@@ -264,6 +293,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
             last = k;
             written += 1;
+            k += 1;
         }
         let last = last + 1;
         if written == 0 {

@@ -786,11 +786,17 @@ fn agent_round(slots: &[usize], height: u32) -> (Vec<usize>, usize) {
 /// `height` (pages or 2 MiB blocks) until `stop` says so; every round
 /// resets the leaves to a mix of clean, accessed-only and settled (accessed
 /// and dirty) entries.
+/// The race tests run one at a time: each needs both of a small machine's
+/// cores (the changer and the agent) to hit the window within its limit.
+static RACE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn race<A: Arch>(
     height: u32,
     mut change: impl FnMut(&mut AddressSpace<A, NoopMmu, Arena>, Prot),
     mut stop: impl FnMut(usize, &RaceOutcome) -> bool,
 ) -> (usize, RaceOutcome) {
+    // A race test that failed still releases the machine for the others.
+    let _one_at_a_time = RACE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let step = if height == 0 { KIB4 } else { MIB2 };
     let opts = if height == 0 {
         MapOptions::PAGES
@@ -919,8 +925,13 @@ fn until(
     min: usize,
     want: impl Fn(&RaceOutcome) -> bool,
 ) -> impl FnMut(usize, &RaceOutcome) -> bool {
-    let t0 = Instant::now();
-    move |rounds, o| (rounds >= min && want(o)) || t0.elapsed() > Duration::from_secs(20)
+    // The clock starts with the first round, not while waiting for
+    // `RACE_LOCK`.
+    let mut t0 = None;
+    move |rounds, o| {
+        let t0 = *t0.get_or_insert_with(Instant::now);
+        (rounds >= min && want(o)) || t0.elapsed() > Duration::from_secs(20)
+    }
 }
 
 /// Races the agent against `change_protection` on leaves at `height`.
@@ -959,6 +970,12 @@ fn non_atomic_protection_change_loses_dirty_bits() {
             let slot = s.slot(BASE.add(i * KIB4), 0).unwrap();
             // Relaxed: deliberately not a read-modify-write.
             let raw = slot.load(Relaxed);
+            // Widen the load-to-store window (as an interrupt or a cache
+            // miss would) so the race is hit within the time limit even on
+            // a loaded machine.
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
             slot.store(TF::modify_prot(raw, prot, 0), Relaxed);
         }
     };
