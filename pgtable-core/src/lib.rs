@@ -81,3 +81,8 @@ pub use stats::Stats;
 pub use table::Arena;
 pub use table::{Slot, Table, TableAlloc};
 pub use walk::{Mapping, Translation};
+
+/// The README's usage example, compiled and run as a doctest.
+#[cfg(all(doctest, feature = "alloc"))]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
