@@ -251,9 +251,18 @@ fn no_dirty_state_is_lost_while_the_hardware_races_change_protection() {
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let agent = machine.spawn_agent(VA, len, stop.clone());
-    for _ in 0..200 {
+    // At least 200 rounds, and on until the hardware thread has dirtied
+    // something (a starved thread on a loaded machine may not have run yet),
+    // bounded in time. Each round ends writable.
+    let t0 = std::time::Instant::now();
+    let mut rounds = 0;
+    while rounds < 200 || (machine.stats().dirty_set == 0 && t0.elapsed().as_secs() < 30) {
         space.change_protection(VA, len, user_ro).unwrap();
         space.change_protection(VA, len, user_rw).unwrap();
+        if rounds >= 200 {
+            std::thread::yield_now();
+        }
+        rounds += 1;
     }
     stop.store(true, Relaxed);
     let report = agent.join().unwrap();

@@ -1077,9 +1077,18 @@ mod sim {
         let stop = Arc::new(AtomicBool::new(false));
         let agent = m.spawn_agent(BASE, pages * KIB4, stop.clone());
         let rwx = Prot::new(Prot::WRITE | Prot::EXEC);
-        for i in 0..400 {
+        // At least 400 changes, and on until the hardware thread has
+        // dirtied something (it may be starved on a loaded machine),
+        // bounded in time.
+        let t0 = std::time::Instant::now();
+        let mut i = 0;
+        while i < 400 || (m.stats().dirty_set == 0 && t0.elapsed().as_secs() < 30) {
             let prot = if i % 2 == 0 { rwx } else { Prot::READ_WRITE };
             s.change_protection(BASE, pages * KIB4, prot).unwrap();
+            if i >= 400 {
+                std::thread::yield_now();
+            }
+            i += 1;
         }
         // Relaxed: the join below orders everything the agent did.
         stop.store(true, Relaxed);

@@ -180,10 +180,10 @@ fn no_accessed_dirty_update_is_lost<A: Arch + Send>(va: u64) {
         m.check().unwrap();
     }
     // On a loaded machine the agent may not have run yet: give it up to
-    // 5 s to set some states (the range is writable after the last round).
+    // 30 s to set some states (the range is writable after the last round).
     let t0 = Instant::now();
     while (m.stats().accessed_set == 0 || m.stats().dirty_set == 0)
-        && t0.elapsed() < Duration::from_secs(5)
+        && t0.elapsed() < Duration::from_secs(30)
     {
         std::thread::yield_now();
     }
