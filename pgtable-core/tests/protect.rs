@@ -5,14 +5,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, VALID, WRITE, XN};
 use pgtable_core::{
     Access, AccessFault, AddressSpace, Arch, Arena, DeferredBlockProt, Error, Format,
-    GenericBlockProt, MapOptions, Mapping, MemType, Mmu, NoopMmu, PhysAddr, Prot, Slot, TlbRange,
-    VirtAddr, PAGE_SIZE,
+    GenericBlockProt, MapOptions, Mapping, MemType, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr,
+    PAGE_SIZE,
 };
 
 const KIB4: u64 = PAGE_SIZE;
@@ -734,7 +734,7 @@ struct RaceOutcome {
 /// accessed/dirty with a compare-exchange), retrying pages that are not
 /// present, and returns the leaves whose dirty bit it set and how often it
 /// was contended.
-fn agent_round(slots: &[usize], height: u32) -> (Vec<usize>, usize) {
+fn agent_round(slots: &[usize], height: u32, round: usize) -> (Vec<usize>, usize) {
     let mut done = vec![false; slots.len()];
     let mut left = slots.len();
     let mut dirtied = Vec::new();
@@ -744,6 +744,12 @@ fn agent_round(slots: &[usize], height: u32) -> (Vec<usize>, usize) {
         for i in (0..slots.len()).rev() {
             if done[i] {
                 continue;
+            }
+            if i == 0 {
+                // The first leaf (the first the change takes out) waits
+                // for the changer's window of this round (see
+                // `pause_for_agent`).
+                wait_until(&WINDOW, |w| w >= round);
             }
             // SAFETY: the address came from a `&Slot` of a table frame that
             // stays allocated until the address space is dropped, after
@@ -778,8 +784,63 @@ fn agent_round(slots: &[usize], height: u32) -> (Vec<usize>, usize) {
                 }
             }
         }
+        // Release: a changer paused in `RaceMmu` sees every access of this
+        // sweep done once it sees the count.
+        AGENT_SWEEPS.fetch_add(1, Release);
     }
     (dirtied, contended)
+}
+
+/// Sweeps the agent has finished (see [`pause_for_agent`]).
+static AGENT_SWEEPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether [`RaceMmu`] pauses after the next entry it sees cleared.
+static PAUSE_ARMED: AtomicBool = AtomicBool::new(false);
+
+/// The round being raced.
+static ROUND: AtomicUsize = AtomicUsize::new(0);
+
+/// The last round whose changer reached its pause (or finished without
+/// one): until then the agent holds back from leaf 0.
+static WINDOW: AtomicUsize = AtomicUsize::new(0);
+
+/// Opens the round's window and holds the changer inside it until the
+/// agent has swept every leaf at least once after this call (two finished
+/// sweeps), or for 2 s at most. The agent keeps off leaf 0 until the window
+/// opens, so each round hits the window at least once whatever the
+/// scheduler does; the free-running rest of the round hits it by chance.
+fn pause_for_agent() {
+    // Acquire: pairs with the agent's Release increment.
+    let s0 = AGENT_SWEEPS.load(Acquire);
+    // Release: the cleared (or loaded) entry is written before the agent
+    // is let at it. Relaxed load: ROUND is only written by this thread.
+    WINDOW.store(ROUND.load(Relaxed), Release);
+    let t0 = Instant::now();
+    while AGENT_SWEEPS.load(Acquire) < s0 + 2 && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::yield_now();
+    }
+}
+
+/// The race tests' MMU: does nothing, except that once per round (armed by
+/// the harness) it pauses right after an entry is cleared, the window of a
+/// protection-change transaction, until the agent has been through it.
+struct RaceMmu;
+
+impl Mmu for RaceMmu {
+    const OBSERVES_WRITES: bool = true;
+
+    fn walker_barrier(&self) {}
+    fn flush_tlb_range(&self, _range: TlbRange) {}
+    fn flush_tlb_all(&self) {}
+    unsafe fn install_root(&self, _root: PhysAddr) {}
+
+    fn entry_written(&self, slot: &Slot, _old: u64) {
+        // Relaxed: the flag is only set and taken by this (the changer's)
+        // thread; the entry was written by this thread too.
+        if slot.load(Relaxed) == 0 && PAUSE_ARMED.swap(false, Relaxed) {
+            pause_for_agent();
+        }
+    }
 }
 
 /// Runs rounds of `change` against the agent on `RACE_PAGES` leaves at
@@ -792,18 +853,20 @@ static RACE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn race<A: Arch>(
     height: u32,
-    mut change: impl FnMut(&mut AddressSpace<A, NoopMmu, Arena>, Prot),
+    mut change: impl FnMut(&mut AddressSpace<A, RaceMmu, Arena>, Prot),
     mut stop: impl FnMut(usize, &RaceOutcome) -> bool,
 ) -> (usize, RaceOutcome) {
     // A race test that failed still releases the machine for the others.
     let _one_at_a_time = RACE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Rounds count from 1 in every race (the agent is not running yet).
+    WINDOW.store(0, Relaxed);
     let step = if height == 0 { KIB4 } else { MIB2 };
     let opts = if height == 0 {
         MapOptions::PAGES
     } else {
         MapOptions::PMD_BLOCKS
     };
-    let mut s = AddressSpace::<A, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    let mut s = AddressSpace::<A, _, _>::new(RaceMmu, Arena::new()).unwrap();
     s.map(BASE, PA, RACE_PAGES * step, Prot::READ_WRITE, opts)
         .unwrap();
     let slots: Vec<usize> = (0..RACE_PAGES)
@@ -828,7 +891,7 @@ fn race<A: Arch>(
                 }
                 // Release: pairs with the main thread's wait on `ready`.
                 ready.store(r, Release);
-                let (d, c) = agent_round(&slots, height);
+                let (d, c) = agent_round(&slots, height, r);
                 *agent_dirtied.lock().unwrap() = d;
                 agent_contended.store(c, Relaxed);
                 // Release: publishes the results and the agent's writes.
@@ -853,10 +916,19 @@ fn race<A: Arch>(
                 Prot::READ_WRITE
             };
             rounds += 1;
+            // Relaxed: read by this thread only.
+            ROUND.store(rounds, Relaxed);
             // Release: publishes the reset entries to the agent.
             go.store(rounds, Release);
             wait_until(&ready, |r| r == rounds);
+            // Relaxed: read back by this thread only (in `RaceMmu`).
+            PAUSE_ARMED.store(true, Relaxed);
             change(&mut s, prot);
+            // Relaxed: as above; a change that cleared nothing leaves it set.
+            PAUSE_ARMED.store(false, Relaxed);
+            // Release: a change that never paused lets the agent at leaf 0
+            // now, after all its writes.
+            WINDOW.store(rounds, Release);
             wait_until(&done, |d| d == rounds);
             let dirtied = std::mem::take(&mut *agent_dirtied.lock().unwrap());
             let mut round = RaceOutcome {
@@ -965,11 +1037,17 @@ fn racing_hardware_dirty_updates_on_blocks_are_never_lost_with_the_deferred_star
 #[test]
 fn non_atomic_protection_change_loses_dirty_bits() {
     // The control: load, modify, plain store. The same check must catch it.
-    let broken = |s: &mut AddressSpace<TestFormat, NoopMmu, Arena>, prot: Prot| {
+    let broken = |s: &mut AddressSpace<TestFormat, RaceMmu, Arena>, prot: Prot| {
         for i in 0..RACE_PAGES {
             let slot = s.slot(BASE.add(i * KIB4), 0).unwrap();
             // Relaxed: deliberately not a read-modify-write.
             let raw = slot.load(Relaxed);
+            // The same once-per-round pause as the transaction gets, here
+            // between the load and the store.
+            // Relaxed: as in `RaceMmu`.
+            if PAUSE_ARMED.swap(false, Relaxed) {
+                pause_for_agent();
+            }
             // Widen the load-to-store window (as an interrupt or a cache
             // miss would) so the race is hit within the time limit even on
             // a loaded machine.
