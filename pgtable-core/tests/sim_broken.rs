@@ -5,6 +5,9 @@
 //! lost dirty bit) — with the correct variant beside each one passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
+#[macro_use]
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -12,8 +15,8 @@ use pgtable_core::sim::{CheckError, SimAlloc, SimFaultKind, SimMachine, SimMmu, 
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::{TestFormat, DIRTY};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, PhysAddr, Prot,
-    Slot, TlbRange, VirtAddr,
+    AccessFault, AddressSpace, Arch, Format, MapOptions, Mmu, PhysAddr, Prot, Slot, TlbRange,
+    VirtAddr,
 };
 
 const K4: u64 = 4 << 10;
@@ -220,46 +223,12 @@ fn a_missing_barrier_hides_the_new_mapping_from_the_walker() {
     m.check().unwrap();
 }
 
-/// The test format with a broken `set_pte_at`: it stores without the
-/// walker barrier its arch needs.
-#[derive(Clone, Copy, Debug, Default)]
-struct NoBarrierSetPte;
-
-impl Format for NoBarrierSetPte {
-    const NAME: &'static str = "test-no-barrier";
-    const LEVELS: u32 = 4;
-    const PA_BITS: u32 = 48;
-    fn leaf_allowed(h: u32) -> bool {
-        T4::leaf_allowed(h)
-    }
-    fn decode(raw: u64, h: u32) -> Decoded {
-        T4::decode(raw, h)
-    }
-    fn table_entry(pa: PhysAddr, h: u32) -> u64 {
-        T4::table_entry(pa, h)
-    }
-    fn leaf_template(p: Prot, h: u32) -> u64 {
-        T4::leaf_template(p, h)
-    }
-    fn leaf_prot(raw: u64, h: u32) -> Prot {
-        T4::leaf_prot(raw, h)
-    }
-    fn modify_prot(raw: u64, p: Prot, h: u32) -> u64 {
-        T4::modify_prot(raw, p, h)
-    }
-    fn split_leaf(raw: u64, h: u32) -> u64 {
-        T4::split_leaf(raw, h)
-    }
-    fn is_young(raw: u64) -> bool {
-        T4::is_young(raw)
-    }
-    fn is_dirty(raw: u64) -> bool {
-        T4::is_dirty(raw)
-    }
-    fn hw_access(raw: u64, h: u32, a: Access) -> Result<u64, AccessFault> {
-        T4::hw_access(raw, h, a)
-    }
-}
+test_format_variant!(
+    /// The test format with a broken `set_pte_at`: it stores without the
+    /// walker barrier its arch needs.
+    NoBarrierSetPte,
+    "test-no-barrier"
+);
 
 impl Arch for NoBarrierSetPte {
     fn set_pte_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pte: u64) {

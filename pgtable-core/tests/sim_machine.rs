@@ -4,14 +4,17 @@
 //! random operation sequences.
 #![cfg(feature = "sim")]
 
+#[macro_use]
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use pgtable_core::sim::{SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, MapOptions, Mmu, PhysAddr,
-    Prot, TlbRange, VirtAddr,
+    Access, AccessFault, AddressSpace, Arch, Error, Format, MapOptions, Mmu, PhysAddr, Prot,
+    TlbRange, VirtAddr,
 };
 
 const K4: u64 = 4 << 10;
@@ -29,46 +32,12 @@ fn setup<A: Arch>() -> (SimMachine<A>, Space<A>) {
     (m, s)
 }
 
-/// The test format, except that the walker sees table writes in program
-/// order (x86): no barrier needed.
-#[derive(Clone, Copy, Debug, Default)]
-struct InOrderWalker;
-
-impl Format for InOrderWalker {
-    const NAME: &'static str = "test-in-order";
-    const LEVELS: u32 = 4;
-    const PA_BITS: u32 = 48;
-    fn leaf_allowed(h: u32) -> bool {
-        T4::leaf_allowed(h)
-    }
-    fn decode(raw: u64, h: u32) -> Decoded {
-        T4::decode(raw, h)
-    }
-    fn table_entry(pa: PhysAddr, h: u32) -> u64 {
-        T4::table_entry(pa, h)
-    }
-    fn leaf_template(p: Prot, h: u32) -> u64 {
-        T4::leaf_template(p, h)
-    }
-    fn leaf_prot(raw: u64, h: u32) -> Prot {
-        T4::leaf_prot(raw, h)
-    }
-    fn modify_prot(raw: u64, p: Prot, h: u32) -> u64 {
-        T4::modify_prot(raw, p, h)
-    }
-    fn split_leaf(raw: u64, h: u32) -> u64 {
-        T4::split_leaf(raw, h)
-    }
-    fn is_young(raw: u64) -> bool {
-        T4::is_young(raw)
-    }
-    fn is_dirty(raw: u64) -> bool {
-        T4::is_dirty(raw)
-    }
-    fn hw_access(raw: u64, h: u32, a: Access) -> Result<u64, AccessFault> {
-        T4::hw_access(raw, h, a)
-    }
-}
+test_format_variant!(
+    /// The test format, except that the walker sees table writes in program
+    /// order (x86): no barrier needed.
+    InOrderWalker,
+    "test-in-order"
+);
 
 impl Arch for InOrderWalker {
     const NEEDS_WALKER_BARRIER: bool = false;
