@@ -72,6 +72,23 @@ fn timed<M: Mmu>(
 
 fn none<M: Mmu>(_: &mut Space<M>) {}
 
+/// Maps `[VA, VA + 1 GiB)` with 4 KiB pages, read-write.
+fn map_4k<M: Mmu>(s: &mut Space<M>) {
+    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap()
+}
+
+/// Maps `[VA, VA + 1 GiB)` with 2 MiB blocks, read-write.
+fn map_2m<M: Mmu>(s: &mut Space<M>) {
+    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PMD_BLOCKS)
+        .unwrap()
+}
+
+/// Unmaps `[VA, VA + 1 GiB)`.
+fn unmap_1g<M: Mmu>(s: &mut Space<M>) {
+    s.unmap(VA, G1).unwrap()
+}
+
 fn engine(c: &mut Criterion) {
     let mut g = c.benchmark_group("arm64-1GiB");
     g.sample_size(20);
@@ -81,32 +98,10 @@ fn engine(c: &mut Criterion) {
 
     g.throughput(Throughput::Elements(G1 / 4096));
     g.bench_function("map-4K", |b| {
-        b.iter_custom(|n| {
-            timed(
-                &mut s,
-                n,
-                none,
-                |s| {
-                    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
-                        .unwrap()
-                },
-                |s| s.unmap(VA, G1).unwrap(),
-            )
-        })
+        b.iter_custom(|n| timed(&mut s, n, none, map_4k, unmap_1g))
     });
     g.bench_function("unmap-4K", |b| {
-        b.iter_custom(|n| {
-            timed(
-                &mut s,
-                n,
-                |s| {
-                    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
-                        .unwrap()
-                },
-                |s| s.unmap(VA, G1).unwrap(),
-                none,
-            )
-        })
+        b.iter_custom(|n| timed(&mut s, n, map_4k, unmap_1g, none))
     });
     s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
@@ -162,10 +157,7 @@ fn engine(c: &mut Criterion) {
             timed(
                 &mut s,
                 n,
-                |s| {
-                    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PAGES)
-                        .unwrap()
-                },
+                map_4k,
                 |s| s.move_page_tables(VA, dst, G1).unwrap(),
                 |s| s.unmap(dst, G1).unwrap(),
             )
@@ -174,18 +166,7 @@ fn engine(c: &mut Criterion) {
 
     g.throughput(Throughput::Elements(G1 >> 21));
     g.bench_function("map-2M", |b| {
-        b.iter_custom(|n| {
-            timed(
-                &mut s,
-                n,
-                none,
-                |s| {
-                    s.map(VA, PA, G1, Prot::READ_WRITE, MapOptions::PMD_BLOCKS)
-                        .unwrap()
-                },
-                |s| s.unmap(VA, G1).unwrap(),
-            )
-        })
+        b.iter_custom(|n| timed(&mut s, n, none, map_2m, unmap_1g))
     });
     g.finish();
 }
@@ -208,7 +189,7 @@ fn linear_map(c: &mut Criterion) {
                     n,
                     none,
                     |s| s.map(VA, PA, G1, Prot::READ_WRITE, opts).unwrap(),
-                    |s| s.unmap(VA, G1).unwrap(),
+                    unmap_1g,
                 )
             })
         });

@@ -19,17 +19,18 @@ fn space<F: pgtable_core::Arch, M: Mmu>(mmu: M) -> AddressSpace<F, M, Arena> {
     AddressSpace::new(mmu, Arena::new()).unwrap()
 }
 
+/// A counting arm64 space with `[1 GiB, 2 GiB)` mapped read-write to the
+/// same physical range with `opts`.
+fn gib_mapped(opts: MapOptions) -> AddressSpace<Arm64, Counter, Arena> {
+    let mut s = space::<Arm64, _>(Counter::default());
+    s.map(VirtAddr(GIB), PhysAddr(GIB), GIB, Prot::READ_WRITE, opts)
+        .unwrap();
+    s
+}
+
 #[test]
 fn linear_map_of_1g_pages_issues_one_barrier_per_table() {
-    let mut s = space::<Arm64, _>(Counter::default());
-    s.map(
-        VirtAddr(GIB),
-        PhysAddr(GIB),
-        GIB,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    let s = gib_mapped(MapOptions::PAGES);
     let pages = GIB / PAGE;
     // 512 PTE tables + 1 PMD table + 1 PUD table were filled, and the root
     // got one entry: one barrier each.
@@ -400,15 +401,7 @@ fn change_protection_keeps_hardware_dirty_state() {
 
 #[test]
 fn moving_a_pud_aligned_gib_moves_one_entry_with_move_pud() {
-    let mut s = space::<Arm64, _>(Counter::default());
-    s.map(
-        VirtAddr(GIB),
-        PhysAddr(GIB),
-        GIB,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    let mut s = gib_mapped(MapOptions::PAGES);
     let tables = s.count_tables();
     s.stats().reset();
     s.move_page_tables(VirtAddr(GIB), VirtAddr(4 * GIB), GIB)

@@ -141,6 +141,16 @@ struct Snapshot {
     live: usize,
 }
 
+/// With `stats` on: the entries the last operations wrote and the tables
+/// they allocated and freed (since the counters were last reset).
+fn assert_counted<M: Mmu>(s: &Space<M>, written: u64, allocated: u64, freed: u64) {
+    if Stats::ENABLED {
+        assert_eq!(s.stats().entries_written(), written, "entries written");
+        assert_eq!(s.stats().tables_allocated(), allocated, "tables allocated");
+        assert_eq!(s.stats().tables_freed(), freed, "tables freed");
+    }
+}
+
 fn snapshot<M: Mmu>(s: &Space<M>) -> Snapshot {
     Snapshot {
         leaves: listing(s),
@@ -212,13 +222,10 @@ fn move_1g_aligned(opts: MoveOptions) {
     // table, 512 for the PTE tables, whose last one also covers the links).
     let barriers = if pud || pmd { 1 } else { 512 };
     assert_eq!(s.mmu().barriers.get(), barriers);
+    assert_counted(&s, writes, allocated as u64, freed as u64);
     if Stats::ENABLED {
-        let st = s.stats();
-        assert_eq!(st.entries_written(), writes);
-        assert_eq!(st.tables_allocated(), allocated as u64);
-        assert_eq!(st.tables_freed(), freed as u64);
-        assert_eq!(st.flushes(), 1);
-        assert_eq!(st.barriers(), barriers);
+        assert_eq!(s.stats().flushes(), 1);
+        assert_eq!(s.stats().barriers(), barriers);
     }
 }
 
@@ -256,11 +263,7 @@ fn misaligned_1g_move_takes_pte_path() {
     // source: 512 PTE tables and its PMD table freed.
     let (allocated, freed) = (513 + 2, 512 + 1);
     assert_eq!(s.count_tables(), tables_before + allocated - freed);
-    if Stats::ENABLED {
-        assert_eq!(s.stats().entries_written(), 262_144);
-        assert_eq!(s.stats().tables_allocated(), allocated as u64);
-        assert_eq!(s.stats().tables_freed(), freed as u64);
-    }
+    assert_counted(&s, 262_144, allocated as u64, freed as u64);
 }
 
 #[test]
@@ -1022,11 +1025,7 @@ fn one_block_move_keeps_a_source_table_that_still_maps_something() {
     assert_eq!(s.count_tables(), tables_before + 2);
     assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
     assert_eq!(s.mmu().flushes(), 1);
-    if Stats::ENABLED {
-        assert_eq!(s.stats().entries_written(), 1);
-        assert_eq!(s.stats().tables_allocated(), 2);
-        assert_eq!(s.stats().tables_freed(), 0);
-    }
+    assert_counted(&s, 1, 2, 0);
 }
 
 #[test]
@@ -1065,11 +1064,7 @@ fn one_block_move_frees_the_source_tables_it_empties() {
     assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
     assert_eq!(s.mmu().flushes(), 1);
     assert_eq!(s.mmu().barriers.get(), 1);
-    if Stats::ENABLED {
-        assert_eq!(s.stats().entries_written(), 1);
-        assert_eq!(s.stats().tables_allocated(), 0);
-        assert_eq!(s.stats().tables_freed(), 2);
-    }
+    assert_counted(&s, 1, 0, 2);
 }
 
 #[test]
@@ -1125,11 +1120,7 @@ fn one_step_move_into_an_existing_empty_table_uses_it() {
     if PMD_ON {
         // The source PMD table is freed, nothing is allocated.
         assert_eq!(s.count_tables(), tables_before - 1);
-        if Stats::ENABLED {
-            assert_eq!(s.stats().entries_written(), 512);
-            assert_eq!(s.stats().tables_allocated(), 0);
-            assert_eq!(s.stats().tables_freed(), 1);
-        }
+        assert_counted(&s, 512, 0, 1);
     }
 }
 

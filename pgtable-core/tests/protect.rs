@@ -595,12 +595,8 @@ fn deferred_block_path_keeps_block_accessed_and_dirty_state() {
 
 // ----- errors: typed, tables unchanged, nothing leaked -----
 
-/// Runs `f` on a space with pages, a 2 MiB block and a 1 GiB block mapped,
-/// and checks it fails with `want` leaving everything as it was.
-fn fails_unchanged(want: Error, f: impl FnOnce(&mut Space) -> Result<(), Error>) {
-    let mut s = space::<TestFormat>();
-    s.map(BASE, PA, 8 * KIB4, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
+/// Maps a 2 MiB block at `BASE + 2 MiB` and a 1 GiB block at `BASE + 1 GiB`.
+fn map_two_blocks(s: &mut Space) {
     s.map(
         BASE.add(MIB2),
         PA,
@@ -611,6 +607,15 @@ fn fails_unchanged(want: Error, f: impl FnOnce(&mut Space) -> Result<(), Error>)
     .unwrap();
     s.map(BASE.add(GIB), PA, GIB, Prot::READ_WRITE, MapOptions::BLOCKS)
         .unwrap();
+}
+
+/// Runs `f` on a space with pages, a 2 MiB block and a 1 GiB block mapped,
+/// and checks it fails with `want` leaving everything as it was.
+fn fails_unchanged(want: Error, f: impl FnOnce(&mut Space) -> Result<(), Error>) {
+    let mut s = space::<TestFormat>();
+    s.map(BASE, PA, 8 * KIB4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    map_two_blocks(&mut s);
     let before = listing(&s);
     let (tables, live) = (s.count_tables(), s.alloc().live());
     reset(&s);
@@ -681,16 +686,7 @@ fn failed_split_allocation_leaves_tables_unchanged() {
 #[test]
 fn split_reservation_is_exact_when_memory_suffices() {
     let mut s = space::<TestFormat>();
-    s.map(
-        BASE.add(MIB2),
-        PA,
-        MIB2,
-        Prot::READ_WRITE,
-        MapOptions::BLOCKS,
-    )
-    .unwrap();
-    s.map(BASE.add(GIB), PA, GIB, Prot::READ_WRITE, MapOptions::BLOCKS)
-        .unwrap();
+    map_two_blocks(&mut s);
     let live = s.alloc().live();
     // Exactly three tables: the attempt with two fails, with three succeeds.
     s.alloc_mut().fail_after(Some(3));

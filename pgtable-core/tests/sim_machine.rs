@@ -24,6 +24,19 @@ const G1: u64 = 1 << 30;
 type T4 = TestFormat<4>;
 type Space<A = T4> = AddressSpace<A, SimMmu<A>, SimAlloc>;
 
+/// Maps `[va, va + len)` read-write with 4 KiB pages to physical
+/// `0x8000_0000` onwards.
+fn map_rw<A: Arch>(s: &mut Space<A>, va: VirtAddr, len: u64) {
+    s.map(
+        va,
+        PhysAddr(0x8000_0000),
+        len,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+}
+
 fn setup<A: Arch>() -> (SimMachine<A>, Space<A>) {
     let m = SimMachine::<A>::new();
     let s = Space::<A>::new(m.mmu(), m.alloc()).unwrap();
@@ -47,14 +60,7 @@ impl Arch for InOrderWalker {
 fn loads_and_stores_reach_the_physical_page_the_tables_name() {
     let (m, mut s) = setup::<T4>();
     let va = VirtAddr(G1 + 3 * K4);
-    s.map(
-        va,
-        PhysAddr(0x8000_0000),
-        2 * K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, va, 2 * K4);
     m.write_u64(VirtAddr(va.0 + K4 + 16), 0xfeed).unwrap();
     m.write_u8(VirtAddr(va.0 + 3), 0xab).unwrap();
     assert_eq!(m.phys_read_u64(PhysAddr(0x8000_1010)), 0xfeed);
@@ -123,14 +129,7 @@ fn bad_accesses_fault_as_values_with_their_reason() {
 fn the_walker_sets_accessed_then_dirty_in_the_leaf() {
     let (m, mut s) = setup::<T4>();
     let va = VirtAddr(G1);
-    s.map(
-        va,
-        PhysAddr(0x8000_0000),
-        K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, va, K4);
     let entry = |s: &Space| s.translate(va).unwrap().entry;
     assert_eq!(entry(&s) & (ACCESSED | DIRTY), 0);
     m.read_u64(va).unwrap();
@@ -170,14 +169,7 @@ fn a_block_is_one_tlb_entry_and_later_accesses_hit() {
 fn a_range_flush_drops_overlapping_leaves_and_walk_caches_only_when_not_last_level() {
     let (m, mut s) = setup::<T4>();
     let va = VirtAddr(G1);
-    s.map(
-        va,
-        PhysAddr(0x8000_0000),
-        2 * K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, va, 2 * K4);
     m.read_u64(va).unwrap();
     m.read_u64(VirtAddr(va.0 + K4)).unwrap();
     // Two leaves, three walk-cache entries (PGD, PUD, PMD).
@@ -212,14 +204,7 @@ fn the_tlb_evicts_its_oldest_entry_when_full() {
     let (m, mut s) = setup::<T4>();
     m.set_tlb_capacity(4);
     let va = VirtAddr(G1);
-    s.map(
-        va,
-        PhysAddr(0x8000_0000),
-        4 * K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, va, 4 * K4);
     for i in 0..4 {
         m.read_u64(VirtAddr(va.0 + i * K4)).unwrap();
     }
@@ -233,14 +218,7 @@ fn the_tlb_evicts_its_oldest_entry_when_full() {
 fn a_nosync_write_is_invisible_to_an_arm64_walker_until_a_barrier_or_flush() {
     let (m, mut s) = setup::<T4>();
     let va = VirtAddr(G1);
-    s.map(
-        va,
-        PhysAddr(0x8000_0000),
-        K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, va, K4);
     let next = VirtAddr(G1 + K4);
     let leaf = T4::leaf(PhysAddr(0x8000_5000), Prot::READ_WRITE, 0);
     T4::set_pte_nosync(s.mmu(), s.slot(next, 0).unwrap(), leaf);
@@ -267,14 +245,7 @@ fn a_nosync_write_is_invisible_to_an_arm64_walker_until_a_barrier_or_flush() {
 fn an_in_order_walker_sees_nosync_writes_at_once() {
     let (m, mut s) = setup::<InOrderWalker>();
     let va = VirtAddr(G1);
-    s.map(
-        va,
-        PhysAddr(0x8000_0000),
-        K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, va, K4);
     let next = VirtAddr(G1 + K4);
     let leaf = InOrderWalker::leaf(PhysAddr(0x8000_5000), Prot::READ_WRITE, 0);
     InOrderWalker::set_pte_nosync(s.mmu(), s.slot(next, 0).unwrap(), leaf);
@@ -291,14 +262,7 @@ fn handles_are_send_and_sync_and_an_agent_thread_sets_accessed_and_dirty() {
     send_sync::<SimAlloc>();
     let (m, mut s) = setup::<T4>();
     let va = VirtAddr(G1);
-    s.map(
-        va,
-        PhysAddr(0x8000_0000),
-        8 * K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, va, 8 * K4);
     let stop = Arc::new(AtomicBool::new(false));
     let agent = m.spawn_agent(va, 8 * K4, stop.clone());
     while m.stats().dirty_set < 8 {
@@ -329,14 +293,7 @@ fn table_allocation_failures_can_be_injected() {
     assert_eq!(r, Err(Error::OutOfMemory));
     assert_eq!(m.live_tables(), live);
     m.fail_table_allocs_after(None);
-    s.map(
-        VirtAddr(G1),
-        PhysAddr(0x8000_0000),
-        K4,
-        Prot::READ_WRITE,
-        MapOptions::PAGES,
-    )
-    .unwrap();
+    map_rw(&mut s, VirtAddr(G1), K4);
     assert_eq!(m.live_tables(), live + 3);
     assert_eq!(s.alloc().live(), live + 3);
 }
