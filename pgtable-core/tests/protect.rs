@@ -5,7 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, VALID, WRITE, XN};
@@ -730,7 +730,7 @@ struct RaceOutcome {
 /// accessed/dirty with a compare-exchange), retrying pages that are not
 /// present, and returns the leaves whose dirty bit it set and how often it
 /// was contended.
-fn agent_round(slots: &[usize], height: u32, round: usize) -> (Vec<usize>, usize) {
+fn agent_round(slots: &[usize], height: u32) -> (Vec<usize>, usize) {
     let mut done = vec![false; slots.len()];
     let mut left = slots.len();
     let mut dirtied = Vec::new();
@@ -741,11 +741,10 @@ fn agent_round(slots: &[usize], height: u32, round: usize) -> (Vec<usize>, usize
             if done[i] {
                 continue;
             }
+            // The first leaf (the first the change takes out) waits for
+            // the changer's window of this round (see `pause_in_window`).
             if i == 0 {
-                // The first leaf (the first the change takes out) waits
-                // for the changer's window of this round (see
-                // `pause_for_agent`).
-                wait_until(&WINDOW, |w| w >= round);
+                wait_until(&WINDOW_OPEN, |open| open == 1);
             }
             // SAFETY: the address came from a `&Slot` of a table frame that
             // stays allocated until the address space is dropped, after
@@ -787,30 +786,28 @@ fn agent_round(slots: &[usize], height: u32, round: usize) -> (Vec<usize>, usize
     (dirtied, contended)
 }
 
-/// Sweeps the agent has finished (see [`pause_for_agent`]).
+/// Sweeps the agent has finished (see [`pause_in_window`]).
 static AGENT_SWEEPS: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether [`RaceMmu`] pauses after the next entry it sees cleared.
-static PAUSE_ARMED: AtomicBool = AtomicBool::new(false);
+/// Whether this round's window is open (1) or closed (0): closed by the harness before each
+/// round (the agent is parked then), opened by the changer's first pause
+/// or, if the change never paused, after it. Until then the agent keeps
+/// off leaf 0.
+static WINDOW_OPEN: AtomicUsize = AtomicUsize::new(0);
 
-/// The round being raced.
-static ROUND: AtomicUsize = AtomicUsize::new(0);
-
-/// The last round whose changer reached its pause (or finished without
-/// one): until then the agent holds back from leaf 0.
-static WINDOW: AtomicUsize = AtomicUsize::new(0);
-
-/// Opens the round's window and holds the changer inside it until the
-/// agent has swept every leaf at least once after this call (two finished
-/// sweeps), or for 2 s at most. The agent keeps off leaf 0 until the window
-/// opens, so each round hits the window at least once whatever the
-/// scheduler does; the free-running rest of the round hits it by chance.
-fn pause_for_agent() {
+/// Opens the round's window unless it is open already, and then holds the
+/// changer inside it until the agent has swept every leaf at least once
+/// after this call (two finished sweeps), or for 2 s at most. So each round
+/// hits the window at least once whatever the scheduler does; the
+/// free-running rest of the round hits it by chance.
+fn pause_in_window() {
+    // Release: the cleared (or loaded) entry is written before the agent
+    // is let at it.
+    if WINDOW_OPEN.swap(1, Release) == 1 {
+        return;
+    }
     // Acquire: pairs with the agent's Release increment.
     let s0 = AGENT_SWEEPS.load(Acquire);
-    // Release: the cleared (or loaded) entry is written before the agent
-    // is let at it. Relaxed load: ROUND is only written by this thread.
-    WINDOW.store(ROUND.load(Relaxed), Release);
     let t0 = Instant::now();
     while AGENT_SWEEPS.load(Acquire) < s0 + 2 && t0.elapsed() < Duration::from_secs(2) {
         std::thread::yield_now();
@@ -831,10 +828,9 @@ impl Mmu for RaceMmu {
     unsafe fn install_root(&self, _root: PhysAddr) {}
 
     fn entry_written(&self, slot: &Slot, _old: u64) {
-        // Relaxed: the flag is only set and taken by this (the changer's)
-        // thread; the entry was written by this thread too.
-        if slot.load(Relaxed) == 0 && PAUSE_ARMED.swap(false, Relaxed) {
-            pause_for_agent();
+        // Relaxed: the entry was written by this thread.
+        if slot.load(Relaxed) == 0 {
+            pause_in_window();
         }
     }
 }
@@ -854,8 +850,6 @@ fn race<A: Arch>(
 ) -> (usize, RaceOutcome) {
     // A race test that failed still releases the machine for the others.
     let _one_at_a_time = RACE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // Rounds count from 1 in every race (the agent is not running yet).
-    WINDOW.store(0, Relaxed);
     let step = if height == 0 { KIB4 } else { MIB2 };
     let opts = if height == 0 {
         MapOptions::PAGES
@@ -887,7 +881,7 @@ fn race<A: Arch>(
                 }
                 // Release: pairs with the main thread's wait on `ready`.
                 ready.store(r, Release);
-                let (d, c) = agent_round(&slots, height, r);
+                let (d, c) = agent_round(&slots, height);
                 *agent_dirtied.lock().unwrap() = d;
                 agent_contended.store(c, Relaxed);
                 // Release: publishes the results and the agent's writes.
@@ -912,19 +906,15 @@ fn race<A: Arch>(
                 Prot::READ_WRITE
             };
             rounds += 1;
-            // Relaxed: read by this thread only.
-            ROUND.store(rounds, Relaxed);
+            // Relaxed: the agent is parked; `go` publishes it.
+            WINDOW_OPEN.store(0, Relaxed);
             // Release: publishes the reset entries to the agent.
             go.store(rounds, Release);
             wait_until(&ready, |r| r == rounds);
-            // Relaxed: read back by this thread only (in `RaceMmu`).
-            PAUSE_ARMED.store(true, Relaxed);
             change(&mut s, prot);
-            // Relaxed: as above; a change that cleared nothing leaves it set.
-            PAUSE_ARMED.store(false, Relaxed);
             // Release: a change that never paused lets the agent at leaf 0
             // now, after all its writes.
-            WINDOW.store(rounds, Release);
+            WINDOW_OPEN.store(1, Release);
             wait_until(&done, |d| d == rounds);
             let dirtied = std::mem::take(&mut *agent_dirtied.lock().unwrap());
             let mut round = RaceOutcome {
@@ -1040,10 +1030,7 @@ fn non_atomic_protection_change_loses_dirty_bits() {
             let raw = slot.load(Relaxed);
             // The same once-per-round pause as the transaction gets, here
             // between the load and the store.
-            // Relaxed: as in `RaceMmu`.
-            if PAUSE_ARMED.swap(false, Relaxed) {
-                pause_for_agent();
-            }
+            pause_in_window();
             // Widen the load-to-store window (as an interrupt or a cache
             // miss would) so the race is hit within the time limit even on
             // a loaded machine.
