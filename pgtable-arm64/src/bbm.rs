@@ -29,11 +29,13 @@
 //! A safe in-place change still leaves the old translation in TLBs until
 //! they are invalidated; [`set_live_entry`] does that too.
 
-use pgtable_core::{Arch, Error, Mmu, Slot, TlbRange, VirtAddr};
+use core::sync::atomic::Ordering::Relaxed;
+
+use pgtable_core::{Arch, Error, Mmu, Slot, TlbRange, VirtAddr, LEVEL_BITS, PAGE_SHIFT};
 
 use crate::desc::{
-    load, Arm64, AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK,
-    TABLE_OR_PAGE, UXN, UXN_TABLE, VALID,
+    Arm64, AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE,
+    UXN, UXN_TABLE, VALID,
 };
 
 /// Leaf bits that may change in a live entry (besides nG set).
@@ -68,7 +70,7 @@ pub fn pgattr_change_is_safe(old: u64, new: u64, height: u32) -> bool {
 /// The TLB range that the live entry `old` at `height` covering `va` may
 /// have cached translations for.
 fn entry_range(va: VirtAddr, height: u32, old: u64) -> TlbRange {
-    let shift = 12 + 9 * height;
+    let shift = PAGE_SHIFT + LEVEL_BITS * height;
     let start = va.align_down(1u64 << shift);
     let leaf = height == 0 || old & TABLE_OR_PAGE == 0;
     TlbRange {
@@ -76,7 +78,7 @@ fn entry_range(va: VirtAddr, height: u32, old: u64) -> TlbRange {
         end: start.add(1u64 << shift),
         // Below a table entry the leaves may be as small as 4 KiB, and the
         // walk caches of the table must go too.
-        stride_shift: if leaf { shift } else { 12 },
+        stride_shift: if leaf { shift } else { PAGE_SHIFT },
         last_level: leaf,
     }
 }
@@ -123,7 +125,9 @@ pub fn set_live_entry<M: Mmu>(
     new: u64,
     allow_bbm: bool,
 ) -> Result<(), Error> {
-    let old = load(slot);
+    // Relaxed: the caller holds the address space; ordering toward the
+    // walker comes from barriers and TLB maintenance, not Rust orderings.
+    let old = slot.load(Relaxed);
     if old == new {
         return Ok(());
     }

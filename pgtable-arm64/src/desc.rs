@@ -51,12 +51,10 @@
 //! A leaf is *settled* (the hardware will never write it again) when AF is
 //! set and it is not writable-but-clean.
 
-use core::sync::atomic::Ordering::Relaxed;
-
 use bit_field::BitField;
 use pgtable_core::{
     generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    VirtAddr,
+    VirtAddr, LEVEL_BITS, PAGE_SHIFT,
 };
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert, const_assert_eq};
 
@@ -355,7 +353,7 @@ pub const fn mk_contiguous(raw: u64) -> u64 {
 /// cleared (they are RES0 or other fields, e.g. nT at bit 16 of a block).
 #[inline]
 const fn leaf_address(raw: u64, height: u32) -> u64 {
-    raw & OA_MASK & !((1u64 << (12 + 9 * height)) - 1)
+    raw & OA_MASK & !((1u64 << (PAGE_SHIFT + LEVEL_BITS * height)) - 1)
 }
 
 /// What the hardware does on `access` through the leaf `raw` at `height`,
@@ -605,25 +603,11 @@ impl<const L: u32> Arch for Arm64Format<L> {
         set_valid_at(mmu, slot, pud)
     }
 
-    /// Store only; the `dsb ishst; isb` comes once at the end of the table
-    /// or of the lazy-MMU scope (seed 004).
-    #[inline]
-    fn set_pte_nosync<M: Mmu>(mmu: &M, slot: &Slot, pte: u64) {
-        generic::set_entry_nosync(mmu, slot, pte)
-    }
-
-    /// An atomic swap with 0 (`swpal`/`ldxr`-`stxr` on the CPU), so an AF
-    /// or dirty update by the walker racing the clear is returned.
-    #[inline]
-    fn ptep_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
-        generic::get_and_clear(mmu, slot)
-    }
-
-    /// As [`ptep_get_and_clear`](Arch::ptep_get_and_clear), for blocks.
-    #[inline]
-    fn pmdp_huge_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
-        generic::get_and_clear(mmu, slot)
-    }
+    // The generic `set_pte_nosync` (store only; the `dsb ishst; isb` comes
+    // once at the end of the table or of the lazy-MMU scope, seed 004) and
+    // the generic get-and-clear (an atomic swap with 0: an `ldxr`/`stxr`
+    // loop, or `swp` with LSE, so an AF or dirty update by the walker racing
+    // the clear is returned) are already what arm64 needs.
 
     /// Seed 003: the atomic get-and-clear alone makes the hardware's
     /// accessed/dirty updates safe (an invalid entry is never cached nor
@@ -638,12 +622,4 @@ impl<const L: u32> Arch for Arm64Format<L> {
     fn change_is_safe(old: u64, new: u64, height: u32) -> bool {
         crate::bbm::pgattr_change_is_safe(old, new, height)
     }
-}
-
-/// Reads an entry (single-copy atomic).
-#[inline]
-pub(crate) fn load(slot: &Slot) -> u64 {
-    // Relaxed: callers hold the address space; ordering toward the walker
-    // comes from barriers and TLB maintenance, not from Rust orderings.
-    slot.load(Relaxed)
 }

@@ -117,11 +117,22 @@ pub const fn reserved_high(m: u32) -> u64 {
     ADDR_MASK & !((1u64 << m) - 1)
 }
 
+/// The PAT bit of a leaf at `height`: bit 7 at the PTE level, bit 12 in a
+/// PDPTE or PDE that maps a page.
+#[inline]
+const fn pat_bit(height: u32) -> u64 {
+    if height == 0 {
+        PAT_4K
+    } else {
+        PAT_HUGE
+    }
+}
+
 /// The PAT/PCD/PWT bits of a leaf at `height` (the PAT bit moves from bit 7
 /// at the PTE level to bit 12 in a PDPTE or PDE that maps a page).
 #[inline]
 pub const fn mem_bits(height: u32) -> u64 {
-    PWT | PCD | if height == 0 { PAT_4K } else { PAT_HUGE }
+    PWT | PCD | pat_bit(height)
 }
 
 /// The 3-bit PAT index `PAT:PCD:PWT` of a leaf at `height` (§4.9.2, and
@@ -129,20 +140,16 @@ pub const fn mem_bits(height: u32) -> u64 {
 /// Flags").
 #[inline]
 pub const fn pat_index(raw: u64, height: u32) -> u8 {
-    let pat = if height == 0 {
-        raw & PAT_4K
-    } else {
-        raw & PAT_HUGE
-    };
-    ((pat != 0) as u8) << 2 | ((raw & PCD != 0) as u8) << 1 | (raw & PWT != 0) as u8
+    ((raw & pat_bit(height) != 0) as u8) << 2
+        | ((raw & PCD != 0) as u8) << 1
+        | (raw & PWT != 0) as u8
 }
 
 /// The PAT/PCD/PWT bits that select PAT entry `index` (0..8) for a leaf at
 /// `height`.
 #[inline]
 pub const fn pat_bits(index: u8, height: u32) -> u64 {
-    let pat = if height == 0 { PAT_4K } else { PAT_HUGE };
-    (if index & 4 != 0 { pat } else { 0 })
+    (if index & 4 != 0 { pat_bit(height) } else { 0 })
         | (if index & 2 != 0 { PCD } else { 0 })
         | (if index & 1 != 0 { PWT } else { 0 })
 }

@@ -66,7 +66,7 @@
 use bit_field::BitField;
 use pgtable_core::{
     generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    VirtAddr, PAGE_SIZE,
+    VirtAddr, LEVEL_BITS, PAGE_SHIFT, PAGE_SIZE,
 };
 
 use crate::bits::{self, A, ADDR_MASK, D, G, P, PAT_4K, PAT_HUGE, PS, RW, US, XD};
@@ -94,7 +94,7 @@ pub type X86_64La57 = X86Paging<5>;
 /// Bytes an entry at `height` maps.
 #[inline]
 const fn size(height: u32) -> u64 {
-    1 << (12 + 9 * height)
+    1 << (PAGE_SHIFT + LEVEL_BITS * height)
 }
 
 /// The PAT index this crate uses for `mem` (see the module docs).
@@ -255,7 +255,6 @@ impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
         "x86_64-4level"
     };
     const LEVELS: u32 = {
-        #[allow(clippy::let_unit_value)]
         let () = Self::CHECK;
         L
     };
@@ -414,32 +413,13 @@ impl<const L: u32, const M: u32> Arch for X86Paging<L, M> {
     /// attributes calls for the clear-invalidate-set sequence).
     const BREAK_BEFORE_MAKE: bool = false;
 
-    /// A single 64-bit store (Linux x86 `native_set_pte`); no barrier.
-    #[inline]
-    fn set_pte_at<Mm: Mmu>(mmu: &Mm, _va: VirtAddr, slot: &Slot, pte: u64) {
-        generic::set_entry_nosync(mmu, slot, pte)
-    }
-
-    /// A single 64-bit store; no barrier.
-    #[inline]
-    fn set_pmd_at<Mm: Mmu>(mmu: &Mm, _va: VirtAddr, slot: &Slot, pmd: u64) {
-        generic::set_entry_nosync(mmu, slot, pmd)
-    }
-
-    /// A single 64-bit store; no barrier.
-    #[inline]
-    fn set_pud_at<Mm: Mmu>(mmu: &Mm, _va: VirtAddr, slot: &Slot, pud: u64) {
-        generic::set_entry_nosync(mmu, slot, pud)
-    }
-
-    /// An atomic exchange with 0 (`xchg`). The processor sets A and D with
-    /// locked read-modify-writes (SDM Vol. 3A "Automatic Locking": "when
-    /// updating page-directory and page-table entries"), so a load followed
-    /// by a store could lose an update made between them.
-    #[inline]
-    fn ptep_get_and_clear<Mm: Mmu>(mmu: &Mm, slot: &Slot) -> u64 {
-        generic::get_and_clear(mmu, slot)
-    }
+    // The generic entry operations are already what x86 needs: with
+    // `NEEDS_WALKER_BARRIER = false` the `set_p*_at` setters are a single
+    // 64-bit store (Linux x86 `native_set_pte`), and `ptep_get_and_clear` is
+    // an atomic exchange with 0 (`xchg`). The processor sets A and D with
+    // locked read-modify-writes (SDM Vol. 3A "Automatic Locking": "when
+    // updating page-directory and page-table entries"), so a load followed
+    // by a store could lose an update made between them.
 
     /// The deferred form: an atomic exchange that makes the block not
     /// present, and no flush of its own; the operation's single gathered

@@ -10,7 +10,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::{Mmu, PhysAddr, TlbRange, VirtAddr};
+use pgtable_core::{Arch, Mmu, PhysAddr, TlbRange, VirtAddr};
 use x86_64::instructions::tlb::{self, InvPcidCommand, Pcid};
 use x86_64::registers::control::{Cr3, Cr4, Cr4Flags};
 use x86_64::structures::paging::PhysFrame;
@@ -33,8 +33,9 @@ pub struct X86Mmu {
 }
 
 impl X86Mmu {
-    /// Linux's default `tlb_single_page_flush_ceiling`.
-    pub const DEFAULT_CEILING: u64 = 33;
+    /// Linux's default `tlb_single_page_flush_ceiling`: the format's
+    /// [`Arch::TLB_FLUSH_CEILING`].
+    pub const DEFAULT_CEILING: u64 = <crate::X86_64 as Arch>::TLB_FLUSH_CEILING;
 
     /// An MMU handle for an address space without global mappings, with
     /// INVPCID used when CPUID reports it.

@@ -6,10 +6,9 @@
 //! final `N passed, 0 failed` line.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
-use crate::qemu::{boot, ensure_qemu, ensure_target, judge, root, run};
+use crate::qemu::{boot, cargo, cmdline, ensure_qemu, ensure_target, judge, root, run};
 use crate::QemuOpts;
 
 /// The Rust target of the kernel.
@@ -28,25 +27,12 @@ pub fn build_kernel() -> Result<PathBuf, String> {
     let root = root();
     let dir = root.join("examples/arm64-kernel");
     let target_dir = root.join("target/kernels");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(Command::new(cargo)
+    run(cargo()
         .current_dir(&dir)
         .args(["build", "--release", "--target", TARGET])
         .arg("--target-dir")
         .arg(&target_dir))?;
     Ok(target_dir.join(TARGET).join("release/pgtable-arm64-kernel"))
-}
-
-/// The kernel command line for the options given.
-fn cmdline(opts: &QemuOpts) -> String {
-    let mut words = Vec::new();
-    if let Some(seed) = opts.seed {
-        words.push(format!("seed={seed}"));
-    }
-    if let Some(mb) = opts.threshold_mb {
-        words.push(format!("threshold_mb={mb}"));
-    }
-    words.join(" ")
 }
 
 /// The QEMU arguments that boot `kernel` with `append` as its command line.
@@ -94,23 +80,6 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cmdline_passes_seed_and_threshold() {
-        let opts = QemuOpts {
-            arch: "arm64".into(),
-            seed: Some(7),
-            threshold_mb: Some(16),
-            no_kvm: false,
-        };
-        assert_eq!(cmdline(&opts), "seed=7 threshold_mb=16");
-        let none = QemuOpts {
-            seed: None,
-            threshold_mb: None,
-            ..opts
-        };
-        assert_eq!(cmdline(&none), "");
-    }
 
     #[test]
     fn qemu_args_use_semihosting_and_the_kernel() {

@@ -2,15 +2,9 @@
 
 use std::process::Command;
 
-use crate::qemu::{ensure_target, root, run as sh};
+use crate::qemu::{cargo, ensure_target, root, run as sh};
 
 const TARGETS: [&str; 2] = ["aarch64-unknown-none", "x86_64-unknown-none"];
-
-fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(root());
-    c
-}
 
 /// Feature sets each library crate is checked with.
 const FEATURE_SETS: [&[&str]; 4] = [

@@ -8,7 +8,6 @@
 //! - `cargo xtask bench`: the host criterion benchmarks, Linux's own
 //!   `mremap` of 1 GiB on this machine, and the x86 kernel's in-kernel
 //!   benchmarks (booted in QEMU) in the same run.
-//!
 //! - `cargo xtask miri`: pgtable-core's host tests under Miri (nightly).
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.

@@ -8,12 +8,22 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::QemuOpts;
+
 /// The workspace root (the parent of `xtask/`).
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// A `cargo` command (the cargo running xtask, when there is one) in the
+/// workspace root.
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
 }
 
 /// Runs a command, failing with its description when it exits non-zero.
@@ -77,6 +87,19 @@ pub fn ensure_qemu(binary: &str) -> Result<(), String> {
     run(Command::new("sh")
         .args(["-c", QEMU_INSTALL])
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// The kernel command-line words for the suite options (`seed=N`,
+/// `threshold_mb=N`), space-separated; empty when none is given.
+pub fn cmdline(opts: &QemuOpts) -> String {
+    let mut words = Vec::new();
+    if let Some(seed) = opts.seed {
+        words.push(format!("seed={seed}"));
+    }
+    if let Some(mb) = opts.threshold_mb {
+        words.push(format!("threshold_mb={mb}"));
+    }
+    words.join(" ")
 }
 
 /// What a kernel run produced.
@@ -192,6 +215,23 @@ pub fn parse_summary(line: &str) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cmdline_passes_seed_and_threshold() {
+        let opts = QemuOpts {
+            arch: "arm64".into(),
+            seed: Some(7),
+            threshold_mb: Some(16),
+            no_kvm: false,
+        };
+        assert_eq!(cmdline(&opts), "seed=7 threshold_mb=16");
+        let none = QemuOpts {
+            seed: None,
+            threshold_mb: None,
+            ..opts
+        };
+        assert_eq!(cmdline(&none), "");
+    }
 
     #[test]
     fn summary_lines_are_parsed() {

@@ -13,10 +13,9 @@
 //! stayed with 4 levels.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use crate::qemu::{boot, ensure_qemu, ensure_target, judge, root, run, Outcome};
+use crate::qemu::{boot, cargo, cmdline, ensure_qemu, ensure_target, judge, root, run, Outcome};
 use crate::QemuOpts;
 
 const TARGET: &str = "x86_64-unknown-none";
@@ -95,10 +94,9 @@ pub fn build_kernel() -> Result<PathBuf, String> {
     ensure_target(TARGET)?;
     let dir = root().join("examples/x86-kernel");
     let target_dir = root().join("target/kernels");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // The kernel's own .cargo/config.toml sets the target and the static
     // relocation model; flags from the environment would override them.
-    run(Command::new(cargo)
+    run(cargo()
         .current_dir(&dir)
         .args(["build", "--release", "--target", TARGET])
         .env("CARGO_TARGET_DIR", &target_dir)
@@ -140,16 +138,9 @@ fn booted(o: &Outcome) -> bool {
     o.lines.iter().any(|l| l.contains("x86-kernel: booted"))
 }
 
-/// The kernel command line for the options.
+/// The kernel command line: `extra`, then the words for the options.
 fn append(opts: &QemuOpts, extra: &str) -> String {
-    let mut s = String::from(extra);
-    if let Some(seed) = opts.seed {
-        s.push_str(&format!(" seed={seed}"));
-    }
-    if let Some(t) = opts.threshold_mb {
-        s.push_str(&format!(" threshold_mb={t}"));
-    }
-    s.trim().to_string()
+    format!("{extra} {}", cmdline(opts)).trim().to_string()
 }
 
 /// Boots with KVM when chosen; if QEMU cannot start the KVM guest at all
