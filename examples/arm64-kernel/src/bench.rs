@@ -84,30 +84,9 @@ fn bench_move(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static
     probe::write_u64(a + last, marker).map_err(|_| "bench: marker store faulted")?;
 
     let paths = [
-        (
-            "PTE",
-            MoveOptions {
-                pmd: false,
-                pud: false,
-                free_below: false,
-            },
-        ),
-        (
-            "PMD",
-            MoveOptions {
-                pmd: true,
-                pud: false,
-                free_below: false,
-            },
-        ),
-        (
-            "PUD",
-            MoveOptions {
-                pmd: true,
-                pud: true,
-                free_below: false,
-            },
-        ),
+        ("PTE", MoveOptions::PTES_ONLY),
+        ("PMD", MoveOptions::PMD_ONLY),
+        ("PUD", MoveOptions::DEFAULT),
     ];
     let mut ticks = [[0u64; ITERATIONS]; 3];
     let mut entries = [0u64; 3];

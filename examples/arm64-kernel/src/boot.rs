@@ -3,7 +3,8 @@
 //! `_start` runs first on every core QEMU starts: secondary cores park, the
 //! boot core drops from EL2 to EL1 if it started there, enables FP/SIMD,
 //! sets up the stack, clears `.bss`, installs the vectors and calls
-//! `kernel_main` with the device-tree pointer QEMU left in `x0`.
+//! `kernel_main` (QEMU passes no device-tree pointer to an ELF kernel: see
+//! `fdt.rs`).
 //!
 //! The vectors turn a data abort at one of the two probe instructions
 //! (`pgk_probe_load_insn`, `pgk_probe_store_insn`), and an instruction
@@ -18,9 +19,6 @@ global_asm!(
 .section .text.boot, "ax"
 .global _start
 _start:
-    // x0: device tree (when the loader passes one). Keep it in x19.
-    mov     x19, x0
-
     // Park every core but 0.0.0.0 (MPIDR_EL1 Aff3..Aff0, Arm ARM D19.2.86).
     mrs     x1, mpidr_el1
     ldr     x2, =0xff00ffffff
@@ -52,6 +50,7 @@ _start:
     // Rust code uses SIMD registers for copies.
     mov     x1, #(3 << 20)
     msr     cpacr_el1, x1
+    // The new CPACR_EL1 applies to the instructions after this isb.
     isb
 
     ldr     x1, =__stack_top
@@ -66,9 +65,9 @@ _start:
 
 5:  ldr     x1, =pgk_vectors
     msr     vbar_el1, x1
+    // Exceptions taken after this isb use the new VBAR_EL1.
     isb
 
-    mov     x0, x19
     bl      kernel_main
 6:  wfe
     b       6b

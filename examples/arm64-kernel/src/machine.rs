@@ -17,7 +17,7 @@ pub const WINDOW: (u64, u64) = (0x10_0000_0000, 16 << 30);
 pub struct KernelMachine {
     /// The RAM pool handed to the suite.
     pub pool: (u64, u64),
-    /// Loads and stores performed, faults caught.
+    /// Probe accesses performed (loads, stores and exec probes).
     pub accesses: u64,
     /// Faults caught at the probes.
     pub faults: u64,

@@ -35,6 +35,7 @@ mod probe;
 mod semihost;
 mod timer;
 
+use core::fmt;
 use core::panic::PanicInfo;
 
 use pgtable_core::suite::{self, Config};
@@ -81,7 +82,7 @@ fn parse_u64(s: &str) -> Option<u64> {
 
 /// The Rust entry point, called by `_start` on the boot core at EL1.
 #[no_mangle]
-extern "C" fn kernel_main(_x0: u64) -> ! {
+extern "C" fn kernel_main() -> ! {
     println!("pgtable arm64 kernel: booted at EL1");
     let mut buf = [0u8; 256];
     let line = semihost::cmdline(&mut buf)
@@ -92,7 +93,9 @@ extern "C" fn kernel_main(_x0: u64) -> ! {
     // below the kernel image and read here only, with the MMU off.
     let fdt = unsafe { fdt::Fdt::at(memory::RAM_BASE) };
     let Some((ram_base, ram_size)) = fdt.and_then(|f| f.memory()) else {
-        fail("no device tree with a /memory node at the base of RAM");
+        fail(format_args!(
+            "FAIL: no device tree with a /memory node at the base of RAM"
+        ));
     };
     let layout = memory::Layout::new(ram_base, ram_size);
     println!(
@@ -108,7 +111,8 @@ extern "C" fn kernel_main(_x0: u64) -> ! {
     );
     memory::init_tables(layout.tables.0, layout.tables.1);
 
-    let mut space = kmap::build(&layout).unwrap_or_else(|e| fail_err("kernel map", e));
+    let mut space =
+        kmap::build(&layout).unwrap_or_else(|e| fail(format_args!("FAIL: kernel map: {e}")));
     // SAFETY: we are at EL1 with the MMU off; the map identity-maps all of
     // RAM (code, stack, data, tables) and the UART, and `space` lives until
     // the run exits (this function never returns).
@@ -116,7 +120,9 @@ extern "C" fn kernel_main(_x0: u64) -> ! {
     println!("MMU on: TTBR0_EL1={:#x} TCR_EL1={tcr:#x}", space.root().0);
     // The MMU now translates: the UART must be where the map says.
     if probe::translate(console::UART_BASE) != Some(console::UART_BASE) {
-        fail("the UART does not translate to itself through the new map");
+        fail(format_args!(
+            "FAIL: the UART does not translate to itself through the new map"
+        ));
     }
 
     let cfg = Config {
@@ -159,15 +165,10 @@ extern "C" fn kernel_main(_x0: u64) -> ! {
     }
 }
 
-/// Ends the run as failed.
-fn fail(why: &str) -> ! {
-    println!("FAIL: {why}");
-    println!("0 passed, 1 failed");
-    semihost::exit(semihost::EXIT_FAILURE)
-}
-
-fn fail_err(what: &str, e: pgtable_core::Error) -> ! {
-    println!("FAIL: {what}: {e}");
+/// Ends the run as failed: prints `why` and a summary line counting one
+/// failure.
+fn fail(why: fmt::Arguments) -> ! {
+    println!("{why}");
     println!("0 passed, 1 failed");
     semihost::exit(semihost::EXIT_FAILURE)
 }
@@ -175,17 +176,13 @@ fn fail_err(what: &str, e: pgtable_core::Error) -> ! {
 /// Called by the vectors for every exception that is not a probe fault.
 #[no_mangle]
 extern "C" fn unexpected_exception(vector: u64, esr: u64, far: u64, elr: u64) -> ! {
-    println!(
+    fail(format_args!(
         "UNEXPECTED EXCEPTION: vector {vector} ESR_EL1={esr:#x} (EC {:#x}) FAR_EL1={far:#x} ELR_EL1={elr:#x}",
         esr >> 26
-    );
-    println!("0 passed, 1 failed");
-    semihost::exit(semihost::EXIT_FAILURE)
+    ))
 }
 
 #[panic_handler]
 fn panic(info: &PanicInfo) -> ! {
-    println!("PANIC: {info}");
-    println!("0 passed, 1 failed");
-    semihost::exit(semihost::EXIT_FAILURE)
+    fail(format_args!("PANIC: {info}"))
 }

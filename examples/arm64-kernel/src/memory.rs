@@ -44,7 +44,7 @@ extern "C" {
 }
 
 impl Layout {
-    /// The layout for RAM `[RAM_BASE, RAM_BASE + ram_size)`.
+    /// The layout for RAM `[ram_base, ram_base + ram_size)`.
     pub fn new(ram_base: u64, ram_size: u64) -> Layout {
         // Linker-defined symbols: only their addresses are taken.
         let (ks, ke) = (

@@ -23,7 +23,7 @@ use core::marker::PhantomData;
 
 use pgtable_core::{
     Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, GenericBlockProt, MapOptions,
-    MoveOptions, PhysAddr, Prot, VirtAddr,
+    MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
 };
 use pgtable_x86::X86Mmu;
 
@@ -33,7 +33,6 @@ use crate::{print, println, trap, tsc};
 
 const G1: u64 = 1 << 30;
 const M2: u64 = 2 << 20;
-const PAGE: u64 = 4096;
 const ITERS: usize = 10;
 
 /// Why a benchmark could not run or produced wrong data.
@@ -66,18 +65,15 @@ fn mean(v: &[u64]) -> u64 {
     v.iter().sum::<u64>() / v.len() as u64
 }
 
-fn median(v: &[u64]) -> u64 {
-    let mut s = [0u64; ITERS];
-    s[..v.len()].copy_from_slice(v);
-    let s = &mut s[..v.len()];
-    s.sort_unstable();
-    s[s.len() / 2]
+fn median(mut v: [u64; ITERS]) -> u64 {
+    v.sort_unstable();
+    v[ITERS / 2]
 }
 
 /// Runs every benchmark; false if one failed (wrong data or an error).
 pub fn run<A: Arch>(
     space: &mut AddressSpace<A, X86Mmu, Frames>,
-    mach: &mut KernelMachine,
+    mach: &KernelMachine,
     ram: &RamMap,
     kvm: bool,
     skip: &str,
@@ -123,13 +119,13 @@ fn move_1g<A: Arch>(
 ) -> R<[u64; ITERS]> {
     let a = WINDOW_BASE;
     let b = WINDOW_BASE + 2 * G1;
-    let pages = G1 / PAGE;
+    let pages = G1 / PAGE_SIZE;
     op(
         "map 1 GiB",
         space.map(VirtAddr(a), pool, G1, Prot::READ_WRITE, MapOptions::PAGES),
     )?;
     // One word per page (at a page-dependent offset) carries the tag.
-    let word = |base: u64, i: u64| base + i * PAGE + (i % 512) * 8;
+    let word = |base: u64, i: u64| base + i * PAGE_SIZE + (i % 512) * 8;
     for i in 0..pages {
         trap::write_u64(word(a, i), tag(i))
             .map_err(|_| Failure::Data("fill faulted", word(a, i)))?;
@@ -174,37 +170,17 @@ fn bench_moves<A: Arch>(
     pool: PhysAddr,
     kvm: bool,
 ) -> R {
+    // In the order of the table's columns: PUD, PMD, PTE path.
     let variants = [
-        (
-            "PUD path",
-            MoveOptions {
-                pud: true,
-                pmd: true,
-                free_below: false,
-            },
-        ),
-        (
-            "PMD path",
-            MoveOptions {
-                pud: false,
-                pmd: true,
-                free_below: false,
-            },
-        ),
-        (
-            "PTE path",
-            MoveOptions {
-                pud: false,
-                pmd: false,
-                free_below: false,
-            },
-        ),
+        MoveOptions::DEFAULT,
+        MoveOptions::PMD_ONLY,
+        MoveOptions::PTES_ONLY,
     ];
     let mut res = [[0u64; ITERS]; 3];
     let mut writes = [0u64; 3];
-    for (k, (_, opts)) in variants.iter().enumerate() {
+    for (k, opts) in variants.into_iter().enumerate() {
         space.stats().reset();
-        res[k] = move_1g(space, mach, pool, *opts)?;
+        res[k] = move_1g(space, mach, pool, opts)?;
         writes[k] = space.stats().entries_written();
     }
     println!();
@@ -219,7 +195,7 @@ fn bench_moves<A: Arch>(
         println!("{:>6}  {:>12}  {:>12}  {:>12}", i + 1, pud, pmd, pte);
     }
     let m = [mean(&res[0]), mean(&res[1]), mean(&res[2])];
-    let md = [median(&res[0]), median(&res[1]), median(&res[2])];
+    let md = [median(res[0]), median(res[1]), median(res[2])];
     println!(
         "{:>6}  {:>12}  {:>12}  {:>12}   <-- mean",
         "mean", m[0], m[1], m[2]
@@ -232,7 +208,7 @@ fn bench_moves<A: Arch>(
         "entries written (whole benchmark incl. map/fill/unmap): {} / {} / {}",
         writes[0], writes[1], writes[2]
     );
-    let per_page = m[2] as f64 / (G1 / PAGE) as f64;
+    let per_page = m[2] as f64 / (G1 / PAGE_SIZE) as f64;
     println!("PTE path: {per_page:.2} ns per page (mean)");
     if kvm {
         let met = |b: bool| if b { "met" } else { "NOT met" };

@@ -31,19 +31,21 @@ pub struct KernelMachine {
 /// §4.7, figure 4-12).
 const PF_WRITE: u64 = 1 << 1;
 
+/// The suite's view of a page fault a probe caught.
+fn fault(f: trap::PageFault) -> Fault {
+    Fault {
+        va: VirtAddr(f.cr2),
+        write: f.error & PF_WRITE != 0,
+    }
+}
+
 impl Machine for KernelMachine {
     fn read_u64(&mut self, va: VirtAddr) -> Result<u64, Fault> {
-        trap::read_u64(va.0).map_err(|f| Fault {
-            va: VirtAddr(f.cr2),
-            write: f.error & PF_WRITE != 0,
-        })
+        trap::read_u64(va.0).map_err(fault)
     }
 
     fn write_u64(&mut self, va: VirtAddr, val: u64) -> Result<(), Fault> {
-        trap::write_u64(va.0, val).map_err(|f| Fault {
-            va: VirtAddr(f.cr2),
-            write: f.error & PF_WRITE != 0,
-        })
+        trap::write_u64(va.0, val).map_err(fault)
     }
 
     fn cycles(&mut self) -> u64 {

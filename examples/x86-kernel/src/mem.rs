@@ -1,5 +1,5 @@
-//! Physical memory: the RAM map, the table-frame allocator, and the
-//! kernel's own identity map built with pgtable.
+//! Physical memory: the RAM map and the table-frame allocator (the
+//! kernel's identity map itself is built by `kernel_space` in `main.rs`).
 //!
 //! Layout (physical = virtual everywhere; the kernel runs identity-mapped):
 //!

@@ -123,13 +123,13 @@ isr_table:
     .quad isr_\n
     .endr
 
-    /* Probes: sysv64, address in rdi (value in rsi); return the loaded
-       value in rax and 0 (no fault) / 1 (fault) in rdx. */
     .global irq_ignore_addr
     .p2align 3
 irq_ignore_addr:
     .quad irq_ignore
 
+    /* Probes: sysv64, address in rdi (value in rsi); return the loaded
+       value in rax and 0 (no fault) / 1 (fault) in rdx. */
     .section .text.probe, "ax"
     .global probe_read64
 probe_read64:

@@ -40,6 +40,12 @@ pub fn now() -> u64 {
     }
 }
 
+/// Whether CPUID reports a hypervisor (CPUID.1:ECX[31]): only then do the
+/// hypervisor leaves from 0x40000000 mean anything.
+pub fn under_hypervisor() -> bool {
+    __cpuid(1).ecx & (1 << 31) != 0
+}
+
 impl Tsc {
     /// Finds the frequency.
     pub fn detect() -> Tsc {
@@ -53,8 +59,7 @@ impl Tsc {
                 };
             }
         }
-        let hv = __cpuid(1).ecx & (1 << 31) != 0;
-        if hv {
+        if under_hypervisor() {
             let top = __cpuid(0x4000_0000).eax;
             if top >= 0x4000_0010 {
                 let khz = __cpuid(0x4000_0010).eax;
