@@ -5,7 +5,7 @@
 use core::marker::PhantomData;
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::level::{entry_end, index, size};
+use crate::level::{entry_end, index, shift, size};
 use crate::{
     Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TlbGather, TlbRange,
     VirtAddr, PAGE_SIZE,
@@ -394,9 +394,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Flushes the gathered TLB range, then frees the queued tables (in that
     /// order: a walker may use an unlinked table until the flush).
-    pub(crate) fn finish(&mut self, gather: TlbGather, mut q: FreeQueue) {
+    pub(crate) fn finish(&mut self, gather: TlbGather, q: FreeQueue) {
         gather.flush::<A, _>(&self.mmu);
         self.mmu.stats.add_tables_freed(q.count as u64);
+        // SAFETY: the queued frames are unlinked and the TLB flush above
+        // has completed.
+        unsafe { self.free_queued(q) };
+    }
+
+    /// Returns every queued frame to the allocator.
+    ///
+    /// # Safety
+    ///
+    /// No hardware walker can reach the queued frames any more.
+    unsafe fn free_queued(&mut self, mut q: FreeQueue) {
         while q.count > 0 {
             let pa = PhysAddr(q.head);
             // SAFETY: queued frames are ours and unlinked.
@@ -404,7 +415,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Relaxed: private to this thread now.
             q.head = t.entries[0].load(Relaxed);
             q.count -= 1;
-            // SAFETY: unlinked and the TLB flush above has completed.
+            // SAFETY: unreachable by any walker (our caller's guarantee).
             unsafe { self.alloc.free_table(pa) };
         }
     }
@@ -440,7 +451,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // SAFETY: a reserved frame of ours, not yet linked.
         let ct = unsafe { table_at(&self.alloc, child) };
         let new = A::table_entry(child, height);
-        let block = va.align_down(size(height));
         let fill = |raw: u64| {
             let first = A::split_leaf(raw, height);
             let step = size(height - 1);
@@ -455,12 +465,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // accessed/dirty state is what the children inherit), make
             // sure no TLB holds it, then make the table.
             let old = A::pmdp_huge_get_and_clear(&self.mmu, slot);
-            self.mmu.flush_tlb_range(TlbRange {
-                start: block,
-                end: block.add(size(height)),
-                stride_shift: crate::level::shift(height),
-                last_level: true,
-            });
+            self.mmu.flush_tlb_range(TlbRange::leaf(va, height));
             fill(old);
             A::set_pte_nosync(&self.mmu, slot, new);
             // Never deferred: the table must be live before we go on.
@@ -482,7 +487,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 self.mmu.entry_written(slot, cur);
             }
             self.table_done();
-            gather.add_leaf(block, height);
+            gather.add_leaf(va, height);
         }
         self.mmu
             .stats
@@ -553,6 +558,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 }
 
+/// The first address in `[va, end)` whose entry in `t`, a table at
+/// `height`, is not none. The range lies inside the table and is aligned to
+/// its entry size.
+#[inline]
+pub(crate) fn first_used(t: &Table, height: u32, va: u64, end: u64) -> Option<VirtAddr> {
+    let i = index(va, height);
+    let n = (end.wrapping_sub(va) >> shift(height)) as usize;
+    // Relaxed: we hold the address space exclusively.
+    let k = t.entries[i..i + n]
+        .iter()
+        .position(|e| e.load(Relaxed) != 0)?;
+    Some(VirtAddr(va + ((k as u64) << shift(height))))
+}
+
 /// Whether `[va, next)` is exactly one whole entry at `height`.
 #[inline]
 pub(crate) fn covers(va: u64, next: u64, height: u32) -> bool {
@@ -563,16 +582,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {
     fn drop(&mut self) {
         let mut q = FreeQueue::new();
         self.queue_free_subtree(&mut q, self.root, A::LEVELS - 1);
-        while q.count > 0 {
-            let pa = PhysAddr(q.head);
-            // SAFETY: queued frames are ours.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            // Relaxed: private to this thread.
-            q.head = t.entries[0].load(Relaxed);
-            q.count -= 1;
-            // SAFETY: the address space is being destroyed and, by the
-            // contract of `AddressSpace`, is not installed anywhere.
-            unsafe { self.alloc.free_table(pa) };
-        }
+        // SAFETY: the address space is being destroyed and, by the
+        // contract of `AddressSpace`, is not installed anywhere.
+        unsafe { self.free_queued(q) };
     }
 }

@@ -13,7 +13,6 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::level::size;
 use crate::{Arch, Mmu, Slot, TlbRange, VirtAddr};
 
 /// Stores `val` without a walker barrier (Linux `set_pte_nosync`).
@@ -80,13 +79,7 @@ pub fn pmdp_modify_prot_start<A: Arch, M: Mmu>(
     height: u32,
 ) -> u64 {
     let old = A::pmdp_huge_get_and_clear(mmu, slot);
-    let start = va.align_down(size(height));
-    mmu.flush_tlb_range(TlbRange {
-        start,
-        end: start.add(size(height)),
-        stride_shift: crate::level::shift(height),
-        last_level: true,
-    });
+    mmu.flush_tlb_range(TlbRange::leaf(va, height));
     old
 }
 

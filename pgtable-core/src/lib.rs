@@ -4,7 +4,8 @@
 //! implements ([`Format`] for the pure descriptor encoding, [`Arch`] for the
 //! Linux-named entry operations, [`Mmu`] for the machine's barriers and TLB
 //! maintenance) and the algorithms written once against it: [`map`],
-//! [`unmap`], [`translate`] and [`walk`] on an [`AddressSpace`].
+//! [`unmap`], [`change_protection`], [`move_page_tables`], [`translate`]
+//! and [`walk`] on an [`AddressSpace`].
 //!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
 //! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
@@ -32,6 +33,8 @@
 //!
 //! [`map`]: AddressSpace::map
 //! [`unmap`]: AddressSpace::unmap
+//! [`change_protection`]: AddressSpace::change_protection
+//! [`move_page_tables`]: AddressSpace::move_page_tables
 //! [`translate`]: AddressSpace::translate
 //! [`walk`]: AddressSpace::walk
 #![no_std]

@@ -10,7 +10,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, table_at, Stash};
+use crate::aspace::{covers, first_used, table_at, Stash};
 use crate::level::{entry_end, index, shift, size};
 use crate::{
     AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
@@ -62,31 +62,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         mut pa: u64,
         opts: MapOptions,
     ) -> Result<usize, Error> {
-        if height == 0 {
-            if let Some(t) = table {
-                let i = index(va, 0);
-                let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
-                for (k, e) in t.entries[i..i + n].iter().enumerate() {
-                    // Relaxed: we hold the address space exclusively.
-                    if e.load(Relaxed) != 0 {
-                        return Err(Error::AlreadyMapped(VirtAddr(va + k as u64 * PAGE_SIZE)));
-                    }
-                }
-            }
-            return Ok(0);
-        }
-        if all_leaves::<A>(height, va, end, pa, opts) {
-            // Fast path: every entry becomes a block; they must all be free.
-            if let Some(t) = table {
-                let i = index(va, height);
-                let n = (end.wrapping_sub(va) >> shift(height)) as usize;
-                for (k, e) in t.entries[i..i + n].iter().enumerate() {
-                    // Relaxed: we hold the address space exclusively.
-                    if e.load(Relaxed) != 0 {
-                        let at = va + ((k as u64) << shift(height));
-                        return Err(Error::AlreadyMapped(VirtAddr(at)));
-                    }
-                }
+        if height == 0 || all_leaves::<A>(height, va, end, pa, opts) {
+            // Every entry becomes a leaf (a page, or a block of the fast
+            // path): they must all be free.
+            if let Some(at) = table.and_then(|t| first_used(t, height, va, end)) {
+                return Err(Error::AlreadyMapped(at));
             }
             return Ok(0);
         }

@@ -16,6 +16,7 @@
 //!   that was cached before the flush began, and it must itself order the
 //!   entry writes that precede it (arm64 issues `dsb ishst` before `tlbi`).
 
+use crate::level::{shift, size};
 use crate::{PhysAddr, Slot, VirtAddr};
 
 /// A range of virtual addresses to invalidate.
@@ -33,6 +34,18 @@ pub struct TlbRange {
 }
 
 impl TlbRange {
+    /// The range of the one leaf at `height` that maps `va`.
+    #[inline]
+    pub(crate) fn leaf(va: VirtAddr, height: u32) -> TlbRange {
+        let start = va.align_down(size(height));
+        TlbRange {
+            start,
+            end: start.add(size(height)),
+            stride_shift: shift(height),
+            last_level: true,
+        }
+    }
+
     /// Number of strides in the range.
     #[inline]
     pub fn strides(&self) -> u64 {

@@ -74,7 +74,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{table_at, FreeQueue, Stash};
+use crate::aspace::{covers, first_used, table_at, FreeQueue, Stash};
 use crate::level::{entry_end, index, size};
 use crate::{
     generic, AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Slot, TableAlloc, TlbGather,
@@ -489,13 +489,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // while this shared borrow of the address space lasts.
         let t = unsafe { table_at(&self.alloc, tpa) };
         if height == 0 {
-            let i = index(va, 0);
-            let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
-            // Relaxed: we hold the address space exclusively.
-            let k = t.entries[i..i + n]
-                .iter()
-                .position(|e| e.load(Relaxed) != 0)?;
-            return Some(VirtAddr(va + k as u64 * PAGE_SIZE));
+            return first_used(t, 0, va, end);
         }
         loop {
             let next = entry_end(va, height, end);
@@ -1179,7 +1173,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 let slot = &t.entries[index(va, height)];
                 // Relaxed: we hold the address space exclusively.
                 if let Decoded::Table(c) = A::decode(slot.load(Relaxed), height) {
-                    let whole = crate::aspace::covers(va, next, height);
+                    let whole = covers(va, next, height);
                     if whole || self.free_empty(height - 1, c, va, next, gather, q) {
                         // A source-side clear; the flush orders it.
                         generic::set_entry_nosync(&self.mmu, slot, 0);
@@ -1197,7 +1191,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // The root stays, empty or not: no need to scan it.
             return false;
         }
-        crate::aspace::covers(start, end, height + 1)
+        covers(start, end, height + 1)
             // Relaxed: we hold the address space exclusively.
             || t.entries.iter().all(|e| e.load(Relaxed) == 0)
     }

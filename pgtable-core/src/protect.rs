@@ -68,7 +68,7 @@ use core::marker::PhantomData;
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{covers, table_at, FreeQueue, Stash};
-use crate::level::{entry_end, index, shift, size};
+use crate::level::{entry_end, index};
 use crate::{
     generic, Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Prot,
     Slot, TableAlloc, TlbGather, TlbRange, VirtAddr, PAGE_SIZE,
@@ -171,7 +171,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let old = if A::BREAK_BEFORE_MAKE && A::leaf_prot(raw, height).mem != prot.mem {
                         // A memory-type change: break-before-make.
                         let old = A::pmdp_huge_get_and_clear(&lazy, slot);
-                        lazy.flush_tlb_range(one_leaf(v, height));
+                        lazy.flush_tlb_range(TlbRange::leaf(v, height));
                         old
                     } else {
                         A::pmdp_modify_prot_start(&lazy, v, slot, height)
@@ -283,7 +283,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // A memory-type change: break-before-make (see the docs).
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
                     let old = A::ptep_get_and_clear(&lazy, slot);
-                    lazy.flush_tlb_range(one_leaf(v, 0));
+                    lazy.flush_tlb_range(TlbRange::leaf(v, 0));
                     let new = A::modify_prot(old, prot, 0);
                     A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
                 }
@@ -295,13 +295,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             written += 1;
             k += 1;
         }
-        let last = last + 1;
         if written == 0 {
             return;
         }
         gather.add_range(
             VirtAddr(va + first as u64 * PAGE_SIZE),
-            (last - first) as u64 * PAGE_SIZE,
+            (last + 1 - first) as u64 * PAGE_SIZE,
             0,
         );
         self.mmu.stats.add_entries_written(written);
@@ -337,18 +336,6 @@ impl PteAction {
         } else {
             PteAction::Transaction
         }
-    }
-}
-
-/// The TLB range of the one leaf at `height` that maps `va`.
-#[inline]
-fn one_leaf(va: VirtAddr, height: u32) -> TlbRange {
-    let start = va.align_down(size(height));
-    TlbRange {
-        start,
-        end: start.add(size(height)),
-        stride_shift: shift(height),
-        last_level: true,
     }
 }
 

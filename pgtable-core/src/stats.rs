@@ -10,19 +10,15 @@ pub struct Stats {
     inner: Counters,
 }
 
-#[derive(Clone, Default, Debug)]
-struct Counters {
-    barriers: Cell<u64>,
-    flush_range: Cell<u64>,
-    flush_range_pages: Cell<u64>,
-    flush_all: Cell<u64>,
-    entries_written: Cell<u64>,
-    tables_allocated: Cell<u64>,
-    tables_freed: Cell<u64>,
-}
-
+/// Defines the counter cells, a getter and a crate-internal adder for each,
+/// and [`Stats::reset`].
 macro_rules! counters {
     ($($(#[$m:meta])* $get:ident, $add:ident;)*) => {
+        #[derive(Clone, Default, Debug)]
+        struct Counters {
+            $($get: Cell<u64>,)*
+        }
+
         impl Stats {
             $(
                 $(#[$m])*
@@ -38,6 +34,11 @@ macro_rules! counters {
                     self.inner.$get.set(self.inner.$get.get() + n);
                 }
             )*
+
+            /// Sets every counter back to zero.
+            pub fn reset(&self) {
+                $(self.inner.$get.set(0);)*
+            }
         }
     };
 }
@@ -66,21 +67,5 @@ impl Stats {
     /// All TLB flushes of either kind.
     pub fn flushes(&self) -> u64 {
         self.flush_range() + self.flush_all()
-    }
-
-    /// Sets every counter back to zero.
-    pub fn reset(&self) {
-        let c = &self.inner;
-        for cell in [
-            &c.barriers,
-            &c.flush_range,
-            &c.flush_range_pages,
-            &c.flush_all,
-            &c.entries_written,
-            &c.tables_allocated,
-            &c.tables_freed,
-        ] {
-            cell.set(0);
-        }
     }
 }

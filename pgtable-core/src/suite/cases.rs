@@ -1,6 +1,7 @@
 //! Map, unmap and protection cases.
 
 use super::{ensure, fail, pattern, skip, Ctx, Machine, G1, K4, M2, R};
+use crate::level::size;
 use crate::{Arch, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr};
 
 /// Runs every map / unmap / protection case.
@@ -31,11 +32,6 @@ pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A
     cx.case(format_args!("protect_execute_never"), protect_exec);
     cx.case(format_args!("protect_skips_holes"), protect_holes);
     cx.case(format_args!("map_in_a_lazy_mmu_scope"), map_lazy);
-}
-
-/// The leaf size at height `h`.
-const fn size(h: u32) -> u64 {
-    crate::level::size(h)
 }
 
 /// Fails with a skip unless a block at `height` is possible here.
