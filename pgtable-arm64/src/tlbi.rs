@@ -181,23 +181,29 @@ pub fn plan_flush(range: TlbRange, has_range: bool) -> FlushPlan {
         return FlushPlan::All;
     }
     let stride_shift = range.stride_shift.max(12);
-    let pages = len.div_ceil(1 << 12);
+    // Whole stride-sized entries, as Linux rounds the range to the stride:
+    // from the entry holding `start` (a TLBI by VA drops whatever entry
+    // translates that VA) to the one holding the last byte.
+    let step = 1u64 << stride_shift;
+    let first = range.start.0 & !(step - 1);
+    let len = (len + (range.start.0 - first)).next_multiple_of(step);
     if has_range {
+        let pages = len >> 12;
         if pages > MAX_TLBI_RANGE_PAGES {
             return FlushPlan::All;
         }
         return FlushPlan::Range {
-            start_page: range.start.0 >> 12,
+            start_page: first >> 12,
             pages,
             last_level: range.last_level,
         };
     }
-    let count = len.div_ceil(1 << stride_shift);
+    let count = len >> stride_shift;
     if count > MAX_TLBI_OPS {
         return FlushPlan::All;
     }
     FlushPlan::PerStride {
-        start: range.start.0,
+        start: first,
         count,
         stride_shift,
         last_level: range.last_level,

@@ -170,6 +170,27 @@ fn flush_plan_per_stride_without_range_tlbi_up_to_512_ops() {
             last_level: true
         }
     );
+    // A start inside a block: the TLBIs start at the block holding it and
+    // reach the block holding the last byte (1 MiB into one block, 2 MiB
+    // long: two blocks).
+    assert_eq!(
+        plan_flush(r(0x4010_0000, 1 << 21, 21), false),
+        FlushPlan::PerStride {
+            start: 0x4000_0000,
+            count: 2,
+            stride_shift: 21,
+            last_level: true
+        }
+    );
+    // The range form covers the same two whole blocks.
+    assert_eq!(
+        plan_flush(r(0x4010_0000, 1 << 21, 21), true),
+        FlushPlan::Range {
+            start_page: 0x4_0000,
+            pages: 1024,
+            last_level: true
+        }
+    );
     assert!(matches!(
         plan_flush(r(0, MAX_TLBI_OPS << 12, 12), false),
         FlushPlan::PerStride { count: 512, .. }
