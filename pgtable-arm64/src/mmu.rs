@@ -18,7 +18,7 @@
 use core::arch::asm;
 use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
-use aarch64_cpu::asm::barrier::{dsb, isb, ISH, ISHST, NSH, SY};
+use aarch64_cpu::asm::barrier::{dmb, dsb, isb, ISH, ISHST, NSH, SY};
 use aarch64_cpu::registers::{
     ID_AA64ISAR0_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, MAIR_EL1, SCTLR_EL1, TCR_EL1, TTBR0_EL1,
     TTBR1_EL1,
@@ -163,6 +163,14 @@ unsafe impl Mmu for Arm64Mmu {
         dsb(ISHST);
         // …before this CPU executes anything that could walk them.
         isb(SY);
+    }
+
+    #[inline]
+    fn publish_barrier(&self) {
+        // Linux `smp_wmb()` before `pmd_populate`: the new table's zeroing
+        // and entries are observed by every walker in the inner-shareable
+        // domain before the store that links it.
+        dmb(ISHST);
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
