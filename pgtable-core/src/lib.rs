@@ -89,3 +89,35 @@ pub use walk::{Mapping, Translation};
 #[cfg(all(doctest, feature = "alloc"))]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// What safe code must not be able to do, each shown not to compile.
+///
+/// Reach a live entry (it could store a forged table pointer):
+///
+/// ```compile_fail,E0133
+/// use pgtable_core::test_format::TestFormat;
+/// use pgtable_core::{AddressSpace, Arena, NoopMmu, VirtAddr};
+///
+/// let s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let _ = s.slot(VirtAddr(0), 3);
+/// ```
+///
+/// Replace the allocator the tables came from:
+///
+/// ```compile_fail,E0133
+/// use pgtable_core::test_format::TestFormat;
+/// use pgtable_core::{AddressSpace, Arena, NoopMmu};
+///
+/// let mut s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let _old = core::mem::replace(s.alloc_mut(), Arena::new());
+/// ```
+///
+/// Ask an allocator for the address of something that is not its frame:
+///
+/// ```compile_fail,E0133
+/// use pgtable_core::{Arena, PhysAddr, TableAlloc};
+///
+/// let _ = Arena::new().phys_to_virt(PhysAddr(0));
+/// ```
+#[cfg(all(doctest, feature = "alloc"))]
+pub struct UnsafeAccessDoctests;

@@ -11,7 +11,9 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::sim::{CheckError, SimAlloc, SimFaultKind, SimMachine, SimMmu, SimSuiteMachine};
+use pgtable_core::sim::{
+    CheckError, Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu, SimSuiteMachine,
+};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::{TestFormat, DIRTY};
 use pgtable_core::{
@@ -86,24 +88,35 @@ impl<M: Mmu> Mmu for Broken<M> {
     }
 }
 
-type BrokenSpace<A = T4> = AddressSpace<A, Broken<SimMmu<A>>, SimAlloc>;
-type Space<A = T4> = AddressSpace<A, SimMmu<A>, SimAlloc>;
+type BrokenSpace<A = T4> = Installed<A, Broken<SimMmu<A>>, SimAlloc>;
+type Space<A = T4> = Installed<A, SimMmu<A>, SimAlloc>;
 
 fn broken(brk: Break) -> (SimMachine<T4>, BrokenSpace) {
     let m = SimMachine::<T4>::new();
     let inner = m.mmu();
-    let s = BrokenSpace::new(Broken { inner, brk }, m.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { s.install() };
-    (m, s)
+    let s = AddressSpace::new(Broken { inner, brk }, m.alloc()).unwrap();
+    // SAFETY: `Broken` forwards `install_root` to a simulated MMU.
+    (m, unsafe { Installed::new(s) })
 }
 
 fn correct() -> (SimMachine<T4>, Space) {
     let m = SimMachine::<T4>::new();
-    let s = Space::new(m.mmu(), m.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { s.install() };
-    (m, s)
+    let s = AddressSpace::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    (m, unsafe { Installed::new(s) })
+}
+
+/// The live leaf entry that maps `va`, for the tests that write entries
+/// themselves, on purpose the wrong way.
+///
+/// # Safety
+///
+/// The caller stores only leaves (or 0) through it; the simulated machine
+/// tolerates any missing barrier or flush (it reports it).
+unsafe fn leaf_slot<A: Arch, M: Mmu>(s: &AddressSpace<A, M, SimAlloc>, va: VirtAddr) -> &Slot {
+    // SAFETY: our caller's promise, and a simulated machine (every space
+    // of this file is one).
+    unsafe { s.slot(va, 0) }.unwrap()
 }
 
 const VA: VirtAddr = VirtAddr(G1 + 5 * K4);
@@ -240,15 +253,16 @@ impl Arch for NoBarrierSetPte {
 #[test]
 fn an_arch_whose_set_pte_at_skips_the_barrier_is_caught() {
     let m = SimMachine::<NoBarrierSetPte>::new();
-    let mut s = AddressSpace::<NoBarrierSetPte, _, _>::new(m.mmu(), m.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { s.install() };
+    let s = AddressSpace::<NoBarrierSetPte, _, _>::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut s = unsafe { Installed::new(s) };
     // The page next to VA shares its PTE table.
     s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     let next = VirtAddr(VA.0 + K4);
     let leaf = NoBarrierSetPte::leaf(PA2, Prot::READ_WRITE, 0);
-    NoBarrierSetPte::set_pte_at(s.mmu(), next, s.slot(next, 0).unwrap(), leaf);
+    // SAFETY: a leaf, stored by the arch's (broken) setter.
+    NoBarrierSetPte::set_pte_at(s.mmu(), next, unsafe { leaf_slot(&s, next) }, leaf);
     assert_eq!(
         m.read_u64(next).unwrap_err().kind,
         SimFaultKind::Translation { height: 0 }
@@ -261,7 +275,8 @@ fn an_arch_whose_set_pte_at_skips_the_barrier_is_caught() {
     s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     let leaf = T4::leaf(PA2, Prot::READ_WRITE, 0);
-    T4::set_pte_at(s.mmu(), next, s.slot(next, 0).unwrap(), leaf);
+    // SAFETY: a leaf, stored by the arch's setter.
+    T4::set_pte_at(s.mmu(), next, unsafe { leaf_slot(&s, next) }, leaf);
     m.read_u64(next).unwrap();
     m.check().unwrap();
 }
@@ -310,7 +325,8 @@ fn a_non_atomic_entry_update_loses_the_dirty_bit_the_hardware_set() {
         let (m, mut s) = correct();
         s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
             .unwrap();
-        let slot = s.slot(VA, 0).unwrap();
+        // SAFETY: `clean_entry` stores leaves only.
+        let slot = unsafe { leaf_slot(&s, VA) };
         let mut hw_dirtied = 0;
         // The hardware stores to the page exactly inside the window.
         let seen = clean_entry(s.mmu(), VA, slot, atomic, || {
@@ -349,7 +365,8 @@ fn the_atomic_transaction_loses_no_dirty_bit_against_a_hardware_thread() {
     while t0.elapsed().as_secs() < 30 && (m.stats().dirty_set < 300 || rounds < 1_000) {
         for p in 0..4 {
             let va = VirtAddr(VA.0 + p * K4);
-            let slot = s.slot(va, 0).unwrap();
+            // SAFETY: `clean_entry` stores leaves only.
+            let slot = unsafe { leaf_slot(&s, va) };
             seen += u64::from(clean_entry(s.mmu(), va, slot, true, || {}));
         }
         rounds += 1;
@@ -412,7 +429,8 @@ fn a_load_modify_store_loop_racing_a_hardware_thread_is_caught_losing_dirty_bits
         while e0.elapsed().as_millis() < 300 {
             for p in 0..4 {
                 let va = VirtAddr(VA.0 + p * K4);
-                let slot = s.slot(va, 0).unwrap();
+                // SAFETY: `clean_entry` stores leaves only.
+                let slot = unsafe { leaf_slot(&s, va) };
                 seen += u64::from(clean_entry(s.mmu(), va, slot, false, || {}));
             }
         }
@@ -422,13 +440,9 @@ fn a_load_modify_store_loop_racing_a_hardware_thread_is_caught_losing_dirty_bits
         // epoch (nothing races now).
         for p in 0..4 {
             let va = VirtAddr(VA.0 + p * K4);
-            seen += u64::from(clean_entry(
-                s.mmu(),
-                va,
-                s.slot(va, 0).unwrap(),
-                true,
-                || {},
-            ));
+            // SAFETY: `clean_entry` stores leaves only.
+            let slot = unsafe { leaf_slot(&s, va) };
+            seen += u64::from(clean_entry(s.mmu(), va, slot, true, || {}));
         }
         assert!(seen <= report.dirty_set, "more dirty states seen than set");
         epochs += 1;

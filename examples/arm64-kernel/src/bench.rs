@@ -180,7 +180,8 @@ fn mprotect_once<A: Arch>(
         )
         .map_err(|_| "bench: map blocks")?;
     // SAFETY: TTBR1_EL1 only translates the high half, which the kernel
-    // does not use; the space is uninstalled below before it is dropped.
+    // does not use; the space is uninstalled and deactivated below before
+    // it is dropped.
     unsafe { space.install() };
     let result = (|| {
         for i in 0..blocks {
@@ -211,6 +212,11 @@ fn mprotect_once<A: Arch>(
     // high half back in TTBR1_EL1 (with a full TLB flush) makes the bench
     // space unreachable before it is dropped.
     unsafe { high_half_mmu().install_root(kernel_root) };
+    // SAFETY: the one CPU's TTBR1_EL1 holds the kernel's root again and
+    // `install_root` ended with `flush_tlb_all` (a TLBI of everything the
+    // MMU's ASID, the only one in use, holds), so no TLB or walk-cache
+    // entry made from the bench tables is left.
+    unsafe { space.deactivate() };
     result
 }
 

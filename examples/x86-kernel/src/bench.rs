@@ -289,7 +289,8 @@ fn bench_mprotect<A: Arch>(
         crate::kernel_space::<GenericBlockProt<A>>(ram),
     )?;
     // SAFETY: `ctl` maps all RAM like the kernel's space; it is
-    // uninstalled (the kernel's space reinstalled) before it is dropped.
+    // uninstalled (the kernel's space reinstalled) and deactivated before
+    // it is dropped.
     unsafe { ctl.install() };
     let mut each = [0u64; 4];
     let r = (|| {
@@ -301,6 +302,11 @@ fn bench_mprotect<A: Arch>(
     // SAFETY: the kernel's own space maps everything the CPU uses and
     // outlives this call.
     unsafe { space.install() };
+    // SAFETY: the one CPU runs on the kernel's root again, and that MOV to
+    // CR3 (PCID 0) invalidated every paging-structure cache entry and every
+    // non-global TLB entry; `ctl` maps nothing global (its protection has
+    // no `Prot::GLOBAL`), so nothing made from its tables is left.
+    unsafe { ctl.deactivate() };
     drop(ctl);
     r?;
     println!();

@@ -401,9 +401,9 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
         sum.passed,
         sum.failed + u32::from(!bench_ok) + u32::from(!frames_ok)
     );
-    // The live space is never torn down: dropping it would free the very
-    // tables the CPU is walking. The machine exits right after this.
-    core::mem::forget(space);
+    // The live space is never torn down: the CPU walks its tables until the
+    // machine exits, right after this. `into_parts` keeps them allocated.
+    let _kept = space.into_parts();
     suite_ok && bench_ok && frames_ok
 }
 

@@ -130,8 +130,9 @@ impl Frames {
 
 // SAFETY: frames come from `TABLES_START..TABLES_END`, a RAM range that
 // nothing but this allocator uses; each is 4 KiB aligned, zeroed before it
-// is handed out, handed out once until freed; phys == virt (identity map),
-// so `phys_to_virt` points at the frame itself.
+// is handed out, handed out once until freed, and the pool is a static
+// (dropping a handle frees nothing); phys == virt (identity map), so
+// `phys_to_virt` points at the frame itself.
 unsafe impl TableAlloc for Frames {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let p = &POOL.0;
@@ -167,9 +168,10 @@ unsafe impl TableAlloc for Frames {
     }
 
     #[inline]
-    fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
-        // SAFETY: frames are non-zero addresses (>= TABLES_START), and the
-        // kernel's identity map makes a physical address usable as-is.
+    unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        // SAFETY: the caller passes one of our frames, whose address is at
+        // least `TABLES_START`, so not null; the kernel's identity map makes
+        // a physical address usable as-is.
         unsafe { NonNull::new_unchecked(pa.0 as *mut Table) }
     }
 }
