@@ -443,6 +443,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut stash = Stash { head: 0, count: 0 };
         for _ in 0..n {
             match self.alloc.alloc_table() {
+                // `Format` promises that `table_entry` decodes back to the
+                // frame only for such addresses; a frame the format cannot
+                // link must never be linked.
+                Some(pa)
+                    if pa.0 % PAGE_SIZE != 0 || (A::PA_BITS < 64 && pa.0 >> A::PA_BITS != 0) =>
+                {
+                    // SAFETY: just allocated, never linked.
+                    unsafe { self.alloc.free_table(pa) };
+                    self.release_raw(stash);
+                    return Err(Error::PhysOutOfRange(pa));
+                }
                 Some(pa) => {
                     // SAFETY: freshly allocated frame of ours.
                     let t = unsafe { table_at(&self.alloc, pa) };

@@ -4,6 +4,9 @@
 //! point, barrier batching and TLB gathering.
 #![cfg(feature = "alloc")]
 
+#[macro_use]
+mod common;
+
 use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::rc::Rc;
@@ -19,6 +22,18 @@ const M2: u64 = 2 << 20;
 const G1: u64 = 1 << 30;
 
 type Space<const L: u32 = 4> = AddressSpace<TestFormat<L>, Rec, Arena>;
+type T4 = TestFormat<4>;
+
+test_format_variant!(
+    /// The test format able to encode output addresses below 4 KiB only,
+    /// so no table frame an allocator hands out can be linked.
+    Pa12,
+    "test-pa12",
+    pa_bits = 12
+);
+
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl pgtable_core::Arch for Pa12 {}
 
 /// An MMU that records what the algorithms asked of it.
 #[derive(Default)]
@@ -824,4 +839,29 @@ fn entry_reads_the_raw_entry_at_each_height() {
     assert_eq!(s.entry(VirtAddr(1 << 60), 3), None);
     // An empty entry of an existing table reads 0.
     assert_eq!(s.entry(VirtAddr(G1 + M2), 1), Some(0));
+}
+
+#[test]
+fn a_table_frame_the_format_cannot_encode_is_never_linked() {
+    let mut s = AddressSpace::<Pa12, _, _>::new(Rec::default(), Arena::new()).unwrap();
+    // Physical 0 is encodable; the PUD table the mapping needs is not.
+    let err = s
+        .map(
+            VirtAddr(G1),
+            PhysAddr(0),
+            K4,
+            Prot::READ_ONLY,
+            MapOptions::PAGES,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::PhysOutOfRange(pa) if pa.0 >= K4),
+        "{err:?}"
+    );
+    assert_eq!(s.entry(VirtAddr(G1), 3), Some(0), "root entry written");
+    assert_eq!(
+        (s.count_tables(), s.alloc().live()),
+        (1, 1),
+        "frames leaked"
+    );
 }

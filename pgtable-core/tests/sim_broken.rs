@@ -243,7 +243,9 @@ test_format_variant!(
     "test-no-barrier"
 );
 
-impl Arch for NoBarrierSetPte {
+// SAFETY: the broken `set_pte_at` still stores the value it is given (it
+// only skips the barrier); the rest is the generic fallback.
+unsafe impl Arch for NoBarrierSetPte {
     fn set_pte_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pte: u64) {
         // BUG (on purpose): no `walker_barrier` after the store.
         pgtable_core::generic::set_entry_nosync(mmu, slot, pte)

@@ -51,7 +51,8 @@ test_format_variant!(
     "test-in-order"
 );
 
-impl Arch for InOrderWalker {
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl Arch for InOrderWalker {
     const NEEDS_WALKER_BARRIER: bool = false;
 }
 

@@ -351,7 +351,8 @@ fn bench_mprotect<A: Arch>(
 /// The barrier itself is x86's (nothing), so only the counts differ.
 struct WalkerBarriers<A>(PhantomData<A>);
 
-impl<A: Arch> Format for WalkerBarriers<A> {
+// SAFETY: every method is `A`'s, which upholds the contract.
+unsafe impl<A: Arch> Format for WalkerBarriers<A> {
     const NAME: &'static str = A::NAME;
     const LEVELS: u32 = A::LEVELS;
     const PA_BITS: u32 = A::PA_BITS;
@@ -398,7 +399,8 @@ impl<A: Arch> Format for WalkerBarriers<A> {
     }
 }
 
-impl<A: Arch> Arch for WalkerBarriers<A> {
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl<A: Arch> Arch for WalkerBarriers<A> {
     const HAVE_MOVE_PMD: bool = A::HAVE_MOVE_PMD;
     const HAVE_MOVE_PUD: bool = A::HAVE_MOVE_PUD;
     const TLB_FLUSH_CEILING: u64 = A::TLB_FLUSH_CEILING;
