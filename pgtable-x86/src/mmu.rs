@@ -40,14 +40,19 @@ impl X86Mmu {
     /// An MMU handle for an address space without global mappings, with
     /// INVPCID used when CPUID reports it.
     pub fn new() -> X86Mmu {
-        X86Mmu::with_features(cpu_has_invpcid(), false)
+        // SAFETY: `has_invpcid` is what CPUID reports.
+        unsafe { X86Mmu::with_features(cpu_has_invpcid(), false) }
     }
 
-    /// An MMU handle with explicit features: `has_invpcid` must only be
-    /// true when `CPUID.(EAX=07H,ECX=0):EBX[10]` is 1; `global` says the
-    /// address space maps global pages ([`pgtable_core::Prot::GLOBAL`]), so
-    /// its full flushes must drop global entries too.
-    pub const fn with_features(has_invpcid: bool, global: bool) -> X86Mmu {
+    /// An MMU handle with explicit features: `global` says the address
+    /// space maps global pages ([`pgtable_core::Prot::GLOBAL`]), so its full
+    /// flushes must drop global entries too.
+    ///
+    /// # Safety
+    ///
+    /// `has_invpcid` is true only if the CPU implements INVPCID
+    /// (`CPUID.(EAX=07H,ECX=0):EBX[10]` is 1): the flushes then execute it.
+    pub const unsafe fn with_features(has_invpcid: bool, global: bool) -> X86Mmu {
         X86Mmu {
             ceiling: AtomicU64::new(Self::DEFAULT_CEILING),
             has_invpcid,
@@ -101,9 +106,17 @@ impl X86Mmu {
         Cr4::read().contains(Cr4Flags::L5_PAGING)
     }
 
-    /// Carries out `plan` on this CPU.
+    /// Carries out `plan` on this CPU. An INVPCID plan on an MMU that does
+    /// not use INVPCID is carried out without it (a CR3 reload, or a
+    /// CR4.PGE toggle for all contexts).
     pub fn execute(&self, plan: FlushPlan) {
         match plan {
+            FlushPlan::InvpcidSingleContext if !self.has_invpcid => {
+                self.execute(FlushPlan::ReloadCr3)
+            }
+            FlushPlan::InvpcidAllContexts if !self.has_invpcid => {
+                self.execute(FlushPlan::ToggleCr4Pge)
+            }
             FlushPlan::Invlpg {
                 start,
                 stride_shift,
@@ -124,9 +137,10 @@ impl X86Mmu {
             }
             FlushPlan::InvpcidSingleContext => {
                 let pcid = current_pcid();
-                // SAFETY: `has_invpcid` is only true when CPUID reports
-                // INVPCID (contract of `with_features`); the PCID is the
-                // current one, valid whatever CR4.PCIDE is.
+                // SAFETY: `has_invpcid` is true (checked above), which the
+                // contract of `with_features` allows only when the CPU has
+                // INVPCID; the PCID is the current one, valid whatever
+                // CR4.PCIDE is.
                 unsafe { tlb::flush_pcid(InvPcidCommand::Single(pcid)) };
             }
             FlushPlan::InvpcidAllContexts => {
