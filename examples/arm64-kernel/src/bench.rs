@@ -81,7 +81,8 @@ fn bench_move(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static
     // A marker in the last page: each move must carry it along.
     let marker = 0x6d6f_7665_0000_0000 | timer::ticks() & 0xffff_ffff;
     let last = GIB - 4096;
-    probe::write_u64(a + last, marker).map_err(|_| "bench: marker store faulted")?;
+    // SAFETY: `a` maps the pool (just above).
+    unsafe { probe::write_u64(a + last, marker) }.map_err(|_| "bench: marker store faulted")?;
 
     let paths = [
         ("PTE", MoveOptions::PTES_ONLY),
@@ -185,7 +186,9 @@ fn mprotect_once<A: Arch>(
     unsafe { space.install() };
     let result = (|| {
         for i in 0..blocks {
-            probe::write_u64(base + i * 2 * MIB, i).map_err(|_| "bench: block not writable")?;
+            // SAFETY: `base` maps the pool (just above).
+            unsafe { probe::write_u64(base + i * 2 * MIB, i) }
+                .map_err(|_| "bench: block not writable")?;
         }
         space.stats().reset();
         let mut ticks = [0u64; REPS];
@@ -202,7 +205,8 @@ fn mprotect_once<A: Arch>(
                 .map_err(|_| "bench: change_protection")?;
             *t = timer::ticks() - t0;
             let last = base + len - 8;
-            if probe::write_u64(last, r as u64).is_ok() == read_only {
+            // SAFETY: `last` maps the pool, read-only or writable.
+            if unsafe { probe::write_u64(last, r as u64) }.is_ok() == read_only {
                 return Err("bench: the MMU does not enforce the new protection");
             }
         }

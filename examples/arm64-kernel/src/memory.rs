@@ -95,8 +95,13 @@ fn with_frames<R>(f: impl FnOnce(&mut Frames) -> R) -> R {
     f(unsafe { &mut *FRAMES.0.get() })
 }
 
-/// Hands the table pool `[start, end)` to the allocator. Call once.
-pub fn init_tables(start: u64, end: u64) {
+/// Hands the table pool `[start, end)` to the allocator.
+///
+/// # Safety
+///
+/// Call once, before the first allocation. `[start, end)` is 4 KiB aligned
+/// RAM, identity-mapped, above address 0, that nothing else uses.
+pub unsafe fn init_tables(start: u64, end: u64) {
     with_frames(|fr| {
         fr.next = start;
         fr.end = end;

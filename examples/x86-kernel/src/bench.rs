@@ -127,7 +127,8 @@ fn move_1g<A: Arch>(
     // One word per page (at a page-dependent offset) carries the tag.
     let word = |base: u64, i: u64| base + i * PAGE_SIZE + (i % 512) * 8;
     for i in 0..pages {
-        trap::write_u64(word(a, i), tag(i))
+        // SAFETY: `a` maps the pool (just above).
+        unsafe { trap::write_u64(word(a, i), tag(i)) }
             .map_err(|_| Failure::Data("fill faulted", word(a, i)))?;
     }
     let mut t = [0u64; ITERS];
@@ -253,7 +254,8 @@ fn mprotect_blocks<B: Arch>(
         op("change_protection", r)?;
         *t = mach.tsc.ns(t1 - t0);
         for off in [0, size / 2, size - 8] {
-            let faulted = trap::write_u64(va.0 + off, n as u64).is_err();
+            // SAFETY: `va` maps the pool, read-only or writable.
+            let faulted = unsafe { trap::write_u64(va.0 + off, n as u64) }.is_err();
             if faulted != ro {
                 return Err(Failure::Data(
                     if ro {

@@ -142,7 +142,13 @@ fn split_list(v: &'static str, dst: &mut [&'static str; 8]) -> usize {
     n
 }
 
-fn parse_cmdline(cmdline: &'static str) -> Options {
+/// The options of the kernel command line.
+///
+/// # Safety
+///
+/// Call once: the `only=` / `skip=` lists it returns live in a static that
+/// it fills.
+unsafe fn parse_cmdline(cmdline: &'static str) -> Options {
     let mut o = Options {
         seed: 0x5eed_1234,
         threshold_mb: 4,
@@ -171,8 +177,9 @@ fn parse_cmdline(cmdline: &'static str) -> Options {
             _ => println!("ignoring unknown option {word}"),
         }
     }
-    // SAFETY: parsed once at boot on the only CPU; nothing else refers to
-    // `LISTS` yet, and afterwards it is only read (through `o`).
+    // SAFETY: called once (our caller's promise) on the only CPU; nothing
+    // else refers to `LISTS` yet, and afterwards it is only read (through
+    // `o`).
     let Lists { only, skip } = unsafe { &mut *LISTS.0.get() };
     let n = split_list(only_arg, only);
     o.only = &only[..n];
@@ -210,7 +217,8 @@ fn cmdline(info: &boot::StartInfo) -> &'static str {
 #[no_mangle]
 extern "C" fn kmain(start_info: u64) -> ! {
     serial::init();
-    trap::init();
+    // SAFETY: once, at boot, with interrupts off (PVH entry state).
+    unsafe { trap::init() };
     quiet_interrupt_sources();
     println!("x86-kernel: booted (PVH)");
     // SAFETY: the boot loader passes the physical address of its start
@@ -221,7 +229,8 @@ extern "C" fn kmain(start_info: u64) -> ! {
         exit(false);
     }
     let line = cmdline(&info);
-    let opts = parse_cmdline(line);
+    // SAFETY: the only call.
+    let opts = unsafe { parse_cmdline(line) };
     println!("cmdline: \"{line}\" -> {opts:?}");
     let ok = run(&info, &opts);
     exit(ok)
