@@ -196,14 +196,20 @@ fn parse_u64(s: &str) -> Option<u64> {
 }
 
 /// The command line of the PVH start info (empty if there is none).
-fn cmdline(info: &boot::StartInfo) -> &'static str {
+///
+/// # Safety
+///
+/// `info` is the start info the loader passed: a non-zero `cmdline_paddr`
+/// is a NUL-terminated string in identity-mapped memory that is never
+/// written while the kernel runs.
+unsafe fn cmdline(info: &boot::StartInfo) -> &'static str {
     if info.cmdline_paddr == 0 {
         return "";
     }
     let p = info.cmdline_paddr as *const u8;
     let mut n = 0;
-    // SAFETY: the boot loader passes a NUL-terminated string in low memory,
-    // identity-mapped by the boot tables; we bound the scan.
+    // SAFETY: a NUL-terminated string in identity-mapped memory (our
+    // caller's promise); we bound the scan.
     while n < 4096 && unsafe { p.add(n).read() } != 0 {
         n += 1;
     }
@@ -228,11 +234,14 @@ extern "C" fn kmain(start_info: u64) -> ! {
         println!("bad hvm_start_info magic {:#x}", info.magic);
         exit(false);
     }
-    let line = cmdline(&info);
+    // SAFETY: the loader's start info (magic checked).
+    let line = unsafe { cmdline(&info) };
     // SAFETY: the only call.
     let opts = unsafe { parse_cmdline(line) };
     println!("cmdline: \"{line}\" -> {opts:?}");
-    let ok = run(&info, &opts);
+    // SAFETY: the loader's start info (magic checked).
+    let ram = unsafe { RamMap::from_start_info(&info, 2 << 30) };
+    let ok = run(&ram, &opts);
     exit(ok)
 }
 
@@ -255,8 +264,7 @@ fn has_1g_pages() -> bool {
     __cpuid(0x8000_0001).edx & (1 << 26) != 0
 }
 
-fn run(info: &boot::StartInfo, opts: &Options) -> bool {
-    let ram = RamMap::from_start_info(info, 2 << 30);
+fn run(ram: &RamMap, opts: &Options) -> bool {
     for r in ram.iter() {
         println!(
             "ram: {:#x}..{:#x} ({} MiB)",
@@ -295,10 +303,10 @@ fn run(info: &boot::StartInfo, opts: &Options) -> bool {
     }
     if la57 {
         println!("paging: 5-level (CR4.LA57 = 1)");
-        run_on::<X86_64La57>(&ram, tsc, kvm, opts)
+        run_on::<X86_64La57>(ram, tsc, kvm, opts)
     } else {
         println!("paging: 4-level");
-        run_on::<X86_64>(&ram, tsc, kvm, opts)
+        run_on::<X86_64>(ram, tsc, kvm, opts)
     }
 }
 

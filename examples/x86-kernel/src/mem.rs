@@ -50,13 +50,19 @@ impl RamMap {
 
     /// Reads the PVH memory map (start info version 1); without one,
     /// assumes RAM from 0 to `fallback_end`.
-    pub fn from_start_info(info: &StartInfo, fallback_end: u64) -> RamMap {
+    ///
+    /// # Safety
+    ///
+    /// `info` is the start info the loader passed: with version 1 and a
+    /// non-zero `memmap_paddr`, that address holds `memmap_entries`
+    /// entries in identity-mapped memory.
+    pub unsafe fn from_start_info(info: &StartInfo, fallback_end: u64) -> RamMap {
         let mut map = RamMap::default();
         if info.version >= 1 && info.memmap_paddr != 0 {
             let base = info.memmap_paddr as *const MemmapEntry;
             for i in 0..info.memmap_entries as usize {
-                // SAFETY: the loader passes `memmap_entries` entries at
-                // `memmap_paddr`, in identity-mapped low memory.
+                // SAFETY: `memmap_entries` entries at `memmap_paddr`, in
+                // identity-mapped memory (our caller's promise).
                 let e = unsafe { base.add(i).read_unaligned() };
                 if e.kind == 1 && map.len < map.regions.len() {
                     map.regions[map.len] = Region {
