@@ -16,7 +16,12 @@
 //!   reachable table is unchanged, entry for entry, with no frame leaked;
 //! - once it succeeds, it reserved exactly the tables it took into the
 //!   tables (the arena's allocations against the `tables_allocated`
-//!   counter), no frame leaked, and no table but the root is empty.
+//!   counter, with the `stats` feature), no frame leaked, and no table but
+//!   the root is empty.
+//!
+//! A debug build takes a few seconds for the grid; `cargo xtask miri` does
+//! not run this file (it would take hours there), but runs the
+//! reproducers in `tests/moves.rs`.
 #![cfg(feature = "alloc")]
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -490,6 +495,22 @@ fn heavy(layout: &[Piece], old: u64, new: u64, len: u64) -> bool {
     })
 }
 
+/// With [`MoveOptions::free_below`]: the first mapped address in the space
+/// the caller claimed free, when the mutual-alignment rule applies (same
+/// offset in a PMD at both starts, the range reaching the next PMD
+/// boundary, the widened ranges disjoint).
+fn wrong_claim(before: &[Run], old: u64, new: u64, len: u64, opts: MoveOptions) -> Option<u64> {
+    let off = old % M2;
+    if !opts.free_below || !opts.pmd || off == 0 || off != new % M2 || len < M2 - off {
+        return None;
+    }
+    let (ao, an, alen) = (old - off, new - off, len + off);
+    if ao < an + alen && an < ao + alen {
+        return None;
+    }
+    first_mapped(before, ao, old).or_else(|| first_mapped(before, an, new))
+}
+
 fn move_case<const L: u32>(
     layout: &[Piece],
     name: &str,
@@ -506,6 +527,8 @@ fn move_case<const L: u32>(
     let expected = if old < new + len && new < old + len {
         Err(Error::Overlap)
     } else if let Some(a) = first_mapped(&out.before, new, new + len) {
+        Err(Error::AlreadyMapped(VirtAddr(a)))
+    } else if let Some(a) = wrong_claim(&out.before, old, new, len, opts) {
         Err(Error::AlreadyMapped(VirtAddr(a)))
     } else {
         Ok(())
@@ -544,6 +567,19 @@ fn every_small_move_keeps_the_reservation_promise_on_the_pte_path() {
 fn every_small_move_keeps_the_reservation_promise_without_pud_moves() {
     // Only 1 GiB and longer moves can move a whole PUD entry.
     move_grid::<4>(&[MoveOptions::PMD_ONLY], &OFFSETS, &[G1, G1 + M2]);
+}
+
+#[test]
+fn every_small_move_with_a_free_below_claim_keeps_the_reservation_promise() {
+    // The claim matters where the mutual-alignment rule can apply: starts
+    // inside a PMD.
+    let claim = MoveOptions {
+        free_below: true,
+        ..MoveOptions::DEFAULT
+    };
+    let offsets = [K4, M1 - K4, M2 + K4, G1 - K4, G1 + K4];
+    let lengths = [K4, M2 - K4, M2, 2 * M2, G1 + M2];
+    move_grid::<4>(&[claim], &offsets, &lengths);
 }
 
 #[test]
