@@ -510,9 +510,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// operation counts exactly the tables its write phase takes, in a
     /// read-only pass over the same tables that the write phase then walks
     /// (see `map_check`, `split_check` and the dry run of
-    /// `move_page_tables`), and the write phase frees nothing before it has
-    /// taken its last table. `tests/reservation.rs` checks the counts over
-    /// a grid of ranges and layouts.
+    /// `move_page_tables`), and nothing the count relied on changes before
+    /// the write phase has taken its last table (`move_page_tables` unlinks
+    /// emptied source tables only after that). `tests/reservation.rs`
+    /// checks the counts over a grid of ranges and layouts.
     ///
     /// Should a count ever be short all the same, this does not panic in
     /// the middle of a write: it returns `None` and marks the stash, the
