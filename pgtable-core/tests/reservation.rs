@@ -501,7 +501,10 @@ fn heavy(layout: &[Piece], old: u64, new: u64, len: u64) -> bool {
 /// boundary, the widened ranges disjoint).
 fn wrong_claim(before: &[Run], old: u64, new: u64, len: u64, opts: MoveOptions) -> Option<u64> {
     let off = old % M2;
-    if !opts.free_below || !opts.pmd || off == 0 || off != new % M2 || len < M2 - off {
+    // The realignment is a PMD fast path: the caller, the arch and the
+    // crate feature must all allow it.
+    let pmd = opts.pmd && cfg!(feature = "move-pmd");
+    if !opts.free_below || !pmd || off == 0 || off != new % M2 || len < M2 - off {
         return None;
     }
     let (ao, an, alen) = (old - off, new - off, len + off);
