@@ -126,7 +126,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 for e in &t.entries[i..i + n] {
                     A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
                     pa += PAGE_SIZE;
-                    va += PAGE_SIZE;
+                    // Wrapping: past the last page of the 64-bit space the
+                    // address is 2^64, and it is not used again.
+                    va = va.wrapping_add(PAGE_SIZE);
                 }
             } else {
                 for e in &t.entries[i..i + n] {

@@ -256,6 +256,22 @@ fn the_top_page_of_the_upper_half_maps_and_unmaps() {
 }
 
 #[test]
+fn the_top_page_maps_with_a_barrier_per_entry_too() {
+    // The per-entry control variant advanced its address past the last
+    // page: 2^64 overflowed (a panic with overflow checks, a silent wrap
+    // without).
+    for (va, len) in [(0xffff_ffff_ffff_f000, K4), (0xffff_ffff_ffff_d000, 3 * K4)] {
+        let mut s = space::<4>();
+        let opts = MapOptions::PAGES.barrier_per_entry();
+        s.map(VirtAddr(va), PhysAddr(0x7000), len, Prot::READ_ONLY, opts)
+            .unwrap();
+        assert_eq!(pa_of(&s, 0xffff_ffff_ffff_fff8), Some(0x7000 + len - 8));
+        s.unmap(VirtAddr(va), len).unwrap();
+        assert_eq!(s.count_tables(), 1);
+    }
+}
+
+#[test]
 fn bad_input_is_rejected_and_changes_nothing() {
     let mut s = space::<4>();
     s.map(
