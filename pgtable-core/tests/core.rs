@@ -373,6 +373,44 @@ fn bad_input_is_rejected_and_changes_nothing() {
 }
 
 #[test]
+fn already_mapped_names_the_first_mapped_address_not_the_block_slot() {
+    // One page in the middle of a 2 MiB slot; a map wanting blocks over
+    // the slot must report that page, which the caller can act on.
+    let page = 0x4000_3000;
+    let cases = [
+        ("one block", M2, MapOptions::BLOCKS),
+        ("a run of blocks", 2 * M2, MapOptions::BLOCKS),
+        (
+            "blocks, one barrier each",
+            M2,
+            MapOptions::BLOCKS.barrier_per_entry(),
+        ),
+        ("a 1 GiB block", G1, MapOptions::BLOCKS),
+    ];
+    for (name, len, opts) in cases {
+        let mut s = space::<4>();
+        s.map(
+            VirtAddr(page),
+            PhysAddr(0x7000),
+            K4,
+            Prot::READ_ONLY,
+            MapOptions::PAGES,
+        )
+        .unwrap();
+        let before = snapshot(&s);
+        let r = s.map(
+            VirtAddr(0x4000_0000),
+            PhysAddr(0x8000_0000),
+            len,
+            Prot::READ_WRITE,
+            opts,
+        );
+        assert_eq!(r, Err(Error::AlreadyMapped(VirtAddr(page))), "{name}");
+        assert_eq!(snapshot(&s), before, "{name} changed the tables");
+    }
+}
+
+#[test]
 fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
     // A range across the 5 GiB boundary: 3 pages below it, a 2 MiB block,
     // 5 pages above. The PUD table exists (the page at 1 GiB); it needs two
