@@ -411,6 +411,26 @@ fn already_mapped_names_the_first_mapped_address_not_the_block_slot() {
 }
 
 #[test]
+fn out_of_range_names_the_hole_also_when_the_length_wraps_past_the_top() {
+    // A lower-half range whose end would pass 2^64: the first address it
+    // cannot have is still the start of the non-canonical hole.
+    let mut s = space::<4>();
+    let va = VirtAddr(0x7fff_ffff_f000);
+    let len = !(K4 - 1);
+    let hole = Err(Error::OutOfRange(VirtAddr(1 << 47)));
+    let rw = Prot::READ_WRITE;
+    assert_eq!(s.map(va, PhysAddr(0), len, rw, MapOptions::PAGES), hole);
+    assert_eq!(s.unmap(va, len), hole);
+    assert_eq!(s.change_protection(va, len, rw), hole);
+    assert_eq!(s.walk(va, len, |_| {}), hole);
+    assert_eq!(s.move_page_tables(VirtAddr(0), va, len), hole);
+    // An upper-half range that passes 2^64 has no first invalid address
+    // in 64 bits: it is named by its start.
+    let top = VirtAddr(0xffff_ffff_ffff_e000);
+    assert_eq!(s.unmap(top, 3 * K4), Err(Error::OutOfRange(top)));
+}
+
+#[test]
 fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
     // A range across the 5 GiB boundary: 3 pages below it, a 2 MiB block,
     // 5 pages above. The PUD table exists (the page at 1 GiB); it needs two
