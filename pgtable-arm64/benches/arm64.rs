@@ -31,7 +31,8 @@ type Space<M> = AddressSpace<Arm64, M, Arena>;
 /// `dsb ishst; isb`).
 struct FenceMmu;
 
-impl Mmu for FenceMmu {
+// SAFETY: a host benchmark MMU: no hardware walker uses these tables.
+unsafe impl Mmu for FenceMmu {
     fn walker_barrier(&self) {
         // The stand-in barrier: a full fence, as `dsb` is on arm64.
         fence(Ordering::SeqCst);

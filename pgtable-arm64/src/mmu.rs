@@ -18,7 +18,7 @@
 use core::arch::asm;
 use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
-use aarch64_cpu::asm::barrier::{dsb, isb, ISH, ISHST, NSH, SY};
+use aarch64_cpu::asm::barrier::{dmb, dsb, isb, ISH, ISHST, NSH, SY};
 use aarch64_cpu::registers::{
     ID_AA64ISAR0_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, MAIR_EL1, SCTLR_EL1, TCR_EL1, TTBR0_EL1,
     TTBR1_EL1,
@@ -132,7 +132,9 @@ impl Arm64Mmu {
         }
     }
 
-    fn tlbi_all(&self) {
+    /// Invalidates this address space's entries: its ASID's (global ones
+    /// stay), or everything for an untagged space.
+    fn tlbi_mm(&self) {
         if self.tagged {
             let x = tlbi_asid_operand(self.asid as u16);
             // SAFETY: as above.
@@ -150,7 +152,11 @@ impl Default for Arm64Mmu {
     }
 }
 
-impl Mmu for Arm64Mmu {
+// SAFETY: barriers are `dsb ishst; isb`; every invalidation is the
+// inner-shareable broadcast form (`…is`) completed by `dsb ish`, so it has
+// reached every CPU of the inner-shareable domain when the flush returns;
+// `flush_tlb_all` is `vmalle1is` (global entries included).
+unsafe impl Mmu for Arm64Mmu {
     #[inline]
     fn walker_barrier(&self) {
         // Table stores complete in the inner-shareable domain (all walkers)…
@@ -159,12 +165,25 @@ impl Mmu for Arm64Mmu {
         isb(SY);
     }
 
+    #[inline]
+    fn publish_barrier(&self) {
+        // Linux `smp_wmb()` before `pmd_populate`: the new table's zeroing
+        // and entries are observed by every walker in the inner-shareable
+        // domain before the store that links it.
+        dmb(ISHST);
+    }
+
     fn flush_tlb_range(&self, range: TlbRange) {
         let plan = plan_flush(range, has_tlb_range());
         // Entry writes reach every walker before the invalidation.
         dsb(ISHST);
         match plan {
-            FlushPlan::All => self.tlbi_all(),
+            // A range flush must drop global entries in the range too, so
+            // its full-flush fallback is the one that includes them.
+            FlushPlan::All => {
+                // SAFETY: TLB invalidation has no memory effects Rust can see.
+                unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) }
+            }
             FlushPlan::PerStride {
                 start,
                 count,
@@ -194,7 +213,18 @@ impl Mmu for Arm64Mmu {
     fn flush_tlb_all(&self) {
         // As in `flush_tlb_range`.
         dsb(ISHST);
-        self.tlbi_all();
+        // SAFETY: TLB invalidation has no memory effects Rust can see.
+        unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) };
+        // As in `flush_tlb_range`.
+        dsb(ISH);
+        // As in `flush_tlb_range`.
+        isb(SY);
+    }
+
+    fn flush_tlb_mm(&self) {
+        // As in `flush_tlb_range`.
+        dsb(ISHST);
+        self.tlbi_mm();
         // As in `flush_tlb_range`.
         dsb(ISH);
         // As in `flush_tlb_range`.
@@ -216,7 +246,7 @@ impl Mmu for Arm64Mmu {
         // The new base takes effect for the following instructions.
         isb(SY);
         // Translations cached for an earlier root with the same ASID go.
-        self.flush_tlb_all();
+        self.flush_tlb_mm();
     }
 }
 

@@ -151,11 +151,13 @@ fn break_before_make_leaves_no_stale_translation() {
     machine.check().unwrap();
     assert_eq!(machine.read_u64(VA).unwrap(), 2);
 
-    // Control: the same output-address change as a plain store leaves
-    // the old translation in the TLB, which the simulator reports.
+    // Control: the same output-address change as a plain store, while the
+    // old translation is cached, breaks break-before-make, which the
+    // simulator reports.
+    assert_eq!(machine.read_u64(VA).unwrap(), 2); // cached again
     let back = Arm64::leaf(PhysAddr(0x8000_0000), Prot::READ_WRITE, 0);
     Arm64::set_pte_at(space.mmu(), VA, slot, back);
-    assert!(matches!(machine.check(), Err(CheckError::Stale(_))));
+    assert!(matches!(machine.check(), Err(CheckError::Conflict(_))));
 }
 
 #[test]
@@ -279,4 +281,54 @@ fn no_dirty_state_is_lost_while_the_hardware_races_change_protection() {
         "the agent dirtied something: {report:?}"
     );
     assert_eq!(report.dirty_set, dirty, "{report:?}");
+}
+
+/// Non-global to global is unsafe in place (Linux `pgattr_change_is_safe`):
+/// `change_protection` adding `Prot::GLOBAL` must break before it makes,
+/// for 4 KiB pages and 2 MiB / 1 GiB blocks whose old translations are
+/// cached, so the simulator sees no conflict and no stale entry.
+fn non_global_to_global_breaks_before_make<A: Arch>() {
+    let machine = SimMachine::<A>::new();
+    let mut space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: simulated; only the simulator walks these tables.
+    unsafe { space.install() };
+    let (g1, m2) = (1u64 << 30, 2u64 << 20);
+    let rw = Prot::READ_WRITE;
+    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let cases = [
+        (VirtAddr(g1), PhysAddr(0x8000_0000), PAGE),
+        (VirtAddr(g1 + m2), PhysAddr(0x8020_0000), m2),
+        (VirtAddr(2 * g1), PhysAddr(4 * g1), g1),
+    ];
+    for (va, pa, len) in cases {
+        space.map(va, pa, len, rw, MapOptions::BLOCKS).unwrap();
+        machine.write_u64(va, va.0).unwrap(); // cached, dirty
+    }
+    for (va, _, len) in cases {
+        space.change_protection(va, len, global).unwrap();
+        machine
+            .check()
+            .unwrap_or_else(|e| panic!("{}: {len:#x}: {e}", A::NAME));
+        assert_eq!(space.translate(va).unwrap().prot, global);
+        assert_eq!(machine.read_u64(va).unwrap(), va.0);
+    }
+    // Global to non-global is safe in place: no break needed, still clean.
+    let flushes = space.stats().flushes();
+    space.change_protection(VirtAddr(g1), PAGE, rw).unwrap();
+    machine.check().unwrap();
+    assert_eq!(
+        space.stats().flushes(),
+        flushes + 1,
+        "one gathered flush, no break"
+    );
+}
+
+#[test]
+fn change_protection_to_global_breaks_before_make_48_bit() {
+    non_global_to_global_breaks_before_make::<Arm64>();
+}
+
+#[test]
+fn change_protection_to_global_breaks_before_make_39_bit() {
+    non_global_to_global_breaks_before_make::<Arm64Va39>();
 }

@@ -44,7 +44,8 @@ const PA: PhysAddr = PhysAddr(2 * G1);
 #[derive(Default)]
 struct FlushCount(Cell<u64>);
 
-impl Mmu for FlushCount {
+// SAFETY: a host benchmark MMU: no hardware walker uses these tables.
+unsafe impl Mmu for FlushCount {
     fn walker_barrier(&self) {}
     fn flush_tlb_range(&self, _range: TlbRange) {
         self.0.set(self.0.get() + 1);

@@ -1,6 +1,6 @@
 //! The arch contract: capabilities and the Linux-named entry operations.
 
-use crate::{generic, Format, Mmu, Slot, VirtAddr};
+use crate::{generic, Format, Mmu, PhysAddr, Slot, VirtAddr};
 
 /// An architecture: a [`Format`] plus its capabilities and entry operations.
 ///
@@ -57,6 +57,51 @@ pub trait Arch: Format {
     #[inline]
     fn set_pte_nosync<M: Mmu>(mmu: &M, slot: &Slot, pte: u64) {
         generic::set_entry_nosync(mmu, slot, pte)
+    }
+
+    /// Linux `pmd_populate`: links the PTE table at `table` into the PMD
+    /// entry `slot`, publishing it: everything written to the table before
+    /// (its zeroing, its entries) is ordered before the link
+    /// ([`Mmu::publish_barrier`], Linux's `smp_wmb()`), so a walker that
+    /// follows the link never reads stale contents. No walker barrier: the
+    /// caller issues it (per table, or per lazy-MMU scope).
+    #[inline]
+    fn pmd_populate<M: Mmu>(mmu: &M, slot: &Slot, table: PhysAddr) {
+        generic::populate::<Self, M>(mmu, slot, table, 1)
+    }
+
+    /// Linux `pud_populate`: links the PMD table at `table` into a PUD
+    /// entry, publishing it as [`pmd_populate`](Arch::pmd_populate) does.
+    #[inline]
+    fn pud_populate<M: Mmu>(mmu: &M, slot: &Slot, table: PhysAddr) {
+        generic::populate::<Self, M>(mmu, slot, table, 2)
+    }
+
+    /// Linux `p4d_populate`: links the PUD table at `table` into a P4D
+    /// entry (5-level formats), as [`pmd_populate`](Arch::pmd_populate).
+    #[inline]
+    fn p4d_populate<M: Mmu>(mmu: &M, slot: &Slot, table: PhysAddr) {
+        generic::populate::<Self, M>(mmu, slot, table, 3)
+    }
+
+    /// Linux `pgd_populate`: links the table at `table` into a top-level
+    /// entry at `height` (the PGD of a 4- or 5-level format), as
+    /// [`pmd_populate`](Arch::pmd_populate).
+    #[inline]
+    fn pgd_populate<M: Mmu>(mmu: &M, slot: &Slot, table: PhysAddr, height: u32) {
+        generic::populate::<Self, M>(mmu, slot, table, height)
+    }
+
+    /// Links `table` into the entry `slot` at `height` through the Linux
+    /// populate operation of that level.
+    #[inline]
+    fn populate<M: Mmu>(mmu: &M, slot: &Slot, table: PhysAddr, height: u32) {
+        match height {
+            1 => Self::pmd_populate(mmu, slot, table),
+            2 => Self::pud_populate(mmu, slot, table),
+            3 if Self::LEVELS == 5 => Self::p4d_populate(mmu, slot, table),
+            _ => Self::pgd_populate(mmu, slot, table, height),
+        }
     }
 
     /// Linux `ptep_get_and_clear`: atomically read and clear an entry, so a

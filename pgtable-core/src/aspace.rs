@@ -76,6 +76,10 @@ pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     pub(crate) alloc: T,
     lazy_depth: u32,
     barrier_pending: bool,
+    /// Global leaves may exist (set when one is mapped or made global, and
+    /// for adopted tables): full flushes must then drop global
+    /// translations too.
+    pub(crate) may_hold_global: bool,
     _arch: PhantomData<A>,
 }
 
@@ -86,13 +90,19 @@ pub(crate) struct Counted<M> {
     pub(crate) stats: Stats,
 }
 
-impl<M: Mmu> Mmu for Counted<M> {
+// SAFETY: every operation forwards to `M`, which upholds the contract.
+unsafe impl<M: Mmu> Mmu for Counted<M> {
     const OBSERVES_WRITES: bool = M::OBSERVES_WRITES;
 
     #[inline]
     fn walker_barrier(&self) {
         self.stats.add_barriers(1);
         self.inner.walker_barrier();
+    }
+
+    #[inline]
+    fn publish_barrier(&self) {
+        self.inner.publish_barrier();
     }
 
     #[inline]
@@ -106,6 +116,12 @@ impl<M: Mmu> Mmu for Counted<M> {
     fn flush_tlb_all(&self) {
         self.stats.add_flush_all(1);
         self.inner.flush_tlb_all();
+    }
+
+    #[inline]
+    fn flush_tlb_mm(&self) {
+        self.stats.add_flush_all(1);
+        self.inner.flush_tlb_mm();
     }
 
     unsafe fn install_root(&self, root: PhysAddr) {
@@ -170,7 +186,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `root` and every table reachable from it must be frames of `alloc`
     /// in format `A`, owned by nothing else from now on.
     pub unsafe fn from_root(root: PhysAddr, mmu: M, alloc: T) -> Self {
-        AddressSpace::from_parts(root, mmu, alloc)
+        let mut s = AddressSpace::from_parts(root, mmu, alloc);
+        // Adopted tables may hold global leaves.
+        s.may_hold_global = true;
+        s
     }
 
     fn from_parts(root: PhysAddr, mmu: M, alloc: T) -> Self {
@@ -183,6 +202,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             alloc,
             lazy_depth: 0,
             barrier_pending: false,
+            may_hold_global: false,
             _arch: PhantomData,
         }
     }
@@ -218,6 +238,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// As [`Mmu::install_root`]: the tables must map everything the CPU
     /// touches next, and the address space must outlive its installation.
+    /// The space may be live only on CPUs that the MMU's flushes reach
+    /// (the shootdown rule of [`Mmu`]).
     pub unsafe fn install(&self) {
         // SAFETY: the caller upholds the contract of `install_root`.
         unsafe { self.mmu.install_root(self.root) }
@@ -403,7 +425,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Flushes the gathered TLB range, then frees the queued tables (in that
     /// order: a walker may use an unlinked table until the flush).
-    pub(crate) fn finish(&mut self, gather: TlbGather, q: FreeQueue) {
+    pub(crate) fn finish(&mut self, mut gather: TlbGather, q: FreeQueue) {
+        if self.may_hold_global {
+            gather.global_changed();
+        }
         gather.flush::<A, _>(&self.mmu);
         self.mmu.stats.add_tables_freed(q.count as u64);
         // SAFETY: the queued frames are unlinked and the TLB flush above
@@ -469,14 +494,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 e.store(first + i as u64 * step, Relaxed);
             }
         };
-        if A::BREAK_BEFORE_MAKE && !A::change_is_safe(raw, new, height) {
+        if needs_bbm::<A>(raw, new, height) {
             // Break: take the block out (atomically, so its final
             // accessed/dirty state is what the children inherit), make
             // sure no TLB holds it, then make the table.
-            let old = A::pmdp_huge_get_and_clear(&self.mmu, slot);
-            self.mmu.flush_tlb_range(TlbRange::leaf(va, height));
+            let old = break_entry::<A, _>(&self.mmu, slot, va, height);
             fill(old);
-            A::set_pte_nosync(&self.mmu, slot, new);
+            A::populate(&self.mmu, slot, child, height);
             // Never deferred: the table must be live before we go on.
             self.mmu.walker_barrier();
         } else {
@@ -485,6 +509,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let mut cur = raw;
             loop {
                 fill(cur);
+                // The children are visible before the link (populate's
+                // ordering, for an exchange).
+                self.mmu.publish_barrier();
                 // Relaxed: atomicity is what matters against the hardware
                 // agent; the walker is ordered by the barrier below.
                 match slot.compare_exchange(cur, new, Relaxed, Relaxed) {
@@ -565,6 +592,31 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
         need
     }
+}
+
+/// Whether replacing the live entry `old` at `height` by `new` needs
+/// break-before-make on this arch ([`Arch::BREAK_BEFORE_MAKE`] and
+/// [`Arch::change_is_safe`]). Every in-place change of a live entry asks
+/// this, and takes [`break_entry`] when it says yes.
+#[inline]
+pub(crate) fn needs_bbm<A: Arch>(old: u64, new: u64, height: u32) -> bool {
+    A::BREAK_BEFORE_MAKE && !A::change_is_safe(old, new, height)
+}
+
+/// The *break* of break-before-make for the leaf at `height` in `slot`
+/// (covering `va`): atomically clear it, so its final accessed/dirty state
+/// is returned, and invalidate its translation at once (the flush orders
+/// the clear before the invalidation: the rules of [`Mmu`]). The caller
+/// then writes the new entry (the *make*).
+#[inline]
+pub(crate) fn break_entry<A: Arch, M: Mmu>(mmu: &M, slot: &Slot, va: VirtAddr, height: u32) -> u64 {
+    let old = if height == 0 {
+        A::ptep_get_and_clear(mmu, slot)
+    } else {
+        A::pmdp_huge_get_and_clear(mmu, slot)
+    };
+    mmu.flush_tlb_range(TlbRange::leaf(va, height));
+    old
 }
 
 /// The first address in `[va, end)` whose entry in `t`, a table at

@@ -8,7 +8,10 @@ use crate::{Arch, Mmu, TlbRange, VirtAddr};
 /// The gathered range grows to cover everything added (as Linux's
 /// `mmu_gather` does). [`flush`](TlbGather::flush) issues one range flush,
 /// or one full flush when the range spans more than
-/// [`Arch::TLB_FLUSH_CEILING`] strides. A gather must be flushed: dropping
+/// [`Arch::TLB_FLUSH_CEILING`] strides: [`Mmu::flush_tlb_mm`], or
+/// [`Mmu::flush_tlb_all`] when global leaves may have changed
+/// ([`global_changed`](TlbGather::global_changed)), since a flush by address
+/// space keeps global translations. A gather must be flushed: dropping
 /// one that holds work is a bug (checked in debug builds).
 #[must_use = "a TLB gather must be flushed"]
 #[derive(Debug)]
@@ -18,6 +21,7 @@ pub struct TlbGather {
     last: u64,
     stride_shift: u32,
     last_level: bool,
+    global: bool,
     empty: bool,
 }
 
@@ -35,6 +39,7 @@ impl TlbGather {
             last: 0,
             stride_shift: u32::MAX,
             last_level: true,
+            global: false,
             empty: true,
         }
     }
@@ -72,6 +77,13 @@ impl TlbGather {
         self.add(start.0, start.0 + (len - 1), shift(0), false);
     }
 
+    /// Global leaves (not tagged with an ASID/PCID) may be among those
+    /// gathered: a full flush must drop global translations too.
+    #[inline]
+    pub fn global_changed(&mut self) {
+        self.global = true;
+    }
+
     #[inline]
     fn add(&mut self, start: u64, last: u64, stride_shift: u32, last_level: bool) {
         self.start = self.start.min(start);
@@ -96,13 +108,16 @@ impl TlbGather {
     pub fn flush<A: Arch, M: Mmu>(mut self, mmu: &M) {
         if let Some(r) = self.range() {
             let strides = ((self.last - self.start) >> r.stride_shift) + 1;
-            if strides > A::TLB_FLUSH_CEILING {
+            if strides <= A::TLB_FLUSH_CEILING {
+                mmu.flush_tlb_range(r);
+            } else if self.global {
                 mmu.flush_tlb_all();
             } else {
-                mmu.flush_tlb_range(r);
+                mmu.flush_tlb_mm();
             }
         }
         self.empty = true;
+        self.global = false;
     }
 }
 

@@ -4,8 +4,9 @@
 //! overrides a method can still call the fallback from here.
 //!
 //! Memory ordering: every entry access is `Relaxed`. Ordering toward the
-//! hardware walker is the job of [`Mmu::walker_barrier`] and of the TLB
-//! flushes (a Rust ordering does not order the walker), and no software
+//! hardware walker is the job of [`Mmu::walker_barrier`], of
+//! [`Mmu::publish_barrier`] before a table is linked ([`populate`]) and of
+//! the TLB flushes (a Rust ordering does not order the walker), and no software
 //! thread reads the tables concurrently: the algorithms hold the address
 //! space exclusively. What the atomics buy is single-copy atomicity (the
 //! walker never sees a torn entry) and read-modify-writes that cannot lose a
@@ -13,7 +14,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::{Arch, Mmu, Slot, TlbRange, VirtAddr};
+use crate::{Arch, Mmu, PhysAddr, Slot, TlbRange, VirtAddr};
 
 /// Stores `val` without a walker barrier (Linux `set_pte_nosync`).
 #[inline]
@@ -36,6 +37,22 @@ pub fn set_entry_at<A: Arch, M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, val: u
     if A::NEEDS_WALKER_BARRIER {
         mmu.walker_barrier();
     }
+}
+
+/// Links the next-level table at `table` into the entry `slot` at
+/// `height` (Linux `pmd_populate` / `pud_populate` / `p4d_populate` /
+/// `pgd_populate`): a publish barrier, then the table entry, with no walker
+/// barrier (the caller's per-table barrier follows).
+///
+/// The barrier comes first because a walker on another CPU may read the
+/// new entry at any moment after the store, not only after the walker
+/// barrier: the table's zeroing and its entries must be visible to it
+/// before the link is (Linux `__pte_alloc`: "ensure all pte setup … is
+/// visible before the pte is made visible to other CPUs").
+#[inline]
+pub fn populate<A: Arch, M: Mmu>(mmu: &M, slot: &Slot, table: PhysAddr, height: u32) {
+    mmu.publish_barrier();
+    set_entry_nosync(mmu, slot, A::table_entry(table, height));
 }
 
 /// Atomically reads and clears an entry (Linux `ptep_get_and_clear`).
@@ -113,17 +130,23 @@ pub fn pmdp_modify_prot_commit<A: Arch, M: Mmu>(
     }
 }
 
-/// Generic rule for in-place changes of a live entry: from or to none, or
-/// the same entry up to accessed/dirty state.
+/// Generic rule for in-place changes of a live entry (break-before-make is
+/// not needed): from or to an entry the walker does not use (none or
+/// invalid), the same table, or a leaf with the same output address, size
+/// and memory type whose permissions or accessed/dirty state change, as
+/// long as it does not become global while it was not (a TLB could then
+/// hold an ASID-tagged and a global translation of one address). These are
+/// the Arm ARM D8.16 rules in format-neutral terms.
 #[inline]
 pub fn change_is_safe<A: Arch>(old: u64, new: u64, height: u32) -> bool {
-    if old == 0 || new == 0 {
-        return true;
-    }
+    use crate::Decoded::{Invalid, Leaf, None, Table};
     match (A::decode(old, height), A::decode(new, height)) {
-        (crate::Decoded::Leaf(a), crate::Decoded::Leaf(b)) => {
-            a == b && A::leaf_prot(old, height) == A::leaf_prot(new, height)
+        (None | Invalid, _) | (_, None | Invalid) => true,
+        (Leaf(a), Leaf(b)) => {
+            let (p, q) = (A::leaf_prot(old, height), A::leaf_prot(new, height));
+            a == b && p.mem == q.mem && (p.global() || !q.global())
         }
-        _ => old == new,
+        (Table(a), Table(b)) => a == b,
+        _ => false,
     }
 }

@@ -46,6 +46,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let root = unsafe { table_at(&self.alloc, self.root) };
         let need = self.map_check(top, Some(root), va.0, end, pa.0, opts)?;
         let mut stash = self.reserve(need)?;
+        self.may_hold_global |= prot.global();
         self.map_fill(top, self.root, va.0, end, pa.0, prot, opts, &mut stash);
         debug_assert_eq!(stash.count, 0);
         self.release(stash);
@@ -202,10 +203,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     }
                     _ => {
                         // Phase 1 saw `None` here. Fill the new table, then
-                        // link it; this table's barrier covers the link.
+                        // link it (populate publishes the contents first);
+                        // this table's barrier covers the link.
                         let c = self.take(stash);
                         self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
-                        A::set_pte_nosync(&self.mmu, slot, A::table_entry(c, height));
+                        A::populate(&self.mmu, slot, c, height);
                         self.mmu.stats.add_entries_written(1);
                         wrote = true;
                     }

@@ -836,10 +836,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             match A::decode(slot.load(Relaxed), h) {
                 Decoded::Table(c) => tpa = c,
                 _ => {
-                    // Checked empty: this is `None`. Link a zeroed table;
-                    // the barrier of this table covers the link.
+                    // Checked empty: this is `None`. Link a zeroed table
+                    // (populate publishes its zeroing first); the barrier
+                    // of this table covers the link.
                     let c = self.take(stash);
-                    A::set_pte_nosync(&self.mmu, slot, A::table_entry(c, h));
+                    A::populate(&self.mmu, slot, c, h);
                     self.wrote(owed, h, tpa);
                     tpa = c;
                 }

@@ -25,15 +25,17 @@
 //! the hardware, so it is changed with a plain load and store instead
 //! (DESIGN.md "Settled entries"); this avoids a locked instruction per page.
 //!
-//! # Memory-type changes
+//! # Break-before-make
 //!
-//! A [`Prot`] carries a memory type. Linux's mprotect never changes it, but
-//! this function can, and where the arch needs break-before-make
-//! ([`Arch::BREAK_BEFORE_MAKE`], arm64: a change of memory type or
-//! cacheability of a live mapping: Arm ARM D8.16 "break-before-make", and
-//! Linux arm64 `pgattr_change_is_safe` allows no such change) such an entry is
-//! cleared, its translation flushed at once, and only then the new entry
-//! written. Permission changes alone are made in place, as Linux does.
+//! A [`Prot`] carries a memory type and a global flag. Linux's mprotect
+//! never changes either, but this function can, and where the arch needs
+//! break-before-make for the change ([`Arch::BREAK_BEFORE_MAKE`] and
+//! [`Arch::change_is_safe`]; arm64: a change of memory type or cacheability,
+//! or non-global to global, of a live mapping: Arm ARM D8.16
+//! "break-before-make", Linux arm64 `pgattr_change_is_safe`) such an entry
+//! is cleared, its translation flushed at once, and only then the new entry
+//! written. The same rule decides for pages, blocks and block splits.
+//! Permission changes alone are made in place, as Linux does.
 //!
 //! # Counters
 //!
@@ -67,7 +69,7 @@
 use core::marker::PhantomData;
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, table_at, FreeQueue, Stash};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
 use crate::level::{entry_end, index};
 use crate::{
     generic, Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Prot,
@@ -125,6 +127,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
         let need = self.split_check(top, self.root, va.0, end, &differs);
         let mut stash = self.reserve(need)?;
+        self.may_hold_global |= prot.global();
         let mut gather = TlbGather::new();
         self.protect_change(top, self.root, va.0, end, prot, &mut stash, &mut gather);
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
@@ -168,11 +171,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 Decoded::Leaf(_) if covers(va, next, height) => {
                     let v = VirtAddr(va);
                     let lazy = LazyBarrier::new(&self.mmu);
-                    let old = if A::BREAK_BEFORE_MAKE && A::leaf_prot(raw, height).mem != prot.mem {
-                        // A memory-type change: break-before-make.
-                        let old = A::pmdp_huge_get_and_clear(&lazy, slot);
-                        lazy.flush_tlb_range(TlbRange::leaf(v, height));
-                        old
+                    let old = if needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) {
+                        break_entry::<A, _>(&lazy, slot, v, height)
                     } else {
                         A::pmdp_modify_prot_start(&lazy, v, slot, height)
                     };
@@ -280,10 +280,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
                 }
                 PteAction::BreakBeforeMake => {
-                    // A memory-type change: break-before-make (see the docs).
+                    // See the module docs.
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
-                    let old = A::ptep_get_and_clear(&lazy, slot);
-                    lazy.flush_tlb_range(TlbRange::leaf(v, 0));
+                    let old = break_entry::<A, _>(&lazy, slot, v, 0);
                     let new = A::modify_prot(old, prot, 0);
                     A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
                 }
@@ -319,7 +318,8 @@ enum PteAction {
     Plain(u64),
     /// The atomic `ptep_modify_prot_start` / `_commit` transaction.
     Transaction,
-    /// A memory-type change on a break-before-make arch.
+    /// A change the arch allows only with break-before-make
+    /// ([`needs_bbm`]): a memory type, or non-global to global on arm64.
     BreakBeforeMake,
 }
 
@@ -329,7 +329,7 @@ impl PteAction {
         let now = A::leaf_prot(raw, 0);
         if now == prot {
             PteAction::Keep
-        } else if A::BREAK_BEFORE_MAKE && now.mem != prot.mem {
+        } else if needs_bbm::<A>(raw, A::modify_prot(raw, prot, 0), 0) {
             PteAction::BreakBeforeMake
         } else if A::is_settled(raw, 0) {
             PteAction::Plain(A::modify_prot(raw, prot, 0) ^ raw)
@@ -355,12 +355,20 @@ impl<'m, M: Mmu> LazyBarrier<'m, M> {
     }
 }
 
-impl<M: Mmu> Mmu for LazyBarrier<'_, M> {
+// SAFETY: everything but the walker barrier forwards to `M`; the barrier
+// is issued by the caller once per table before the operation ends (see
+// the type docs), which is what the contract needs.
+unsafe impl<M: Mmu> Mmu for LazyBarrier<'_, M> {
     const OBSERVES_WRITES: bool = M::OBSERVES_WRITES;
 
     #[inline]
     fn walker_barrier(&self) {
         // Deferred to the per-table barrier; see the type docs.
+    }
+
+    #[inline]
+    fn publish_barrier(&self) {
+        self.inner.publish_barrier()
     }
 
     #[inline]
@@ -371,6 +379,11 @@ impl<M: Mmu> Mmu for LazyBarrier<'_, M> {
     #[inline]
     fn flush_tlb_all(&self) {
         self.inner.flush_tlb_all()
+    }
+
+    #[inline]
+    fn flush_tlb_mm(&self) {
+        self.inner.flush_tlb_mm()
     }
 
     unsafe fn install_root(&self, root: PhysAddr) {

@@ -50,7 +50,7 @@ counters! {
     flush_range, add_flush_range;
     /// Strides covered by range flushes.
     flush_range_pages, add_flush_range_pages;
-    /// Full TLB flushes issued.
+    /// Full TLB flushes issued (of the address space, or of everything).
     flush_all, add_flush_all;
     /// Table entries written (stores, swaps and clears).
     entries_written, add_entries_written;

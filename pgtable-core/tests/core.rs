@@ -43,7 +43,8 @@ impl Rec {
     }
 }
 
-impl Mmu for Rec {
+// SAFETY: a host test MMU: no hardware walker uses these tables.
+unsafe impl Mmu for Rec {
     fn walker_barrier(&self) {
         self.events.borrow_mut().push(Ev::Barrier);
     }

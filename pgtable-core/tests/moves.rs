@@ -46,7 +46,9 @@ impl CountMmu {
     }
 }
 
-impl Mmu for CountMmu {
+// SAFETY: a host test MMU: no hardware walker uses these tables, or it
+// forwards to the simulator, which upholds the contract.
+unsafe impl Mmu for CountMmu {
     fn walker_barrier(&self) {
         self.barriers.set(self.barriers.get() + 1);
     }
@@ -67,7 +69,9 @@ struct ObservingMmu {
     flushes: Cell<u64>,
 }
 
-impl Mmu for ObservingMmu {
+// SAFETY: a host test MMU: no hardware walker uses these tables, or it
+// forwards to the simulator, which upholds the contract.
+unsafe impl Mmu for ObservingMmu {
     const OBSERVES_WRITES: bool = true;
     fn walker_barrier(&self) {}
     fn flush_tlb_range(&self, _range: TlbRange) {
@@ -885,7 +889,9 @@ impl LateAgent {
     }
 }
 
-impl Mmu for LateAgent {
+// SAFETY: a host test MMU: no hardware walker uses these tables, or it
+// forwards to the simulator, which upholds the contract.
+unsafe impl Mmu for LateAgent {
     fn walker_barrier(&self) {}
     fn flush_tlb_range(&self, _range: TlbRange) {
         self.act();

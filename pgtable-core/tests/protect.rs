@@ -47,7 +47,9 @@ impl CountMmu {
     }
 }
 
-impl Mmu for CountMmu {
+// SAFETY: a host test MMU: no hardware walker uses these tables, or it
+// forwards to the simulator, which upholds the contract.
+unsafe impl Mmu for CountMmu {
     const OBSERVES_WRITES: bool = true;
 
     fn walker_barrier(&self) {
@@ -819,7 +821,9 @@ fn pause_in_window() {
 /// protection-change transaction, until the agent has been through it.
 struct RaceMmu;
 
-impl Mmu for RaceMmu {
+// SAFETY: a host test MMU: no hardware walker uses these tables, or it
+// forwards to the simulator, which upholds the contract.
+unsafe impl Mmu for RaceMmu {
     const OBSERVES_WRITES: bool = true;
 
     fn walker_barrier(&self) {}

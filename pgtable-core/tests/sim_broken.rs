@@ -34,6 +34,12 @@ enum Break {
     Barriers,
     /// Every flush keeps the walk caches (as if always `last_level`).
     WalkCacheFlushes,
+    /// Every publish barrier is dropped (a table may be linked before its
+    /// contents are visible).
+    Publish,
+    /// Full flushes keep global entries (`flush_tlb_all` does only what
+    /// `flush_tlb_mm` does: x86 MOV to CR3, arm64 `tlbi aside1is`).
+    GlobalFlushes,
 }
 
 /// An MMU that forwards to `M` except for what it breaks.
@@ -42,12 +48,27 @@ struct Broken<M> {
     brk: Break,
 }
 
-impl<M: Mmu> Mmu for Broken<M> {
+// SAFETY: deliberately broken for these tests, on the simulator only: no
+// hardware walker uses these tables.
+unsafe impl<M: Mmu> Mmu for Broken<M> {
     const OBSERVES_WRITES: bool = M::OBSERVES_WRITES;
 
     fn walker_barrier(&self) {
         if self.brk != Break::Barriers {
             self.inner.walker_barrier();
+        }
+    }
+
+    fn publish_barrier(&self) {
+        if self.brk != Break::Publish {
+            self.inner.publish_barrier();
+        }
+    }
+
+    fn flush_tlb_mm(&self) {
+        match self.brk {
+            Break::Flushes | Break::WalkCacheFlushes => self.flush_tlb_all(),
+            _ => self.inner.flush_tlb_mm(),
         }
     }
 
@@ -58,7 +79,9 @@ impl<M: Mmu> Mmu for Broken<M> {
                 last_level: true,
                 ..range
             }),
-            Break::Barriers => self.inner.flush_tlb_range(range),
+            Break::Barriers | Break::Publish | Break::GlobalFlushes => {
+                self.inner.flush_tlb_range(range)
+            }
         }
     }
 
@@ -72,7 +95,8 @@ impl<M: Mmu> Mmu for Broken<M> {
                 stride_shift: 12,
                 last_level: true,
             }),
-            Break::Barriers => self.inner.flush_tlb_all(),
+            Break::Barriers | Break::Publish => self.inner.flush_tlb_all(),
+            Break::GlobalFlushes => self.inner.flush_tlb_mm(),
         }
     }
 
@@ -128,7 +152,13 @@ fn a_dropped_flush_after_unmap_leaves_a_stale_entry_that_check_tlb_names() {
     s.map(VA, PA2, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     assert_eq!(m.read_u64(VA).unwrap(), 0x1111, "stale translation used");
-    assert!(matches!(m.check(), Err(CheckError::Stale(_))));
+    // The remap wrote new entries over cached ones without a flush: a
+    // break-before-make conflict on top of the stale entry.
+    assert!(matches!(
+        m.check(),
+        Err(CheckError::Conflict(_) | CheckError::Stale(_))
+    ));
+    assert!(m.check_tlb().is_err());
 
     // The correct MMU: the same steps leave nothing stale.
     let (m, mut s) = correct();
@@ -438,4 +468,165 @@ fn a_load_modify_store_loop_racing_a_hardware_thread_is_caught_losing_dirty_bits
         }
     };
     assert!(lost > 0, "no dirty bit lost in {epochs} epochs");
+}
+
+#[test]
+fn a_table_linked_before_its_contents_are_published_is_caught() {
+    // In a lazy-MMU scope no walker barrier separates a new table's
+    // entries from the store that links it: only the publish barrier of
+    // the populate operation orders them.
+    let (m, mut s) = broken(Break::Publish);
+    s.lazy_mmu(|s| s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES))
+        .unwrap();
+    let Err(CheckError::Unordered(u)) = m.check() else {
+        panic!("unordered link not reported: {:?}", m.check());
+    };
+    assert!(m.live_tables() > 1 && u.table != s.root());
+
+    let (m, mut s) = correct();
+    s.lazy_mmu(|s| s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES))
+        .unwrap();
+    m.check().unwrap();
+    m.read_u64(VA).unwrap();
+}
+
+#[test]
+fn a_full_flush_that_keeps_global_entries_leaves_an_unmapped_global_leaf_stale() {
+    // 64 global pages: unmapping them all is past the flush ceiling (33),
+    // so the gathered flush is a full one, which must drop global entries.
+    let len = 64 * K4;
+    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let (m, mut s) = broken(Break::GlobalFlushes);
+    s.map(VA, PA, len, global, MapOptions::PAGES).unwrap();
+    m.read_u64(VA).unwrap();
+    s.unmap(VA, len).unwrap();
+    // The bug as a program sees it: the freed page is still reachable.
+    assert!(m.read_u64(VA).is_ok());
+    let stale = m.check_tlb().unwrap_err();
+    assert_eq!((stale.va, stale.leaf, stale.fresh), (VA, true, None));
+
+    let (m, mut s) = correct();
+    s.map(VA, PA, len, global, MapOptions::PAGES).unwrap();
+    m.read_u64(VA).unwrap();
+    s.unmap(VA, len).unwrap();
+    m.check().unwrap();
+    assert!(m.read_u64(VA).is_err());
+    assert_eq!(s.stats().flush_all(), 1, "one full flush");
+}
+
+#[test]
+fn a_flush_by_asid_keeps_global_entries_and_other_asids() {
+    let m = SimMachine::<T4>::new();
+    let mut a = Space::new(m.mmu_with_asid(1), m.alloc()).unwrap();
+    let mut b = Space::new(m.mmu_with_asid(2), m.alloc()).unwrap();
+    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    a.map(VA, PA, K4, global, MapOptions::PAGES).unwrap();
+    a.map(
+        VirtAddr(VA.0 + K4),
+        PA2,
+        K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    b.map(
+        VirtAddr(VA.0 + K4),
+        PA,
+        K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    // SAFETY: simulated.
+    unsafe { a.install() };
+    m.read_u64(VA).unwrap();
+    m.read_u64(VirtAddr(VA.0 + K4)).unwrap();
+    // SAFETY: simulated.
+    unsafe { b.install() };
+    m.read_u64(VirtAddr(VA.0 + K4)).unwrap();
+    // A's global page is visible from B's ASID (B does not map it).
+    assert!(m.tlb_holds(VA));
+    assert_eq!(
+        m.tlb_len(),
+        3 + 3 + 3,
+        "two leaves and three walk-cache entries per space"
+    );
+    a.mmu().flush_tlb_mm();
+    // A's global leaf and all of B stay; A's non-global entries go.
+    assert!(m.tlb_holds(VA) && m.tlb_holds(VirtAddr(VA.0 + K4)));
+    assert_eq!(m.tlb_len(), 1 + 4);
+    m.check().unwrap();
+    a.mmu().flush_tlb_all();
+    assert_eq!(m.tlb_len(), 0);
+}
+
+#[test]
+fn replacing_a_cached_entry_without_break_before_make_is_a_conflict() {
+    let (m, s) = correct();
+    let mut s = s;
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.read_u64(VA).unwrap();
+    let global = T4::leaf(PA, Prot::new(Prot::WRITE | Prot::GLOBAL), 0);
+    // SAFETY: a deliberate break-before-make violation on the simulator.
+    let slot = s.slot(VA, 0).unwrap();
+    // Non-global to global in place, with the old entry cached.
+    T4::set_pte_at(s.mmu(), VA, slot, global);
+    let Err(CheckError::Conflict(c)) = m.check() else {
+        panic!("conflict not reported: {:?}", m.check());
+    };
+    assert_eq!((c.va, c.height), (VA, 0));
+
+    // Break (clear), flush, make: no conflict.
+    let (m, mut s) = correct();
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.read_u64(VA).unwrap();
+    let slot = s.slot(VA, 0).unwrap();
+    T4::ptep_get_and_clear(s.mmu(), slot);
+    s.mmu().flush_tlb_range(TlbRange {
+        start: VA,
+        end: VirtAddr(VA.0 + K4),
+        stride_shift: 12,
+        last_level: true,
+    });
+    T4::set_pte_at(s.mmu(), VA, slot, global);
+    m.check().unwrap();
+}
+
+#[test]
+fn change_protection_to_global_uses_break_before_make_for_pages_and_blocks() {
+    let (m, mut s) = correct();
+    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    // A 4 KiB page, a 2 MiB block and a 1 GiB block, all cached.
+    let pages = VirtAddr(G1);
+    let pmd = VirtAddr(G1 + M2);
+    let pud = VirtAddr(2 * G1);
+    s.map(pages, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    s.map(
+        pmd,
+        PhysAddr(PA.0 + M2),
+        M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
+    s.map(
+        pud,
+        PhysAddr(4 * G1),
+        G1,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
+    for va in [pages, pmd, pud] {
+        m.write_u64(va, va.0).unwrap();
+    }
+    for (va, len) in [(pages, K4), (pmd, M2), (pud, G1)] {
+        s.change_protection(va, len, global).unwrap();
+        m.check().unwrap();
+        assert_eq!(s.translate(va).unwrap().prot, global);
+        assert_eq!(m.read_u64(va).unwrap(), va.0);
+    }
 }

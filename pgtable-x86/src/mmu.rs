@@ -22,14 +22,18 @@ use crate::flush::{flush_plan, full_flush_plan, FlushPlan};
 /// Range flushes use `INVLPG` up to a page ceiling (33 by default, like
 /// Linux; changeable at run time with
 /// [`set_flush_ceiling`](X86Mmu::set_flush_ceiling)), then one full flush:
-/// MOV to CR3 or INVPCID type 1 for non-global mappings, INVPCID type 2 or a
-/// CR4.PGE toggle when the address space holds global mappings (see
+/// MOV to CR3 or INVPCID type 1 for the address space
+/// ([`Mmu::flush_tlb_mm`]), INVPCID type 2 or a CR4.PGE toggle when global
+/// translations must go too ([`Mmu::flush_tlb_all`], and a range flush past
+/// the ceiling, which must drop the range's global entries; see
 /// [`crate::flush`]).
+///
+/// These act on the executing CPU only: with more than one CPU, the
+/// kernel must wrap them in a shootdown to meet [`Mmu`]'s contract.
 #[derive(Debug)]
 pub struct X86Mmu {
     ceiling: AtomicU64,
     has_invpcid: bool,
-    global: bool,
 }
 
 impl X86Mmu {
@@ -37,28 +41,23 @@ impl X86Mmu {
     /// [`Arch::TLB_FLUSH_CEILING`].
     pub const DEFAULT_CEILING: u64 = <crate::X86_64 as Arch>::TLB_FLUSH_CEILING;
 
-    /// An MMU handle for an address space without global mappings, with
-    /// INVPCID used when CPUID reports it.
+    /// An MMU handle with INVPCID used when CPUID reports it.
     pub fn new() -> X86Mmu {
-        X86Mmu::with_features(cpu_has_invpcid(), false)
+        // SAFETY: the value comes from CPUID.
+        unsafe { X86Mmu::with_features(cpu_has_invpcid()) }
     }
 
-    /// An MMU handle with explicit features: `has_invpcid` must only be
-    /// true when `CPUID.(EAX=07H,ECX=0):EBX[10]` is 1; `global` says the
-    /// address space maps global pages ([`pgtable_core::Prot::GLOBAL`]), so
-    /// its full flushes must drop global entries too.
-    pub const fn with_features(has_invpcid: bool, global: bool) -> X86Mmu {
+    /// An MMU handle with explicit features.
+    ///
+    /// # Safety
+    ///
+    /// `has_invpcid` may be true only when `CPUID.(EAX=07H,ECX=0):EBX[10]`
+    /// is 1: INVPCID raises #UD otherwise.
+    pub const unsafe fn with_features(has_invpcid: bool) -> X86Mmu {
         X86Mmu {
             ceiling: AtomicU64::new(Self::DEFAULT_CEILING),
             has_invpcid,
-            global,
         }
-    }
-
-    /// The same MMU, with full flushes dropping global entries (for an
-    /// address space with global mappings, e.g. the kernel's).
-    pub fn with_global(self, global: bool) -> X86Mmu {
-        X86Mmu { global, ..self }
     }
 
     /// Sets the number of pages past which a range flush becomes a full
@@ -81,19 +80,15 @@ impl X86Mmu {
 
     /// The plan a range flush of `range` follows now.
     pub fn plan(&self, range: TlbRange) -> FlushPlan {
-        flush_plan(range, self.flush_ceiling(), self.has_invpcid, self.global)
+        // The range may hold global entries: past the ceiling the full
+        // flush must drop them too.
+        flush_plan(range, self.flush_ceiling(), self.has_invpcid, true)
     }
 
     /// `INVLPG` of the page containing `va` (global entries included).
     #[inline]
     pub fn flush_page(&self, va: VirtAddr) {
         tlb::flush(x86_64::VirtAddr::new_truncate(va.0));
-    }
-
-    /// Invalidates every translation, global ones included (INVPCID type
-    /// 2, or a CR4.PGE toggle without INVPCID).
-    pub fn flush_tlb_all_global(&self) {
-        self.execute(full_flush_plan(self.has_invpcid, true));
     }
 
     /// Whether 5-level paging is on (CR4.LA57): use `X86_64La57` then.
@@ -187,7 +182,13 @@ fn cpu_has_invpcid() -> bool {
     ebx & (1 << 10) != 0
 }
 
-impl Mmu for X86Mmu {
+// SAFETY: x86 walkers see entry stores in program order (no barrier
+// needed); INVLPG, INVPCID and MOV to CR3/CR4 are serializing and complete
+// before the next instruction; `flush_tlb_all` and the range fallback drop
+// global entries. They reach the executing CPU only, which meets the
+// contract on one CPU; an SMP kernel wraps them in its shootdown (type
+// docs).
+unsafe impl Mmu for X86Mmu {
     /// Nothing to do: x86 has no walker barrier instruction, and a walk
     /// that races a new entry can only see the old not-present one (never
     /// cached, SDM Vol. 3A §4.10.4.3) and fault. See
@@ -205,7 +206,11 @@ impl Mmu for X86Mmu {
     }
 
     fn flush_tlb_all(&self) {
-        self.execute(full_flush_plan(self.has_invpcid, self.global));
+        self.execute(full_flush_plan(self.has_invpcid, true));
+    }
+
+    fn flush_tlb_mm(&self) {
+        self.execute(full_flush_plan(self.has_invpcid, false));
     }
 
     /// MOV to CR3 with the root and PCID 0 / PWT = PCD = 0: flushes the

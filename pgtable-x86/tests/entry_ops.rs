@@ -19,7 +19,8 @@ struct Counting {
     full_flushes: Cell<u64>,
 }
 
-impl Mmu for Counting {
+// SAFETY: a host test MMU: no hardware walker uses these tables.
+unsafe impl Mmu for Counting {
     fn walker_barrier(&self) {
         self.barriers.set(self.barriers.get() + 1);
     }

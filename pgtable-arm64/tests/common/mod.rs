@@ -33,7 +33,8 @@ impl Recorder {
     }
 }
 
-impl Mmu for Recorder {
+// SAFETY: a host test MMU: no hardware walker uses these tables.
+unsafe impl Mmu for Recorder {
     const OBSERVES_WRITES: bool = true;
 
     fn walker_barrier(&self) {
@@ -59,7 +60,8 @@ pub struct Counter {
     pub flushes: Cell<u64>,
 }
 
-impl Mmu for Counter {
+// SAFETY: a host test MMU: no hardware walker uses these tables.
+unsafe impl Mmu for Counter {
     fn walker_barrier(&self) {
         self.barriers.set(self.barriers.get() + 1);
     }

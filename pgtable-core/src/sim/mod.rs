@@ -70,7 +70,28 @@
 //! `suite`) runs [`check`](SimMachine::check) after every operation of
 //! every case.
 //!
-//! Not modelled: ASIDs, multiple CPUs' TLBs (one shared TLB stands for
+//! - **ASIDs and global entries.** Every cached entry is tagged with the
+//!   ASID it was filled under ([`SimMachine::mmu_with_asid`]; untagged
+//!   MMUs share ASID 0), or as global when its leaf is global
+//!   ([`Prot::global`](crate::Prot::global) of the format's
+//!   [`leaf_prot`](crate::Format::leaf_prot)). Lookups match the current
+//!   ASID and global entries; a range flush drops the range's entries of
+//!   the flushing MMU's ASID and its global ones; [`Mmu::flush_tlb_mm`]
+//!   drops the ASID's entries and keeps global ones;
+//!   [`Mmu::flush_tlb_all`] drops everything. A cached entry is checked
+//!   against a fresh walk from the root it was filled from, so a global
+//!   entry that survives the unmap of its leaf is reported stale.
+//! - **Break-before-make** (only when [`Arch::BREAK_BEFORE_MAKE`]): an
+//!   entry write that replaces a cached translation by a value the arch
+//!   does not allow to coexist with it ([`Arch::change_is_safe`]) is a
+//!   [`CheckError::Conflict`], reported by the next check.
+//! - **Publication order.** Writes to a table (its zeroing by the
+//!   allocator included) may reach the walker in any order until a publish
+//!   point ([`Mmu::publish_barrier`], [`Mmu::walker_barrier`] or a flush);
+//!   an entry write that links a table written since the last publish
+//!   point is a [`CheckError::Unordered`].
+//!
+//! Not modelled: multiple CPUs' TLBs (one shared TLB stands for
 //! all, which is what broadcast invalidation gives), memory attributes,
 //! x86's invalidation of a faulting translation, and the hardware setting
 //! accessed bits in table (non-leaf) entries.
@@ -242,6 +263,34 @@ pub struct PendingWrite {
     pub new: u64,
 }
 
+/// A break-before-make violation: an entry was replaced while the TLB held
+/// a translation from it that the architecture does not allow to coexist
+/// with the new one ([`Arch::change_is_safe`]), without an invalid entry
+/// and a TLB invalidation in between.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BbmConflict {
+    /// First address of the region the cached entry covers.
+    pub va: VirtAddr,
+    /// Height of the entry.
+    pub height: u32,
+    /// The cached entry.
+    pub cached: u64,
+    /// The value written while it was cached.
+    pub new: u64,
+}
+
+/// A table linked before its contents were published: the link store was
+/// not ordered after the table's zeroing or entry writes by a publish
+/// point ([`Mmu::publish_barrier`], a walker barrier or a TLB flush), so a
+/// walker on another CPU could follow the link into stale contents.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct UnorderedLink {
+    /// Host address of the linking entry.
+    pub slot: u64,
+    /// The table it links.
+    pub table: PhysAddr,
+}
+
 /// What [`SimMachine::check`] found.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum CheckError {
@@ -249,6 +298,10 @@ pub enum CheckError {
     Stale(StaleTlb),
     /// A write not visible to the walker (missing barrier).
     Pending(PendingWrite),
+    /// A live entry replaced without the break-before-make the arch needs.
+    Conflict(BbmConflict),
+    /// A table linked before its contents were published.
+    Unordered(UnorderedLink),
 }
 
 impl fmt::Display for CheckError {
@@ -259,6 +312,16 @@ impl fmt::Display for CheckError {
                 f,
                 "entry at host {:#x} written ({:#x} -> {:#x}) but not visible to the walker",
                 p.slot, p.old, p.new
+            ),
+            CheckError::Conflict(c) => write!(
+                f,
+                "break-before-make violated at {} (height {}): {:#x} written while {:#x} was cached",
+                c.va, c.height, c.new, c.cached
+            ),
+            CheckError::Unordered(u) => write!(
+                f,
+                "table {} linked at host {:#x} before its contents were published",
+                u.table, u.slot
             ),
         }
     }
@@ -378,10 +441,27 @@ impl<A: Arch> SimMachine<A> {
         lock(&self.shared)
     }
 
-    /// The MMU handle (for `AddressSpace::new`).
+    /// The MMU handle (for `AddressSpace::new`) of an untagged address
+    /// space: installing it drops every cached translation, and its
+    /// [`flush_tlb_mm`](Mmu::flush_tlb_mm) keeps global ones (as x86 MOV
+    /// to CR3 does).
     pub fn mmu(&self) -> SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
+            asid: None,
+            _arch: PhantomData,
+        }
+    }
+
+    /// The MMU handle of an address space tagged with `asid`: installing
+    /// it switches the current ASID without dropping cached translations
+    /// (other ASIDs' entries stay, as on hardware), flushes by address
+    /// reach its ASID and global entries, and
+    /// [`flush_tlb_mm`](Mmu::flush_tlb_mm) drops its ASID's entries only.
+    pub fn mmu_with_asid(&self, asid: u16) -> SimMmu<A> {
+        SimMmu {
+            shared: self.shared.clone(),
+            asid: Some(asid),
             _arch: PhantomData,
         }
     }
@@ -514,8 +594,7 @@ impl<A: Arch> SimMachine<A> {
     /// agent's way to force its next touch to walk).
     fn drop_cached(&self, va: VirtAddr) {
         let mut s = self.state();
-        s.tlb
-            .retain(|&(base, h, leaf), _| !(leaf && (va.0 & !(crate::level::size(h) - 1)) == base));
+        s.drop_where(|&(base, h, leaf, _)| leaf && (va.0 & !(crate::level::size(h) - 1)) == base);
     }
 
     /// Reads a `u64` of physical memory directly (no translation).
@@ -557,8 +636,10 @@ impl<A: Arch> SimMachine<A> {
     pub fn tlb_holds(&self, va: VirtAddr) -> bool {
         let s = self.state();
         (0..A::LEVELS).any(|h| {
-            s.tlb
-                .contains_key(&(va.0 & !(crate::level::size(h) - 1), h, true))
+            let base = va.0 & !(crate::level::size(h) - 1);
+            [s.asid, state::GLOBAL]
+                .iter()
+                .any(|&tag| s.tlb.contains_key(&(base, h, true, tag)))
         })
     }
 
@@ -590,6 +671,7 @@ impl<A: Arch> SimMachine<A> {
 /// The [`Mmu`] of a [`SimMachine`].
 pub struct SimMmu<A: Arch> {
     shared: Arc<Shared>,
+    asid: Option<u16>,
     _arch: PhantomData<fn() -> A>,
 }
 
@@ -597,6 +679,7 @@ impl<A: Arch> Clone for SimMmu<A> {
     fn clone(&self) -> Self {
         SimMmu {
             shared: self.shared.clone(),
+            asid: self.asid,
             _arch: PhantomData,
         }
     }
@@ -618,28 +701,50 @@ impl<A: Arch> SimMmu<A> {
     }
 }
 
-impl<A: Arch> Mmu for SimMmu<A> {
+impl<A: Arch> SimMmu<A> {
+    /// The tag of this MMU's TLB entries (untagged spaces share 0).
+    fn tag(&self) -> u32 {
+        self.asid.map_or(0, u32::from)
+    }
+}
+
+// SAFETY: the simulator is one machine whose TLB stands for every CPU's:
+// its barriers and flushes act on that state at once, as the contract asks.
+unsafe impl<A: Arch> Mmu for SimMmu<A> {
     const OBSERVES_WRITES: bool = true;
 
     fn walker_barrier(&self) {
         lock(&self.shared).barrier();
     }
 
+    fn publish_barrier(&self) {
+        lock(&self.shared).publish();
+    }
+
     fn flush_tlb_range(&self, range: TlbRange) {
-        lock(&self.shared).flush_range(range);
+        lock(&self.shared).flush_range(range, self.tag());
     }
 
     fn flush_tlb_all(&self) {
         lock(&self.shared).flush_all();
     }
 
+    fn flush_tlb_mm(&self) {
+        lock(&self.shared).flush_mm(self.tag());
+    }
+
     unsafe fn install_root(&self, root: PhysAddr) {
         let mut s = lock(&self.shared);
         s.root = Some(root);
-        // No ASIDs: a new root starts with an empty TLB. Installing also
-        // orders earlier table writes (as a TTBR/CR3 write does with its
-        // barriers).
-        s.flush_all();
+        s.asid = self.tag();
+        match self.asid {
+            // Untagged: a new root starts with an empty TLB. Installing
+            // also orders earlier table writes (as a TTBR/CR3 write does
+            // with its barriers).
+            None => s.flush_all(),
+            // Tagged: other ASIDs' entries stay; only ordering.
+            Some(_) => s.barrier(),
+        }
     }
 
     fn entry_written(&self, slot: &Slot, old: u64) {

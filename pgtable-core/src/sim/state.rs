@@ -7,8 +7,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering::Relaxed;
+use std::vec::Vec;
 
-use super::{AdUpdate, CheckError, PendingWrite, SimFault, SimFaultKind, SimStats, StaleTlb};
+use super::{
+    AdUpdate, BbmConflict, CheckError, PendingWrite, SimFault, SimFaultKind, SimStats, StaleTlb,
+    UnorderedLink,
+};
 use crate::level::{index, size};
 use crate::{Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TlbRange, VirtAddr};
 
@@ -18,6 +22,10 @@ use crate::{Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, Tlb
 pub(super) struct Cached {
     /// The entry as the walker read it (after its own A/D update).
     pub(super) raw: u64,
+    /// Host address of the table entry it was read from.
+    pub(super) slot: u64,
+    /// The root of the walk that filled it (what a fresh walk starts from).
+    pub(super) root: PhysAddr,
 }
 
 /// A small, fast, deterministic hasher for the simulator's maps (keys are
@@ -52,8 +60,12 @@ pub(super) type Map<K, V> = HashMap<K, V, BuildHasherDefault<AddrHasher>>;
 pub(super) type Set<K> = HashSet<K, BuildHasherDefault<AddrHasher>>;
 
 /// Key of a cached entry: base address of the region it covers, height,
-/// and whether it is a leaf (`true`) or a table entry (`false`).
-type Key = (u64, u32, bool);
+/// whether it is a leaf (`true`) or a table entry (`false`), and its tag:
+/// the ASID it was filled under, or [`GLOBAL`] for a global leaf.
+pub(super) type Key = (u64, u32, bool, u32);
+
+/// The tag of global leaves: they match every ASID.
+pub(super) const GLOBAL: u32 = u32::MAX;
 
 pub(super) struct State {
     /// Data memory, sparse: page number to contents.
@@ -66,7 +78,20 @@ pub(super) struct State {
     /// Frames allocated now.
     pub(super) live: Set<u64>,
     pub(super) root: Option<PhysAddr>,
+    /// The ASID of the installed root (0 for untagged MMUs).
+    pub(super) asid: u32,
     pub(super) tlb: Map<Key, Cached>,
+    /// Entry address to the keys cached from it (may hold keys flushed
+    /// since; they are checked against `tlb`).
+    by_slot: Map<u64, Vec<Key>>,
+    /// The first break-before-make violation seen.
+    pub(super) conflict: Option<BbmConflict>,
+    /// The first table linked before its contents were published.
+    pub(super) unordered: Option<UnorderedLink>,
+    /// Publication epoch: advanced by every barrier, publish and flush.
+    epoch: u64,
+    /// Table frame to the epoch of its last write (or its allocation).
+    last_write: Map<u64, u64>,
     /// Insertion order of `tlb` keys, for FIFO eviction (may hold keys
     /// flushed since; they are skipped).
     fifo: VecDeque<Key>,
@@ -96,7 +121,13 @@ impl State {
             frames: Set::default(),
             live: Set::default(),
             root: None,
+            asid: 0,
             tlb: Map::default(),
+            by_slot: Map::default(),
+            conflict: None,
+            unordered: None,
+            epoch: 0,
+            last_write: Map::default(),
             fifo: VecDeque::new(),
             tlb_capacity: 1024,
             mru: None,
@@ -109,6 +140,9 @@ impl State {
 
     pub(super) fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = self.arena.alloc_table()?;
+        // The allocator zeroed the frame: a write that must be published
+        // before the frame is linked.
+        self.last_write.insert(pa.0, self.epoch);
         self.frames.insert(pa.0);
         self.live.insert(pa.0);
         Some(pa)
@@ -196,7 +230,7 @@ impl State {
         let mut h = A::LEVELS - 1;
         let mut tpa = root;
         for k in 1..A::LEVELS {
-            if let Some(c) = self.tlb.get(&(va & !(size(k) - 1), k, false)) {
+            if let Some(c) = self.tlb.get(&(va & !(size(k) - 1), k, false, self.asid)) {
                 if let Decoded::Table(pa) = A::decode(c.raw, k) {
                     tpa = pa;
                     h = k - 1;
@@ -218,7 +252,8 @@ impl State {
             stale |= st;
             match A::decode(raw, h) {
                 Decoded::Table(c) if h > 0 => {
-                    self.cache(va & !(size(h) - 1), h, false, raw);
+                    let key = (va & !(size(h) - 1), h, false, self.asid);
+                    self.cache(key, raw, slot, root);
                     tpa = c;
                 }
                 Decoded::Leaf(_) if A::leaf_allowed(h) => {
@@ -239,9 +274,15 @@ impl State {
     /// pending view, no cache): `(raw, height)` of the leaf or of the entry
     /// at `height`, whichever comes first; `None` when the walk ends
     /// earlier.
-    fn fresh<A: Arch>(&self, va: u64, height: u32, leaf: bool) -> Option<(u64, u32)> {
+    fn fresh<A: Arch>(
+        &self,
+        root: PhysAddr,
+        va: u64,
+        height: u32,
+        leaf: bool,
+    ) -> Option<(u64, u32)> {
         let mut h = A::LEVELS - 1;
-        let mut tpa = self.root?;
+        let mut tpa = root;
         loop {
             let t = self.table(tpa).ok()?;
             // Relaxed: see `walker_read`.
@@ -258,12 +299,33 @@ impl State {
         }
     }
 
-    fn cache(&mut self, base: u64, height: u32, leaf: bool, raw: u64) {
-        let key = (base, height, leaf);
-        if self.tlb.insert(key, Cached { raw }).is_none() {
+    fn cache(&mut self, key: Key, raw: u64, slot: &Slot, root: PhysAddr) {
+        let slot = slot as *const Slot as u64;
+        if self.tlb.insert(key, Cached { raw, slot, root }).is_none() {
             self.fifo.push_back(key);
+            let tlb = &self.tlb;
+            let keys = self.by_slot.entry(slot).or_default();
+            keys.retain(|k| *k != key && tlb.get(k).is_some_and(|c| c.slot == slot));
+            keys.push(key);
             self.shrink_to(self.tlb_capacity);
         }
+    }
+
+    /// Removes the cached entries for which `drop` holds; returns how many.
+    pub(super) fn drop_where(&mut self, mut drop: impl FnMut(&Key) -> bool) -> usize {
+        let before = self.tlb.len();
+        self.tlb.retain(|k, _| !drop(k));
+        if self.mru.is_some_and(|k| !self.tlb.contains_key(&k)) {
+            self.mru = None;
+        }
+        // Keys flushed since they were indexed pile up: compact.
+        if self.by_slot.len() > 4 * self.tlb_capacity.max(self.tlb.len()) + 64 {
+            self.by_slot.clear();
+            for (k, c) in &self.tlb {
+                self.by_slot.entry(c.slot).or_default().push(*k);
+            }
+        }
+        before - self.tlb.len()
     }
 
     /// Evicts the oldest entries until at most `n` remain.
@@ -301,16 +363,19 @@ impl State {
         };
         // TLB lookup: the entry that served the last access, then every
         // leaf size, smallest first.
+        let asid = self.asid;
         let mru = self
             .mru
-            .filter(|&(b, h, _)| va & !(size(h) - 1) == b)
-            .map(|(_, h, _)| h);
-        for h in mru.into_iter().chain(0..A::LEVELS) {
+            .filter(|&(b, h, _, tag)| va & !(size(h) - 1) == b && (tag == asid || tag == GLOBAL))
+            .map(|k| (k.1, k.3));
+        let tags = [asid, GLOBAL];
+        let all = (0..A::LEVELS).flat_map(|h| tags.map(|t| (h, t)));
+        for (h, tag) in mru.into_iter().chain(all) {
             let base = va & !(size(h) - 1);
-            let Some(c) = self.tlb.get(&(base, h, true)).copied() else {
+            let Some(c) = self.tlb.get(&(base, h, true, tag)).copied() else {
                 continue;
             };
-            self.mru = Some((base, h, true));
+            self.mru = Some((base, h, true, tag));
             match A::hw_access(c.raw, h, access) {
                 Err(f) => {
                     self.stats.tlb_hits += 1;
@@ -354,7 +419,13 @@ impl State {
                 self.stats.dirty_set += u64::from(upd.dirty);
             }
             let base = va & !(size(h) - 1);
-            self.cache(base, h, true, new);
+            let tag = if A::leaf_prot(new, h).global() {
+                GLOBAL
+            } else {
+                self.asid
+            };
+            let root = self.root.ok_or(fault(SimFaultKind::NoRoot))?;
+            self.cache((base, h, true, tag), new, leaf.slot, root);
             let Decoded::Leaf(pa) = A::decode(new, h) else {
                 unreachable!("hw_access keeps a leaf a leaf")
             };
@@ -366,9 +437,17 @@ impl State {
 
     pub(super) fn entry_written<A: Arch>(&mut self, slot: &Slot, old: u64) {
         self.stats.entries_written += 1;
+        // Relaxed: the value this thread just wrote (or a later one).
+        let new = slot.load(Relaxed);
+        let addr = slot as *const Slot as u64;
+        if A::BREAK_BEFORE_MAKE && new != 0 && self.conflict.is_none() {
+            self.check_bbm::<A>(addr, new);
+        }
+        if self.unordered.is_none() {
+            self.check_link::<A>(addr, new);
+        }
+        self.last_write.insert(addr & !0xfff, self.epoch);
         if A::NEEDS_WALKER_BARRIER {
-            // Relaxed: the value this thread just wrote (or a later one).
-            let new = slot.load(Relaxed);
             // The walker keeps seeing the oldest value not yet ordered.
             self.pending
                 .entry(slot as *const Slot as u64)
@@ -377,39 +456,102 @@ impl State {
         }
     }
 
+    /// Break-before-make: `new` was written to the entry at `addr` while
+    /// the TLB may hold a translation read from it that the arch does not
+    /// allow to coexist with `new` (Arm ARM D8.16; [`Arch::change_is_safe`]).
+    fn check_bbm<A: Arch>(&mut self, addr: u64, new: u64) {
+        let Some(keys) = self.by_slot.get(&addr) else {
+            return;
+        };
+        for k in keys {
+            let Some(c) = self.tlb.get(k) else { continue };
+            if c.slot == addr && !A::change_is_safe(c.raw, new, k.1) {
+                self.conflict = Some(BbmConflict {
+                    va: VirtAddr(k.0),
+                    height: k.1,
+                    cached: c.raw,
+                    new,
+                });
+                return;
+            }
+        }
+    }
+
+    /// Publication order: `new`, written to the entry at `addr`, links a
+    /// table whose contents (its zeroing or an entry) were written since
+    /// the last publish point, so a walker may follow the link into stale
+    /// contents (Linux orders them with `smp_wmb()` before `pmd_populate`).
+    fn check_link<A: Arch>(&mut self, addr: u64, new: u64) {
+        for h in 1..A::LEVELS {
+            if let Decoded::Table(c) = A::decode(new, h) {
+                if self.live.contains(&c.0) && self.last_write.get(&c.0) == Some(&self.epoch) {
+                    self.unordered = Some(UnorderedLink {
+                        slot: addr,
+                        table: c,
+                    });
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A publish point (Linux `smp_wmb()`): writes before it are seen by
+    /// any walker before writes after it.
+    pub(super) fn publish(&mut self) {
+        self.epoch += 1;
+    }
+
     pub(super) fn barrier(&mut self) {
         self.stats.barriers += 1;
+        self.epoch += 1;
         self.pending.clear();
     }
 
-    pub(super) fn flush_range(&mut self, r: TlbRange) {
+    /// A range flush by an MMU whose ASID is `asid`: global leaves in the
+    /// range go too, whatever the ASID (x86 `invlpg`, arm64 `tlbi vae1is`).
+    pub(super) fn flush_range(&mut self, r: TlbRange, asid: u32) {
         self.stats.flush_range += 1;
         // A flush orders the table writes before it (mmu.rs rules).
         self.pending.clear();
+        self.epoch += 1;
         let start = r.start.0;
         let last = r.end.0.wrapping_sub(1);
-        let before = self.tlb.len();
-        self.tlb.retain(|&(base, h, leaf), _| {
+        let n = self.drop_where(|&(base, h, leaf, tag)| {
             let elast = base + (size(h) - 1);
             let overlaps = base <= last && elast >= start;
-            !(overlaps && (leaf || !r.last_level))
+            overlaps && (leaf || !r.last_level) && (tag == asid || tag == GLOBAL)
         });
-        self.stats.tlb_entries_flushed += (before - self.tlb.len()) as u64;
+        self.stats.tlb_entries_flushed += n as u64;
+    }
+
+    /// A flush of the address space tagged `asid`: global leaves stay
+    /// (x86 MOV to CR3, arm64 `tlbi aside1is`).
+    pub(super) fn flush_mm(&mut self, asid: u32) {
+        self.stats.flush_all += 1;
+        self.pending.clear();
+        self.epoch += 1;
+        let n = self.drop_where(|k| k.3 == asid);
+        self.stats.tlb_entries_flushed += n as u64;
     }
 
     pub(super) fn flush_all(&mut self) {
         self.stats.flush_all += 1;
         self.pending.clear();
+        self.epoch += 1;
         self.stats.tlb_entries_flushed += self.tlb.len() as u64;
         self.tlb.clear();
+        self.by_slot.clear();
         self.fifo.clear();
         self.mru = None;
     }
 
-    /// Every cached entry against a fresh walk of memory.
+    /// Every cached entry against a fresh walk of memory. Of several stale
+    /// entries, the smallest leaf at the lowest address is reported (a
+    /// deterministic answer whatever the map's order).
     pub(super) fn check_tlb<A: Arch>(&self) -> Result<(), StaleTlb> {
-        for (&(base, h, leaf), c) in &self.tlb {
-            let fresh = self.fresh::<A>(base, h, leaf);
+        let mut worst: Option<StaleTlb> = None;
+        for (&(base, h, leaf, _), c) in &self.tlb {
+            let fresh = self.fresh::<A>(c.root, base, h, leaf);
             let ok = match fresh {
                 None => false,
                 Some((raw, fh)) if leaf => {
@@ -422,17 +564,21 @@ impl State {
                 }
                 Some((raw, _)) => A::decode(raw, h) == A::decode(c.raw, h),
             };
+            let rank = |s: &StaleTlb| (!s.leaf, s.height, s.va.0);
             if !ok {
-                return Err(StaleTlb {
+                let s = StaleTlb {
                     va: VirtAddr(base),
                     height: h,
                     leaf,
                     cached: c.raw,
                     fresh: fresh.map(|f| f.0),
-                });
+                };
+                if worst.as_ref().is_none_or(|w| rank(&s) < rank(w)) {
+                    worst = Some(s);
+                }
             }
         }
-        Ok(())
+        worst.map_or(Ok(()), Err)
     }
 
     pub(super) fn check_visible(&self) -> Result<(), PendingWrite> {
@@ -444,6 +590,12 @@ impl State {
     }
 
     pub(super) fn check<A: Arch>(&self) -> Result<(), CheckError> {
+        if let Some(c) = self.conflict {
+            return Err(CheckError::Conflict(c));
+        }
+        if let Some(u) = self.unordered {
+            return Err(CheckError::Unordered(u));
+        }
         self.check_tlb::<A>().map_err(CheckError::Stale)?;
         self.check_visible().map_err(CheckError::Pending)
     }

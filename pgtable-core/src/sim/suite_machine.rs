@@ -141,6 +141,14 @@ impl<A: Arch> Machine for SimSuiteMachine<A> {
                 va: VirtAddr(p.slot),
                 what: "missing barrier: a table write is not visible to the walker; entry at host address",
             }),
+            Err(CheckError::Conflict(c)) => Err(Inconsistency {
+                va: c.va,
+                what: "break-before-make violated: a live entry replaced while its old translation was cached",
+            }),
+            Err(CheckError::Unordered(u)) => Err(Inconsistency {
+                va: VirtAddr(u.slot),
+                what: "table linked before its contents were published; entry at host address",
+            }),
         }
     }
 }
