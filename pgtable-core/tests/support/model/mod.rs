@@ -516,10 +516,17 @@ impl<A: Arch> Episode<A> {
                 kind,
                 ..
             } => {
-                if self.move_expected(old, new, len, kind).is_ok()
-                    && (avoid.moves)(&self.model, old, new, len)
-                {
-                    return None;
+                if self.move_expected(old, new, len, kind).is_ok() {
+                    // A destination at another offset in a PMD turns every
+                    // block of the source into pages: keep those few.
+                    let (s, e) = pages(old, len);
+                    let splits_all = (new.wrapping_sub(old) >> 12) % 512 != 0;
+                    let pages: u64 = self.model.runs_in(s, e).iter().map(|r| r.1.pages).sum();
+                    if (splits_all && pages > MAP_BUDGET)
+                        || (avoid.moves)(&self.model, old, new, len)
+                    {
+                        return None;
+                    }
                 }
                 Some(op)
             }
