@@ -14,7 +14,6 @@ fn run<A: Arch>(label: &'static str) {
     let cfg = model::Config {
         label,
         package: env!("CARGO_PKG_NAME"),
-        global: true,
     };
     model::run::<A>(&cfg, &model::KNOWN_BUGS);
 }

@@ -239,13 +239,11 @@ pub struct Gen {
     /// the lower half (last entries below the hole), the bottom of the
     /// upper half and the very top of the 64-bit space.
     regions: [u64; 4],
-    /// Whether generated protections may be global.
-    global: bool,
 }
 
 impl Gen {
     /// A generator for `A` starting at `seed`.
-    pub fn new<A: Format>(seed: u64, global: bool) -> Gen {
+    pub fn new<A: Format>(seed: u64) -> Gen {
         let half = 1u64 << (A::VA_BITS - 1);
         let regions = [0, half - REGION, half.wrapping_neg(), REGION.wrapping_neg()];
         for r in regions {
@@ -261,7 +259,6 @@ impl Gen {
             pa_bits: A::PA_BITS,
             half,
             regions,
-            global,
         }
     }
 
@@ -378,7 +375,7 @@ impl Gen {
     /// A protection: any combination of the flags, mostly normal memory.
     pub fn prot(&mut self) -> Prot {
         let mut bits = (self.rng.below(8) as u8) & (Prot::WRITE | Prot::EXEC | Prot::USER);
-        if self.global && self.rng.chance(25) {
+        if self.rng.chance(25) {
             bits |= Prot::GLOBAL;
         }
         let mem = match self.rng.below(10) {

@@ -160,11 +160,6 @@ impl Model {
             .or_else(|| self.runs.iter().next_back())?;
         Some(start + rng.below(run.pages))
     }
-
-    /// Number of runs.
-    pub fn runs(&self) -> usize {
-        self.runs.len()
-    }
 }
 
 /// Appends a run to a list in address order, merging it into the last one
