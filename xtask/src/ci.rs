@@ -94,16 +94,23 @@ const SOAK_OPS: u64 = 1_000_000;
 /// operations from a fresh seed.
 pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
     let mut c = cargo();
-    c.args(["test", "--profile", "soak", "--all-features"])
-        .args([
-            "-p",
-            "pgtable-core",
-            "-p",
-            "pgtable-arm64",
-            "-p",
-            "pgtable-x86",
-        ])
-        .args(["--test", "model", "--", "--nocapture"]);
+    // --no-fail-fast: every format runs and reports, whichever fails.
+    c.args([
+        "test",
+        "--profile",
+        "soak",
+        "--all-features",
+        "--no-fail-fast",
+    ])
+    .args([
+        "-p",
+        "pgtable-core",
+        "-p",
+        "pgtable-arm64",
+        "-p",
+        "pgtable-x86",
+    ])
+    .args(["--test", "model", "--", "--nocapture"]);
     match ops {
         Some(n) => {
             c.env("PGTABLE_SOAK_OPS", n.to_string());

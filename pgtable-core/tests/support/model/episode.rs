@@ -11,7 +11,7 @@ use pgtable_core::{AddressSpace, Arch, Error, MapOptions, PhysAddr, VirtAddr};
 use super::gen::{Gen, MapKind, MoveKind, Op};
 use super::oracle::{self, Space};
 use super::reference::{check_phys, check_range, pages, Model, Run};
-use super::{fail, panic_msg, Avoid, Failure, Tally, MAP_BUDGET, QUIET};
+use super::{fail, known_panic, panic_msg, Failure, Tally, MAP_BUDGET, QUIET};
 
 /// One machine, its address space and the model of both.
 pub struct Episode<A: Arch> {
@@ -42,8 +42,8 @@ impl<A: Arch> Episode<A> {
 
     /// Adjusts a generated operation before it runs: failure points
     /// spread over every allocation the operation makes, maps kept within
-    /// the leaf budget, known bugs avoided. `None`: draw another one.
-    pub(super) fn refine(&self, op: Op, gen: &mut Gen, avoid: &Avoid) -> Option<Op> {
+    /// the leaf budget. `None`: draw another one.
+    pub(super) fn refine(&self, op: Op, gen: &mut Gen) -> Option<Op> {
         match op {
             Op::Map {
                 va, pa, len, fail, ..
@@ -84,9 +84,7 @@ impl<A: Arch> Episode<A> {
                     let (s, e) = pages(old, len);
                     let splits_all = (new.wrapping_sub(old) >> 12) % 512 != 0;
                     let pages: u64 = self.model.runs_in(s, e).iter().map(|r| r.1.pages).sum();
-                    if (splits_all && pages > MAP_BUDGET)
-                        || (avoid.moves)(&self.model, old, new, len)
-                    {
+                    if splits_all && pages > MAP_BUDGET {
                         return None;
                     }
                 }
@@ -181,10 +179,14 @@ impl<A: Arch> Episode<A> {
         let r = match r {
             Ok(r) => r,
             Err(p) => {
+                let msg = panic_msg(&p);
+                if let Some(known) = known_panic(op, &msg) {
+                    return fail("known", known.to_string());
+                }
                 if !QUIET.with(|q| q.get()) {
                     let _ = writeln!(std::io::stderr().lock(), "{op} panicked");
                 }
-                return fail("panic", format!("{op} panicked: {}", panic_msg(&p)));
+                return fail("panic", format!("{op} panicked: {msg}"));
             }
         };
         let allocated = self.space.stats().tables_allocated() - allocated;
