@@ -44,9 +44,10 @@ fn cfg() -> Config {
 
 /// Cases in a run without the big moves: 14 map/unmap/protect cases, 4
 /// move cases outside the matrix (3 errors, protection kept), 5
-/// alignments of the 8 KiB move (pages only) and 5 alignments times
-/// pages/blocks of the 2, 4 and 5 MiB moves.
-const CASES: u32 = 14 + 4 + 5 + 3 * 5 * 2;
+/// alignments of the 8 KiB move (pages only), 5 alignments times
+/// pages/blocks of the 2, 4 and 5 MiB moves, and protect / move / unmap at
+/// the last entries of each half.
+const CASES: u32 = 14 + 4 + 5 + 3 * 5 * 2 + 3 * 2;
 /// The 1 and 2 GiB moves add 5 alignments times pages/blocks each.
 const BIG_CASES: u32 = 2 * 5 * 2;
 

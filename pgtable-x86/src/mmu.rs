@@ -1,13 +1,16 @@
 //! The x86 MMU operations: TLB maintenance and CR3, on bare metal.
 //!
 //! Compiled only for `target_arch = "x86_64"`, `target_os = "none"`; the
-//! host uses the simulated MMU of `pgtable-core` instead. Instructions and
-//! registers come from the `x86_64` crate.
+//! host uses the simulated MMU of `pgtable-core` instead. Registers and
+//! INVPCID come from the `x86_64` crate; INVLPG is issued here directly,
+//! because that crate's linear addresses are 48-bit (see
+//! [`X86Mmu::flush_page`]).
 //!
 //! These operations act on the executing CPU only. An SMP kernel wraps
 //! them in its own shootdown (IPIs to the CPUs that use the address space)
 //! to meet the "every CPU" rule of [`Mmu`].
 
+use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use pgtable_core::{Arch, Mmu, PhysAddr, TlbRange, VirtAddr};
@@ -86,9 +89,23 @@ impl X86Mmu {
     }
 
     /// `INVLPG` of the page containing `va` (global entries included).
+    ///
+    /// `va` is the operand exactly as given: a canonical address of the
+    /// active paging mode, 57-bit with CR4.LA57 = 1 (bits 63:56 equal),
+    /// 48-bit otherwise (bits 63:47 equal), as every address of an
+    /// [`AddressSpace`](pgtable_core::AddressSpace) in the matching format
+    /// is. INVLPG of a non-canonical address is a no-op (SDM Vol. 2A,
+    /// INVLPG). The `x86_64` crate's `VirtAddr` is not used here: it
+    /// canonicalises from bit 47 only, which under 5-level paging would
+    /// turn 0x0000_8000_0000_0000 into 0xffff_8000_0000_0000 and leave the
+    /// stale translation in place.
     #[inline]
     pub fn flush_page(&self, va: VirtAddr) {
-        tlb::flush(x86_64::VirtAddr::new_truncate(va.0));
+        // SAFETY: INVLPG only invalidates TLB and paging-structure-cache
+        // entries; it reads no memory through its operand and never faults
+        // in 64-bit mode at CPL 0. No `nomem`: the compiler keeps the entry
+        // stores before it (see `flush_tlb_range`).
+        unsafe { asm!("invlpg [{}]", in(reg) va.0, options(nostack, preserves_flags)) };
     }
 
     /// Whether 5-level paging is on (CR4.LA57): use `X86_64La57` then.

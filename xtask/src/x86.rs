@@ -192,7 +192,9 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         }
     }
     let (o, used) = boot_with_fallback(&kernel, accel, &append(opts, &extra))?;
-    judge(&o, SUCCESS_CODE).map_err(|e| format!("4-level run ({}): {e}", used.name()))?;
+    judge(&o, SUCCESS_CODE)
+        .and_then(|()| passed_cases(&o.lines, ALWAYS))
+        .map_err(|e| format!("4-level run ({}): {e}", used.name()))?;
     eprintln!("xtask: x86: 4-level run passed ({})", used.name());
 
     // 5-level paging: the suite again with CR4.LA57 (benchmarks skipped).
@@ -206,8 +208,18 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         Accel::Tcg
     };
     let o = boot_kernel(&kernel, la57_accel, &append(opts, "la57 nobench"))?;
-    judge(&o, SUCCESS_CODE).map_err(|e| format!("5-level run ({}): {e}", la57_accel.name()))?;
-    if o.lines.iter().any(|l| l.starts_with("paging: 5-level")) {
+    let la57 = o.lines.iter().any(|l| l.starts_with("paging: 5-level"));
+    judge(&o, SUCCESS_CODE)
+        .and_then(|()| passed_cases(&o.lines, ALWAYS))
+        .and_then(|()| {
+            if la57 {
+                passed_cases(&o.lines, ABOVE_2_47)
+            } else {
+                Ok(())
+            }
+        })
+        .map_err(|e| format!("5-level run ({}): {e}", la57_accel.name()))?;
+    if la57 {
         eprintln!(
             "xtask: x86: 5-level (LA57) run passed ({})",
             la57_accel.name()
@@ -216,6 +228,33 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         eprintln!("xtask: x86: LA57 was not available in the guest; the kernel ran 4-level again (see its skip line)");
     }
     Ok(())
+}
+
+/// Suite cases every run must pass, not skip: the kernel tests
+/// instruction fetches (EFER.NXE, the fetch probe).
+const ALWAYS: &[&str] = &["protect_execute_never"];
+
+/// Suite cases the 5-level run must pass: with LA57 they map, protect, move
+/// and unmap above 2^47, where a flush of a 48-bit truncated address
+/// leaves stale translations.
+const ABOVE_2_47: &[&str] = &[
+    "last_entries_of_the_lower_half_change_protection",
+    "last_entries_of_the_lower_half_move",
+    "last_entries_of_the_lower_half_unmap",
+];
+
+/// Ok when every case of `cases` printed its `ok <case>` line.
+fn passed_cases(lines: &[String], cases: &[&str]) -> Result<(), String> {
+    let missing: Vec<&str> = cases
+        .iter()
+        .copied()
+        .filter(|c| !lines.iter().any(|l| l.strip_prefix("ok ") == Some(*c)))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("no `ok` line for {}", missing.join(", ")))
+    }
 }
 
 /// The kernel option that lowers the validated bytes under kvm_pvm.
@@ -254,6 +293,22 @@ mod tests {
             ..opts
         };
         assert_eq!(append(&none, ""), "");
+    }
+
+    #[test]
+    fn a_skipped_required_case_fails_the_run() {
+        let lines = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ok = lines(&["ok protect_execute_never", "1 passed, 0 failed"]);
+        assert!(passed_cases(&ok, ALWAYS).is_ok());
+        let skipped = lines(&[
+            "skip protect_execute_never: the machine cannot test instruction fetches",
+            "0 passed, 0 failed",
+        ]);
+        assert_eq!(
+            passed_cases(&skipped, ALWAYS),
+            Err("no `ok` line for protect_execute_never".into())
+        );
+        assert!(passed_cases(&ok, ABOVE_2_47).is_err());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! The entry builds a temporary identity map of the first 4 GiB with 2 MiB
 //! pages (Intel SDM vol. 3 §4.5), turns on PAE (CR4 bit 5), optionally
 //! 5-level paging (CR4.LA57, bit 12, which may only change while paging is
-//! off), long mode and no-execute (EFER bits 8 and 11), paging and
+//! off), long mode and no-execute (EFER bits 8 and 11; NXE only when
+//! CPUID.80000001H:EDX[20] reports it, else `kmain` fails), paging and
 //! write-protect (CR0 bits 31 and 16), loads a 64-bit GDT and far-returns
 //! into 64-bit code. That code clears `.bss`, sets the stack and calls
 //! `kmain(start_info)`. The kernel replaces these tables with its own,
@@ -25,7 +26,7 @@ pub const STACK_SIZE: usize = 1 << 20;
 
 /// The boot stack (in `.bss`, so it is cleared before use — harmless).
 #[no_mangle]
-static mut BOOT_STACK: [u8; STACK_SIZE] = [0; STACK_SIZE];
+pub static mut BOOT_STACK: [u8; STACK_SIZE] = [0; STACK_SIZE];
 
 global_asm!(
     r#"
@@ -136,10 +137,25 @@ _start32:
 5:
     mov cr3, eax
 
-    /* EFER (MSR 0xC0000080): LME (bit 8) and NXE (bit 11). */
+    /* EFER (MSR 0xC0000080): LME (bit 8), and NXE (bit 11) only when
+       CPUID.80000001H:EDX[20] reports execute-disable: NXE is reserved
+       otherwise (WRMSR would fault). `kmain` checks EFER.NXE and fails the
+       run loudly without it: pgtable-x86 needs it for bit 63 (XD). */
+    xor edi, edi
+    mov eax, 0x80000000
+    cpuid
+    cmp eax, 0x80000001
+    jb 7f
+    mov eax, 0x80000001
+    cpuid
+    bt edx, 20
+    jnc 7f
+    mov edi, 1 << 11
+7:
     mov ecx, 0xc0000080
     rdmsr
-    or eax, (1 << 8) | (1 << 11)
+    or eax, 1 << 8
+    or eax, edi
     wrmsr
 
     /* CR0: PG (bit 31), WP (bit 16), PE (bit 0). Long mode is active now. */

@@ -34,6 +34,7 @@ use crate::mem::{Frames, RamMap};
 use crate::tsc::Tsc;
 
 use x86_64::instructions::port::Port;
+use x86_64::registers::model_specific::{Efer, EferFlags};
 
 /// The isa-debug-exit port (QEMU `-device isa-debug-exit,iobase=0xf4,iosize=0x04`).
 const DEBUG_EXIT_PORT: u16 = 0xf4;
@@ -246,6 +247,11 @@ fn has_1g_pages() -> bool {
     __cpuid(0x8000_0001).edx & (1 << 26) != 0
 }
 
+/// Whether the CPU has execute-disable (CPUID.80000001H:EDX[20]).
+fn has_nx() -> bool {
+    __cpuid(0x8000_0001).edx & (1 << 20) != 0
+}
+
 fn run(info: &boot::StartInfo, opts: &Options) -> bool {
     let ram = RamMap::from_start_info(info, 2 << 30);
     for r in ram.iter() {
@@ -274,12 +280,24 @@ fn run(info: &boot::StartInfo, opts: &Options) -> bool {
         }
     );
     println!(
-        "cpuid: 1G pages {}, INVPCID {}, PCID {}, LA57 {}",
+        "cpuid: 1G pages {}, INVPCID {}, PCID {}, LA57 {}, NX {}",
         has_1g_pages(),
         __cpuid_count(7, 0).ebx & (1 << 10) != 0,
         __cpuid(1).ecx & (1 << 17) != 0,
-        __cpuid_count(7, 0).ecx & (1 << 16) != 0
+        __cpuid_count(7, 0).ecx & (1 << 16) != 0,
+        has_nx()
     );
+    // The boot code set EFER.NXE if the CPU has execute-disable; the
+    // format's non-executable entries carry bit 63 (XD), reserved without
+    // it, so nothing can run correctly otherwise.
+    if !Efer::read().contains(EferFlags::NO_EXECUTE_ENABLE) {
+        println!(
+            "FAIL setup: IA32_EFER.NXE is off (execute-disable, CPUID.80000001H:EDX[20], is {}): pgtable-x86 sets bit 63 (XD) in non-executable entries, a reserved bit without NXE",
+            if has_nx() { "present" } else { "absent" }
+        );
+        println!("0 passed, 1 failed");
+        return false;
+    }
     let la57 = X86Mmu::la57_enabled();
     if opts.la57 && !la57 {
         println!("la57: skipped: the CPU lacks 5-level paging (CPUID.(EAX=7,ECX=0):ECX[16] = 0); running 4-level");
@@ -366,6 +384,7 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
         tsc,
         emulated: !kvm,
         ram: (PhysAddr(pool.start), pool.end - pool.start),
+        exec_page: None,
     };
     // Struct update on purpose: fields the suite adds later keep their
     // defaults (the suite's documented way to build a Config).

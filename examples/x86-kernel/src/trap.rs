@@ -7,10 +7,12 @@
 //! edit the frame; the stub restores it and returns with `iretq`.
 //!
 //! A page fault at one of the *probe* instructions (the single load or
-//! store inside [`read_u64`] / [`write_u64`]) is an expected outcome: the
-//! handler records CR2 and the error code, sets the probe's fault flag and
-//! resumes after the instruction. Any other exception prints the vector,
-//! error code, RIP (and CR2 for a page fault) and ends the run as failed.
+//! store inside [`read_u64`] / [`write_u64`], or the instruction fetch at
+//! the target of [`exec`]'s call) is an expected outcome: the handler
+//! records CR2 and the error code, sets the probe's fault flag and resumes
+//! after the instruction (after the call, for a fetch). Any other
+//! exception prints the vector, error code, RIP (and CR2 for a page fault)
+//! and ends the run as failed.
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
@@ -149,12 +151,22 @@ probe_write64_insn:
 probe_write64_resume:
     ret
 
+    /* Fetch probe: calls the address in rdi, where the caller placed a
+       `ret`; returns 0 (it ran) / 1 (the fetch faulted) in rdx. */
+    .global probe_exec
+probe_exec:
+    xor edx, edx
+    call rdi
+probe_exec_resume:
+    ret
+
     .global probe_addrs
     .section .rodata.probe_addrs, "a"
     .p2align 3
 probe_addrs:
     .quad probe_read64_insn, probe_read64_resume
     .quad probe_write64_insn, probe_write64_resume
+    .quad probe_exec_resume
 "#
 );
 
@@ -168,12 +180,13 @@ struct ProbeResult {
 extern "sysv64" {
     fn probe_read64(va: u64) -> ProbeResult;
     fn probe_write64(va: u64, value: u64) -> ProbeResult;
+    fn probe_exec(va: u64) -> ProbeResult;
 }
 
 extern "C" {
     static irq_ignore_addr: u64;
     static isr_table: [u64; 32];
-    static probe_addrs: [u64; 4];
+    static probe_addrs: [u64; 5];
 }
 
 /// A page fault caught by a probe.
@@ -208,6 +221,27 @@ pub fn write_u64(va: u64, value: u64) -> Result<(), PageFault> {
     // SAFETY: as in `read_u64`; the store targets memory the suite owns (a
     // mapping of the test pool), never kernel data.
     let r = unsafe { probe_write64(va, value) };
+    if r.faulted == 0 {
+        Ok(())
+    } else {
+        // SAFETY: single CPU; the handler wrote it before resuming here.
+        Err(unsafe { core::ptr::read_volatile(&raw const LAST_FAULT) })
+    }
+}
+
+/// Calls `va`, which must hold a `ret` (0xC3) if it is executable, or
+/// returns the page fault the instruction fetch raised.
+///
+/// # Safety
+///
+/// If the fetch from `va` does not fault, the byte there is executed: the
+/// caller must have placed a `ret` at the physical address `va` maps to.
+pub unsafe fn exec(va: u64) -> Result<(), PageFault> {
+    // SAFETY: the caller placed a `ret` behind `va`, so the call returns at
+    // once, clobbering nothing; a page fault on the fetch is turned into a
+    // result by `trap_dispatch`, which pops the return address the call
+    // pushed and resumes after it.
+    let r = unsafe { probe_exec(va) };
     if r.faulted == 0 {
         Ok(())
     } else {
@@ -282,6 +316,13 @@ extern "C" fn trap_dispatch(frame: &mut TrapFrame) {
             Some(p[1])
         } else if frame.rip == p[2] {
             Some(p[3])
+        } else if frame.rip == frame.rdi && return_address(frame) == Some(p[4]) {
+            // The fetch at the target of `probe_exec`'s call faulted (the
+            // fault's RIP is the target, SDM Vol. 3A §6.15 "Interrupt 14"):
+            // drop the return address the call pushed and resume after
+            // the call.
+            frame.rsp += 8;
+            Some(p[4])
         } else {
             None
         };
@@ -320,6 +361,20 @@ extern "C" fn trap_dispatch(frame: &mut TrapFrame) {
     }
     crate::println!("{:x?}", frame);
     crate::exit(false);
+}
+
+/// The word on top of the interrupted stack: the return address when the
+/// fault hit the first instruction of a called function. `None` when the
+/// stack pointer is not the kernel's stack.
+fn return_address(frame: &TrapFrame) -> Option<u64> {
+    // Only the address is taken.
+    let lo = (&raw const crate::boot::BOOT_STACK) as u64;
+    let hi = lo + crate::boot::STACK_SIZE as u64;
+    (frame.rsp >= lo && frame.rsp + 8 <= hi && frame.rsp.is_multiple_of(8)).then(|| {
+        // SAFETY: an aligned word inside the kernel's stack, which is
+        // mapped and not being written while the handler runs.
+        unsafe { (frame.rsp as *const u64).read() }
+    })
 }
 
 fn name(vector: u64) -> &'static str {

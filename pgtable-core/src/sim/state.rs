@@ -35,7 +35,10 @@ pub(super) struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // The multiply leaves the low bits a function of the keys' low
+        // bits, which are zero for frame addresses: fold the well-mixed
+        // high half in, since the maps pick buckets by the low bits.
+        self.0 ^ (self.0 >> 32)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {

@@ -36,6 +36,15 @@
 //!   and the old range must fault. Overlapping, misaligned and occupied
 //!   moves must fail with the right [`Error`] and change nothing; a moved
 //!   read-only page stays read-only.
+//! - **the last entries of each half**: change_protection, move and unmap
+//!   of the last pages below the top of the lower half
+//!   (`2^(Format::VA_BITS - 1)`) and of the upper half (`2^64`), where
+//!   every table index on the path is the last one, with moves to the
+//!   pages below the middle of the half. The addresses follow the format:
+//!   with 5-level x86 paging they lie far above 2^47. Each operation comes
+//!   after accesses that cached the old translation, and the access after
+//!   it must see the new state (a wrong or truncated flush address leaves
+//!   the old one in use).
 //!
 //! Every case leaves the window empty: after it the suite walks the window
 //! (no leaf may remain), counts the tables (no more than before the first
@@ -80,7 +89,11 @@
 //!   space you pass, and table frames from your [`TableAlloc`]: with
 //!   [`Config::big_moves`] a 2 GiB move of 4 KiB pages needs about 8 MiB of
 //!   tables at its peak (source and destination), without it well under
-//!   1 MiB.
+//!   1 MiB;
+//! - the last four pages of each half of the address space and the three
+//!   pages below the middle of each half unmapped too (the
+//!   `last_entries_of_the_*` cases map them; where your kernel maps them,
+//!   those cases print `skip` and touch nothing).
 //!
 //! Use [`Config::only`] / [`Config::skip`] (name prefixes) to run a subset
 //! while bringing a port up, and [`Config::verbose`] for per-move cycle
@@ -117,6 +130,7 @@ use core::fmt::{self, Write};
 use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, TableAlloc, VirtAddr};
 
 mod cases;
+mod halves;
 mod moves;
 
 /// What the suite needs from the machine it runs on.
@@ -164,6 +178,10 @@ pub trait Machine {
     /// A virtual window the suite may map into, unmapped when [`run`]
     /// starts: `(base, len)`. It must be 1 GiB aligned and at least 8 GiB
     /// long (the 2 GiB moves at PUD alignment need two halves of 4 GiB).
+    ///
+    /// Outside it the suite maps only the few pages at the end and below
+    /// the middle of each half of the address space, and only when they
+    /// are unmapped (see "For OS authors" in the [module docs](self)).
     fn window(&self) -> (VirtAddr, u64);
 
     /// Called after every page-table operation of the suite: the machine's
@@ -313,6 +331,7 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     } else {
         cases::all(&mut cx);
         moves::all(&mut cx);
+        halves::all(&mut cx);
     }
     let s = cx.sum;
     cx.mach
