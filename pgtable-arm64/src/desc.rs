@@ -412,7 +412,15 @@ impl<const L: u32> Arm64Format<L> {
     const CHECK_LEVELS: () = assert!(L == 3 || L == 4, "arm64 4K granule: 3 or 4 levels");
 }
 
-impl<const L: u32> Format for Arm64Format<L> {
+// SAFETY: above height 0 an entry decodes as a table exactly when VALID
+// and bit 1 are both set, and to its bits 12-47 (`OA_MASK`; `PA_BITS` is
+// 48), which `table_entry` builds from the address. Leaves above height 0
+// never have bit 1: `leaf_template` sets it at height 0 only,
+// `modify_prot` rebuilds from the template and keeps only the address,
+// AF, CONT and software bits (55-58), `split_leaf` sets it only for
+// height-0 children, and `hw_access` sets AF and clears AP[2] (bits 10
+// and 7). Height 0 never decodes as a table. Every method is pure.
+unsafe impl<const L: u32> Format for Arm64Format<L> {
     const NAME: &'static str = if L == 4 {
         "arm64-4K-48bit"
     } else {
@@ -581,7 +589,11 @@ fn set_valid_at<M: Mmu>(mmu: &M, slot: &Slot, val: u64) {
     }
 }
 
-impl<const L: u32> Arch for Arm64Format<L> {
+// SAFETY: the overridden setters store the value they are given (then
+// maybe issue a barrier); `pmdp_modify_prot_start` is the generic deferred
+// one (an atomic swap with 0 that returns the old value); every other
+// entry operation is the generic fallback.
+unsafe impl<const L: u32> Arch for Arm64Format<L> {
     const HAVE_MOVE_PMD: bool = true;
     const HAVE_MOVE_PUD: bool = true;
     const TLB_FLUSH_CEILING: u64 = crate::tlbi::MAX_TLBI_OPS;

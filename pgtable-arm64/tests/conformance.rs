@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use pgtable_arm64::{set_live_entry, Arm64, Arm64Va39};
-use pgtable_core::sim::{CheckError, SimFaultKind, SimMachine, SimSuiteMachine};
+use pgtable_core::sim::{CheckError, Installed, SimFaultKind, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::TestFormat;
 use pgtable_core::{
@@ -20,9 +20,9 @@ const PAGE: u64 = 4096;
 /// the summary and the names of the failed cases.
 fn run_suite<A: Arch + Send>() -> (suite::Summary, Vec<String>) {
     let machine = SimMachine::<A>::new();
-    let mut space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { space.install() };
+    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     let mut mach = SimSuiteMachine::new(machine.clone()).with_echo(false);
     // A 64 KiB validation threshold keeps the debug-build run short; every
     // case still maps, moves and checks its whole range.
@@ -85,12 +85,12 @@ fn conformance_suite_passes_on_the_simulated_machine_39bit() {
 /// to it (so the PTE table exists).
 fn one_page<A: Arch>() -> (
     SimMachine<A>,
-    AddressSpace<A, pgtable_core::sim::SimMmu<A>, pgtable_core::sim::SimAlloc>,
+    Installed<A, pgtable_core::sim::SimMmu<A>, pgtable_core::sim::SimAlloc>,
 ) {
     let machine = SimMachine::<A>::new();
-    let mut space = AddressSpace::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { space.install() };
+    let space = AddressSpace::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     space
         .map(
             VA,
@@ -108,7 +108,9 @@ fn one_page<A: Arch>() -> (
 fn nosync_write_without_barrier_is_invisible_to_the_walker() {
     let (machine, space) = one_page::<Arm64>();
     let va = VirtAddr(VA.0 + PAGE);
-    let slot = space.slot(va, 0).unwrap();
+    // SAFETY: a leaf into an empty entry; the missing barrier is the point
+    // (the simulated machine reports it).
+    let slot = unsafe { space.slot(va, 0) }.unwrap();
     let pte = Arm64::leaf(PhysAddr(0x8000_1000), Prot::READ_WRITE, 0);
     Arm64::set_pte_nosync(space.mmu(), slot, pte);
     // The walker still sees the empty entry, and the check names the write.
@@ -129,7 +131,8 @@ fn nosync_write_without_barrier_is_invisible_to_the_walker() {
 fn set_pte_at_is_visible_at_once() {
     let (machine, space) = one_page::<Arm64>();
     let va = VirtAddr(VA.0 + PAGE);
-    let slot = space.slot(va, 0).unwrap();
+    // SAFETY: a leaf into an empty entry, by the arch's own setter.
+    let slot = unsafe { space.slot(va, 0) }.unwrap();
     let pte = Arm64::leaf(PhysAddr(0x8000_1000), Prot::READ_WRITE, 0);
     Arm64::set_pte_at(space.mmu(), va, slot, pte);
     machine.check().unwrap();
@@ -142,7 +145,9 @@ fn break_before_make_leaves_no_stale_translation() {
     machine.phys_write_u64(PhysAddr(0x8000_0000), 1);
     machine.phys_write_u64(PhysAddr(0x9000_0000), 2);
     assert_eq!(machine.read_u64(VA).unwrap(), 1); // now cached in the TLB
-    let slot = space.slot(VA, 0).unwrap();
+                                                  // SAFETY: leaves only; the plain store of the control skips the
+                                                  // break-before-make on purpose (the simulated machine reports it).
+    let slot = unsafe { space.slot(VA, 0) }.unwrap();
     let new = Arm64::leaf(PhysAddr(0x9000_0000), Prot::READ_WRITE, 0);
     // Refused without permission: nothing changes.
     assert!(set_live_entry(space.mmu(), VA, slot, 0, new, false).is_err());
@@ -164,7 +169,8 @@ fn break_before_make_leaves_no_stale_translation() {
 fn safe_in_place_change_flushes_the_old_permissions() {
     let (machine, space) = one_page::<Arm64>();
     machine.write_u64(VA, 5).unwrap();
-    let slot = space.slot(VA, 0).unwrap();
+    // SAFETY: the same page read-only, stored by `set_live_entry`.
+    let slot = unsafe { space.slot(VA, 0) }.unwrap();
     let ro = Arm64::modify_prot(slot.load(Relaxed), Prot::READ_ONLY, 0);
     set_live_entry(space.mmu(), VA, slot, 0, ro, false).unwrap();
     machine.check().unwrap();
@@ -176,9 +182,9 @@ fn safe_in_place_change_flushes_the_old_permissions() {
 #[test]
 fn simulated_hardware_marks_user_pages_dirty_through_dbm() {
     let machine = SimMachine::<Arm64>::new();
-    let mut space = AddressSpace::<Arm64, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { space.install() };
+    let space = AddressSpace::<Arm64, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     let user_rw = Prot::new(Prot::WRITE | Prot::USER);
     space
         .map(VA, PhysAddr(0x8000_0000), PAGE, user_rw, MapOptions::PAGES)
@@ -212,9 +218,9 @@ fn simulated_hardware_marks_user_pages_dirty_through_dbm() {
 #[test]
 fn lazy_linear_map_is_visible_after_the_scope_and_checks_clean() {
     let machine = SimMachine::<Arm64>::new();
-    let mut space = AddressSpace::<Arm64, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { space.install() };
+    let space = AddressSpace::<Arm64, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     space.lazy_mmu(|s| {
         s.map(
             VA,
@@ -241,9 +247,9 @@ fn no_dirty_state_is_lost_while_the_hardware_races_change_protection() {
     use std::sync::Arc;
 
     let machine = SimMachine::<Arm64>::new();
-    let mut space = AddressSpace::<Arm64, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { space.install() };
+    let space = AddressSpace::<Arm64, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     let pages = 64;
     let len = pages * PAGE;
     let user_rw = Prot::new(Prot::WRITE | Prot::USER);
@@ -289,9 +295,9 @@ fn no_dirty_state_is_lost_while_the_hardware_races_change_protection() {
 /// cached, so the simulator sees no conflict and no stale entry.
 fn non_global_to_global_breaks_before_make<A: Arch>() {
     let machine = SimMachine::<A>::new();
-    let mut space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
     // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { space.install() };
+    let mut space = unsafe { Installed::new(space) };
     let (g1, m2) = (1u64 << 30, 2u64 << 20);
     let rw = Prot::READ_WRITE;
     let global = Prot::new(Prot::WRITE | Prot::GLOBAL);

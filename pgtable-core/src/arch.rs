@@ -11,7 +11,25 @@ use crate::{generic, Format, Mmu, PhysAddr, Slot, VirtAddr};
 ///
 /// Entries are single 64-bit atomics: the hardware walker reads them
 /// concurrently and may write accessed/dirty bits into them.
-pub trait Arch: Format {
+///
+/// # Safety
+///
+/// The entry operations are handed the live entries of the tables, which
+/// the algorithms trust (see [`Format`]'s safety rules). An implementation
+/// that overrides one must guarantee that it:
+///
+/// - writes no memory through `slot` but that entry;
+/// - stores into it only the value it was asked to store, `0`, or a value
+///   that does not [`decode`](Format::decode) as [`Decoded::Table`] at any
+///   height (e.g. an invalid marker);
+/// - returns, from the get-and-clear and `*_modify_prot_start` operations,
+///   the value the entry held, read in the same atomic operation that
+///   cleared it.
+///
+/// The provided bodies (the [`generic`] fallbacks) do exactly that.
+///
+/// [`Decoded::Table`]: crate::Decoded::Table
+pub unsafe trait Arch: Format {
     /// The arch can move a whole PMD table by moving one entry (Linux
     /// `CONFIG_HAVE_MOVE_PMD`). The fast path also needs the core's
     /// `move-pmd` feature.

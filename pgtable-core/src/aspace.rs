@@ -3,6 +3,7 @@
 //! walker barriers and the lazy-MMU scope.
 
 use core::marker::PhantomData;
+use core::mem::ManuallyDrop;
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::level::{entry_end, index, shift, size};
@@ -68,8 +69,13 @@ impl MapOptions {
 /// space run at once; the hardware walker (and, in tests, the simulated
 /// hardware agent) is the only concurrent party.
 ///
-/// Dropping the address space frees every table it owns; it must not be
-/// installed on any CPU at that point.
+/// Dropping the address space frees every table it owns, unless it is
+/// *active*: [`install`](Self::install) makes it active, and only
+/// [`deactivate`](Self::deactivate), whose caller promises that no CPU uses
+/// the tables any more, makes it inactive again. An active address space
+/// that is dropped leaks its tables (a CPU may still walk them) and debug
+/// builds report the drop as a bug. [`into_parts`](Self::into_parts) gives
+/// the tables up without freeing them, on purpose.
 pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     pub(crate) root: PhysAddr,
     pub(crate) mmu: Counted<M>,
@@ -80,6 +86,8 @@ pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     /// for adopted tables): full flushes must then drop global
     /// translations too.
     pub(crate) may_hold_global: bool,
+    /// Installed on the MMU and not deactivated since.
+    active: bool,
     _arch: PhantomData<A>,
 }
 
@@ -143,8 +151,11 @@ unsafe impl<M: Mmu> Mmu for Counted<M> {
 /// must not be used after that frame is freed.
 #[inline]
 pub(crate) unsafe fn table_at<'t, T: TableAlloc>(alloc: &T, pa: PhysAddr) -> &'t Table {
-    // SAFETY: the caller guarantees the frame is live; `TableAlloc`
-    // guarantees the pointer is valid for reads and atomic writes.
+    // SAFETY: the caller guarantees the frame is a live frame of `alloc`,
+    // which is what `phys_to_virt` asks; `TableAlloc` guarantees the
+    // pointer is valid for reads and atomic writes while the frame lives,
+    // and a `Table` is nothing but atomics, so shared references to it may
+    // coexist with the walker's and other threads' atomic accesses.
     unsafe { alloc.phys_to_virt(pa).as_ref() }
 }
 
@@ -179,17 +190,42 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Ok(s)
     }
 
-    /// Adopts an existing root table.
+    /// Adopts an existing root table, e.g. one given up by
+    /// [`into_parts`](Self::into_parts). The address space starts inactive.
     ///
     /// # Safety
     ///
-    /// `root` and every table reachable from it must be frames of `alloc`
-    /// in format `A`, owned by nothing else from now on.
+    /// `root` and every table reachable from it must be allocated frames of
+    /// `alloc` holding valid tables of format `A` (every table entry links a
+    /// table that is linked nowhere else), owned by nothing else from now
+    /// on. If a CPU may be using `root`, the caller must not let the
+    /// address space be dropped before it stops (or must
+    /// [`install`](Self::install) it, which makes it active).
     pub unsafe fn from_root(root: PhysAddr, mmu: M, alloc: T) -> Self {
         let mut s = AddressSpace::from_parts(root, mmu, alloc);
         // Adopted tables may hold global leaves.
         s.may_hold_global = true;
         s
+    }
+
+    /// Dismantles the address space without freeing its tables: the root,
+    /// the MMU and the allocator, from which every table stays allocated.
+    /// [`from_root`](Self::from_root) puts them back together. Use it for
+    /// tables that must outlive the handle (a kernel's own address space
+    /// that stays installed until power-off). Nothing is freed, so this is
+    /// safe whether or not the address space is active.
+    pub fn into_parts(self) -> (PhysAddr, M, T) {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped nor used again, so `mmu.inner`
+        // and `alloc` are each moved out exactly once; the other fields
+        // (plain data and the counters) need no drop.
+        unsafe {
+            (
+                this.root,
+                core::ptr::read(&this.mmu.inner),
+                core::ptr::read(&this.alloc),
+            )
+        }
     }
 
     fn from_parts(root: PhysAddr, mmu: M, alloc: T) -> Self {
@@ -203,6 +239,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             lazy_depth: 0,
             barrier_pending: false,
             may_hold_global: false,
+            active: false,
             _arch: PhantomData,
         }
     }
@@ -217,13 +254,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &self.mmu.inner
     }
 
-    /// The table allocator.
+    /// The table allocator (e.g. to inject failures in tests:
+    /// [`Arena::fail_after`](crate::Arena::fail_after) takes `&self`).
     pub fn alloc(&self) -> &T {
         &self.alloc
     }
 
-    /// The table allocator, mutably (e.g. to inject failures in tests).
-    pub fn alloc_mut(&mut self) -> &mut T {
+    /// The table allocator, mutably: to take a frame from it and link it
+    /// through [`slot`](Self::slot).
+    ///
+    /// # Safety
+    ///
+    /// The allocator must stay the owner of every frame the tables use,
+    /// because the address space hands those frames back to it: do not
+    /// replace it (`core::mem::replace`, `swap`, assignment) and do not
+    /// free through it a frame the tables use. A frame the caller allocates
+    /// through it is the caller's until it is freed or linked as
+    /// [`slot`](Self::slot) allows.
+    pub unsafe fn alloc_mut(&mut self) -> &mut T {
         &mut self.alloc
     }
 
@@ -232,17 +280,45 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &self.mmu.stats
     }
 
-    /// Installs this address space's root on the MMU.
+    /// Installs this address space's root on the MMU (Linux `switch_mm`)
+    /// and marks it active: until [`deactivate`](Self::deactivate), dropping
+    /// it leaks its tables instead of freeing them under a CPU that may
+    /// still walk them.
     ///
     /// # Safety
     ///
     /// As [`Mmu::install_root`]: the tables must map everything the CPU
-    /// touches next, and the address space must outlive its installation.
-    /// The space may be live only on CPUs that the MMU's flushes reach
-    /// (the shootdown rule of [`Mmu`]).
-    pub unsafe fn install(&self) {
-        // SAFETY: the caller upholds the contract of `install_root`.
+    /// touches next. (They stay alive while installed: an active address
+    /// space never frees them.) The space may be live only on CPUs that
+    /// the MMU's flushes reach (the shootdown rule of [`Mmu`]).
+    pub unsafe fn install(&mut self) {
+        self.active = true;
+        // SAFETY: the tables map what the CPU needs (our caller's promise)
+        // and, the space being active now, are never freed while they may
+        // be installed.
         unsafe { self.mmu.install_root(self.root) }
+    }
+
+    /// Marks the address space as no longer installed (Linux
+    /// `deactivate_mm`), so that dropping it frees its tables. It does not
+    /// touch the MMU: switch every CPU to another root first.
+    ///
+    /// # Safety
+    ///
+    /// No CPU can use these tables any more: every CPU that had this root
+    /// installed has installed another one (or turned translation off), and
+    /// no TLB or walk-cache entry made from these tables remains (a root
+    /// switch that flushes, as this crate's MMUs do, removes them; with
+    /// ASIDs or PCIDs that are kept across the switch, invalidate this
+    /// address space's).
+    pub unsafe fn deactivate(&mut self) {
+        self.active = false;
+    }
+
+    /// Whether the address space is active: [`install`](Self::install)ed
+    /// and not [`deactivate`](Self::deactivate)d since.
+    pub fn is_active(&self) -> bool {
+        self.active
     }
 
     /// Runs `f` in a lazy-MMU scope (Linux `arch_enter_lazy_mmu_mode`): the
@@ -252,7 +328,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     pub fn lazy_mmu<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
         self.lazy_depth += 1;
         let r = f(self);
-        self.lazy_depth -= 1;
+        // Saturating: `f` may have swapped another space into `self`.
+        self.lazy_depth = self.lazy_depth.saturating_sub(1);
         if self.lazy_depth == 0 && self.barrier_pending {
             self.barrier_pending = false;
             self.mmu.walker_barrier();
@@ -260,9 +337,53 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         r
     }
 
-    /// The slot of the entry at `height` on the path to `va`, if the tables
-    /// down to that height exist.
-    pub fn slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
+    /// The raw value of the entry at `height` on the path to `va` (Linux
+    /// `ptep_get` / `pmdp_get` / `pudp_get`), if the tables down to that
+    /// height exist; `None` also for an address outside the address space
+    /// or a height of `LEVELS` or more. [`Format::decode`] tells what it is.
+    ///
+    /// [`Format::decode`]: crate::Format::decode
+    pub fn entry(&self, va: VirtAddr, height: u32) -> Option<u64> {
+        // Relaxed: we read one entry; the hardware may write A/D into it.
+        self.find_slot(va, height).map(|s| s.load(Relaxed))
+    }
+
+    /// The live entry at `height` on the path to `va` (Linux
+    /// `pte_offset_kernel` and its PMD/PUD kin), if the tables down to
+    /// that height exist. To read an entry, use the safe
+    /// [`entry`](Self::entry).
+    ///
+    /// The address space cannot change while the slot is borrowed, but the
+    /// hardware walker may read it, or set accessed/dirty state in it, at
+    /// any time.
+    ///
+    /// # Safety
+    ///
+    /// The algorithms, `Drop` included, trust every entry they find: a
+    /// table entry is followed, and its frame handed back to the allocator
+    /// in the end. Whatever the caller stores through the slot must
+    /// therefore keep the tables sound:
+    ///
+    /// - store only `0`, a leaf the format allows at `height`, a value that
+    ///   [decodes](crate::Format::decode) as [`Decoded::Invalid`], or a
+    ///   leaf's accessed/dirty state changed as the hardware would;
+    /// - never store a table entry, with one exception:
+    ///   `A::table_entry(pa, height)` into an entry that is `0`, where `pa`
+    ///   is a zero-filled frame that this address space's allocator handed
+    ///   out (see [`alloc_mut`](Self::alloc_mut)) and that is linked
+    ///   nowhere else; the address space owns and frees it from then on;
+    /// - never overwrite a table entry;
+    /// - if the address space may be installed, make the change in the way
+    ///   the architecture requires for a live entry (break-before-make,
+    ///   walker barrier, TLB invalidation: the [`Arch`] entry operations
+    ///   and the [`Mmu`] flushes) before relying on it, so no CPU keeps
+    ///   using a translation the caller has taken away.
+    pub unsafe fn slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
+        self.find_slot(va, height)
+    }
+
+    /// The slot of the entry at `height` on the path to `va`.
+    fn find_slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
         if !A::va_ok(va.0) || height >= A::LEVELS {
             return None;
         }
@@ -353,6 +474,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut stash = Stash { head: 0, count: 0 };
         for _ in 0..n {
             match self.alloc.alloc_table() {
+                // `Format` promises that `table_entry` decodes back to the
+                // frame only for such addresses; a frame the format cannot
+                // link must never be linked.
+                Some(pa)
+                    if pa.0 % PAGE_SIZE != 0 || (A::PA_BITS < 64 && pa.0 >> A::PA_BITS != 0) =>
+                {
+                    // SAFETY: just allocated, never linked.
+                    unsafe { self.alloc.free_table(pa) };
+                    self.release_raw(stash);
+                    return Err(Error::PhysOutOfRange(pa));
+                }
                 Some(pa) => {
                     // SAFETY: freshly allocated frame of ours.
                     let t = unsafe { table_at(&self.alloc, pa) };
@@ -641,10 +773,24 @@ pub(crate) fn covers(va: u64, next: u64, height: u32) -> bool {
 
 impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {
     fn drop(&mut self) {
+        if self.active {
+            // A CPU may still walk the tables: leak them (they stay
+            // allocated even after the allocator is dropped, as
+            // `TableAlloc` requires). Dropping an installed address space
+            // is a bug of the caller's; `into_parts` is the way to keep
+            // tables on purpose.
+            debug_assert!(
+                !self.active,
+                "an installed AddressSpace was dropped: its tables are leaked \
+                 (deactivate it first, or keep them with into_parts)"
+            );
+            return;
+        }
         let mut q = FreeQueue::new();
         self.queue_free_subtree(&mut q, self.root, A::LEVELS - 1);
-        // SAFETY: the address space is being destroyed and, by the
-        // contract of `AddressSpace`, is not installed anywhere.
+        // SAFETY: the address space is inactive, so by the contract of
+        // `deactivate` (or because it was never installed) no CPU can
+        // reach its tables.
         unsafe { self.free_queued(q) };
     }
 }

@@ -178,7 +178,32 @@ pub enum AccessFault {
 ///   (`modify_prot(raw) ^ raw`) depend only on the leaf's attribute word
 ///   (`raw` without its output address), so the loops decide them once per
 ///   distinct attribute word.
-pub trait Format: Sized + 'static {
+///
+/// # Safety
+///
+/// The algorithms follow every entry that [`decode`](Format::decode) calls
+/// a table, dereference the frame it names and hand that frame back to the
+/// allocator in the end; a wrong answer makes them read, write and free
+/// memory that is not a table. So for every height `h` below `LEVELS` an
+/// implementation must guarantee:
+///
+/// - `decode(table_entry(pa, h), h) == Decoded::Table(pa)` for `h > 0` and
+///   every 4 KiB-aligned `pa` below `1 << PA_BITS` (the algorithms link only
+///   such frames);
+/// - `decode(raw, h)` returns `Decoded::Table` for no other value that the
+///   algorithms or the hardware put into an entry: never at height 0, never
+///   for `0`, and never for a leaf the format builds ([`leaf`](Format::leaf),
+///   [`leaf_template`](Format::leaf_template)` | pa`,
+///   [`modify_prot`](Format::modify_prot) of a leaf,
+///   [`split_leaf`](Format::split_leaf) of a leaf with its address
+///   advanced) or that the hardware makes of one
+///   ([`hw_access`](Format::hw_access), which must describe every change
+///   the hardware makes to an entry);
+/// - the methods are pure: the same arguments always give the same result.
+///
+/// The rules above this section keep the algorithms correct; these keep
+/// them memory-safe.
+pub unsafe trait Format: Sized + 'static {
     /// Short human name, e.g. `"arm64-4K-48bit"`.
     const NAME: &'static str;
     /// Number of translation levels (3, 4 or 5).

@@ -89,3 +89,66 @@ pub use walk::{Mapping, Translation};
 #[cfg(all(doctest, feature = "alloc"))]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// What safe code must not be able to do, each shown not to compile.
+///
+/// Reach a live entry (it could store a forged table pointer):
+///
+/// ```compile_fail,E0133
+/// use pgtable_core::test_format::TestFormat;
+/// use pgtable_core::{AddressSpace, Arena, NoopMmu, VirtAddr};
+///
+/// let s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let _ = s.slot(VirtAddr(0), 3);
+/// ```
+///
+/// Replace the allocator the tables came from:
+///
+/// ```compile_fail,E0133
+/// use pgtable_core::test_format::TestFormat;
+/// use pgtable_core::{AddressSpace, Arena, NoopMmu};
+///
+/// let mut s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let _old = core::mem::replace(s.alloc_mut(), Arena::new());
+/// ```
+///
+/// Ask an allocator for the address of something that is not its frame:
+///
+/// ```compile_fail,E0133
+/// use pgtable_core::{Arena, PhysAddr, TableAlloc};
+///
+/// let _ = Arena::new().phys_to_virt(PhysAddr(0));
+/// ```
+///
+/// Implement a format whose decoding the algorithms would trust without
+/// promising it is right:
+///
+/// ```compile_fail,E0200
+/// use pgtable_core::test_format::TestFormat;
+/// use pgtable_core::{Access, AccessFault, Decoded, Format, PhysAddr, Prot};
+///
+/// type T = TestFormat<4>;
+/// struct Lying;
+/// impl Format for Lying {
+///     const NAME: &'static str = "lying";
+///     const LEVELS: u32 = 4;
+///     const PA_BITS: u32 = 52;
+///     fn leaf_allowed(h: u32) -> bool { T::leaf_allowed(h) }
+///     // Every non-zero entry "points at a table" wherever its bits say.
+///     fn decode(raw: u64, _h: u32) -> Decoded {
+///         if raw == 0 { Decoded::None } else { Decoded::Table(PhysAddr(raw & !0xfff)) }
+///     }
+///     fn table_entry(pa: PhysAddr, h: u32) -> u64 { <T as Format>::table_entry(pa, h) }
+///     fn leaf_template(p: Prot, h: u32) -> u64 { T::leaf_template(p, h) }
+///     fn leaf_prot(raw: u64, h: u32) -> Prot { T::leaf_prot(raw, h) }
+///     fn modify_prot(raw: u64, p: Prot, h: u32) -> u64 { T::modify_prot(raw, p, h) }
+///     fn split_leaf(raw: u64, h: u32) -> u64 { T::split_leaf(raw, h) }
+///     fn is_young(raw: u64) -> bool { T::is_young(raw) }
+///     fn is_dirty(raw: u64) -> bool { T::is_dirty(raw) }
+///     fn hw_access(raw: u64, h: u32, a: Access) -> Result<u64, AccessFault> {
+///         T::hw_access(raw, h, a)
+///     }
+/// }
+/// ```
+#[cfg(all(doctest, feature = "alloc"))]
+pub struct UnsafeAccessDoctests;

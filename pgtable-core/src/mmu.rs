@@ -79,6 +79,8 @@ impl TlbRange {
 /// only once no CPU on which the address space may be live can still use a
 /// translation it removed. The algorithms free table frames right after a
 /// flush returns, relying on this.
+/// [`entry_written`](Mmu::entry_written) receives live entries and must
+/// never write them.
 pub unsafe trait Mmu {
     /// Whether this MMU wants to observe every entry write through
     /// [`entry_written`](Mmu::entry_written) (the simulator does; hardware

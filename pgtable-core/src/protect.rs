@@ -404,7 +404,8 @@ macro_rules! block_prot_wrapper {
         $(#[$m])*
         pub struct $name<A>(PhantomData<A>);
 
-        impl<A: Arch> Format for $name<A> {
+        // SAFETY: every method is `A`'s, which upholds the contract.
+        unsafe impl<A: Arch> Format for $name<A> {
             const NAME: &'static str = A::NAME;
             const LEVELS: u32 = A::LEVELS;
             const PA_BITS: u32 = A::PA_BITS;
@@ -464,7 +465,10 @@ macro_rules! block_prot_wrapper {
             }
         }
 
-        impl<A: Arch> Arch for $name<A> {
+        // SAFETY: every entry operation is `A`'s, except
+        // `pmdp_modify_prot_start`, which is a generic one built on `A`'s
+        // own operations.
+        unsafe impl<A: Arch> Arch for $name<A> {
             const HAVE_MOVE_PMD: bool = A::HAVE_MOVE_PMD;
             const HAVE_MOVE_PUD: bool = A::HAVE_MOVE_PUD;
             const TLB_FLUSH_CEILING: u64 = A::TLB_FLUSH_CEILING;

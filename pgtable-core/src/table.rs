@@ -28,9 +28,14 @@ const _: () = assert!(core::mem::align_of::<Table>() == 4096);
 /// - [`alloc_table`](TableAlloc::alloc_table) returns the physical address
 ///   of a 4 KiB-aligned, zero-filled frame that nothing else uses until it
 ///   is passed back to [`free_table`](TableAlloc::free_table);
-/// - [`phys_to_virt`](TableAlloc::phys_to_virt) of such an address returns
-///   a pointer to that frame, valid for reads and atomic writes for as long
-///   as the frame stays allocated.
+/// - a frame stays allocated until it is passed to `free_table`, even if
+///   the allocator value is dropped first (an allocator that owns its
+///   memory leaks the frames still handed out when it goes): an address
+///   space whose tables are live on a CPU when it is dropped leaks them
+///   rather than free them, and relies on this;
+/// - [`phys_to_virt`](TableAlloc::phys_to_virt) of an allocated frame
+///   returns a pointer to that frame, valid for reads and atomic writes for
+///   as long as the frame stays allocated.
 pub unsafe trait TableAlloc {
     /// A zeroed table frame, or `None` when memory is exhausted.
     fn alloc_table(&mut self) -> Option<PhysAddr>;
@@ -45,8 +50,23 @@ pub unsafe trait TableAlloc {
     /// more (it is unlinked and the TLB was flushed).
     unsafe fn free_table(&mut self, pa: PhysAddr);
 
-    /// The kernel-virtual address of the table frame at `pa`.
-    fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table>;
+    /// The kernel-virtual address of the table frame at `pa` (Linux
+    /// `__va` / `phys_to_virt`).
+    ///
+    /// Why `unsafe`: a kernel's translation is defined for its table frames
+    /// only. It may be a linear-map offset, an index into a frame array or
+    /// a slot of a temporary mapping window, and for an address that is
+    /// not one of its frames it has no answer (an identity map would even
+    /// turn physical address 0 into a null pointer). The algorithms call
+    /// it only for frames they got from this allocator and have not freed,
+    /// on every step of every walk; asking each implementation to be total
+    /// would put a check on that path for an input that never occurs.
+    ///
+    /// # Safety
+    ///
+    /// `pa` is a frame that [`alloc_table`](TableAlloc::alloc_table) of this
+    /// allocator returned and that is not freed yet.
+    unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table>;
 }
 
 #[cfg(feature = "alloc")]
@@ -57,6 +77,7 @@ mod arena {
     use alloc::alloc::{alloc_zeroed, dealloc, Layout};
     use alloc::vec::Vec;
     use core::ptr::NonNull;
+    use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
     use super::{Table, TableAlloc};
     use crate::PhysAddr;
@@ -66,17 +87,32 @@ mod arena {
     /// A frame's "physical" address is its host address, so
     /// `phys_to_virt` is free. Freed frames are zeroed and kept on a free
     /// list for reuse; the arena counts live frames so tests can check for
-    /// leaks, and can be told to fail after a number of allocations.
-    #[derive(Debug, Default)]
+    /// leaks, and can be told to fail after a number of allocations (through
+    /// a shared reference, so a test can do it to the arena of a live
+    /// address space: `space.alloc().fail_after(Some(2))`).
+    ///
+    /// Frames still allocated when the arena is dropped are leaked, never
+    /// returned to the global allocator (see [`TableAlloc`]).
+    #[derive(Debug)]
     pub struct Arena {
         free: Vec<PhysAddr>,
         live: usize,
         allocs: u64,
         frees: u64,
-        budget: Option<u64>,
+        /// Allocations left before they fail; `NO_BUDGET`: never fail.
+        budget: AtomicU64,
     }
 
+    /// The `budget` of an arena that never fails.
+    const NO_BUDGET: u64 = u64::MAX;
+
     const LAYOUT: Layout = Layout::new::<Table>();
+
+    impl Default for Arena {
+        fn default() -> Arena {
+            Arena::new()
+        }
+    }
 
     impl Arena {
         /// An empty arena.
@@ -86,7 +122,7 @@ mod arena {
                 live: 0,
                 allocs: 0,
                 frees: 0,
-                budget: None,
+                budget: AtomicU64::new(NO_BUDGET),
             }
         }
 
@@ -107,19 +143,24 @@ mod arena {
 
         /// Let the next `n` allocations succeed and every later one fail
         /// (`None`: never fail).
-        pub fn fail_after(&mut self, n: Option<u64>) {
-            self.budget = n;
+        pub fn fail_after(&self, n: Option<u64>) {
+            // Relaxed: a test knob, read by `alloc_table` through `&mut`.
+            self.budget
+                .store(n.map_or(NO_BUDGET, |n| n.min(NO_BUDGET - 1)), Relaxed);
         }
     }
 
     // SAFETY: frames come from the global allocator with the layout of a
     // `Table` (4 KiB, 4 KiB aligned), are zeroed (fresh `alloc_zeroed`, or
-    // zeroed in `free_table` before going on the free list), are handed out
-    // once, and live until `Drop` (never returned to the global allocator
-    // while allocated). A frame's address is its host address.
+    // zeroed in `free_table` before going on the free list) and are handed
+    // out once until freed. A frame handed out is never returned to the
+    // global allocator, not even by `Drop` (which returns the free list
+    // only), so it stays valid while allocated. A frame's address is its
+    // host address, exposed when it is first handed out.
     unsafe impl TableAlloc for Arena {
         fn alloc_table(&mut self) -> Option<PhysAddr> {
-            if let Some(b) = &mut self.budget {
+            let b = self.budget.get_mut();
+            if *b != NO_BUDGET {
                 if *b == 0 {
                     return None;
                 }
@@ -142,9 +183,10 @@ mod arena {
         }
 
         unsafe fn free_table(&mut self, pa: PhysAddr) {
-            let t = self.phys_to_virt(pa);
-            // SAFETY: the caller passes a frame of ours that is no longer in
-            // use, so we may overwrite it.
+            // SAFETY: the caller passes a frame of ours that is not freed yet.
+            let t = unsafe { self.phys_to_virt(pa) };
+            // SAFETY: the frame is ours (a `LAYOUT` allocation) and no longer
+            // in use, so we may overwrite it.
             unsafe { t.as_ptr().write_bytes(0, 1) };
             self.live -= 1;
             self.frees += 1;
@@ -152,9 +194,12 @@ mod arena {
         }
 
         #[inline]
-        fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+            // The address was exposed by `alloc_table`, so the pointer gets
+            // the provenance of the frame's allocation.
             let p = core::ptr::with_exposed_provenance_mut::<Table>(pa.0 as usize);
-            // SAFETY: addresses we hand out come from non-null allocations.
+            // SAFETY: the caller passes a frame we handed out, whose address
+            // is that of a non-null `alloc_zeroed` allocation.
             unsafe { NonNull::new_unchecked(p) }
         }
     }

@@ -70,7 +70,13 @@ fn prot_bits(prot: Prot) -> u64 {
     }
 }
 
-impl<const L: u32> Format for TestFormat<L> {
+// SAFETY: a table entry is the only value with both VALID and
+// TABLE_OR_PAGE set at a height above 0, and decodes to the address it was
+// built from (bits 12-47, and `PA_BITS` is 48); leaves above height 0 never
+// get TABLE_OR_PAGE (`leaf_template` leaves it clear, `modify_prot` and
+// `hw_access` keep it, `split_leaf` sets it only for height-0 children);
+// height 0 never decodes as a table. Every method is pure.
+unsafe impl<const L: u32> Format for TestFormat<L> {
     const NAME: &'static str = "test";
     const LEVELS: u32 = L;
     const PA_BITS: u32 = 48;
@@ -164,7 +170,8 @@ impl<const L: u32> Format for TestFormat<L> {
     }
 }
 
-impl<const L: u32> Arch for TestFormat<L> {
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl<const L: u32> Arch for TestFormat<L> {
     const HAVE_MOVE_PMD: bool = true;
     const HAVE_MOVE_PUD: bool = true;
     const TLB_FLUSH_CEILING: u64 = 33;

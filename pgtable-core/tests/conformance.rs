@@ -3,7 +3,7 @@
 //! simulator's stale-TLB and walker-visibility check.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
-use pgtable_core::sim::{SimMachine, SimSuiteMachine};
+use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
 use pgtable_core::test_format::TestFormat;
 use pgtable_core::{AddressSpace, Arch};
@@ -13,9 +13,9 @@ use pgtable_core::{AddressSpace, Arch};
 /// address space was dropped.
 fn run<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, usize) {
     let machine = SimMachine::<A>::new();
-    let mut space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated; nothing but the simulator uses these tables.
-    unsafe { space.install() };
+    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     let mut mach = SimSuiteMachine::new(machine.clone());
     let sum = suite::run(&mut space, &mut mach, cfg);
     let fails = mach.failures().map(String::from).collect();
@@ -88,10 +88,9 @@ fn suite_passes_with_a_small_unaligned_ram_pool() {
     // 40 MiB + 12 KiB starting 12 KiB past a 2 MiB boundary: no 1 GiB
     // block is possible (those cases skip), 2 MiB blocks are.
     let machine = SimMachine::<TestFormat<4>>::new();
-    let mut space =
-        AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { space.install() };
+    let space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     let mut mach = SimSuiteMachine::new(machine.clone())
         .with_ram(pgtable_core::PhysAddr(0x8020_3000), (40 << 20) + 0x3000);
     let sum = suite::run(&mut space, &mut mach, &cfg());
@@ -144,10 +143,9 @@ fn suite_reports_a_failing_case_and_counts_it() {
     }
     use suite::Machine;
     let machine = SimMachine::<TestFormat<4>>::new();
-    let mut space =
-        AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { space.install() };
+    let space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
     let cfg = Config {
         only: &["map_4k_pages", "map_2m_block"],

@@ -4,12 +4,17 @@
 //! point, barrier batching and TLB gathering.
 #![cfg(feature = "alloc")]
 
+#[macro_use]
+mod common;
+
 use std::cell::RefCell;
+use std::ptr::NonNull;
+use std::rc::Rc;
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
-    AddressSpace, Arena, Error, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, TableAlloc, TlbRange,
-    VirtAddr,
+    AddressSpace, Arena, Error, Format, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, Table,
+    TableAlloc, TlbRange, VirtAddr,
 };
 
 const K4: u64 = 4 << 10;
@@ -17,6 +22,18 @@ const M2: u64 = 2 << 20;
 const G1: u64 = 1 << 30;
 
 type Space<const L: u32 = 4> = AddressSpace<TestFormat<L>, Rec, Arena>;
+type T4 = TestFormat<4>;
+
+test_format_variant!(
+    /// The test format able to encode output addresses below 4 KiB only,
+    /// so no table frame an allocator hands out can be linked.
+    Pa12,
+    "test-pa12",
+    pa_bits = 12
+);
+
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl pgtable_core::Arch for Pa12 {}
 
 /// An MMU that records what the algorithms asked of it.
 #[derive(Default)]
@@ -450,7 +467,7 @@ fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
     let before = snapshot(&s);
     let mut needed = None;
     for k in 0..16 {
-        s.alloc_mut().fail_after(Some(k));
+        s.alloc().fail_after(Some(k));
         match s.map(
             VirtAddr(va),
             PhysAddr(0x10_0000_0000 - 3 * K4),
@@ -515,11 +532,11 @@ fn unmap_out_of_memory_while_splitting_changes_nothing() {
     .unwrap();
     let before = snapshot(&s);
     for k in 0..2 {
-        s.alloc_mut().fail_after(Some(k));
+        s.alloc().fail_after(Some(k));
         assert_eq!(s.unmap(VirtAddr(G1 + K4), K4), Err(Error::OutOfMemory));
         assert_eq!(snapshot(&s), before);
     }
-    s.alloc_mut().fail_after(Some(2));
+    s.alloc().fail_after(Some(2));
     s.unmap(VirtAddr(G1 + K4), K4).unwrap();
     assert_eq!(pa_of(&s, G1 + K4), None);
     assert_eq!(pa_of(&s, G1 + 2 * K4), Some(2 * K4));
@@ -685,8 +702,9 @@ fn accessed_and_dirty_state_survives_a_split() {
         MapOptions::BLOCKS,
     )
     .unwrap();
-    let slot = s.slot(VirtAddr(G1), 1).unwrap();
-    // What hardware would do on a write through the block.
+    // SAFETY: sets the accessed and dirty state of the block, as the
+    // hardware does on a write through it; the space is not installed.
+    let slot = unsafe { s.slot(VirtAddr(G1), 1) }.unwrap();
     slot.fetch_or(ACCESSED | DIRTY, std::sync::atomic::Ordering::Relaxed);
     s.unmap(VirtAddr(G1), K4).unwrap();
     let t = s.translate(VirtAddr(G1 + K4)).unwrap();
@@ -763,27 +781,162 @@ fn random_map_unmap_sequences_agree_with_a_reference_model() {
     assert_eq!(s.alloc().live(), 1);
 }
 
+/// An arena the test shares with the address space, so its counts can be
+/// read after the address space (and its handle) is gone.
+#[derive(Clone, Default)]
+struct SharedArena(Rc<RefCell<Arena>>);
+
+impl SharedArena {
+    fn live(&self) -> usize {
+        self.0.borrow().live()
+    }
+}
+
+// SAFETY: every handle forwards to the one `Arena`, which upholds the
+// contract; the handles share its frames.
+unsafe impl TableAlloc for SharedArena {
+    fn alloc_table(&mut self) -> Option<PhysAddr> {
+        self.0.borrow_mut().alloc_table()
+    }
+    unsafe fn free_table(&mut self, pa: PhysAddr) {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.0.borrow_mut().free_table(pa) }
+    }
+    unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.0.borrow().phys_to_virt(pa) }
+    }
+}
+
+/// A space of 4 + 7 tables on a shared arena.
+fn shared_space(arena: &SharedArena) -> AddressSpace<TestFormat, Rec, SharedArena> {
+    let mut s = AddressSpace::new(Rec::default(), arena.clone()).unwrap();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        8 * M2,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    assert_eq!(arena.live(), 4 + 7);
+    s
+}
+
 #[test]
 fn dropping_the_address_space_frees_every_table() {
-    let mut arena_live = 0;
-    {
-        let mut s = space::<4>();
-        s.map(
+    let arena = SharedArena::default();
+    drop(shared_space(&arena));
+    assert_eq!(arena.live(), 0);
+    // Installed, then deactivated: freed too.
+    let mut s = shared_space(&arena);
+    // SAFETY: `Rec` installs nothing.
+    unsafe { s.install() };
+    assert!(s.is_active());
+    // SAFETY: no CPU ever used the tables.
+    unsafe { s.deactivate() };
+    assert!(!s.is_active());
+    drop(s);
+    assert_eq!(arena.live(), 0);
+}
+
+#[test]
+fn dropping_an_installed_address_space_leaks_its_tables() {
+    let arena = SharedArena::default();
+    let mut s = shared_space(&arena);
+    // SAFETY: `Rec` installs nothing.
+    unsafe { s.install() };
+    let root = s.root();
+    // Debug builds report the misuse (a panic in `drop`); every build
+    // leaves the tables allocated, as a CPU may still be walking them.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(s)));
+    assert_eq!(dropped.is_err(), cfg!(debug_assertions));
+    assert_eq!(arena.live(), 4 + 7, "tables of an installed space freed");
+    // Take them back (the test's own clean-up): all 11 are still there.
+    // SAFETY: the leaked tables, owned by nothing now; `Rec` installs
+    // nothing, so no CPU uses them.
+    let s =
+        unsafe { AddressSpace::<TestFormat, _, _>::from_root(root, Rec::default(), arena.clone()) };
+    assert_eq!(s.count_tables(), 4 + 7);
+    assert_eq!(s.translate(VirtAddr(G1)).unwrap().pa, PhysAddr(0));
+    drop(s);
+    assert_eq!(arena.live(), 0);
+}
+
+#[test]
+fn into_parts_keeps_the_tables_and_from_root_takes_them_back() {
+    let mut s = space::<4>();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        8 * M2,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    // SAFETY: `Rec` installs nothing.
+    unsafe { s.install() };
+    let (root, mmu, arena) = s.into_parts();
+    assert_eq!(arena.live(), 4 + 7);
+    assert_eq!(arena.frees(), 0);
+    // SAFETY: the tables given up above, owned by nothing now; `Rec`
+    // installs nothing.
+    let s = unsafe { Space::<4>::from_root(root, mmu, arena) };
+    assert!(!s.is_active());
+    assert_eq!(s.count_tables(), 4 + 7);
+    assert_eq!(
+        s.translate(VirtAddr(G1 + 5 * K4)).unwrap().pa,
+        PhysAddr(5 * K4)
+    );
+}
+
+#[test]
+fn entry_reads_the_raw_entry_at_each_height() {
+    let mut s = space::<4>();
+    s.map(
+        VirtAddr(G1),
+        PhysAddr(0),
+        M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
+    let leaf = s.translate(VirtAddr(G1)).unwrap().entry;
+    assert_eq!(s.entry(VirtAddr(G1), 1), Some(leaf));
+    assert!(matches!(
+        TestFormat::<4>::decode(s.entry(VirtAddr(G1), 2).unwrap(), 2),
+        pgtable_core::Decoded::Table(_)
+    ));
+    // No table below a block, none past the levels, none outside the
+    // address space.
+    assert_eq!(s.entry(VirtAddr(G1), 0), None);
+    assert_eq!(s.entry(VirtAddr(G1), 4), None);
+    assert_eq!(s.entry(VirtAddr(1 << 60), 3), None);
+    // An empty entry of an existing table reads 0.
+    assert_eq!(s.entry(VirtAddr(G1 + M2), 1), Some(0));
+}
+
+#[test]
+fn a_table_frame_the_format_cannot_encode_is_never_linked() {
+    let mut s = AddressSpace::<Pa12, _, _>::new(Rec::default(), Arena::new()).unwrap();
+    // Physical 0 is encodable; the PUD table the mapping needs is not.
+    let err = s
+        .map(
             VirtAddr(G1),
             PhysAddr(0),
-            8 * M2,
+            K4,
             Prot::READ_ONLY,
             MapOptions::PAGES,
         )
-        .unwrap();
-        assert_eq!(s.alloc().live(), 4 + 7);
-        // Count what the arena hands back through a second arena-backed
-        // space built after dropping this one: nothing to observe directly,
-        // so check the free path through TableAlloc instead.
-        let pa = s.alloc_mut().alloc_table().unwrap();
-        // SAFETY: just allocated, never linked.
-        unsafe { s.alloc_mut().free_table(pa) };
-        arena_live += s.alloc().live();
-    }
-    assert_eq!(arena_live, 11);
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::PhysOutOfRange(pa) if pa.0 >= K4),
+        "{err:?}"
+    );
+    assert_eq!(s.entry(VirtAddr(G1), 3), Some(0), "root entry written");
+    assert_eq!(
+        (s.count_tables(), s.alloc().live()),
+        (1, 1),
+        "frames leaked"
+    );
 }

@@ -102,6 +102,15 @@ fn listing<A: pgtable_core::Arch, M: Mmu, T: TableAlloc>(
     v
 }
 
+/// Sets `bits` (accessed/dirty) in the leaf at `height` that maps `va`, as
+/// the hardware does on an access through it.
+fn hw_set(s: &Space<impl Mmu>, va: u64, height: u32, bits: u64) {
+    // SAFETY: only the accessed/dirty state of an existing leaf changes, as
+    // the hardware changes it; these spaces are never installed.
+    let slot = unsafe { s.slot(VirtAddr(va), height) }.unwrap();
+    slot.fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn leaves_in(s: &Space<impl Mmu>, va: u64, len: u64) -> Vec<Mapping> {
     let mut v = Vec::new();
     s.walk(VirtAddr(va), len, |m| v.push(m)).unwrap();
@@ -113,13 +122,12 @@ fn leaves_in(s: &Space<impl Mmu>, va: u64, len: u64) -> Vec<Mapping> {
 /// every 5th dirty, every 7th both.
 fn age_some_pages(s: &Space<impl Mmu>, va: u64, len: u64) {
     for i in (0..len / KIB4).step_by(3) {
-        let slot = s.slot(VirtAddr(va + i * KIB4), 0).unwrap();
         let bits = match i % 7 {
             0 => ACCESSED | DIRTY,
             _ if i % 5 == 0 => DIRTY,
             _ => ACCESSED,
         };
-        slot.fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
+        hw_set(s, va + i * KIB4, 0, bits);
     }
 }
 
@@ -303,9 +311,7 @@ fn blocks_move_as_one_entry_each() {
         let mut s = space();
         s.map(VirtAddr(old), PA, len, Prot::READ_EXEC, opts)
             .unwrap();
-        s.slot(VirtAddr(old), height)
-            .unwrap()
-            .fetch_or(ACCESSED | DIRTY, std::sync::atomic::Ordering::Relaxed);
+        hw_set(&s, old, height, ACCESSED | DIRTY);
         let before = leaves_in(&s, old, len);
         assert!(before.iter().all(|m| m.height == height));
         s.stats().reset();
@@ -333,9 +339,7 @@ fn partly_covered_block_is_split_and_the_rest_stays() {
         MapOptions::PMD_BLOCKS,
     )
     .unwrap();
-    s.slot(VirtAddr(base), 1)
-        .unwrap()
-        .fetch_or(ACCESSED, std::sync::atomic::Ordering::Relaxed);
+    hw_set(&s, base, 1, ACCESSED);
     // Move the middle 2 MiB: the second half of block 0 and the first half
     // of block 1.
     let (old, len) = (base + MIB2 / 2, MIB2);
@@ -446,9 +450,7 @@ fn settled_and_unsettled_entries_keep_accessed_and_dirty_state() {
     // (accessed and dirty, or accessed and read-only) take the plain path.
     for i in 0..len / KIB4 {
         let bits = [0, ACCESSED, DIRTY, ACCESSED | DIRTY][i as usize % 4];
-        s.slot(VirtAddr(old + i * KIB4), 0)
-            .unwrap()
-            .fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
+        hw_set(&s, old + i * KIB4, 0, bits);
     }
     let before = leaves_in(&s, old, len);
     let settled = before
@@ -472,9 +474,7 @@ fn observing_mmu_sees_every_entry_write_of_a_move() {
     let pages = len / KIB4;
     // Settle half the pages so both source-clear paths run.
     for i in (0..pages).step_by(2) {
-        s.slot(VirtAddr(old + i * KIB4), 0)
-            .unwrap()
-            .fetch_or(ACCESSED | DIRTY, std::sync::atomic::Ordering::Relaxed);
+        hw_set(&s, old + i * KIB4, 0, ACCESSED | DIRTY);
     }
     let before = leaves_in(&s, old, len);
     s.mmu().writes.set(0);
@@ -790,7 +790,7 @@ fn allocation_failure_at_every_point_leaves_everything_as_before() {
     let snap = snapshot(&s);
     let mut k = 0;
     loop {
-        s.alloc_mut().fail_after(Some(k));
+        s.alloc().fail_after(Some(k));
         let allocs = s.alloc().allocs();
         s.mmu().reset();
         match s.move_page_tables(VirtAddr(old), VirtAddr(new), len) {
@@ -810,7 +810,7 @@ fn allocation_failure_at_every_point_leaves_everything_as_before() {
             Ok(()) => break,
         }
     }
-    s.alloc_mut().fail_after(None);
+    s.alloc().fail_after(None);
     // The successful attempt needed exactly `k` tables.
     assert_eq!(k, 1 + 1 + 17);
     assert_eq!(s.alloc().live(), s.count_tables());
@@ -827,7 +827,7 @@ fn allocation_failure_in_a_1g_pte_path_move_loses_nothing() {
     // every possible number of allocations; compare the full listing at the
     // start, the middle and the end, and cheaper fingerprints everywhere.
     for k in 0..515 {
-        s.alloc_mut().fail_after(Some(k));
+        s.alloc().fail_after(Some(k));
         s.mmu().reset();
         s.stats().reset();
         let r = s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB);
@@ -845,7 +845,7 @@ fn allocation_failure_in_a_1g_pte_path_move_loses_nothing() {
             assert_eq!(snapshot(&s), snap);
         }
     }
-    s.alloc_mut().fail_after(Some(515));
+    s.alloc().fail_after(Some(515));
     s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB)
         .unwrap();
     assert_moved(&snap.leaves, &leaves_in(&s, new, GIB), old, new);
@@ -914,7 +914,9 @@ fn hardware_updates_until_the_flush_reach_the_destination() {
         .unwrap();
     let before = leaves_in(&s, old, len);
     let slots: Vec<usize> = (0..len / KIB4)
-        .map(|i| s.slot(VirtAddr(old + i * KIB4), 0).unwrap() as *const Slot as usize)
+        // SAFETY: only the address is kept; through it the agent changes
+        // accessed/dirty state as the hardware does.
+        .map(|i| unsafe { s.slot(VirtAddr(old + i * KIB4), 0) }.unwrap() as *const Slot as usize)
         .collect();
     *s.mmu().watched.borrow_mut() = slots;
     s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, MoveOptions::PTES_ONLY)
@@ -964,8 +966,13 @@ fn block_onto_an_existing_empty_destination_table_is_split_into_it() {
         MapOptions::PAGES,
     )
     .unwrap();
-    let empty = s.alloc_mut().alloc_table().unwrap();
-    s.slot(VirtAddr(new), 1).unwrap().store(
+    // SAFETY: the allocator stays; the frame we take is linked below.
+    let empty = unsafe { s.alloc_mut() }.alloc_table().unwrap();
+    // SAFETY: a table entry for a zeroed frame of this space's allocator,
+    // linked nowhere else, into an empty entry; the space is not installed.
+    let slot = unsafe { s.slot(VirtAddr(new), 1) }.unwrap();
+    assert_eq!(slot.load(std::sync::atomic::Ordering::Relaxed), 0);
+    slot.store(
         TestFormat::<4>::table_entry(empty, 1),
         std::sync::atomic::Ordering::Relaxed,
     );
@@ -984,10 +991,8 @@ fn block_onto_an_existing_empty_destination_table_is_split_into_it() {
         );
     }
     assert_eq!(
-        s.slot(VirtAddr(new), 1)
-            .unwrap()
-            .load(std::sync::atomic::Ordering::Relaxed),
-        TestFormat::<4>::table_entry(empty, 1)
+        s.entry(VirtAddr(new), 1),
+        Some(TestFormat::<4>::table_entry(empty, 1))
     );
     assert!(leaves_in(&s, old, MIB2).is_empty());
     assert!(s.translate(VirtAddr(other)).is_some());
@@ -1063,7 +1068,7 @@ fn one_block_move_frees_the_source_tables_it_empties() {
         PA.0 + 0x5678
     );
     assert!(s.translate(VirtAddr(old)).is_none());
-    assert!(s.slot(VirtAddr(old), 2).is_none(), "source PUD table kept");
+    assert!(s.entry(VirtAddr(old), 2).is_none(), "source PUD table kept");
     assert!(s.translate(VirtAddr(new + GIB / 2)).is_some());
     // The destination shares the existing PMD table of the page.
     assert_eq!(s.count_tables(), tables_before - 2);
@@ -1102,8 +1107,13 @@ fn one_step_move_into_an_existing_empty_table_uses_it() {
     let mut s = mapped_pages(old, GIB);
     // An empty PMD table already linked at the destination PUD entry: the
     // PUD entry cannot move, the 512 PMD entries move into that table.
-    let empty = s.alloc_mut().alloc_table().unwrap();
-    s.slot(VirtAddr(new), 2).unwrap().store(
+    // SAFETY: the allocator stays; the frame we take is linked below.
+    let empty = unsafe { s.alloc_mut() }.alloc_table().unwrap();
+    // SAFETY: a table entry for a zeroed frame of this space's allocator,
+    // linked nowhere else, into an empty entry; the space is not installed.
+    let slot = unsafe { s.slot(VirtAddr(new), 2) }.unwrap();
+    assert_eq!(slot.load(std::sync::atomic::Ordering::Relaxed), 0);
+    slot.store(
         TestFormat::<4>::table_entry(empty, 2),
         std::sync::atomic::Ordering::Relaxed,
     );
@@ -1116,10 +1126,8 @@ fn one_step_move_into_an_existing_empty_table_uses_it() {
     assert_moved(&before, &leaves_in(&s, new, GIB), old, new);
     assert!(leaves_in(&s, old, GIB).is_empty());
     assert_eq!(
-        s.slot(VirtAddr(new), 2)
-            .unwrap()
-            .load(std::sync::atomic::Ordering::Relaxed),
-        TestFormat::<4>::table_entry(empty, 2)
+        s.entry(VirtAddr(new), 2),
+        Some(TestFormat::<4>::table_entry(empty, 2))
     );
     assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
     assert_eq!(s.mmu().flushes(), 1);
@@ -1139,7 +1147,7 @@ fn allocation_failure_in_a_one_step_move_leaves_everything_as_before() {
     let snap = snapshot(&s);
     let mut k = 0;
     loop {
-        s.alloc_mut().fail_after(Some(k));
+        s.alloc().fail_after(Some(k));
         s.mmu().reset();
         match s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2) {
             Err(e) => {
@@ -1152,7 +1160,7 @@ fn allocation_failure_in_a_one_step_move_leaves_everything_as_before() {
             Ok(()) => break,
         }
     }
-    s.alloc_mut().fail_after(None);
+    s.alloc().fail_after(None);
     assert_eq!(k, 2);
     assert_eq!(s.translate(VirtAddr(new)).unwrap().pa, PA);
     assert_eq!(s.alloc().live(), s.count_tables());

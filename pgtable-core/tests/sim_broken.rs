@@ -11,7 +11,9 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::sim::{CheckError, SimAlloc, SimFaultKind, SimMachine, SimMmu, SimSuiteMachine};
+use pgtable_core::sim::{
+    CheckError, Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu, SimSuiteMachine,
+};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::{TestFormat, DIRTY};
 use pgtable_core::{
@@ -132,24 +134,35 @@ unsafe impl<M: Mmu> Mmu for Broken<M> {
     }
 }
 
-type BrokenSpace<A = T4> = AddressSpace<A, Broken<SimMmu<A>>, SimAlloc>;
-type Space<A = T4> = AddressSpace<A, SimMmu<A>, SimAlloc>;
+type BrokenSpace<A = T4> = Installed<A, Broken<SimMmu<A>>, SimAlloc>;
+type Space<A = T4> = Installed<A, SimMmu<A>, SimAlloc>;
 
 fn broken(brk: Break) -> (SimMachine<T4>, BrokenSpace) {
     let m = SimMachine::<T4>::new();
     let inner = m.mmu();
-    let s = BrokenSpace::new(Broken { inner, brk }, m.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { s.install() };
-    (m, s)
+    let s = AddressSpace::new(Broken { inner, brk }, m.alloc()).unwrap();
+    // SAFETY: `Broken` forwards `install_root` to a simulated MMU.
+    (m, unsafe { Installed::new(s) })
 }
 
 fn correct() -> (SimMachine<T4>, Space) {
     let m = SimMachine::<T4>::new();
-    let s = Space::new(m.mmu(), m.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { s.install() };
-    (m, s)
+    let s = AddressSpace::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    (m, unsafe { Installed::new(s) })
+}
+
+/// The live leaf entry that maps `va`, for the tests that write entries
+/// themselves, on purpose the wrong way.
+///
+/// # Safety
+///
+/// The caller stores only leaves (or 0) through it; the simulated machine
+/// tolerates any missing barrier or flush (it reports it).
+unsafe fn leaf_slot<A: Arch, M: Mmu>(s: &AddressSpace<A, M, SimAlloc>, va: VirtAddr) -> &Slot {
+    // SAFETY: our caller's promise, and a simulated machine (every space
+    // of this file is one).
+    unsafe { s.slot(va, 0) }.unwrap()
 }
 
 const VA: VirtAddr = VirtAddr(G1 + 5 * K4);
@@ -282,7 +295,9 @@ test_format_variant!(
     "test-no-barrier"
 );
 
-impl Arch for NoBarrierSetPte {
+// SAFETY: the broken `set_pte_at` still stores the value it is given (it
+// only skips the barrier); the rest is the generic fallback.
+unsafe impl Arch for NoBarrierSetPte {
     fn set_pte_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pte: u64) {
         // BUG (on purpose): no `walker_barrier` after the store.
         pgtable_core::generic::set_entry_nosync(mmu, slot, pte)
@@ -292,15 +307,16 @@ impl Arch for NoBarrierSetPte {
 #[test]
 fn an_arch_whose_set_pte_at_skips_the_barrier_is_caught() {
     let m = SimMachine::<NoBarrierSetPte>::new();
-    let mut s = AddressSpace::<NoBarrierSetPte, _, _>::new(m.mmu(), m.alloc()).unwrap();
-    // SAFETY: simulated.
-    unsafe { s.install() };
+    let s = AddressSpace::<NoBarrierSetPte, _, _>::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut s = unsafe { Installed::new(s) };
     // The page next to VA shares its PTE table.
     s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     let next = VirtAddr(VA.0 + K4);
     let leaf = NoBarrierSetPte::leaf(PA2, Prot::READ_WRITE, 0);
-    NoBarrierSetPte::set_pte_at(s.mmu(), next, s.slot(next, 0).unwrap(), leaf);
+    // SAFETY: a leaf, stored by the arch's (broken) setter.
+    NoBarrierSetPte::set_pte_at(s.mmu(), next, unsafe { leaf_slot(&s, next) }, leaf);
     assert_eq!(
         m.read_u64(next).unwrap_err().kind,
         SimFaultKind::Translation { height: 0 }
@@ -313,7 +329,8 @@ fn an_arch_whose_set_pte_at_skips_the_barrier_is_caught() {
     s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     let leaf = T4::leaf(PA2, Prot::READ_WRITE, 0);
-    T4::set_pte_at(s.mmu(), next, s.slot(next, 0).unwrap(), leaf);
+    // SAFETY: a leaf, stored by the arch's setter.
+    T4::set_pte_at(s.mmu(), next, unsafe { leaf_slot(&s, next) }, leaf);
     m.read_u64(next).unwrap();
     m.check().unwrap();
 }
@@ -362,7 +379,8 @@ fn a_non_atomic_entry_update_loses_the_dirty_bit_the_hardware_set() {
         let (m, mut s) = correct();
         s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
             .unwrap();
-        let slot = s.slot(VA, 0).unwrap();
+        // SAFETY: `clean_entry` stores leaves only.
+        let slot = unsafe { leaf_slot(&s, VA) };
         let mut hw_dirtied = 0;
         // The hardware stores to the page exactly inside the window.
         let seen = clean_entry(s.mmu(), VA, slot, atomic, || {
@@ -401,7 +419,8 @@ fn the_atomic_transaction_loses_no_dirty_bit_against_a_hardware_thread() {
     while t0.elapsed().as_secs() < 30 && (m.stats().dirty_set < 300 || rounds < 1_000) {
         for p in 0..4 {
             let va = VirtAddr(VA.0 + p * K4);
-            let slot = s.slot(va, 0).unwrap();
+            // SAFETY: `clean_entry` stores leaves only.
+            let slot = unsafe { leaf_slot(&s, va) };
             seen += u64::from(clean_entry(s.mmu(), va, slot, true, || {}));
         }
         rounds += 1;
@@ -480,7 +499,7 @@ impl<A: Arch> suite::Machine for ProbesOnly<A> {
 fn with_truncated_flushes<A: Arch>(only: &'static [&'static str]) -> Vec<String> {
     let m = SimMachine::<A>::new();
     let inner = m.mmu();
-    let mut s = BrokenSpace::<A>::new(
+    let s = AddressSpace::new(
         Broken {
             inner,
             brk: Break::Truncated48,
@@ -488,8 +507,8 @@ fn with_truncated_flushes<A: Arch>(only: &'static [&'static str]) -> Vec<String>
         m.alloc(),
     )
     .unwrap();
-    // SAFETY: simulated.
-    unsafe { s.install() };
+    // SAFETY: `Broken` forwards `install_root` to a simulated MMU.
+    let mut s: BrokenSpace<A> = unsafe { Installed::new(s) };
     let mut mach = ProbesOnly(SimSuiteMachine::new(m.clone()).with_echo(false));
     let cfg = Config {
         only,
@@ -554,7 +573,8 @@ fn a_load_modify_store_loop_racing_a_hardware_thread_is_caught_losing_dirty_bits
         while e0.elapsed().as_millis() < 300 {
             for p in 0..4 {
                 let va = VirtAddr(VA.0 + p * K4);
-                let slot = s.slot(va, 0).unwrap();
+                // SAFETY: `clean_entry` stores leaves only.
+                let slot = unsafe { leaf_slot(&s, va) };
                 seen += u64::from(clean_entry(s.mmu(), va, slot, false, || {}));
             }
         }
@@ -564,13 +584,9 @@ fn a_load_modify_store_loop_racing_a_hardware_thread_is_caught_losing_dirty_bits
         // epoch (nothing races now).
         for p in 0..4 {
             let va = VirtAddr(VA.0 + p * K4);
-            seen += u64::from(clean_entry(
-                s.mmu(),
-                va,
-                s.slot(va, 0).unwrap(),
-                true,
-                || {},
-            ));
+            // SAFETY: `clean_entry` stores leaves only.
+            let slot = unsafe { leaf_slot(&s, va) };
+            seen += u64::from(clean_entry(s.mmu(), va, slot, true, || {}));
         }
         assert!(seen <= report.dirty_set, "more dirty states seen than set");
         epochs += 1;
@@ -629,8 +645,8 @@ fn a_full_flush_that_keeps_global_entries_leaves_an_unmapped_global_leaf_stale()
 #[test]
 fn a_flush_by_asid_keeps_global_entries_and_other_asids() {
     let m = SimMachine::<T4>::new();
-    let mut a = Space::new(m.mmu_with_asid(1), m.alloc()).unwrap();
-    let mut b = Space::new(m.mmu_with_asid(2), m.alloc()).unwrap();
+    let mut a = AddressSpace::<T4, _, _>::new(m.mmu_with_asid(1), m.alloc()).unwrap();
+    let mut b = AddressSpace::<T4, _, _>::new(m.mmu_with_asid(2), m.alloc()).unwrap();
     let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
     a.map(VA, PA, K4, global, MapOptions::PAGES).unwrap();
     a.map(
@@ -670,18 +686,23 @@ fn a_flush_by_asid_keeps_global_entries_and_other_asids() {
     m.check().unwrap();
     a.mmu().flush_tlb_all();
     assert_eq!(m.tlb_len(), 0);
+    // SAFETY: simulated, and nothing is cached any more.
+    unsafe {
+        a.deactivate();
+        b.deactivate();
+    }
 }
 
 #[test]
 fn replacing_a_cached_entry_without_break_before_make_is_a_conflict() {
-    let (m, s) = correct();
-    let mut s = s;
+    let (m, mut s) = correct();
     s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     m.read_u64(VA).unwrap();
     let global = T4::leaf(PA, Prot::new(Prot::WRITE | Prot::GLOBAL), 0);
-    // SAFETY: a deliberate break-before-make violation on the simulator.
-    let slot = s.slot(VA, 0).unwrap();
+    // SAFETY: a leaf; a deliberate break-before-make violation on the
+    // simulator.
+    let slot = unsafe { leaf_slot(&s, VA) };
     // Non-global to global in place, with the old entry cached.
     T4::set_pte_at(s.mmu(), VA, slot, global);
     let Err(CheckError::Conflict(c)) = m.check() else {
@@ -694,7 +715,8 @@ fn replacing_a_cached_entry_without_break_before_make_is_a_conflict() {
     s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     m.read_u64(VA).unwrap();
-    let slot = s.slot(VA, 0).unwrap();
+    // SAFETY: only leaves and 0 are stored, with break-before-make.
+    let slot = unsafe { leaf_slot(&s, VA) };
     T4::ptep_get_and_clear(s.mmu(), slot);
     s.mmu().flush_tlb_range(TlbRange {
         start: VA,

@@ -10,7 +10,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::sim::{SimAlloc, SimFaultKind, SimMachine, SimMmu};
+use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
     Access, AccessFault, AddressSpace, Arch, Error, Format, MapOptions, Mmu, PhysAddr, Prot,
@@ -37,12 +37,11 @@ fn map_rw<A: Arch>(s: &mut Space<A>, va: VirtAddr, len: u64) {
     .unwrap();
 }
 
-fn setup<A: Arch>() -> (SimMachine<A>, Space<A>) {
+fn setup<A: Arch>() -> (SimMachine<A>, Installed<A, SimMmu<A>, SimAlloc>) {
     let m = SimMachine::<A>::new();
     let s = Space::<A>::new(m.mmu(), m.alloc()).unwrap();
-    // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { s.install() };
-    (m, s)
+    // SAFETY: a simulated MMU.
+    (m, unsafe { Installed::new(s) })
 }
 
 test_format_variant!(
@@ -52,7 +51,8 @@ test_format_variant!(
     "test-in-order"
 );
 
-impl Arch for InOrderWalker {
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl Arch for InOrderWalker {
     const NEEDS_WALKER_BARRIER: bool = false;
 }
 
@@ -113,15 +113,20 @@ fn bad_accesses_fault_as_values_with_their_reason() {
         SimFaultKind::Translation { .. }
     ));
     // A table entry pointing at memory that is not a table frame.
-    let pmd = s.slot(va, 1).unwrap();
+    // SAFETY: NOT what `slot` allows (a forged table entry), on purpose:
+    // the simulated walker checks table frames, and the address space
+    // never sees the forged entry: the original is back before the slot's
+    // borrow ends and before anything here can panic.
+    let pmd = unsafe { s.slot(va, 1) }.unwrap();
     let good = pmd.swap(T4::table_entry(PhysAddr(0x9000_0000), 1), Relaxed);
     m.mmu().flush_tlb_all();
-    assert_eq!(
-        m.read_u64(va).unwrap_err().kind,
-        SimFaultKind::NotATable(PhysAddr(0x9000_0000))
-    );
+    let forged = m.read_u64(va);
     pmd.store(good, Relaxed);
     m.mmu().flush_tlb_all();
+    assert_eq!(
+        forged.unwrap_err().kind,
+        SimFaultKind::NotATable(PhysAddr(0x9000_0000))
+    );
     m.read_u64(va).unwrap();
 }
 
@@ -221,7 +226,8 @@ fn a_nosync_write_is_invisible_to_an_arm64_walker_until_a_barrier_or_flush() {
     map_rw(&mut s, va, K4);
     let next = VirtAddr(G1 + K4);
     let leaf = T4::leaf(PhysAddr(0x8000_5000), Prot::READ_WRITE, 0);
-    T4::set_pte_nosync(s.mmu(), s.slot(next, 0).unwrap(), leaf);
+    // SAFETY: a leaf into an empty entry; the missing barrier is the point.
+    T4::set_pte_nosync(s.mmu(), unsafe { s.slot(next, 0) }.unwrap(), leaf);
     assert_eq!(
         m.read_u64(next).unwrap_err().kind,
         SimFaultKind::Translation { height: 0 }
@@ -233,7 +239,8 @@ fn a_nosync_write_is_invisible_to_an_arm64_walker_until_a_barrier_or_flush() {
     m.check().unwrap();
     // A flush orders earlier writes too.
     let third = VirtAddr(G1 + 2 * K4);
-    T4::set_pte_nosync(s.mmu(), s.slot(third, 0).unwrap(), leaf);
+    // SAFETY: a leaf into an empty entry; the missing barrier is the point.
+    T4::set_pte_nosync(s.mmu(), unsafe { s.slot(third, 0) }.unwrap(), leaf);
     assert!(m.read_u64(third).is_err());
     s.mmu().flush_tlb_all();
     m.read_u64(third).unwrap();
@@ -248,7 +255,8 @@ fn an_in_order_walker_sees_nosync_writes_at_once() {
     map_rw(&mut s, va, K4);
     let next = VirtAddr(G1 + K4);
     let leaf = InOrderWalker::leaf(PhysAddr(0x8000_5000), Prot::READ_WRITE, 0);
-    InOrderWalker::set_pte_nosync(s.mmu(), s.slot(next, 0).unwrap(), leaf);
+    // SAFETY: a leaf into an empty entry, as the arch's setter stores it.
+    InOrderWalker::set_pte_nosync(s.mmu(), unsafe { s.slot(next, 0) }.unwrap(), leaf);
     m.read_u64(next).unwrap();
     m.check().unwrap();
     assert_eq!(s.stats().barriers(), 0, "no barrier is ever issued");
@@ -382,4 +390,42 @@ fn random_operation_sequences_never_leave_a_stale_tlb_entry() {
     }
     drop(s);
     assert_eq!(m.live_tables(), 0);
+}
+
+#[test]
+fn an_installed_space_that_is_dropped_leaves_its_tables_to_the_walker() {
+    let m = SimMachine::<T4>::new();
+    let mut s = Space::<T4>::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    unsafe { s.install() };
+    map_rw(&mut s, VirtAddr(G1), K4);
+    m.write_u64(VirtAddr(G1), 7).unwrap();
+    let live = m.live_tables();
+    assert_eq!(live, 4);
+    // Debug builds report the misuse (a panic in `drop`); every build
+    // leaves the tables allocated.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(s)));
+    assert_eq!(dropped.is_err(), cfg!(debug_assertions));
+    assert_eq!(m.live_tables(), live, "tables of an installed space freed");
+    // The machine still runs on that root: a fresh walk reaches the page.
+    m.mmu().flush_tlb_all();
+    assert_eq!(m.read_u64(VirtAddr(G1)).unwrap(), 7);
+    m.check().unwrap();
+}
+
+#[test]
+fn a_deactivated_space_frees_its_tables_when_dropped() {
+    let (m, mut s) = setup::<T4>();
+    map_rw(&mut s, VirtAddr(G1), K4);
+    m.write_u64(VirtAddr(G1), 7).unwrap();
+    let root = s.root();
+    assert!(s.is_active());
+    // `Installed` deactivates it first.
+    drop(s);
+    assert_eq!(m.live_tables(), 0);
+    m.mmu().flush_tlb_all();
+    assert_eq!(
+        m.read_u64(VirtAddr(G1)).unwrap_err().kind,
+        SimFaultKind::FreedTable(root)
+    );
 }

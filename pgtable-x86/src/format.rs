@@ -248,7 +248,16 @@ impl<const L: u32, const M: u32> X86Paging<L, M> {
     }
 }
 
-impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
+// SAFETY: above height 0 an entry decodes as a table exactly when P is
+// set, PS is clear and no reserved bit is set, and to its bits 12-51
+// (`ADDR_MASK`); `table_entry` of a 4 KiB-aligned address below
+// `1 << PA_BITS` (= `M`, so no bit of `RESERVED_HIGH`) is such an entry
+// and decodes back to that address. Leaves above height 0 always have PS:
+// `leaf_template` sets it, `modify_prot` clears only RW, US, XD, G and the
+// memory-type bits (PAT is bit 12 in a huge leaf), `split_leaf` clears it
+// only for height-0 children and `hw_access` only sets A and D. Height 0
+// never decodes as a table. Every method is pure.
+unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
     const NAME: &'static str = if L == 5 {
         "x86_64-5level-la57"
     } else {
@@ -392,7 +401,10 @@ impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
     }
 }
 
-impl<const L: u32, const M: u32> Arch for X86Paging<L, M> {
+// SAFETY: `pmdp_modify_prot_start` is the generic deferred one (an atomic
+// swap with 0 that returns the old value); every other entry operation is
+// the generic fallback.
+unsafe impl<const L: u32, const M: u32> Arch for X86Paging<L, M> {
     const HAVE_MOVE_PMD: bool = true;
     const HAVE_MOVE_PUD: bool = true;
     /// Linux's `tlb_single_page_flush_ceiling` default.

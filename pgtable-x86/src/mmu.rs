@@ -46,7 +46,7 @@ impl X86Mmu {
 
     /// An MMU handle with INVPCID used when CPUID reports it.
     pub fn new() -> X86Mmu {
-        // SAFETY: the value comes from CPUID.
+        // SAFETY: `has_invpcid` is what CPUID reports.
         unsafe { X86Mmu::with_features(cpu_has_invpcid()) }
     }
 
@@ -54,8 +54,8 @@ impl X86Mmu {
     ///
     /// # Safety
     ///
-    /// `has_invpcid` may be true only when `CPUID.(EAX=07H,ECX=0):EBX[10]`
-    /// is 1: INVPCID raises #UD otherwise.
+    /// `has_invpcid` is true only if the CPU implements INVPCID
+    /// (`CPUID.(EAX=07H,ECX=0):EBX[10]` is 1): the flushes then execute it.
     pub const unsafe fn with_features(has_invpcid: bool) -> X86Mmu {
         X86Mmu {
             ceiling: AtomicU64::new(Self::DEFAULT_CEILING),
@@ -113,9 +113,17 @@ impl X86Mmu {
         Cr4::read().contains(Cr4Flags::L5_PAGING)
     }
 
-    /// Carries out `plan` on this CPU.
+    /// Carries out `plan` on this CPU. An INVPCID plan on an MMU that does
+    /// not use INVPCID is carried out without it (a CR3 reload, or a
+    /// CR4.PGE toggle for all contexts).
     pub fn execute(&self, plan: FlushPlan) {
         match plan {
+            FlushPlan::InvpcidSingleContext if !self.has_invpcid => {
+                self.execute(FlushPlan::ReloadCr3)
+            }
+            FlushPlan::InvpcidAllContexts if !self.has_invpcid => {
+                self.execute(FlushPlan::ToggleCr4Pge)
+            }
             FlushPlan::Invlpg {
                 start,
                 stride_shift,
@@ -136,9 +144,10 @@ impl X86Mmu {
             }
             FlushPlan::InvpcidSingleContext => {
                 let pcid = current_pcid();
-                // SAFETY: `has_invpcid` is only true when CPUID reports
-                // INVPCID (contract of `with_features`); the PCID is the
-                // current one, valid whatever CR4.PCIDE is.
+                // SAFETY: `has_invpcid` is true (checked above), which the
+                // contract of `with_features` allows only when the CPU has
+                // INVPCID; the PCID is the current one, valid whatever
+                // CR4.PCIDE is.
                 unsafe { tlb::flush_pcid(InvPcidCommand::Single(pcid)) };
             }
             FlushPlan::InvpcidAllContexts => {

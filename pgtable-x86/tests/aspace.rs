@@ -139,7 +139,8 @@ fn five_level_uses_five_tables_for_one_page() {
     let t = s.translate(VirtAddr(0xff00_0000_0000_0abc)).unwrap();
     assert_eq!(t.pa, PhysAddr(0x5abc));
     // The PGD (PML5) entry for 0xff00_.. is index 0x100 (bits 56:48).
-    let pgd = s.slot(VirtAddr(0xff00_0000_0000_0000), 4).unwrap() as *const _ as u64;
+    // SAFETY: only the entry's address is taken.
+    let pgd = unsafe { s.slot(VirtAddr(0xff00_0000_0000_0000), 4) }.unwrap() as *const _ as u64;
     assert_eq!(pgd & 0xfff, 0x100 * 8);
 }
 
@@ -318,7 +319,9 @@ fn raw_entries_with_reserved_bits_are_invalid_to_the_walk() {
     )
     .unwrap();
     let poke = |s: &AddressSpace<X86_64, NoopMmu, Arena>, f: &dyn Fn(u64) -> u64| {
-        let slot = s.slot(VirtAddr(0x20_0000), 1).unwrap();
+        // SAFETY: the block entry only gets a reserved bit set (Invalid to
+        // the walk) and cleared again; the space is never installed.
+        let slot = unsafe { s.slot(VirtAddr(0x20_0000), 1) }.unwrap();
         // Relaxed: single-threaded test.
         slot.store(f(slot.load(Relaxed)), Relaxed);
     };

@@ -5,7 +5,7 @@
 //! every access goes through the simulated walker, which decodes the exact
 //! x86 bits and applies `hw_access` (rights, accessed/dirty).
 
-use pgtable_core::sim::{SimMachine, SimSuiteMachine};
+use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
 use pgtable_core::{AddressSpace, Arch, VirtAddr};
 use pgtable_x86::{X86_64La57, X86_64};
@@ -15,9 +15,9 @@ use pgtable_x86::{X86_64La57, X86_64};
 /// and the table frames still live after the address space was dropped.
 fn run<A: Arch>(cfg: &Config, window: Option<u64>) -> (Summary, Vec<String>, Vec<String>, usize) {
     let machine = SimMachine::<A>::new();
-    let mut space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: simulated; nothing but the simulator uses these tables.
-    unsafe { space.install() };
+    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
     let mut mach = SimSuiteMachine::new(machine.clone());
     if let Some(w) = window {
         mach = mach.with_window(VirtAddr(w), 16 << 30);

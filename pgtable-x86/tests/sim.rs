@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgtable_core::sim::SimAlloc;
-use pgtable_core::sim::{SimFaultKind, SimMachine, SimMmu};
+use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::{
     Access, AccessFault, AddressSpace, Arch, Format, MapOptions, PhysAddr, Prot, VirtAddr,
 };
@@ -15,14 +14,13 @@ use pgtable_x86::{X86_64La57, X86_64};
 
 const MIB2: u64 = 0x20_0000;
 
-type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
+type Space<A> = Installed<A, SimMmu<A>, SimAlloc>;
 
 fn machine<A: Arch>() -> (SimMachine<A>, Space<A>) {
     let m = SimMachine::<A>::new();
     let s = AddressSpace::new(m.mmu(), m.alloc()).unwrap();
-    // SAFETY: simulated; only the simulator walks these tables.
-    unsafe { s.install() };
-    (m, s)
+    // SAFETY: a simulated MMU.
+    (m, unsafe { Installed::new(s) })
 }
 
 fn user_rw() -> Prot {

@@ -81,7 +81,8 @@ fn bench_move(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static
     // A marker in the last page: each move must carry it along.
     let marker = 0x6d6f_7665_0000_0000 | timer::ticks() & 0xffff_ffff;
     let last = GIB - 4096;
-    probe::write_u64(a + last, marker).map_err(|_| "bench: marker store faulted")?;
+    // SAFETY: `a` maps the pool (just above).
+    unsafe { probe::write_u64(a + last, marker) }.map_err(|_| "bench: marker store faulted")?;
 
     let paths = [
         ("PTE", MoveOptions::PTES_ONLY),
@@ -180,11 +181,14 @@ fn mprotect_once<A: Arch>(
         )
         .map_err(|_| "bench: map blocks")?;
     // SAFETY: TTBR1_EL1 only translates the high half, which the kernel
-    // does not use; the space is uninstalled below before it is dropped.
+    // does not use; the space is uninstalled and deactivated below before
+    // it is dropped.
     unsafe { space.install() };
     let result = (|| {
         for i in 0..blocks {
-            probe::write_u64(base + i * 2 * MIB, i).map_err(|_| "bench: block not writable")?;
+            // SAFETY: `base` maps the pool (just above).
+            unsafe { probe::write_u64(base + i * 2 * MIB, i) }
+                .map_err(|_| "bench: block not writable")?;
         }
         space.stats().reset();
         let mut ticks = [0u64; REPS];
@@ -201,7 +205,8 @@ fn mprotect_once<A: Arch>(
                 .map_err(|_| "bench: change_protection")?;
             *t = timer::ticks() - t0;
             let last = base + len - 8;
-            if probe::write_u64(last, r as u64).is_ok() == read_only {
+            // SAFETY: `last` maps the pool, read-only or writable.
+            if unsafe { probe::write_u64(last, r as u64) }.is_ok() == read_only {
                 return Err("bench: the MMU does not enforce the new protection");
             }
         }
@@ -211,6 +216,11 @@ fn mprotect_once<A: Arch>(
     // high half back in TTBR1_EL1 (with a full TLB flush) makes the bench
     // space unreachable before it is dropped.
     unsafe { high_half_mmu().install_root(kernel_root) };
+    // SAFETY: the one CPU's TTBR1_EL1 holds the kernel's root again and
+    // `install_root` ended with `flush_tlb_all` (a TLBI of everything the
+    // MMU's ASID, the only one in use, holds), so no TLB or walk-cache
+    // entry made from the bench tables is left.
+    unsafe { space.deactivate() };
     result
 }
 

@@ -109,7 +109,10 @@ extern "C" fn kernel_main() -> ! {
         layout.pool.0,
         layout.pool.1
     );
-    memory::init_tables(layout.tables.0, layout.tables.1);
+    // SAFETY: once, before any allocation; `Layout` puts the table pool in
+    // RAM (which starts at 1 GiB) after the kernel image, 4 KiB aligned,
+    // and gives it to nothing else.
+    unsafe { memory::init_tables(layout.tables.0, layout.tables.1) };
 
     let mut space =
         kmap::build(&layout).unwrap_or_else(|e| fail(format_args!("FAIL: kernel map: {e}")));

@@ -95,8 +95,13 @@ fn with_frames<R>(f: impl FnOnce(&mut Frames) -> R) -> R {
     f(unsafe { &mut *FRAMES.0.get() })
 }
 
-/// Hands the table pool `[start, end)` to the allocator. Call once.
-pub fn init_tables(start: u64, end: u64) {
+/// Hands the table pool `[start, end)` to the allocator.
+///
+/// # Safety
+///
+/// Call once, before the first allocation. `[start, end)` is 4 KiB aligned
+/// RAM, identity-mapped, above address 0, that nothing else uses.
+pub unsafe fn init_tables(start: u64, end: u64) {
     with_frames(|fr| {
         fr.next = start;
         fr.end = end;
@@ -116,8 +121,9 @@ pub struct KernelTables;
 // SAFETY: frames come from the table pool, which nothing else in the
 // kernel uses (see `Layout`); the bump pointer hands each frame out once
 // and the free list holds only frames given back; every frame is zeroed
-// before it is handed out. RAM is identity-mapped (before and after the MMU
-// is on), so `phys_to_virt` is the identity and valid for the frame's life.
+// before it is handed out; the pool is a static (dropping a handle frees
+// nothing). RAM is identity-mapped (before and after the MMU is on), so
+// `phys_to_virt` is the identity and valid for the frame's life.
 unsafe impl TableAlloc for KernelTables {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = with_frames(|fr| {
@@ -154,8 +160,9 @@ unsafe impl TableAlloc for KernelTables {
     }
 
     #[inline]
-    fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
-        // SAFETY: table frames are never at address 0 (RAM starts at 1 GiB).
+    unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        // SAFETY: the caller passes one of our frames, which lie in RAM,
+        // and RAM starts at 1 GiB, so the address is not null.
         unsafe { NonNull::new_unchecked(pa.0 as *mut Table) }
     }
 }

@@ -54,14 +54,16 @@ pub fn read_u64(va: u64) -> Result<u64, Fault> {
 /// Stores `value` to the 64-bit word at `va`, or returns the fault the
 /// store raised.
 ///
-/// Writing through a probe does not make the store safe: the caller picks
-/// addresses that map only memory the kernel handed to the test (the pool)
-/// or nothing at all.
+/// # Safety
+///
+/// A fault is caught, but a store that succeeds is a real store: `va` must
+/// map nothing, or only memory no Rust object lives in (the RAM pool the
+/// kernel hands to the suite and the benchmarks).
 #[inline]
-pub fn write_u64(va: u64, value: u64) -> Result<(), Fault> {
+pub unsafe fn write_u64(va: u64, value: u64) -> Result<(), Fault> {
     let (esr, far): (u64, u64);
-    // SAFETY: as `read_u64`; the store goes to `va`, which by the contract
-    // above maps only test memory (pool frames) or faults.
+    // SAFETY: as `read_u64`; the store goes to `va`, which maps only pool
+    // memory or faults (our caller's promise).
     unsafe {
         asm!(
             "bl pgk_probe_store",
@@ -127,7 +129,12 @@ fn sync_icache(alias: u64) {
 /// kernel's identity alias and called through `va`; the original word is
 /// put back afterwards. `None` if `va` does not translate to RAM the kernel
 /// maps (nothing is executed then).
-pub fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
+///
+/// # Safety
+///
+/// `va` maps nothing, or only pool memory (see [`write_u64`]): the word
+/// behind it is overwritten for the duration of the probe.
+pub unsafe fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
     let Some(pa) = translate(va) else {
         // Not even readable: a fetch would fault with a translation fault.
         return Some(Err(Fault { esr: 0, far: va }));
@@ -136,7 +143,9 @@ pub fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
     let shift = (pa & 4) * 8;
     let old = read_u64(word).ok()?;
     let patched = (old & !(0xffff_ffff << shift)) | (u64::from(RET) << shift);
-    write_u64(word, patched).ok()?;
+    // SAFETY: `word` is the identity alias of the pool memory `va` maps
+    // (our caller's promise).
+    unsafe { write_u64(word, patched) }.ok()?;
     sync_icache(word);
     let (esr, far): (u64, u64);
     // SAFETY: `va` maps the RET just stored (or faults on the fetch, which
@@ -152,7 +161,8 @@ pub fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
             clobber_abi("C"),
         );
     }
-    write_u64(word, old).ok()?;
+    // SAFETY: as above; the word gets its old value back.
+    unsafe { write_u64(word, old) }.ok()?;
     sync_icache(word);
     Some(if esr == 0 {
         Ok(())

@@ -16,11 +16,18 @@ pub const EXIT_SUCCESS: u32 = 33;
 /// Exit code of a failed run.
 pub const EXIT_FAILURE: u32 = 35;
 
-fn call(op: u64, param: u64) -> u64 {
+/// Makes the semihosting call `op` with the parameter block at `param`.
+///
+/// # Safety
+///
+/// `param` is a live parameter block of the layout `op` defines, and every
+/// buffer it names is valid for what `op` does with it (SYS_GET_CMDLINE
+/// writes its buffer).
+unsafe fn call(op: u64, param: u64) -> u64 {
     let ret;
     // SAFETY: the semihosting trap reads the parameter block at `param`
-    // (a live, readable block of the caller) and writes only what the
-    // operation documents; it touches no other guest state but x0.
+    // and writes only what the operation documents, into buffers our
+    // caller vouches for; it touches no other guest state but x0.
     unsafe {
         asm!("hlt #0xf000", inout("x0") op => ret, in("x1") param, options(nostack));
     }
@@ -30,7 +37,8 @@ fn call(op: u64, param: u64) -> u64 {
 /// Ends the run: QEMU exits with `code`.
 pub fn exit(code: u32) -> ! {
     let block = [ADP_STOPPED_APPLICATION_EXIT, u64::from(code)];
-    call(SYS_EXIT, block.as_ptr() as u64);
+    // SAFETY: `block` is SYS_EXIT's two-word block, live for the call.
+    unsafe { call(SYS_EXIT, block.as_ptr() as u64) };
     // Without `-semihosting` the trap is an undefined instruction or a
     // no-op; stop here either way.
     loop {
@@ -44,7 +52,9 @@ pub fn cmdline(buf: &mut [u8]) -> Option<usize> {
     let mut block = [buf.as_mut_ptr() as u64, buf.len() as u64];
     // The call writes the string into `buf` and its length into block[1]
     // (the asm is not `nomem`, so the compiler reloads both afterwards).
-    let ok = call(SYS_GET_CMDLINE, block.as_mut_ptr() as u64) == 0;
+    // SAFETY: `block` is SYS_GET_CMDLINE's block: `buf`, writable for
+    // its whole length, and that length.
+    let ok = unsafe { call(SYS_GET_CMDLINE, block.as_mut_ptr() as u64) } == 0;
     let len = block[1] as usize;
     (ok && len <= buf.len()).then_some(len)
 }

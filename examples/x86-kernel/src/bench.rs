@@ -127,7 +127,8 @@ fn move_1g<A: Arch>(
     // One word per page (at a page-dependent offset) carries the tag.
     let word = |base: u64, i: u64| base + i * PAGE_SIZE + (i % 512) * 8;
     for i in 0..pages {
-        trap::write_u64(word(a, i), tag(i))
+        // SAFETY: `a` maps the pool (just above).
+        unsafe { trap::write_u64(word(a, i), tag(i)) }
             .map_err(|_| Failure::Data("fill faulted", word(a, i)))?;
     }
     let mut t = [0u64; ITERS];
@@ -253,7 +254,8 @@ fn mprotect_blocks<B: Arch>(
         op("change_protection", r)?;
         *t = mach.tsc.ns(t1 - t0);
         for off in [0, size / 2, size - 8] {
-            let faulted = trap::write_u64(va.0 + off, n as u64).is_err();
+            // SAFETY: `va` maps the pool, read-only or writable.
+            let faulted = unsafe { trap::write_u64(va.0 + off, n as u64) }.is_err();
             if faulted != ro {
                 return Err(Failure::Data(
                     if ro {
@@ -289,7 +291,8 @@ fn bench_mprotect<A: Arch>(
         crate::kernel_space::<GenericBlockProt<A>>(ram),
     )?;
     // SAFETY: `ctl` maps all RAM like the kernel's space; it is
-    // uninstalled (the kernel's space reinstalled) before it is dropped.
+    // uninstalled (the kernel's space reinstalled) and deactivated before
+    // it is dropped.
     unsafe { ctl.install() };
     let mut each = [0u64; 4];
     let r = (|| {
@@ -301,6 +304,11 @@ fn bench_mprotect<A: Arch>(
     // SAFETY: the kernel's own space maps everything the CPU uses and
     // outlives this call.
     unsafe { space.install() };
+    // SAFETY: the one CPU runs on the kernel's root again, and that MOV to
+    // CR3 (PCID 0) invalidated every paging-structure cache entry and every
+    // non-global TLB entry; `ctl` maps nothing global (its protection has
+    // no `Prot::GLOBAL`), so nothing made from its tables is left.
+    unsafe { ctl.deactivate() };
     drop(ctl);
     r?;
     println!();
@@ -345,7 +353,8 @@ fn bench_mprotect<A: Arch>(
 /// The barrier itself is x86's (nothing), so only the counts differ.
 struct WalkerBarriers<A>(PhantomData<A>);
 
-impl<A: Arch> Format for WalkerBarriers<A> {
+// SAFETY: every method is `A`'s, which upholds the contract.
+unsafe impl<A: Arch> Format for WalkerBarriers<A> {
     const NAME: &'static str = A::NAME;
     const LEVELS: u32 = A::LEVELS;
     const PA_BITS: u32 = A::PA_BITS;
@@ -392,7 +401,8 @@ impl<A: Arch> Format for WalkerBarriers<A> {
     }
 }
 
-impl<A: Arch> Arch for WalkerBarriers<A> {
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl<A: Arch> Arch for WalkerBarriers<A> {
     const HAVE_MOVE_PMD: bool = A::HAVE_MOVE_PMD;
     const HAVE_MOVE_PUD: bool = A::HAVE_MOVE_PUD;
     const TLB_FLUSH_CEILING: u64 = A::TLB_FLUSH_CEILING;

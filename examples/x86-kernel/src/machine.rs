@@ -92,8 +92,17 @@ impl Machine for KernelMachine {
         trap::read_u64(va.0).map_err(fault)
     }
 
+    /// A store below the suite's window (which the suite never makes) is
+    /// refused as a fault, so this safe method cannot write kernel memory:
+    /// the kernel's identity map of RAM lies below the window, and from the
+    /// window up (the window and the cases at the last entries of each
+    /// half) the suite maps only its RAM pool.
     fn write_u64(&mut self, va: VirtAddr, val: u64) -> Result<(), Fault> {
-        trap::write_u64(va.0, val).map_err(fault)
+        if va.0 < WINDOW_BASE {
+            return Err(Fault { va, write: true });
+        }
+        // SAFETY: from the window up only the suite's RAM pool is mapped.
+        unsafe { trap::write_u64(va.0, val) }.map_err(fault)
     }
 
     /// Places a `ret` at the physical address `va` maps to (through the

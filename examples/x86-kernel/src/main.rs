@@ -143,7 +143,13 @@ fn split_list(v: &'static str, dst: &mut [&'static str; 8]) -> usize {
     n
 }
 
-fn parse_cmdline(cmdline: &'static str) -> Options {
+/// The options of the kernel command line.
+///
+/// # Safety
+///
+/// Call once: the `only=` / `skip=` lists it returns live in a static that
+/// it fills.
+unsafe fn parse_cmdline(cmdline: &'static str) -> Options {
     let mut o = Options {
         seed: 0x5eed_1234,
         threshold_mb: 4,
@@ -172,8 +178,9 @@ fn parse_cmdline(cmdline: &'static str) -> Options {
             _ => println!("ignoring unknown option {word}"),
         }
     }
-    // SAFETY: parsed once at boot on the only CPU; nothing else refers to
-    // `LISTS` yet, and afterwards it is only read (through `o`).
+    // SAFETY: called once (our caller's promise) on the only CPU; nothing
+    // else refers to `LISTS` yet, and afterwards it is only read (through
+    // `o`).
     let Lists { only, skip } = unsafe { &mut *LISTS.0.get() };
     let n = split_list(only_arg, only);
     o.only = &only[..n];
@@ -190,14 +197,20 @@ fn parse_u64(s: &str) -> Option<u64> {
 }
 
 /// The command line of the PVH start info (empty if there is none).
-fn cmdline(info: &boot::StartInfo) -> &'static str {
+///
+/// # Safety
+///
+/// `info` is the start info the loader passed: a non-zero `cmdline_paddr`
+/// is a NUL-terminated string in identity-mapped memory that is never
+/// written while the kernel runs.
+unsafe fn cmdline(info: &boot::StartInfo) -> &'static str {
     if info.cmdline_paddr == 0 {
         return "";
     }
     let p = info.cmdline_paddr as *const u8;
     let mut n = 0;
-    // SAFETY: the boot loader passes a NUL-terminated string in low memory,
-    // identity-mapped by the boot tables; we bound the scan.
+    // SAFETY: a NUL-terminated string in identity-mapped memory (our
+    // caller's promise); we bound the scan.
     while n < 4096 && unsafe { p.add(n).read() } != 0 {
         n += 1;
     }
@@ -211,7 +224,8 @@ fn cmdline(info: &boot::StartInfo) -> &'static str {
 #[no_mangle]
 extern "C" fn kmain(start_info: u64) -> ! {
     serial::init();
-    trap::init();
+    // SAFETY: once, at boot, with interrupts off (PVH entry state).
+    unsafe { trap::init() };
     quiet_interrupt_sources();
     println!("x86-kernel: booted (PVH)");
     // SAFETY: the boot loader passes the physical address of its start
@@ -221,10 +235,14 @@ extern "C" fn kmain(start_info: u64) -> ! {
         println!("bad hvm_start_info magic {:#x}", info.magic);
         exit(false);
     }
-    let line = cmdline(&info);
-    let opts = parse_cmdline(line);
+    // SAFETY: the loader's start info (magic checked).
+    let line = unsafe { cmdline(&info) };
+    // SAFETY: the only call.
+    let opts = unsafe { parse_cmdline(line) };
     println!("cmdline: \"{line}\" -> {opts:?}");
-    let ok = run(&info, &opts);
+    // SAFETY: the loader's start info (magic checked).
+    let ram = unsafe { RamMap::from_start_info(&info, 2 << 30) };
+    let ok = run(&ram, &opts);
     exit(ok)
 }
 
@@ -252,8 +270,7 @@ fn has_nx() -> bool {
     __cpuid(0x8000_0001).edx & (1 << 20) != 0
 }
 
-fn run(info: &boot::StartInfo, opts: &Options) -> bool {
-    let ram = RamMap::from_start_info(info, 2 << 30);
+fn run(ram: &RamMap, opts: &Options) -> bool {
     for r in ram.iter() {
         println!(
             "ram: {:#x}..{:#x} ({} MiB)",
@@ -304,10 +321,10 @@ fn run(info: &boot::StartInfo, opts: &Options) -> bool {
     }
     if la57 {
         println!("paging: 5-level (CR4.LA57 = 1)");
-        run_on::<X86_64La57>(&ram, tsc, kvm, opts)
+        run_on::<X86_64La57>(ram, tsc, kvm, opts)
     } else {
         println!("paging: 4-level");
-        run_on::<X86_64>(&ram, tsc, kvm, opts)
+        run_on::<X86_64>(ram, tsc, kvm, opts)
     }
 }
 
@@ -420,9 +437,9 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
         sum.passed,
         sum.failed + u32::from(!bench_ok) + u32::from(!frames_ok)
     );
-    // The live space is never torn down: dropping it would free the very
-    // tables the CPU is walking. The machine exits right after this.
-    core::mem::forget(space);
+    // The live space is never torn down: the CPU walks its tables until the
+    // machine exits, right after this. `into_parts` keeps them allocated.
+    let _kept = space.into_parts();
     suite_ok && bench_ok && frames_ok
 }
 

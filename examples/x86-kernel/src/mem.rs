@@ -50,13 +50,19 @@ impl RamMap {
 
     /// Reads the PVH memory map (start info version 1); without one,
     /// assumes RAM from 0 to `fallback_end`.
-    pub fn from_start_info(info: &StartInfo, fallback_end: u64) -> RamMap {
+    ///
+    /// # Safety
+    ///
+    /// `info` is the start info the loader passed: with version 1 and a
+    /// non-zero `memmap_paddr`, that address holds `memmap_entries`
+    /// entries in identity-mapped memory.
+    pub unsafe fn from_start_info(info: &StartInfo, fallback_end: u64) -> RamMap {
         let mut map = RamMap::default();
         if info.version >= 1 && info.memmap_paddr != 0 {
             let base = info.memmap_paddr as *const MemmapEntry;
             for i in 0..info.memmap_entries as usize {
-                // SAFETY: the loader passes `memmap_entries` entries at
-                // `memmap_paddr`, in identity-mapped low memory.
+                // SAFETY: `memmap_entries` entries at `memmap_paddr`, in
+                // identity-mapped memory (our caller's promise).
                 let e = unsafe { base.add(i).read_unaligned() };
                 if e.kind == 1 && map.len < map.regions.len() {
                     map.regions[map.len] = Region {
@@ -130,8 +136,9 @@ impl Frames {
 
 // SAFETY: frames come from `TABLES_START..TABLES_END`, a RAM range that
 // nothing but this allocator uses; each is 4 KiB aligned, zeroed before it
-// is handed out, handed out once until freed; phys == virt (identity map),
-// so `phys_to_virt` points at the frame itself.
+// is handed out, handed out once until freed, and the pool is a static
+// (dropping a handle frees nothing); phys == virt (identity map), so
+// `phys_to_virt` points at the frame itself.
 unsafe impl TableAlloc for Frames {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let p = &POOL.0;
@@ -167,9 +174,10 @@ unsafe impl TableAlloc for Frames {
     }
 
     #[inline]
-    fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
-        // SAFETY: frames are non-zero addresses (>= TABLES_START), and the
-        // kernel's identity map makes a physical address usable as-is.
+    unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        // SAFETY: the caller passes one of our frames, whose address is at
+        // least `TABLES_START`, so not null; the kernel's identity map makes
+        // a physical address usable as-is.
         unsafe { NonNull::new_unchecked(pa.0 as *mut Table) }
     }
 }

@@ -217,9 +217,15 @@ pub fn read_u64(va: u64) -> Result<u64, PageFault> {
 }
 
 /// Writes the 8 bytes at `va` (8-byte aligned), or returns the page fault.
-pub fn write_u64(va: u64, value: u64) -> Result<(), PageFault> {
-    // SAFETY: as in `read_u64`; the store targets memory the suite owns (a
-    // mapping of the test pool), never kernel data.
+///
+/// # Safety
+///
+/// A page fault is caught, but a store that succeeds is a real store: `va`
+/// must map nothing, or only memory no Rust object lives in (the RAM pool
+/// the kernel hands to the suite and the benchmarks).
+pub unsafe fn write_u64(va: u64, value: u64) -> Result<(), PageFault> {
+    // SAFETY: as in `read_u64`; the store targets pool memory or faults
+    // (our caller's promise), never kernel data.
     let r = unsafe { probe_write64(va, value) };
     if r.faulted == 0 {
         Ok(())
@@ -260,7 +266,12 @@ unsafe impl Sync for IdtCell {}
 static IDT: IdtCell = IdtCell(UnsafeCell::new(InterruptDescriptorTable::new()));
 
 /// Installs the IDT with the stubs for vectors 0–31.
-pub fn init() {
+///
+/// # Safety
+///
+/// Call once, at boot, with interrupts off: the IDT is built in place and
+/// must not change once the processor uses it.
+pub unsafe fn init() {
     // SAFETY: `isr_table` is a static array of 32 addresses defined above.
     let table = unsafe { &isr_table };
     let addr = |v: usize| VirtAddr::new(table[v]);

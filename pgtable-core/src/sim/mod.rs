@@ -105,7 +105,9 @@
 //!
 //! 1. build `SimMachine::<MyArch>::new()` and an
 //!    `AddressSpace::<MyArch, _, _>::new(machine.mmu(), machine.alloc())`,
-//!    then `install()` it;
+//!    and install it with [`Installed::new`], which also deactivates it
+//!    when it is dropped, so its tables are freed (an installed address
+//!    space that is dropped leaks them);
 //! 2. drive your code, touching memory with `read_u64` / `write_u64` /
 //!    `exec` (from other threads too: the handles are `Send + Sync`);
 //! 3. call [`SimMachine::check`] after each operation;
@@ -148,9 +150,16 @@
 //! // Clear the entry behind the MMU's back (no flush): the TLB is stale.
 //! space.map(va, PhysAddr(0x8000_0000), 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
 //! machine.read_u64(va).unwrap();
-//! space.slot(va, 0).unwrap().store(0, core::sync::atomic::Ordering::Relaxed);
+//! // SAFETY: 0 may be stored in any leaf; the missing TLB flush is the bug
+//! // this example shows, on a machine where nothing but the check uses it.
+//! let slot = unsafe { space.slot(va, 0) }.unwrap();
+//! slot.store(0, core::sync::atomic::Ordering::Relaxed);
 //! let stale = machine.check_tlb().unwrap_err();
 //! assert_eq!(stale.va, va);
+//!
+//! // SAFETY (simulated): the simulated walker checks that a table frame is
+//! // still allocated before it reads it, so the tables may be freed.
+//! unsafe { space.deactivate() };
 //! ```
 //!
 //! [`Format::decode`]: crate::Format::decode
@@ -161,13 +170,15 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::{
-    Access, AccessFault, Arch, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbRange, VirtAddr,
+    Access, AccessFault, AddressSpace, Arch, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbRange,
+    VirtAddr,
 };
 
 mod state;
@@ -779,8 +790,8 @@ impl SimAlloc {
 }
 
 // SAFETY: frames come from the machine's `Arena` (which upholds the
-// contract) and are tracked, not altered, by the machine; `phys_to_virt` is
-// the arena's.
+// contract, leaking frames still allocated when the machine goes) and are
+// tracked, not altered, by the machine; `phys_to_virt` is the arena's.
 unsafe impl TableAlloc for SimAlloc {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         lock(&self.shared).alloc_table()
@@ -791,7 +802,58 @@ unsafe impl TableAlloc for SimAlloc {
         unsafe { lock(&self.shared).free_table(pa) }
     }
 
-    fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
-        lock(&self.shared).phys_to_virt(pa)
+    unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { lock(&self.shared).phys_to_virt(pa) }
+    }
+}
+
+/// An address space installed on a simulated machine, that
+/// [deactivates](AddressSpace::deactivate) it when it goes out of scope, so
+/// that dropping it frees its tables (also when a test fails and unwinds).
+/// It dereferences to the address space.
+///
+/// Freeing the tables of a root the simulated machine still has is safe:
+/// the simulated walker checks that a table frame is allocated before it
+/// reads it, and faults ([`SimFaultKind::FreedTable`]) otherwise.
+pub struct Installed<A: Arch, M: Mmu, T: TableAlloc> {
+    space: AddressSpace<A, M, T>,
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> Installed<A, M, T> {
+    /// Installs `space` and takes it over.
+    ///
+    /// # Safety
+    ///
+    /// `M` is a simulated MMU: a [`SimMmu`], or a wrapper whose
+    /// `install_root` does nothing but forward to one, so that no real CPU
+    /// ever walks these tables.
+    pub unsafe fn new(mut space: AddressSpace<A, M, T>) -> Self {
+        // SAFETY: only the simulated walker uses the root (our caller's
+        // promise), and it walks whatever it is given.
+        unsafe { space.install() };
+        Installed { space }
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> Deref for Installed<A, M, T> {
+    type Target = AddressSpace<A, M, T>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.space
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> DerefMut for Installed<A, M, T> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.space
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> Drop for Installed<A, M, T> {
+    fn drop(&mut self) {
+        // SAFETY: only the simulated walker uses the tables (promised to
+        // `new`), and it never reads a freed frame.
+        unsafe { self.space.deactivate() };
     }
 }

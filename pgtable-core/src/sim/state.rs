@@ -159,7 +159,8 @@ impl State {
         // A frame freed without a flush (an address space being dropped)
         // must not carry pending writes into its next life.
         if !self.pending.is_empty() {
-            let base = self.arena.phys_to_virt(pa).as_ptr() as u64;
+            // SAFETY: our caller passes a frame of ours that is not freed.
+            let base = unsafe { self.arena.phys_to_virt(pa) }.as_ptr() as u64;
             self.pending
                 .retain(|&slot, _| !(base..base + 4096).contains(&slot));
         }
@@ -167,8 +168,12 @@ impl State {
         unsafe { self.arena.free_table(pa) };
     }
 
-    pub(super) fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
-        self.arena.phys_to_virt(pa)
+    /// # Safety
+    ///
+    /// As [`TableAlloc::phys_to_virt`].
+    pub(super) unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.arena.phys_to_virt(pa) }
     }
 
     /// The table frame at `pa`, if `pa` is one (live or freed).
@@ -179,9 +184,10 @@ impl State {
         if !self.live.contains(&pa.0) {
             return Err(SimFaultKind::FreedTable(pa));
         }
-        // SAFETY: `pa` came from `self.arena`, which never returns a frame's
-        // memory to the global allocator before it is dropped, and it lives
-        // as long as `self`; entries are atomics, so shared access is sound.
+        // SAFETY: `pa` is a frame of `self.arena` that is not freed (both
+        // checked above), as `phys_to_virt` asks; it stays valid while
+        // `self` is borrowed, because freeing it needs `&mut self`; entries
+        // are atomics, so shared access is sound.
         Ok(unsafe { self.arena.phys_to_virt(pa).as_ref() })
     }
 

@@ -150,6 +150,21 @@ fn mv<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx.consistent("move_page_tables")
 }
 
+/// Maps the `END_PAGES` pages at `va` read-write and stores a pattern
+/// through each (caching writable translations); returns its seed.
+fn map_end_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    va: u64,
+) -> R<u64> {
+    let pa = cx.ram.pa_for(0, 0);
+    cx.map(va, pa, END_PAGES * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
+    let seed = cx.seed();
+    for i in 0..END_PAGES {
+        cx.write(va + i * K4, pattern(seed, i))?;
+    }
+    Ok(seed)
+}
+
 /// The last two pages of the half made read-only and writable again,
 /// after stores through every page cached writable translations.
 fn protect<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
@@ -157,12 +172,7 @@ fn protect<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     p: Place,
 ) -> R {
     let va = p.end;
-    let pa = cx.ram.pa_for(0, 0);
-    cx.map(va, pa, END_PAGES * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
-    let seed = cx.seed();
-    for i in 0..END_PAGES {
-        cx.write(va + i * K4, pattern(seed, i))?;
-    }
+    let seed = map_end_pages(cx, va)?;
     let ro = va + 2 * K4;
     cx.protect(ro, 2 * K4, Prot::READ_ONLY)?;
     for i in 0..END_PAGES {
@@ -239,12 +249,7 @@ fn moves<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H
 /// stores cached their translations.
 fn unmap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>, p: Place) -> R {
     let va = p.end;
-    let pa = cx.ram.pa_for(0, 0);
-    cx.map(va, pa, END_PAGES * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
-    let seed = cx.seed();
-    for i in 0..END_PAGES {
-        cx.write(va + i * K4, pattern(seed, i))?;
-    }
+    let seed = map_end_pages(cx, va)?;
     // The last two pages first: the first two keep their tables alive.
     let tail = va + 2 * K4;
     cx.unmap(tail, 2 * K4)?;

@@ -115,6 +115,9 @@
 //! let sum = suite::run(&mut space, &mut mach, &cfg);
 //! assert_eq!(sum.failed, 0);
 //! assert!(sum.passed > 0);
+//! // SAFETY (simulated): the simulated walker checks that a table frame is
+//! // still allocated before it reads it, so the tables may be freed.
+//! unsafe { space.deactivate() };
 //! # }
 //! ```
 //!

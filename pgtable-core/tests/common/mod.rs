@@ -1,19 +1,25 @@
 //! Helpers shared by the integration tests (a module, not a test target).
 
 /// Defines `$name`, a unit struct whose [`Format`](pgtable_core::Format) is
-/// `TestFormat<4>`'s, entry for entry, under the name `$label`; the test
-/// then writes the `Arch` impl that differs (the variant under test).
-/// `is_settled`, `leaf` and `va_ok` keep the trait's default bodies.
+/// `TestFormat<4>`'s, entry for entry, under the name `$label` (and, if
+/// given, with fewer output-address bits); the test then writes the `Arch`
+/// impl that differs (the variant under test). `is_settled`, `leaf` and
+/// `va_ok` keep the trait's default bodies.
 macro_rules! test_format_variant {
     ($(#[$m:meta])* $name:ident, $label:literal) => {
+        test_format_variant!($(#[$m])* $name, $label, pa_bits = 48);
+    };
+    ($(#[$m:meta])* $name:ident, $label:literal, pa_bits = $pa_bits:literal) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, Default)]
         struct $name;
 
-        impl pgtable_core::Format for $name {
+        // SAFETY: every method is `TestFormat<4>`'s, which upholds the
+        // contract; with fewer address bits it promises less.
+        unsafe impl pgtable_core::Format for $name {
             const NAME: &'static str = $label;
             const LEVELS: u32 = 4;
-            const PA_BITS: u32 = 48;
+            const PA_BITS: u32 = $pa_bits;
             fn leaf_allowed(h: u32) -> bool {
                 T4::leaf_allowed(h)
             }
