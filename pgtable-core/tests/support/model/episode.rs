@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 
-use pgtable_core::sim::SimMachine;
+use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{AddressSpace, Arch, Error, MapOptions, PhysAddr, VirtAddr};
 
 use super::gen::{Gen, MapKind, MoveKind, Op};
@@ -16,7 +16,8 @@ use super::{fail, known_panic, panic_msg, Failure, Tally, MAP_BUDGET, QUIET};
 /// One machine, its address space and the model of both.
 pub struct Episode<A: Arch> {
     pub(super) machine: SimMachine<A>,
-    pub(super) space: Space<A>,
+    /// Installed on the machine; deactivated when dropped.
+    pub(super) space: Installed<A, SimMmu<A>, SimAlloc>,
     pub(super) model: Model,
     /// Values stored through the MMU, by physical address.
     pub(super) phys: HashMap<u64, u64>,
@@ -28,9 +29,9 @@ impl<A: Arch> Episode<A> {
     pub(super) fn new() -> Self {
         let machine = SimMachine::<A>::new();
         let space = AddressSpace::new(machine.mmu(), machine.alloc()).expect("root table");
-        // SAFETY: simulated; only the simulator walks these tables, and the
-        // space outlives its use (the machine is dropped with it).
-        unsafe { space.install() };
+        // SAFETY: the MMU is a `SimMmu`: only the simulated walker uses
+        // these tables.
+        let space = unsafe { Installed::new(space) };
         Episode {
             machine,
             space,

@@ -23,9 +23,10 @@ pub type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
 pub type Snapshot = Vec<(u64, u32, Vec<u64>)>;
 
 fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &Table {
-    // SAFETY: `pa` is the root or a table reached from it, and the shared
-    // borrow of the space keeps every operation (and so every free) away
-    // while the reference lives.
+    // SAFETY: `pa` is the root or a table reached from it, so a live frame
+    // of the space's allocator (the contract of `phys_to_virt`), and the
+    // shared borrow of the space keeps every operation (and so every free)
+    // away while the reference lives.
     unsafe { space.alloc().phys_to_virt(pa).as_ref() }
 }
 
