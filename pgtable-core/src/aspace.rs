@@ -165,6 +165,9 @@ pub(crate) unsafe fn table_at<'t, T: TableAlloc>(alloc: &T, pa: PhysAddr) -> &'t
 pub(crate) struct Stash {
     head: u64,
     pub(crate) count: usize,
+    /// A [`take`](AddressSpace::take) found the reservation empty (a
+    /// counting bug; see there).
+    pub(crate) short: bool,
 }
 
 /// Table frames unlinked by an operation, freed after its TLB flush.
@@ -470,8 +473,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Allocates `n` tables up front, or none at all.
+    ///
+    /// The `tables_allocated` counter counts tables when they are taken
+    /// into the tables, not here, so that it tells how many the write
+    /// phase used (a reservation that was counted exactly is used up).
     pub(crate) fn reserve(&mut self, n: usize) -> Result<Stash, Error> {
-        let mut stash = Stash { head: 0, count: 0 };
+        let mut stash = Stash {
+            head: 0,
+            count: 0,
+            short: false,
+        };
         for _ in 0..n {
             match self.alloc.alloc_table() {
                 // `Format` promises that `table_entry` decodes back to the
@@ -499,32 +510,56 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
             }
         }
-        self.mmu.stats.add_tables_allocated(n as u64);
         Ok(stash)
     }
 
     /// Takes one reserved, zeroed table.
-    pub(crate) fn take(&mut self, stash: &mut Stash) -> PhysAddr {
-        assert!(stash.count > 0, "table reservation under-counted");
+    ///
+    /// Never `None` for an operation whose check phase counted right: each
+    /// operation counts exactly the tables its write phase takes, in a
+    /// read-only pass over the same tables that the write phase then walks
+    /// (see `map_check`, `split_check` and the dry run of
+    /// `move_page_tables`), and nothing the count relied on changes before
+    /// the write phase has taken its last table (`move_page_tables` unlinks
+    /// emptied source tables only after that). `tests/reservation.rs`
+    /// checks the counts over a grid of ranges and layouts.
+    ///
+    /// Should a count ever be short all the same, this does not panic in
+    /// the middle of a write: it returns `None` and marks the stash, the
+    /// caller leaves the rest of its work undone without losing a mapping,
+    /// and the operation returns [`Error::OutOfMemory`] with the tables
+    /// partly changed. Debug builds assert instead.
+    pub(crate) fn take(&mut self, stash: &mut Stash) -> Option<PhysAddr> {
+        debug_assert!(stash.count > 0, "table reservation under-counted");
+        let pa = self.pop(stash)?;
+        self.mmu.stats.add_tables_allocated(1);
+        Some(pa)
+    }
+
+    /// The next frame of the stash, marking it short when it is empty.
+    fn pop(&mut self, stash: &mut Stash) -> Option<PhysAddr> {
+        if stash.count == 0 {
+            stash.short = true;
+            return None;
+        }
         let pa = PhysAddr(stash.head);
         // SAFETY: stash frames are live frames of ours, not yet linked.
         let t = unsafe { table_at(&self.alloc, pa) };
         // Relaxed: the frame is private to this thread until linked.
         stash.head = t.entries[0].swap(0, Relaxed);
         stash.count -= 1;
-        pa
+        Some(pa)
     }
 
     /// Frees the tables left in a reservation (none are left when the
-    /// reservation was counted exactly).
+    /// reservation was counted exactly). They were never taken into the
+    /// tables, so the counters do not count them.
     pub(crate) fn release(&mut self, stash: Stash) {
-        self.mmu.stats.add_tables_freed(stash.count as u64);
         self.release_raw(stash);
     }
 
     fn release_raw(&mut self, mut stash: Stash) {
-        while stash.count > 0 {
-            let pa = self.take(&mut stash);
+        while let Some(pa) = self.pop(&mut stash) {
             // SAFETY: never linked into the tables, so no walker reaches it.
             unsafe { self.alloc.free_table(pa) };
         }
@@ -603,7 +638,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Replaces the block `raw` at `height` in `slot` (covering `va`) with a
     /// table of equivalent next-level leaves taken from `stash`. Uses
     /// break-before-make where the arch needs it; otherwise the old block's
-    /// translation is added to `gather`. Returns the new table.
+    /// translation is added to `gather`. Returns the new table, or `None`,
+    /// changing nothing, when the reservation is short (see
+    /// [`take`](Self::take)).
     pub(crate) fn split_block(
         &mut self,
         slot: &Slot,
@@ -612,8 +649,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         height: u32,
         stash: &mut Stash,
         gather: &mut TlbGather,
-    ) -> PhysAddr {
-        let child = self.take(stash);
+    ) -> Option<PhysAddr> {
+        let child = self.take(stash)?;
         // SAFETY: a reserved frame of ours, not yet linked.
         let ct = unsafe { table_at(&self.alloc, child) };
         let new = A::table_entry(child, height);
@@ -660,7 +697,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.mmu
             .stats
             .add_entries_written(crate::ENTRIES_PER_TABLE as u64 + 1);
-        child
+        Some(child)
     }
 
     /// Phase 1 of unmap and change_protection: the tables needed to split

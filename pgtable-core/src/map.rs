@@ -48,8 +48,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         self.map_fill(top, self.root, va.0, end, pa.0, prot, opts, &mut stash);
-        debug_assert_eq!(stash.count, 0);
+        debug_assert_eq!(stash.count, 0, "table reservation over-counted");
+        // Short only if `map_check` under-counted (see `take`).
+        let short = stash.short;
         self.release(stash);
+        if short {
+            return Err(Error::OutOfMemory);
+        }
         Ok(())
     }
 
@@ -204,12 +209,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     _ => {
                         // Phase 1 saw `None` here. Fill the new table, then
                         // link it (populate publishes the contents first);
-                        // this table's barrier covers the link.
-                        let c = self.take(stash);
-                        self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
-                        A::populate(&self.mmu, slot, c, height);
-                        self.mmu.stats.add_entries_written(1);
-                        wrote = true;
+                        // this table's barrier covers the link. (No table:
+                        // the count was short, see `take`; this part stays
+                        // unmapped.)
+                        if let Some(c) = self.take(stash) {
+                            self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
+                            A::populate(&self.mmu, slot, c, height);
+                            self.mmu.stats.add_entries_written(1);
+                            wrote = true;
+                        }
                     }
                 }
             }

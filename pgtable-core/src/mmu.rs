@@ -6,32 +6,7 @@
 //! nothing (for benchmarks of the algorithms alone and for tables that are
 //! not live).
 //!
-//! # Rules for implementations
-//!
-//! [`Mmu`] is an `unsafe trait`: the algorithms free table frames and hand
-//! physical pages back to their owner as soon as a flush returns, so a
-//! flush that does less than promised is a use-after-free in the kernel,
-//! not a wrong answer. An implementation promises:
-//!
-//! - [`walker_barrier`](Mmu::walker_barrier) returns only once every entry
-//!   written before it is visible to the hardware walker of every CPU that
-//!   shares the tables (arm64 `dsb ishst; isb`; a no-op where stores are
-//!   seen by the walker in program order, as on x86).
-//! - **Shootdown.** A flush returns only once *no CPU* on which the address
-//!   space may be live can use a translation for the flushed range that was
-//!   cached before the flush began: broadcast invalidation (arm64 `tlbi
-//!   …is` followed by `dsb ish`), or a local flush plus an IPI to every
-//!   other such CPU and a wait for its acknowledgement (x86 without
-//!   INVLPGB; Linux `flush_tlb_mm_range`). A flush of the executing CPU
-//!   only is correct only on a machine with one CPU.
-//! - A flush must itself order the entry writes that precede it (arm64
-//!   issues `dsb ishst` before `tlbi`), so no CPU refills the old entry
-//!   after the invalidation.
-//! - A range flush drops global and non-global translations alike for the
-//!   range (x86 `invlpg`; arm64 `tlbi vae1is` matches global entries
-//!   whatever the ASID operand). [`flush_tlb_mm`](Mmu::flush_tlb_mm) may
-//!   keep global translations; [`flush_tlb_all`](Mmu::flush_tlb_all) may
-//!   not.
+//! The rules an implementation must follow are in the [`Mmu`] docs.
 
 use crate::level::{shift, size};
 use crate::{PhysAddr, Slot, VirtAddr};
@@ -74,13 +49,32 @@ impl TlbRange {
 ///
 /// # Safety
 ///
-/// Implementations must follow the [rules of this module](self): barriers
-/// make earlier entry writes visible to every walker, and a flush returns
-/// only once no CPU on which the address space may be live can still use a
-/// translation it removed. The algorithms free table frames right after a
-/// flush returns, relying on this.
-/// [`entry_written`](Mmu::entry_written) receives live entries and must
-/// never write them.
+/// [`Mmu`] is an `unsafe trait`: the algorithms free table frames and hand
+/// physical pages back to their owner as soon as a flush returns, so a
+/// flush that does less than promised is a use-after-free in the kernel,
+/// not a wrong answer. An implementation promises:
+///
+/// - [`walker_barrier`](Mmu::walker_barrier) returns only once every entry
+///   written before it is visible to the hardware walker of every CPU that
+///   shares the tables (arm64 `dsb ishst; isb`; a no-op where stores are
+///   seen by the walker in program order, as on x86).
+/// - **Shootdown.** A flush returns only once *no CPU* on which the address
+///   space may be live can use a translation for the flushed range that was
+///   cached before the flush began: broadcast invalidation (arm64 `tlbi
+///   …is` followed by `dsb ish`), or a local flush plus an IPI to every
+///   other such CPU and a wait for its acknowledgement (x86 without
+///   INVLPGB; Linux `flush_tlb_mm_range`). A flush of the executing CPU
+///   only is correct only on a machine with one CPU.
+/// - A flush must itself order the entry writes that precede it (arm64
+///   issues `dsb ishst` before `tlbi`), so no CPU refills the old entry
+///   after the invalidation.
+/// - A range flush drops global and non-global translations alike for the
+///   range (x86 `invlpg`; arm64 `tlbi vae1is` matches global entries
+///   whatever the ASID operand). [`flush_tlb_mm`](Mmu::flush_tlb_mm) may
+///   keep global translations; [`flush_tlb_all`](Mmu::flush_tlb_all) may
+///   not.
+/// - [`entry_written`](Mmu::entry_written) receives live entries and must
+///   never write them.
 pub unsafe trait Mmu {
     /// Whether this MMU wants to observe every entry write through
     /// [`entry_written`](Mmu::entry_written) (the simulator does; hardware

@@ -13,6 +13,11 @@
 //!    became empty, flush the TLB once for the source range and only then
 //!    release the freed frames.
 //!
+//! The move takes every table before it frees any, so the dry run counts
+//! against tables that all stay: the free pass runs after the last table
+//! is taken, and it cannot free a table that the copy after the flush
+//! (below) still writes.
+//!
 //! **One-step moves** (a PUD-aligned 1 GiB move of one PUD entry, a run of
 //! PMD entries, one block): the first step is planned before the checks.
 //! When it moves the whole range at once, the walk that planned it has
@@ -53,7 +58,12 @@
 //! copy carries every such update, and the per-entry locked exchange (about
 //! as costly as the rest of the move on x86) is not needed. The destination
 //! still receives the table's entries one by one (the control variant keeps
-//! its 262,144 stores per GiB).
+//! its 262,144 stores per GiB). Its destination tables are linked when the
+//! table is unlinked, and the copy writes into them without a walk. A table
+//! whose destination tables also hold part of the source range (possible
+//! only next to the ends of the range) moves entry by entry instead: such
+//! a destination table may be a source table that the move empties and
+//! frees.
 //!
 //! Destination tables get one walker barrier each (a barrier is issued when
 //! the move leaves a destination table, and one at the end), not one per
@@ -233,15 +243,44 @@ struct Owed {
 }
 
 /// Source PTE tables unlinked whole during the move, to be copied after
-/// the flush: a list in address order, linked through each table's first
-/// entry, with the table's source address in its second entry (both values
-/// have their low 12 bits clear, so a walker that still reaches the table
-/// sees them as invalid entries and never writes them).
+/// the flush: a list in address order. The first [`DEFER_HEAD`] entries of
+/// each table moved before it was unlinked; their slots hold its record:
+/// the next table of the list, the table's source address, and the
+/// destination PTE tables of its two halves (see [`first_half`]; 0 when
+/// that half is empty). All of these have their low 12 bits clear, so a
+/// walker that still reaches the table sees them as invalid entries and
+/// never writes them.
 #[derive(Default)]
 struct Deferred {
     head: u64,
     tail: u64,
     count: usize,
+}
+
+/// Entries of a deferred PTE table that move before it is unlinked, to
+/// make room for its [`Deferred`] record.
+const DEFER_HEAD: usize = 4;
+
+/// How many entries of a whole PTE table moving to `new` land in the first
+/// destination PTE table (all 512 when `new` is PMD aligned).
+#[inline]
+fn first_half(new: u64) -> usize {
+    ((size(1) - (new & (size(1) - 1))) / PAGE_SIZE) as usize
+}
+
+/// Whether the destination PTE tables of a whole source PTE table moving
+/// to `new` (the one or two tables holding `[new, new + 2 MiB)`) also hold
+/// part of the source range `[old, old + len)`. Such a table can be a
+/// partly covered source table that the move empties before the deferred
+/// copy would fill it, so that table moves entry by entry instead (only
+/// tables next to the ends of the source range can be affected).
+#[inline]
+fn dest_meets_source(new: u64, old: u64, len: u64) -> bool {
+    let first = new & !(size(1) - 1);
+    // `[new, new + 2 MiB)` lies in the destination range, so this does
+    // not wrap.
+    let last = (new + (size(1) - 1)) | (size(1) - 1);
+    first <= old.wrapping_add(len - 1) && old <= last
 }
 
 /// Bytes from `old` (and `new`) to the nearer of the next boundaries of
@@ -376,7 +415,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let (mut o, mut n, mut rem) = (old, new, len);
         while rem > 0 {
             // The shortcut's step is still current: reserving tables does
-            // not change the tables.
+            // not change the tables. `plan(.., None)` fills every `Option`
+            // of a step (only the dry run's simulated splits leave them
+            // `None`), so the `expect`s below cannot fire.
             let step = match first
                 .take()
                 .unwrap_or_else(|| self.plan(o, n, rem, fast, None))
@@ -399,9 +440,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     self.split_block(slot, raw, VirtAddr(o), height, &mut stash, &mut gather);
                     0
                 }
-                Step::Ptes { len, src, pmd } => {
+                Step::Ptes {
+                    len: part,
+                    src,
+                    pmd,
+                } => {
                     let src = src.expect("a real source table");
-                    if o & (size(1) - 1) == 0 && rem >= size(1) {
+                    if o & (size(1) - 1) == 0 && rem >= size(1) && !dest_meets_source(n, old, len) {
                         // The whole PTE table moves: unlink it now and
                         // copy it after the flush (see `defer_ptes`).
                         let pmd = pmd.expect("a real PMD entry");
@@ -417,11 +462,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         );
                         size(1)
                     } else {
-                        self.move_ptes(src, o, n, len, &mut stash, &mut gather, &mut owed);
-                        len
+                        self.move_ptes(src, o, n, part, &mut stash, &mut gather, &mut owed);
+                        part
                     }
                 }
             };
+            if stash.short {
+                // The count was short (see `take`): the step changed
+                // nothing; stop here and keep what is left at the source.
+                break;
+            }
             o = o.wrapping_add(step);
             n = n.wrapping_add(step);
             rem -= step;
@@ -431,9 +481,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // ancestors) can have become empty, and only if it is not the root
         // and holds no other entry. Otherwise there is nothing to free and
         // no need to walk the range again. (A whole table moved out is
-        // empty: `free_empty` frees it without a scan.)
-        let nothing_to_free =
-            single.is_some_and(|(t, height, count): (&crate::Table, u32, usize)| {
+        // empty: `free_empty` frees it without a scan.) After a short
+        // count nothing is freed: entries that did not move may sit in
+        // tables `free_empty` takes to be empty.
+        let nothing_to_free = stash.short
+            || single.is_some_and(|(t, height, count): (&crate::Table, u32, usize)| {
                 height == A::LEVELS - 1
                     || (count < ENTRIES_PER_TABLE
                         // Relaxed: we hold the address space exclusively.
@@ -452,22 +504,29 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // The one TLB flush. Unlinked tables are freed only after it, and
         // the deferred PTE tables are copied only after it: from then on no
         // walker can reach them to set an accessed or dirty bit. Without
-        // deferred tables, one `finish` flushes and frees.
+        // deferred tables, one `finish` flushes and frees. The copy takes
+        // no table and walks nothing: `defer_ptes` linked its destination
+        // tables and recorded them, and `free_empty` above cannot have
+        // freed them (see `defer_ptes`).
         let q = if later.count == 0 {
             self.finish(gather, q);
             None
         } else {
             self.finish(gather, FreeQueue::new());
-            self.copy_deferred(later, new.wrapping_sub(old), &mut stash, &mut owed, &mut q);
+            self.copy_deferred(later, new.wrapping_sub(old), &mut owed, &mut q);
             Some(q)
         };
         if owed.pending {
             self.table_done();
         }
         debug_assert_eq!(stash.count, 0, "table reservation over-counted");
+        let short = stash.short;
         self.release(stash);
         if let Some(q) = q {
             self.finish(TlbGather::new(), q);
+        }
+        if short {
+            return Err(Error::OutOfMemory);
         }
         Ok(())
     }
@@ -819,13 +878,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The destination table at `height` (the one holding entries of that
     /// height) for `new`, allocating and linking the missing tables on the
     /// way from the reservation (Linux `alloc_new_pmd` / `alloc_new_pud`).
+    /// `None` only when the reservation is short (see `take`); the tables
+    /// linked until then stay, empty.
     fn dest_table(
         &mut self,
         new: u64,
         height: u32,
         stash: &mut Stash,
         owed: &mut Owed,
-    ) -> PhysAddr {
+    ) -> Option<PhysAddr> {
         let mut tpa = self.root;
         let mut h = A::LEVELS - 1;
         while h > height {
@@ -839,7 +900,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // Checked empty: this is `None`. Link a zeroed table
                     // (populate publishes its zeroing first); the barrier
                     // of this table covers the link.
-                    let c = self.take(stash);
+                    let c = self.take(stash)?;
                     A::populate(&self.mmu, slot, c, h);
                     self.wrote(owed, h, tpa);
                     tpa = c;
@@ -847,7 +908,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
             h -= 1;
         }
-        tpa
+        Some(tpa)
     }
 
     /// Notes a write to destination table `tpa` at `height`; issues the
@@ -956,7 +1017,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) {
         let dt = match dst {
             Dest::Table(pa) => pa,
-            Dest::Missing(_) => self.dest_table(new, height, stash, owed),
+            Dest::Missing(_) => match self.dest_table(new, height, stash, owed) {
+                Some(pa) => pa,
+                // Short reservation (see `take`): the entries stay.
+                None => return,
+            },
         };
         // SAFETY: `dst` / `dest_table` is a live table of ours; the run
         // stays inside it.
@@ -1006,8 +1071,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let Some(first) = src.iter().position(|e| e.load(Relaxed) != 0) else {
             return;
         };
-        // Only now, with something to move, take a destination table.
-        let dt = self.dest_table(new, 0, stash, owed);
+        // Only now, with something to move, take a destination table
+        // (none: the reservation is short, see `take`; the entries stay).
+        let Some(dt) = self.dest_table(new, 0, stash, owed) else {
+            return;
+        };
         // SAFETY: `dest_table` returns a live table of ours, distinct
         // entries from `src` (the ranges do not overlap).
         let dst = unsafe { &table_at(&self.alloc, dt).entries[index(new, 0)..][..n] };
@@ -1037,12 +1105,28 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Moves a whole source PTE table (`[old, old + 2 MiB)`, linked from
-    /// `pmd`) without an atomic exchange per entry: entries 0 and 1 move
-    /// now (their slots then carry the [`Deferred`] list), the table is
-    /// unlinked, and [`copy_deferred`](Self::copy_deferred) copies the rest
-    /// with plain loads after the flush. Until the flush a walker that
-    /// cached the path may still set accessed/dirty bits in the table; the
-    /// copy reads them, so none is lost.
+    /// `pmd`) without an atomic exchange per entry: the destination tables
+    /// are taken now, the first [`DEFER_HEAD`] entries move now (their
+    /// slots then carry the [`Deferred`] record), the table is unlinked,
+    /// and [`copy_deferred`](Self::copy_deferred) copies the rest with
+    /// plain loads after the flush. Until the flush a walker that cached the
+    /// path may still set accessed/dirty bits in the table; the copy reads
+    /// them, so none is lost.
+    ///
+    /// The copy runs after `free_empty`, so every table it writes must
+    /// survive that pass; it does, by construction:
+    /// - each destination PTE table is linked here, and only for a half of
+    ///   the source table that holds an entry, so it ends up holding that
+    ///   entry; its ancestors hold the link, and none of them is covered
+    ///   whole by the source range (each spans a destination address), so
+    ///   `free_empty` never takes them for empty;
+    /// - the destination PTE tables themselves do not meet the source range
+    ///   (the caller defers only then, see [`dest_meets_source`]), so
+    ///   `free_empty` never looks at them, empty as they are until the copy.
+    ///
+    /// Takes the same tables, in the same order, as the dry run counts for
+    /// the two halves. Changes nothing and leaves the table in place when
+    /// the reservation is short (see `take`).
     #[allow(clippy::too_many_arguments)]
     fn defer_ptes(
         &mut self,
@@ -1058,14 +1142,28 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // SAFETY: a table reached from the root; unlinked below, freed only
         // after the copy.
         let t = unsafe { table_at(&self.alloc, src) };
-        for (k, e) in t.entries[..2].iter().enumerate() {
-            // Relaxed: we hold the address space exclusively.
+        let split = first_half(new);
+        let mut dts = [0u64; 2];
+        for (dt, (lo, hi)) in dts.iter_mut().zip([(0, split), (split, ENTRIES_PER_TABLE)]) {
+            // Relaxed: we hold the address space exclusively; the hardware
+            // never makes a none entry valid.
+            if t.entries[lo..hi].iter().any(|e| e.load(Relaxed) != 0) {
+                let va = new + lo as u64 * PAGE_SIZE;
+                match self.dest_table(va, 0, stash, owed) {
+                    Some(pa) => *dt = pa.0,
+                    None => return,
+                }
+            }
+        }
+        for (k, e) in t.entries[..DEFER_HEAD].iter().enumerate() {
+            // Relaxed: as above.
             if e.load(Relaxed) == 0 {
                 continue;
             }
             let va = new + k as u64 * PAGE_SIZE;
-            let dt = self.dest_table(va, 0, stash, owed);
-            // SAFETY: `dest_table` returns a live table of ours.
+            // Nonzero: its half holds an entry, so its table was taken.
+            let dt = PhysAddr(dts[usize::from(k >= split)]);
+            // SAFETY: `dest_table` returned a live table of ours.
             let d = unsafe { &table_at(&self.alloc, dt).entries[index(va, 0)] };
             // Atomic: the table is still live.
             let pte = A::ptep_get_and_clear(&self.mmu, e);
@@ -1078,10 +1176,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // Atomic, as `move_table_entry`; walk caches of the path must go.
         generic::get_and_clear(&self.mmu, pmd);
         gather.add_tables(VirtAddr(old), size(1));
-        // Relaxed: only this thread follows the list; a walker reading
+        // Relaxed: only this thread follows the record; a walker reading
         // these slots sees invalid entries (low 12 bits clear).
         t.entries[0].store(0, Relaxed);
         t.entries[1].store(old, Relaxed);
+        t.entries[2].store(dts[0], Relaxed);
+        t.entries[3].store(dts[1], Relaxed);
         if later.count == 0 {
             later.head = src.0;
         } else {
@@ -1096,29 +1196,27 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// After the flush: copies the deferred source PTE tables to their
     /// destinations (`delta` = destination − source) with plain loads, and
-    /// queues them for freeing.
-    fn copy_deferred(
-        &mut self,
-        later: Deferred,
-        delta: u64,
-        stash: &mut Stash,
-        owed: &mut Owed,
-        q: &mut FreeQueue,
-    ) {
+    /// queues them for freeing. Takes no table and walks nothing: the
+    /// destination tables are in each table's record.
+    fn copy_deferred(&mut self, later: Deferred, delta: u64, owed: &mut Owed, q: &mut FreeQueue) {
         let mut pa = later.head;
         for _ in 0..later.count {
             // SAFETY: a deferred table of ours: unlinked, flushed, not freed.
             let t = unsafe { table_at(&self.alloc, PhysAddr(pa)) };
             // Relaxed: private to this thread since the flush.
-            let (next, old) = (t.entries[0].load(Relaxed), t.entries[1].load(Relaxed));
-            let new = old.wrapping_add(delta);
+            let next = t.entries[0].load(Relaxed);
+            let new = t.entries[1].load(Relaxed).wrapping_add(delta);
+            let dts = [t.entries[2].load(Relaxed), t.entries[3].load(Relaxed)];
             // Entries that land in the first destination table, then the
             // rest (a misaligned destination spans two tables).
-            let split = ((size(1) - (new & (size(1) - 1))) / PAGE_SIZE) as usize;
-            for (lo, hi) in [(0, split), (split, ENTRIES_PER_TABLE)] {
-                // Entries 0 and 1 moved already.
-                let lo = lo.max(2);
-                if lo >= hi {
+            let split = first_half(new);
+            for (dt, (lo, hi)) in dts
+                .into_iter()
+                .zip([(0, split), (split, ENTRIES_PER_TABLE)])
+            {
+                // The first entries moved already.
+                let lo = lo.max(DEFER_HEAD);
+                if dt == 0 || lo >= hi {
                     continue;
                 }
                 let src = &t.entries[lo..hi];
@@ -1127,9 +1225,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     continue;
                 };
                 let va = new.wrapping_add(lo as u64 * PAGE_SIZE);
-                let dt = self.dest_table(va, 0, stash, owed);
-                // SAFETY: `dest_table` returns a live table of ours.
-                let dst = unsafe { &table_at(&self.alloc, dt).entries[index(va, 0)..][..hi - lo] };
+                // SAFETY: `defer_ptes` took this table and linked it; the
+                // move freed nothing on its path (see there).
+                let dst = unsafe {
+                    &table_at(&self.alloc, PhysAddr(dt)).entries[index(va, 0)..][..hi - lo]
+                };
                 let mut moved = 0u64;
                 for (s, d) in src[first..].iter().zip(&dst[first..]) {
                     // Relaxed: no walker can reach the source any more; the
@@ -1140,7 +1240,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         moved += 1;
                     }
                 }
-                self.wrote(owed, 0, dt);
+                self.wrote(owed, 0, PhysAddr(dt));
                 self.mmu.stats.add_entries_written(moved);
             }
             self.queue_free(q, PhysAddr(pa));

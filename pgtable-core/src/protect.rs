@@ -131,8 +131,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut gather = TlbGather::new();
         self.protect_change(top, self.root, va.0, end, prot, &mut stash, &mut gather);
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
+        // Short only if `split_check` under-counted (see `take`).
+        let short = stash.short;
         self.release(stash);
         self.finish(gather, FreeQueue::new());
+        if short {
+            return Err(Error::OutOfMemory);
+        }
         Ok(())
     }
 
@@ -184,8 +189,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 Decoded::Leaf(_) => {
                     // Partly covered (Linux `__split_huge_pmd`): split, then
                     // change the covered part one level down.
-                    let c = self.split_block(slot, raw, VirtAddr(va), height, stash, gather);
-                    self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                    // (No table: the count was short, see `take`; the
+                    // block keeps its protection.)
+                    if let Some(c) =
+                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
+                    {
+                        self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                    }
                 }
                 Decoded::None | Decoded::Invalid => {}
             }

@@ -35,8 +35,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut gather = TlbGather::new();
         let mut q = FreeQueue::new();
         self.unmap_clear(top, self.root, va.0, end, &mut stash, &mut gather, &mut q);
+        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
+        // Short only if `split_check` under-counted (see `take`).
+        let short = stash.short;
         self.release(stash);
         self.finish(gather, q);
+        if short {
+            return Err(Error::OutOfMemory);
+        }
         Ok(())
     }
 
@@ -75,8 +81,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     gather.add_leaf(VirtAddr(va), height);
                 }
                 Decoded::Leaf(_) => {
-                    let c = self.split_block(slot, raw, VirtAddr(va), height, stash, gather);
-                    self.unmap_clear(height - 1, c, va, next, stash, gather, q);
+                    // (No table: the count was short, see `take`; the block
+                    // stays.)
+                    if let Some(c) =
+                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
+                    {
+                        self.unmap_clear(height - 1, c, va, next, stash, gather, q);
+                    }
                 }
                 Decoded::Table(c) => {
                     let whole = covers(va, next, height);

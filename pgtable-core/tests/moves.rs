@@ -485,12 +485,13 @@ fn observing_mmu_sees_every_entry_write_of_a_move() {
     // A store per page at the destination, and a clear per page at the
     // source except in the 3 whole source PTE tables (PMD 1-3): those are
     // unlinked (one write each) and copied after the flush; only their
-    // entries 0 and 1 are cleared, to hold the list of deferred tables.
+    // entries 0 to 3 are cleared, to hold the record of a deferred table
+    // (the list link, its address and its two destination tables).
     // Plus the table links (4 destination PTE tables and a PMD table) and
     // the unlinks of the 2 emptied partial source PTE tables and of their
     // PMD table.
     let whole = 3;
-    let clears = pages - whole * 510;
+    let clears = pages - whole * 508;
     let tables_linked = 4 + 1;
     let tables_unlinked = whole + 2 + 1;
     assert_eq!(
@@ -934,9 +935,9 @@ fn hardware_updates_until_the_flush_reach_the_destination() {
         }
     }
     // The agent found the entries of the deferred tables still valid
-    // (5 whole tables, less the 2 list slots of each), and every one of its
-    // updates arrived at the destination.
-    assert_eq!(s.mmu().updated.get(), 5 * 510);
+    // (5 whole tables, less the 4 record slots of each), and every one of
+    // its updates arrived at the destination.
+    assert_eq!(s.mmu().updated.get(), 5 * 508);
     assert_eq!(carried, s.mmu().updated.get());
     assert_eq!(s.alloc().live(), s.count_tables());
 }
@@ -1164,4 +1165,76 @@ fn allocation_failure_in_a_one_step_move_leaves_everything_as_before() {
     assert_eq!(k, 2);
     assert_eq!(s.translate(VirtAddr(new)).unwrap().pa, PA);
     assert_eq!(s.alloc().live(), s.count_tables());
+}
+
+// ----- whole source PTE tables whose destination tables the move empties -----
+
+/// Moves `[old, old + len)` to `new` with `opts` in a `TestFormat<L>`
+/// space holding the 4 KiB pages `pages` (each mapped to `PA` plus its
+/// index pages), then checks that every page arrived, the source is empty
+/// and no table frame leaked.
+fn move_pages<const L: u32>(pages: &[u64], old: u64, new: u64, len: u64, opts: MoveOptions) {
+    let mut s = AddressSpace::<TestFormat<L>, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    for (i, &va) in pages.iter().enumerate() {
+        let pa = PhysAddr(PA.0 + i as u64 * KIB4);
+        s.map(VirtAddr(va), pa, KIB4, Prot::READ_WRITE, MapOptions::PAGES)
+            .unwrap();
+    }
+    let r = s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts);
+    assert_eq!(r, Ok(()), "{L} levels, {opts:?}");
+    for (i, &va) in pages.iter().enumerate() {
+        let pa = PhysAddr(PA.0 + i as u64 * KIB4);
+        let at = if (old..old + len).contains(&va) {
+            assert!(s.translate(VirtAddr(va)).is_none(), "{va:#x} still mapped");
+            va - old + new
+        } else {
+            va
+        };
+        let t = s.translate(VirtAddr(at));
+        assert_eq!(
+            t.map(|t| t.pa),
+            Some(pa),
+            "{L} levels, {opts:?}: page of {va:#x} at {at:#x}"
+        );
+    }
+    assert_eq!(
+        s.alloc().live(),
+        s.count_tables(),
+        "{L} levels, {opts:?}: leaked tables"
+    );
+}
+
+/// Every format depth and move variant.
+fn move_pages_everywhere(pages: &[u64], old: u64, new: u64, len: u64) {
+    for opts in [
+        MoveOptions::DEFAULT,
+        MoveOptions::PMD_ONLY,
+        MoveOptions::PTES_ONLY,
+    ] {
+        move_pages::<3>(pages, old, new, len, opts);
+        move_pages::<4>(pages, old, new, len, opts);
+        move_pages::<5>(pages, old, new, len, opts);
+    }
+}
+
+#[test]
+fn whole_table_to_a_misaligned_destination_in_the_emptied_pmd_table() {
+    // The source PTE table moves whole (copied after the flush); moving it
+    // out empties the PMD table (and every table above it) that the
+    // destination, 4 MiB further and one page off, hangs from too.
+    move_pages_everywhere(&[0x4020_2000], 0x4020_0000, 0x4060_1000, MIB2);
+}
+
+#[test]
+fn whole_table_into_the_emptied_partly_covered_end_table() {
+    // The source ends one page into the PTE table at 0x4040_0000, and the
+    // destination starts right after it, in that same table: the whole
+    // source table before it lands there, while the page at 0x4040_0000
+    // moves out and leaves that table empty.
+    move_pages_everywhere(
+        &[0x4020_2000, 0x4040_0000],
+        0x4020_0000,
+        0x4040_1000,
+        MIB2 + KIB4,
+    );
 }
