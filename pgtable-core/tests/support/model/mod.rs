@@ -78,39 +78,6 @@ const MAP_BUDGET: u64 = 4096;
 /// Most pages whose translation is rechecked at full checks.
 const TOUCHED_MAX: usize = 2048;
 
-/// Known bugs whose fixes are in progress: a panic of this operation kind
-/// whose message contains this text ends the episode (the address space
-/// is abandoned mid-operation, so nothing after it could be checked) and
-/// is counted in the summary instead of failing the run. Every other
-/// divergence on the same paths still fails. Remove an entry with its fix.
-pub const KNOWN_PANICS: &[(&str, &str)] = &[
-    // TODO(move reservation under-count, being fixed in moves.rs): a move
-    // that takes a whole source PTE table by the deferred path unlinks it,
-    // `free_empty` then frees the emptied tables the destination path
-    // shares, and the copy after the flush needs more tables than were
-    // reserved (e.g. map 0x4020_2000, 4 KiB; move 0x4020_0000 ->
-    // 0x4060_1000, 2 MiB; or on arm64 39-bit VA: map 0x3f_0000_0000
-    // 0xf000; move it to 0xffff_ffc0_c000_0000 (0x40_3000); move 0x10000
-    // from there to 0xffff_ffc0_ffff_f000; move 0x40_0000 from there to
-    // 0xffff_ffc0_bfff_d000).
-    ("move", "table reservation under-counted"),
-];
-
-/// The known bug `op` panicked with, if any.
-fn known_panic(op: &Op, msg: &str) -> Option<&'static str> {
-    let kind = match op {
-        Op::Map { .. } => "map",
-        Op::Unmap { .. } => "unmap",
-        Op::Protect { .. } => "protect",
-        Op::Move { .. } => "move",
-        Op::Touch { .. } => "touch",
-    };
-    KNOWN_PANICS
-        .iter()
-        .find(|(k, text)| *k == kind && msg.contains(text))
-        .map(|(_, text)| *text)
-}
-
 /// What to exercise for one format.
 pub struct Config {
     /// Name printed in reports, e.g. `"arm64-4K-48bit"`.
@@ -194,16 +161,6 @@ fn install_hook() {
                 // Shrinking: the failure is reported when it ends.
                 return;
             }
-            let msg = info
-                .payload()
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
-                .unwrap_or_default();
-            if KNOWN_PANICS.iter().any(|(_, text)| msg.contains(text)) {
-                // Counted in the summary (see `KNOWN_PANICS`).
-                return;
-            }
             let printed = TRACE.with(|t| {
                 let Ok(t) = t.try_borrow() else {
                     return false;
@@ -258,7 +215,6 @@ pub fn run<A: Arch>(cfg: &Config) {
     let t0 = Instant::now();
     let mut tally = Tally::default();
     let mut episode = 0;
-    // Counted as run: an episode a known bug ends early runs fewer.
     while tally.ops < ops {
         let n = EPISODE_OPS.min(ops - tally.ops);
         let es = episode_seed(seed, episode);
@@ -361,13 +317,6 @@ fn run_episode<A: Arch>(
         }
     };
     TRACE.with(|t| *t.borrow_mut() = None);
-    if let Err(Failure { kind: "known", msg }) = &r {
-        tally.note("known bug hit (episode ended)", msg);
-        // The operation stopped half way: the tables are not fit to be
-        // freed, so the episode's memory is left behind.
-        std::mem::forget(ep);
-        return Ok(());
-    }
     let r = r.and_then(|()| ep.drop_check());
     r.map_err(|f| {
         let at = log.len().saturating_sub(1);
