@@ -443,11 +443,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if !A::va_ok(va.0) {
             return Err(Error::OutOfRange(va));
         }
-        let last = va.0.checked_add(len - 1).ok_or(Error::OutOfRange(va))?;
-        // Both ends valid and on the same side of the non-canonical hole.
-        if !A::va_ok(last) || (va.0 ^ last) >> (A::VA_BITS - 1) != 0 {
-            let hole = (va.0 | ((1u64 << (A::VA_BITS - 1)) - 1)).wrapping_add(1);
-            return Err(Error::OutOfRange(VirtAddr(hole)));
+        // The end of `va`'s half: the start of the non-canonical hole, or
+        // 0 (2^64) for the upper half.
+        let hole = (va.0 | ((1u64 << (A::VA_BITS - 1)) - 1)).wrapping_add(1);
+        // The range must end inside that half (`hole - va` bytes are left,
+        // at least one page), which also rules out wrapping past 2^64.
+        if len - 1 > hole.wrapping_sub(va.0) - 1 || !A::va_ok(va.0 + (len - 1)) {
+            // The first address the range cannot have is the hole; past
+            // the top of the 64-bit space there is none, so the range is
+            // named by its start.
+            return Err(Error::OutOfRange(if hole == 0 {
+                va
+            } else {
+                VirtAddr(hole)
+            }));
         }
         Ok(va.0.wrapping_add(len))
     }

@@ -19,7 +19,10 @@ pub enum Error {
     /// The length is zero.
     ZeroLength,
     /// The range leaves the format's virtual address space or is not
-    /// canonical; the address is the first offending one.
+    /// canonical; the address is the first offending one (the start of
+    /// the non-canonical hole for a range that runs into it), or the
+    /// range's start when the range runs past the top of the 64-bit
+    /// space, where no first offending address can be named.
     OutOfRange(VirtAddr),
     /// The physical range does not fit the format's output address bits.
     PhysOutOfRange(PhysAddr),

@@ -71,8 +71,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if height == 0 || all_leaves::<A>(height, va, end, pa, opts) {
             // Every entry becomes a leaf (a page, or a block of the fast
             // path): they must all be free.
-            if let Some(at) = table.and_then(|t| first_used(t, height, va, end)) {
-                return Err(Error::AlreadyMapped(at));
+            if let Some(t) = table {
+                if let Some(at) = first_used(t, height, va, end) {
+                    let next = entry_end(at.0, height, end);
+                    // Relaxed: we hold the address space exclusively.
+                    let raw = t.entries[index(at.0, height)].load(Relaxed);
+                    return Err(Error::AlreadyMapped(
+                        self.first_mapped_at(raw, height, at.0, next),
+                    ));
+                }
             }
             return Ok(0);
         }
@@ -83,7 +90,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let raw = table.map_or(0, |t| t.entries[index(va, height)].load(Relaxed));
             if use_leaf::<A>(height, va, next, pa, opts) {
                 if raw != 0 {
-                    return Err(Error::AlreadyMapped(VirtAddr(va)));
+                    return Err(Error::AlreadyMapped(
+                        self.first_mapped_at(raw, height, va, next),
+                    ));
                 }
             } else {
                 match A::decode(raw, height) {
@@ -105,6 +114,21 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if va == end {
                 return Ok(need);
             }
+        }
+    }
+
+    /// Where a map that wants a leaf for the entry `raw` at `height`
+    /// (covering `[va, next)`, not none) first meets a mapping: `va` for a
+    /// leaf or a software entry, the first mapped address below for a
+    /// table (what the caller can act on, not the start of the slot), or
+    /// `va` again for a table that maps nothing (it is in the way all the
+    /// same; the operations never leave one linked).
+    fn first_mapped_at(&self, raw: u64, height: u32, va: u64, next: u64) -> VirtAddr {
+        match A::decode(raw, height) {
+            Decoded::Table(c) if height > 0 => self
+                .first_mapped_in(height - 1, c, va, next)
+                .unwrap_or(VirtAddr(va)),
+            _ => VirtAddr(va),
         }
     }
 
@@ -132,7 +156,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 for e in &t.entries[i..i + n] {
                     A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
                     pa += PAGE_SIZE;
-                    va += PAGE_SIZE;
+                    // Wrapping: past the last page of the 64-bit space the
+                    // address is 2^64, and it is not used again.
+                    va = va.wrapping_add(PAGE_SIZE);
                 }
             } else {
                 for e in &t.entries[i..i + n] {

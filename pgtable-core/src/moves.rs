@@ -537,7 +537,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.first_mapped_in(A::LEVELS - 1, self.root, va, va.wrapping_add(len))
     }
 
-    fn first_mapped_in(
+    pub(crate) fn first_mapped_in(
         &self,
         height: u32,
         tpa: PhysAddr,

@@ -274,6 +274,22 @@ fn the_top_page_of_the_upper_half_maps_and_unmaps() {
 }
 
 #[test]
+fn the_top_page_maps_with_a_barrier_per_entry_too() {
+    // The per-entry control variant advanced its address past the last
+    // page: 2^64 overflowed (a panic with overflow checks, a silent wrap
+    // without).
+    for (va, len) in [(0xffff_ffff_ffff_f000, K4), (0xffff_ffff_ffff_d000, 3 * K4)] {
+        let mut s = space::<4>();
+        let opts = MapOptions::PAGES.barrier_per_entry();
+        s.map(VirtAddr(va), PhysAddr(0x7000), len, Prot::READ_ONLY, opts)
+            .unwrap();
+        assert_eq!(pa_of(&s, 0xffff_ffff_ffff_fff8), Some(0x7000 + len - 8));
+        s.unmap(VirtAddr(va), len).unwrap();
+        assert_eq!(s.count_tables(), 1);
+    }
+}
+
+#[test]
 fn bad_input_is_rejected_and_changes_nothing() {
     let mut s = space::<4>();
     s.map(
@@ -372,6 +388,64 @@ fn bad_input_is_rejected_and_changes_nothing() {
         s.mmu().take().is_empty(),
         "no barrier or flush for rejected input"
     );
+}
+
+#[test]
+fn already_mapped_names_the_first_mapped_address_not_the_block_slot() {
+    // One page in the middle of a 2 MiB slot; a map wanting blocks over
+    // the slot must report that page, which the caller can act on.
+    let page = 0x4000_3000;
+    let cases = [
+        ("one block", M2, MapOptions::BLOCKS),
+        ("a run of blocks", 2 * M2, MapOptions::BLOCKS),
+        (
+            "blocks, one barrier each",
+            M2,
+            MapOptions::BLOCKS.barrier_per_entry(),
+        ),
+        ("a 1 GiB block", G1, MapOptions::BLOCKS),
+    ];
+    for (name, len, opts) in cases {
+        let mut s = space::<4>();
+        s.map(
+            VirtAddr(page),
+            PhysAddr(0x7000),
+            K4,
+            Prot::READ_ONLY,
+            MapOptions::PAGES,
+        )
+        .unwrap();
+        let before = snapshot(&s);
+        let r = s.map(
+            VirtAddr(0x4000_0000),
+            PhysAddr(0x8000_0000),
+            len,
+            Prot::READ_WRITE,
+            opts,
+        );
+        assert_eq!(r, Err(Error::AlreadyMapped(VirtAddr(page))), "{name}");
+        assert_eq!(snapshot(&s), before, "{name} changed the tables");
+    }
+}
+
+#[test]
+fn out_of_range_names_the_hole_also_when_the_length_wraps_past_the_top() {
+    // A lower-half range whose end would pass 2^64: the first address it
+    // cannot have is still the start of the non-canonical hole.
+    let mut s = space::<4>();
+    let va = VirtAddr(0x7fff_ffff_f000);
+    let len = !(K4 - 1);
+    let hole = Err(Error::OutOfRange(VirtAddr(1 << 47)));
+    let rw = Prot::READ_WRITE;
+    assert_eq!(s.map(va, PhysAddr(0), len, rw, MapOptions::PAGES), hole);
+    assert_eq!(s.unmap(va, len), hole);
+    assert_eq!(s.change_protection(va, len, rw), hole);
+    assert_eq!(s.walk(va, len, |_| {}), hole);
+    assert_eq!(s.move_page_tables(VirtAddr(0), va, len), hole);
+    // An upper-half range that passes 2^64 has no first invalid address
+    // in 64 bits: it is named by its start.
+    let top = VirtAddr(0xffff_ffff_ffff_e000);
+    assert_eq!(s.unmap(top, 3 * K4), Err(Error::OutOfRange(top)));
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! `cargo xtask ci` and `cargo xtask bench`.
+//! `cargo xtask ci`, `cargo xtask bench`, `cargo xtask soak` and
+//! `cargo xtask miri`.
 
 use std::process::Command;
 
@@ -78,6 +79,51 @@ pub fn bench() -> Result<(), String> {
     sh(cargo().args(["bench", "--workspace", "--all-features"]))?;
     crate::linux_mremap::bench()?;
     crate::x86::bench()
+}
+
+/// Operations per format in a soak run unless `--ops` says otherwise.
+const SOAK_OPS: u64 = 1_000_000;
+
+/// The model test's soak run: `ops` random operations per format (every
+/// format of the three crates) against the reference model, built with the
+/// `soak` profile (optimised, with overflow checks and debug assertions).
+/// Each format prints its seed, operation count and time; a failure prints
+/// the episode seed that replays it. Without `--ops` / `--seed` the
+/// environment's `PGTABLE_SOAK_OPS` / `PGTABLE_SOAK_SEED` apply (see
+/// `pgtable-core/tests/support/model/mod.rs`); without either, a million
+/// operations from a fresh seed.
+pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
+    let mut c = cargo();
+    // --no-fail-fast: every format runs and reports, whichever fails.
+    c.args([
+        "test",
+        "--profile",
+        "soak",
+        "--all-features",
+        "--no-fail-fast",
+    ])
+    .args([
+        "-p",
+        "pgtable-core",
+        "-p",
+        "pgtable-arm64",
+        "-p",
+        "pgtable-x86",
+    ])
+    .args(["--test", "model", "--", "--nocapture"]);
+    match ops {
+        Some(n) => {
+            c.env("PGTABLE_SOAK_OPS", n.to_string());
+        }
+        None if std::env::var_os("PGTABLE_SOAK_OPS").is_none() => {
+            c.env("PGTABLE_SOAK_OPS", SOAK_OPS.to_string());
+        }
+        None => {}
+    }
+    if let Some(s) = seed {
+        c.env("PGTABLE_SOAK_SEED", s.to_string());
+    }
+    sh(&mut c)
 }
 
 /// Test-name fragments Miri skips: cases that write a GiB or more of

@@ -8,6 +8,10 @@
 //! - `cargo xtask bench`: the host criterion benchmarks, Linux's own
 //!   `mremap` of 1 GiB on this machine, and the x86 kernel's in-kernel
 //!   benchmarks (booted in QEMU) in the same run.
+//! - `cargo xtask soak [--ops N] [--seed S]`: the model test (random
+//!   operation sequences against a reference model) with a million
+//!   operations per format (or `N`), optimised with overflow checks and
+//!   debug assertions; prints each format's seed, count and time.
 //! - `cargo xtask miri`: pgtable-core's host tests under Miri (nightly).
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
@@ -35,7 +39,7 @@ pub struct QemuOpts {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <ci | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench | miri>"
+        "usage: cargo xtask <ci | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench | soak [--ops N] [--seed S] | miri>"
     );
     ExitCode::from(2)
 }
@@ -52,6 +56,10 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         "bench" => ci::bench(),
+        "soak" => match parse_soak_opts(&args[1..]) {
+            Ok((ops, seed)) => ci::soak(ops, seed),
+            Err(e) => Err(e),
+        },
         "miri" => ci::miri(),
         _ => return usage(),
     };
@@ -105,6 +113,26 @@ fn parse_qemu_opts(args: &[String]) -> Result<QemuOpts, String> {
         ));
     }
     Ok(opts)
+}
+
+/// `--ops N` and `--seed S` of `soak` (decimal, or hex with `0x`).
+fn parse_soak_opts(args: &[String]) -> Result<(Option<u64>, Option<u64>), String> {
+    let (mut ops, mut seed) = (None, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+        let n = match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => v.parse(),
+        }
+        .map_err(|e| format!("{a}: {e}"))?;
+        match a.as_str() {
+            "--ops" => ops = Some(n),
+            "--seed" => seed = Some(n),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok((ops, seed))
 }
 
 fn qemu_test(opts: &QemuOpts) -> Result<(), String> {

@@ -1,0 +1,29 @@
+//! Random `map` / `unmap` / `change_protection` / `move_page_tables`
+//! sequences on the simulated machine against a reference model, for the
+//! arm64 formats (48-bit and 39-bit VA). The engine is pgtable-core's
+//! `tests/support/model/mod.rs`, which also describes how to replay a
+//! failure and run the soak (`cargo xtask soak`).
+
+#[path = "../../pgtable-core/tests/support/model/mod.rs"]
+mod model;
+
+use pgtable_arm64::{Arm64, Arm64Va39};
+use pgtable_core::Arch;
+
+fn run<A: Arch>(label: &'static str) {
+    let cfg = model::Config {
+        label,
+        package: env!("CARGO_PKG_NAME"),
+    };
+    model::run::<A>(&cfg);
+}
+
+#[test]
+fn model_arm64_48bit_va() {
+    run::<Arm64>("arm64-4K-48bit");
+}
+
+#[test]
+fn model_arm64_39bit_va() {
+    run::<Arm64Va39>("arm64-4K-39bit");
+}

@@ -1,0 +1,41 @@
+//! Random `map` / `unmap` / `change_protection` / `move_page_tables`
+//! sequences on the simulated machine against a reference model, for the
+//! test formats (3, 4 and 5 levels, and the deferred block-protection
+//! path). The engine, shared with the arch crates, and how to replay a
+//! failure or run the soak (`cargo xtask soak`) are described in
+//! `tests/support/model/mod.rs`.
+#![cfg(feature = "sim")]
+
+#[path = "support/model/mod.rs"]
+mod model;
+
+use pgtable_core::test_format::TestFormat;
+use pgtable_core::{Arch, DeferredBlockProt};
+
+fn run<A: Arch>(label: &'static str) {
+    let cfg = model::Config {
+        label,
+        package: env!("CARGO_PKG_NAME"),
+    };
+    model::run::<A>(&cfg);
+}
+
+#[test]
+fn model_test_format_3_levels() {
+    run::<TestFormat<3>>("test-3level");
+}
+
+#[test]
+fn model_test_format_4_levels() {
+    run::<TestFormat<4>>("test-4level");
+}
+
+#[test]
+fn model_test_format_5_levels() {
+    run::<TestFormat<5>>("test-5level");
+}
+
+#[test]
+fn model_test_format_deferred_block_protection() {
+    run::<DeferredBlockProt<TestFormat<4>>>("test-4level-deferred-block-prot");
+}

@@ -1,0 +1,267 @@
+//! What the tables themselves say: snapshots, empty tables, and how many
+//! tables an operation needs (its allocation failure points), computed
+//! from the tables as they are before the operation.
+//!
+//! The counts restate the rules the operations document, independently of
+//! their code: `map` uses a block exactly where the options and the format
+//! allow one and the entry's whole span is inside the range with a
+//! block-aligned physical address, and needs one new table for each entry
+//! it must descend through that holds nothing; `unmap` and
+//! `change_protection` need one table for each block, at every height,
+//! that the range covers only in part (after splitting its parent), and
+//! `change_protection` only for blocks whose protection changes.
+//! Arithmetic is in `u128`, so the top of the 64-bit space needs no care.
+
+use pgtable_core::sim::{SimAlloc, SimMmu};
+use pgtable_core::{AddressSpace, Arch, Decoded, MapOptions, PhysAddr, Table, TableAlloc};
+
+/// The address space under test.
+pub type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
+
+/// Every table reachable from the root, depth first: (frame, height,
+/// entries).
+pub type Snapshot = Vec<(u64, u32, Vec<u64>)>;
+
+fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &Table {
+    // SAFETY: `pa` is the root or a table reached from it, so a live frame
+    // of the space's allocator (the contract of `phys_to_virt`), and the
+    // shared borrow of the space keeps every operation (and so every free)
+    // away while the reference lives.
+    unsafe { space.alloc().phys_to_virt(pa).as_ref() }
+}
+
+fn entry<A: Arch>(space: &Space<A>, pa: PhysAddr, i: usize) -> u64 {
+    // Relaxed: no operation runs; only the simulated walker, which this
+    // test drives from the same thread, writes entries.
+    table(space, pa).entries[i].load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Every reachable table's entries.
+pub fn snapshot<A: Arch>(space: &Space<A>) -> Snapshot {
+    let mut out = Vec::new();
+    snap::<A>(space, space.root(), A::LEVELS - 1, &mut out);
+    out
+}
+
+/// The entries of the table at `pa`.
+fn entries<A: Arch>(space: &Space<A>, pa: PhysAddr) -> Vec<u64> {
+    let t = table(space, pa);
+    // Relaxed: as in `entry`.
+    t.entries
+        .iter()
+        .map(|e| e.load(std::sync::atomic::Ordering::Relaxed))
+        .collect()
+}
+
+fn snap<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, out: &mut Snapshot) {
+    let entries = entries(space, pa);
+    out.push((pa.0, h, entries.clone()));
+    if h > 0 {
+        for raw in entries {
+            if let Decoded::Table(c) = A::decode(raw, h) {
+                snap::<A>(space, c, h - 1, out);
+            }
+        }
+    }
+}
+
+/// The first entry that differs between two snapshots, described.
+pub fn diff(before: &Snapshot, after: &Snapshot) -> Option<String> {
+    if before == after {
+        return None;
+    }
+    for (b, a) in before.iter().zip(after) {
+        if b.0 != a.0 || b.1 != a.1 {
+            return Some(format!(
+                "table {:#x} (height {}) became table {:#x} (height {})",
+                b.0, b.1, a.0, a.1
+            ));
+        }
+        if let Some(i) = (0..512).find(|&i| b.2[i] != a.2[i]) {
+            return Some(format!(
+                "table {:#x} (height {}) entry {i}: {:#x} -> {:#x}",
+                b.0, b.1, b.2[i], a.2[i]
+            ));
+        }
+    }
+    (before.len() != after.len()).then(|| {
+        format!(
+            "{} reachable tables before, {} after",
+            before.len(),
+            after.len()
+        )
+    })
+}
+
+/// The first non-root table that holds no entry (an operation must free
+/// the tables it empties), as (an address it translates, its height).
+pub fn empty_table<A: Arch>(space: &Space<A>) -> Option<(u64, u32)> {
+    empty_below::<A>(space, space.root(), A::LEVELS - 1, 0)
+}
+
+fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Option<(u64, u32)> {
+    if h == 0 {
+        return None;
+    }
+    for (i, raw) in entries(space, pa).into_iter().enumerate() {
+        if let Decoded::Table(c) = A::decode(raw, h) {
+            let mut cva = va | ((i as u64) << (12 + 9 * h));
+            if h == A::LEVELS - 1 && i >= 256 {
+                // Sign-extend: the upper half.
+                cva |= !0u64 << (A::VA_BITS - 1);
+            }
+            if entries(space, c).iter().all(|&e| e == 0) {
+                return Some((cva, h - 1));
+            }
+            if let Some(hit) = empty_below::<A>(space, c, h - 1, cva) {
+                return Some(hit);
+            }
+        }
+    }
+    None
+}
+
+fn size(h: u32) -> u128 {
+    1u128 << (12 + 9 * h)
+}
+
+fn index(va: u128, h: u32) -> usize {
+    ((va >> (12 + 9 * h)) & 511) as usize
+}
+
+/// The end of the entry at height `h` holding `va`, clamped to `end`.
+fn next(va: u128, h: u32, end: u128) -> u128 {
+    ((va / size(h) + 1) * size(h)).min(end)
+}
+
+/// Tables and leaves a map needs.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct MapNeed {
+    /// New tables.
+    pub tables: u64,
+    /// Leaf entries written.
+    pub leaves: u64,
+    /// The range meets an entry a map cannot go through or replace (a
+    /// leaf, or a table where a block goes).
+    pub blocked: bool,
+}
+
+/// What mapping `[va, va + len)` to `pa` with `opts` needs; stops counting
+/// leaves past `budget`.
+pub fn map_need<A: Arch>(
+    space: &Space<A>,
+    va: u64,
+    len: u64,
+    pa: u64,
+    opts: MapOptions,
+    budget: u64,
+) -> MapNeed {
+    let mut need = MapNeed::default();
+    let (va, end) = (u128::from(va), u128::from(va) + u128::from(len));
+    map_walk::<A>(
+        space,
+        A::LEVELS - 1,
+        Some(space.root()),
+        va,
+        end,
+        u128::from(pa),
+        opts,
+        budget,
+        &mut need,
+    );
+    need
+}
+
+#[allow(clippy::too_many_arguments)]
+fn map_walk<A: Arch>(
+    space: &Space<A>,
+    h: u32,
+    tpa: Option<PhysAddr>,
+    va: u128,
+    end: u128,
+    pa: u128,
+    opts: MapOptions,
+    budget: u64,
+    need: &mut MapNeed,
+) {
+    if h == 0 {
+        need.leaves += ((end - va) / size(0)) as u64;
+        return;
+    }
+    let mut v = va;
+    while v < end && need.leaves <= budget {
+        let n = next(v, h, end);
+        let p = pa + (v - va);
+        let whole = v % size(h) == 0 && n - v == size(h);
+        let raw = tpa.map_or(0, |t| entry(space, t, index(v, h)));
+        if opts.allows(h) && A::leaf_allowed(h) && whole && p % size(h) == 0 {
+            need.leaves += 1;
+            need.blocked |= raw != 0;
+        } else {
+            match A::decode(raw, h) {
+                Decoded::None => {
+                    need.tables += 1;
+                    map_walk::<A>(space, h - 1, None, v, n, p, opts, budget, need);
+                }
+                Decoded::Table(c) => {
+                    map_walk::<A>(space, h - 1, Some(c), v, n, p, opts, budget, need);
+                }
+                Decoded::Leaf(_) | Decoded::Invalid => need.blocked = true,
+            }
+        }
+        v = n;
+    }
+}
+
+/// Tables that splitting the blocks `[va, va + len)` covers in part needs,
+/// counting only blocks for which `split(raw, height)` holds.
+pub fn split_need<A: Arch>(
+    space: &Space<A>,
+    va: u64,
+    len: u64,
+    split: &dyn Fn(u64, u32) -> bool,
+) -> u64 {
+    let (va, end) = (u128::from(va), u128::from(va) + u128::from(len));
+    split_walk::<A>(space, A::LEVELS - 1, space.root(), va, end, split)
+}
+
+fn split_walk<A: Arch>(
+    space: &Space<A>,
+    h: u32,
+    tpa: PhysAddr,
+    va: u128,
+    end: u128,
+    split: &dyn Fn(u64, u32) -> bool,
+) -> u64 {
+    let mut need = 0;
+    let mut v = va;
+    while v < end {
+        let n = next(v, h, end);
+        let whole = v % size(h) == 0 && n - v == size(h);
+        let raw = entry(space, tpa, index(v, h));
+        match A::decode(raw, h) {
+            Decoded::Table(c) if h > 1 => need += split_walk::<A>(space, h - 1, c, v, n, split),
+            Decoded::Leaf(_) if h > 0 && !whole && split(raw, h) => need += block_need(h, v, n),
+            _ => {}
+        }
+        v = n;
+    }
+    need
+}
+
+/// Tables to split a block at height `h` around `[va, end)`, children
+/// covered in part included.
+fn block_need(h: u32, va: u128, end: u128) -> u64 {
+    let mut need = 1;
+    if h > 1 {
+        let mut v = va;
+        while v < end {
+            let n = next(v, h - 1, end);
+            if !(v % size(h - 1) == 0 && n - v == size(h - 1)) {
+                need += block_need(h - 1, v, n);
+            }
+            v = n;
+        }
+    }
+    need
+}

@@ -1,0 +1,240 @@
+//! The reference model: what is mapped, kept as runs of pages, and the
+//! results the documentation promises for bad input.
+//!
+//! Addresses are kept as page numbers (`va >> 12`), so the end of a run at
+//! the very top of the 64-bit space (2^52 pages) needs no wrapping.
+
+use std::collections::BTreeMap;
+
+use pgtable_core::{Error, Format, PhysAddr, Prot, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+
+use super::gen::Rng;
+
+/// Consecutive virtual pages mapped to consecutive physical pages with one
+/// protection.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Run {
+    /// Number of pages.
+    pub pages: u64,
+    /// Physical page number of the first page.
+    pub ppn: u64,
+    /// The protection every page grants.
+    pub prot: Prot,
+}
+
+impl Run {
+    /// Whether `next`, starting right after this run, continues it.
+    fn continued_by(&self, next: &Run) -> bool {
+        self.ppn + self.pages == next.ppn && self.prot == next.prot
+    }
+}
+
+/// The mapped pages: first virtual page number of each run to the run.
+/// Runs never overlap; adjacent runs that continue each other are merged,
+/// so equal mappings have equal models.
+#[derive(Clone, Default, Debug)]
+pub struct Model {
+    runs: BTreeMap<u64, Run>,
+}
+
+impl Model {
+    /// Whether nothing is mapped.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The physical page and protection of the virtual page `vpn`.
+    pub fn lookup(&self, vpn: u64) -> Option<(u64, Prot)> {
+        let (&start, run) = self.runs.range(..=vpn).next_back()?;
+        (vpn < start + run.pages).then(|| (run.ppn + (vpn - start), run.prot))
+    }
+
+    /// The first mapped page in `[s, e)`.
+    pub fn first_mapped(&self, s: u64, e: u64) -> Option<u64> {
+        if let Some((&start, run)) = self.runs.range(..=s).next_back() {
+            if s < start + run.pages {
+                return Some(s);
+            }
+        }
+        self.runs.range(s..e).next().map(|(&start, _)| start)
+    }
+
+    /// Makes `vpn` the first page of a run if it lies inside one.
+    fn cut(&mut self, vpn: u64) {
+        let Some((&start, &run)) = self.runs.range(..vpn).next_back() else {
+            return;
+        };
+        if vpn < start + run.pages {
+            let head = vpn - start;
+            self.runs.insert(start, Run { pages: head, ..run });
+            self.runs.insert(
+                vpn,
+                Run {
+                    pages: run.pages - head,
+                    ppn: run.ppn + head,
+                    prot: run.prot,
+                },
+            );
+        }
+    }
+
+    /// Removes `[s, e)` and returns what was mapped there.
+    pub fn take(&mut self, s: u64, e: u64) -> Vec<(u64, Run)> {
+        self.cut(s);
+        self.cut(e);
+        let keys: Vec<u64> = self.runs.range(s..e).map(|(&k, _)| k).collect();
+        keys.into_iter()
+            .map(|k| (k, self.runs.remove(&k).expect("listed")))
+            .collect()
+    }
+
+    /// Maps the free pages `[vpn, vpn + run.pages)`.
+    pub fn insert(&mut self, vpn: u64, run: Run) {
+        debug_assert!(self.first_mapped(vpn, vpn + run.pages).is_none());
+        self.runs.insert(vpn, run);
+        self.merge_at(vpn + run.pages);
+        self.merge_at(vpn);
+    }
+
+    /// Merges the run starting at `vpn` into the one before it, if it
+    /// continues it.
+    fn merge_at(&mut self, vpn: u64) {
+        let Some(&next) = self.runs.get(&vpn) else {
+            return;
+        };
+        let Some((&start, &prev)) = self.runs.range(..vpn).next_back() else {
+            return;
+        };
+        if start + prev.pages == vpn && prev.continued_by(&next) {
+            self.runs.remove(&vpn);
+            self.runs.insert(
+                start,
+                Run {
+                    pages: prev.pages + next.pages,
+                    ..prev
+                },
+            );
+        }
+    }
+
+    /// Gives every mapped page in `[s, e)` the protection `prot`.
+    pub fn protect(&mut self, s: u64, e: u64, prot: Prot) {
+        for (vpn, run) in self.take(s, e) {
+            self.insert(vpn, Run { prot, ..run });
+        }
+    }
+
+    /// The runs inside `[s, e)`, clipped to it.
+    pub fn runs_in(&self, s: u64, e: u64) -> Vec<(u64, Run)> {
+        let mut out = Vec::new();
+        let first = self
+            .runs
+            .range(..=s)
+            .next_back()
+            .filter(|(&start, run)| s < start + run.pages)
+            .map(|(&start, _)| start)
+            .unwrap_or(s);
+        for (&start, &run) in self.runs.range(first..e) {
+            let lo = start.max(s);
+            let hi = (start + run.pages).min(e);
+            push_run(
+                &mut out,
+                lo,
+                Run {
+                    pages: hi - lo,
+                    ppn: run.ppn + (lo - start),
+                    prot: run.prot,
+                },
+            );
+        }
+        out
+    }
+
+    /// A mapped page, chosen at random near `hint` (the first run at or
+    /// after it, else the last run).
+    pub fn random_page(&self, rng: &mut Rng, hint: u64) -> Option<u64> {
+        let (&start, run) = self
+            .runs
+            .range(hint..)
+            .next()
+            .or_else(|| self.runs.iter().next_back())?;
+        Some(start + rng.below(run.pages))
+    }
+}
+
+/// Appends a run to a list in address order, merging it into the last one
+/// when it continues it.
+pub fn push_run(out: &mut Vec<(u64, Run)>, vpn: u64, run: Run) {
+    if let Some((start, last)) = out.last_mut() {
+        if *start + last.pages == vpn && last.continued_by(&run) {
+            last.pages += run.pages;
+            return;
+        }
+    }
+    out.push((vpn, run));
+}
+
+/// Whether `va` is canonical for `A` (bits 63..VA_BITS-1 all equal): what
+/// every format in this workspace accepts, checked against `Format::va_ok`
+/// by the driver.
+pub fn canonical<A: Format>(va: u64) -> bool {
+    let top = (va as i64) >> (A::VA_BITS - 1);
+    top == 0 || top == -1
+}
+
+/// What the operations must return for the virtual range `[va, va + len)`,
+/// checked in the order the operations document their errors: zero length,
+/// misaligned start, misaligned length, then the range.
+///
+/// [`Error::OutOfRange`] carries the first address of the range that is
+/// not valid: `va` itself when it is not canonical, the start of the
+/// non-canonical hole when a lower-half range runs into it (whatever the
+/// length, so also when `va + len` would pass 2^64), and `va` when an
+/// upper-half range runs past the top of the 64-bit space (the first
+/// invalid address, 2^64, has no 64-bit value; the start names the range).
+pub fn check_range<A: Format>(va: u64, len: u64) -> Result<(), Error> {
+    if len == 0 {
+        return Err(Error::ZeroLength);
+    }
+    if va % PAGE_SIZE != 0 {
+        return Err(Error::MisalignedVirt(VirtAddr(va)));
+    }
+    if len % PAGE_SIZE != 0 {
+        return Err(Error::MisalignedLength(len));
+    }
+    if !canonical::<A>(va) {
+        return Err(Error::OutOfRange(VirtAddr(va)));
+    }
+    let hole = 1u128 << (A::VA_BITS - 1);
+    let end = u128::from(va) + u128::from(len);
+    if u128::from(va) < hole {
+        if end > hole {
+            return Err(Error::OutOfRange(VirtAddr(hole as u64)));
+        }
+    } else if end > 1u128 << 64 {
+        return Err(Error::OutOfRange(VirtAddr(va)));
+    }
+    Ok(())
+}
+
+/// What `map` must return for the physical range `[pa, pa + len)`:
+/// misaligned, or not encodable in `PA_BITS` (reported with its start).
+pub fn check_phys<A: Format>(pa: u64, len: u64) -> Result<(), Error> {
+    if pa % PAGE_SIZE != 0 {
+        return Err(Error::MisalignedPhys(PhysAddr(pa)));
+    }
+    if u128::from(pa) + u128::from(len) > 1u128 << A::PA_BITS {
+        return Err(Error::PhysOutOfRange(PhysAddr(pa)));
+    }
+    Ok(())
+}
+
+/// Page number of `va`.
+pub fn vpn(va: u64) -> u64 {
+    va >> PAGE_SHIFT
+}
+
+/// `[first page, end page)` of a range that [`check_range`] accepted.
+pub fn pages(va: u64, len: u64) -> (u64, u64) {
+    (vpn(va), vpn(va) + len / PAGE_SIZE)
+}

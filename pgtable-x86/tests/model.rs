@@ -1,0 +1,29 @@
+//! Random `map` / `unmap` / `change_protection` / `move_page_tables`
+//! sequences on the simulated machine against a reference model, for the
+//! x86-64 formats (4-level and 5-level LA57). The engine is pgtable-core's
+//! `tests/support/model/mod.rs`, which also describes how to replay a
+//! failure and run the soak (`cargo xtask soak`).
+
+#[path = "../../pgtable-core/tests/support/model/mod.rs"]
+mod model;
+
+use pgtable_core::Arch;
+use pgtable_x86::{X86_64La57, X86_64};
+
+fn run<A: Arch>(label: &'static str) {
+    let cfg = model::Config {
+        label,
+        package: env!("CARGO_PKG_NAME"),
+    };
+    model::run::<A>(&cfg);
+}
+
+#[test]
+fn model_x86_64_4level() {
+    run::<X86_64>("x86_64-4level");
+}
+
+#[test]
+fn model_x86_64_5level_la57() {
+    run::<X86_64La57>("x86_64-5level-la57");
+}
