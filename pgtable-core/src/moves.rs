@@ -1026,6 +1026,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // SAFETY: `dst` / `dest_table` is a live table of ours; the run
         // stays inside it.
         let dst = unsafe { &table_at(&self.alloc, dt).entries[index(new, height)..][..src.len()] };
+        if tables {
+            // Linux relinks a moved table with `pmd_populate` /
+            // `pud_populate`: its contents, written by earlier operations,
+            // are published before the link at the new place.
+            self.mmu.publish_barrier();
+        }
         for (s, d) in src.iter().zip(dst) {
             // An atomic exchange: a block's accessed/dirty state, and the
             // accessed bit x86 sets in table entries too, must not be lost
