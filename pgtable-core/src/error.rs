@@ -10,7 +10,8 @@ use crate::{PhysAddr, VirtAddr};
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// A virtual address or length is not a multiple of the page size.
+    /// A virtual address is not a multiple of the page size (a length that
+    /// is not is [`Error::MisalignedLength`]).
     MisalignedVirt(VirtAddr),
     /// A physical address is not a multiple of the page size.
     MisalignedPhys(PhysAddr),
