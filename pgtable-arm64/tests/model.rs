@@ -8,22 +8,13 @@
 mod model;
 
 use pgtable_arm64::{Arm64, Arm64Va39};
-use pgtable_core::Arch;
-
-fn run<A: Arch>(label: &'static str) {
-    let cfg = model::Config {
-        label,
-        package: env!("CARGO_PKG_NAME"),
-    };
-    model::run::<A>(&cfg);
-}
 
 #[test]
 fn model_arm64_48bit_va() {
-    run::<Arm64>("arm64-4K-48bit");
+    model::run_format::<Arm64>("arm64-4K-48bit");
 }
 
 #[test]
 fn model_arm64_39bit_va() {
-    run::<Arm64Va39>("arm64-4K-39bit");
+    model::run_format::<Arm64Va39>("arm64-4K-39bit");
 }

@@ -10,32 +10,24 @@
 mod model;
 
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::{Arch, DeferredBlockProt};
-
-fn run<A: Arch>(label: &'static str) {
-    let cfg = model::Config {
-        label,
-        package: env!("CARGO_PKG_NAME"),
-    };
-    model::run::<A>(&cfg);
-}
+use pgtable_core::DeferredBlockProt;
 
 #[test]
 fn model_test_format_3_levels() {
-    run::<TestFormat<3>>("test-3level");
+    model::run_format::<TestFormat<3>>("test-3level");
 }
 
 #[test]
 fn model_test_format_4_levels() {
-    run::<TestFormat<4>>("test-4level");
+    model::run_format::<TestFormat<4>>("test-4level");
 }
 
 #[test]
 fn model_test_format_5_levels() {
-    run::<TestFormat<5>>("test-5level");
+    model::run_format::<TestFormat<5>>("test-5level");
 }
 
 #[test]
 fn model_test_format_deferred_block_protection() {
-    run::<DeferredBlockProt<TestFormat<4>>>("test-4level-deferred-block-prot");
+    model::run_format::<DeferredBlockProt<TestFormat<4>>>("test-4level-deferred-block-prot");
 }

@@ -7,23 +7,14 @@
 #[path = "../../pgtable-core/tests/support/model/mod.rs"]
 mod model;
 
-use pgtable_core::Arch;
 use pgtable_x86::{X86_64La57, X86_64};
-
-fn run<A: Arch>(label: &'static str) {
-    let cfg = model::Config {
-        label,
-        package: env!("CARGO_PKG_NAME"),
-    };
-    model::run::<A>(&cfg);
-}
 
 #[test]
 fn model_x86_64_4level() {
-    run::<X86_64>("x86_64-4level");
+    model::run_format::<X86_64>("x86_64-4level");
 }
 
 #[test]
 fn model_x86_64_5level_la57() {
-    run::<X86_64La57>("x86_64-5level-la57");
+    model::run_format::<X86_64La57>("x86_64-5level-la57");
 }

@@ -194,6 +194,16 @@ fn env_u64(name: &str) -> Option<u64> {
     Some(parsed.unwrap_or_else(|e| panic!("{name}={v}: {e}")))
 }
 
+/// [`run`] with `label` for the including crate's package (this file is
+/// compiled into each crate's `tests/model.rs`, so `CARGO_PKG_NAME` is that
+/// crate's).
+pub fn run_format<A: Arch>(label: &'static str) {
+    run::<A>(&Config {
+        label,
+        package: env!("CARGO_PKG_NAME"),
+    });
+}
+
 /// Runs the model test for `A`: `PGTABLE_SOAK_OPS` operations (default
 /// [`CI_OPS`]) from `PGTABLE_SOAK_SEED`, printing the seed, the count and
 /// the time; panics with a replayable report on the first divergence.
