@@ -616,12 +616,14 @@ unsafe impl<const L: u32> Arch for Arm64Format<L> {
     }
 
     // The generic `set_pte_nosync` (store only; the `dsb ishst; isb` comes
-    // once at the end of the table or of the lazy-MMU scope, seed 004) and
+    // once at the end of the table or of the lazy-MMU scope, as in
+    // Linux "arm64: mm: Batch dsb and isb when populating pgtables") and
     // the generic get-and-clear (an atomic swap with 0: an `ldxr`/`stxr`
     // loop, or `swp` with LSE, so an AF or dirty update by the walker racing
     // the clear is returned) are already what arm64 needs.
 
-    /// Seed 003: the atomic get-and-clear alone makes the hardware's
+    /// Linux "arm64: mm: rework the pmd protect changing flow": the atomic get-and-clear alone
+    /// makes the hardware's
     /// accessed/dirty updates safe (an invalid entry is never cached nor
     /// updated), so the immediate flush of the generic `pmdp_invalidate`
     /// is dropped; the operation's one gathered flush removes the old block.

@@ -10,9 +10,11 @@
 //!   permissions, SH, AF, nG, DBM-based dirty state as Linux does it, the
 //!   contiguous hint. Every bit is documented in [`desc`].
 //! - **Entry operations** as Linux arm64 has them: `set_p*_at` with the
-//!   walker barrier, `set_pte_nosync` without (seed 004), atomic
+//!   walker barrier, `set_pte_nosync` without (Linux "arm64: mm: Batch dsb and isb when
+//!   populating pgtables"), atomic
 //!   get-and-clear, `pmdp_modify_prot_start` without the immediate flush
-//!   (seed 003), and the break-before-make rules ([`bbm`]) with
+//!   (Linux "arm64: mm: rework the pmd protect changing flow"), and the break-before-make rules
+//!   ([`bbm`]) with
 //!   [`set_live_entry`].
 //! - **TLB maintenance encodings** ([`tlbi`]): the range-TLBI split
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.

@@ -63,13 +63,15 @@ pub unsafe trait Arch: Format {
         generic::set_entry_at::<Self, M>(mmu, va, slot, pmd)
     }
 
-    /// Linux `set_pud_at` (seed 000): store a PUD and make it visible.
+    /// Linux `set_pud_at` (Linux "arm64: mremap speedup - Enable HAVE_MOVE_PUD"): store a PUD
+    /// and make it visible.
     #[inline]
     fn set_pud_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pud: u64) {
         generic::set_entry_at::<Self, M>(mmu, va, slot, pud)
     }
 
-    /// Linux `set_pte_nosync` (seed 004): store an entry of any level
+    /// Linux `set_pte_nosync` (Linux "arm64: mm: Batch dsb and isb when populating pgtables"):
+    /// store an entry of any level
     /// without the walker barrier; the caller issues one barrier after the
     /// last entry of the table (or of a lazy-MMU scope).
     #[inline]

@@ -17,7 +17,8 @@ use crate::{
 pub struct MapOptions {
     /// Bit `h` set: leaves (blocks) at height `h` are allowed.
     block_heights: u8,
-    /// Control variant for benchmarks (the code before seed 004): write
+    /// Control variant for benchmarks (the code before Linux "arm64: mm: Batch dsb and isb when
+    /// populating pgtables"): write
     /// every entry with the synchronising setter, one barrier per entry.
     sync_each: bool,
 }
@@ -41,7 +42,7 @@ impl MapOptions {
 
     /// The same options, but every entry written with the synchronising
     /// setter (`set_pte_at`: one walker barrier per entry). This is the
-    /// pre-seed-004 behaviour, kept to measure the difference.
+    /// behaviour before that change, kept to measure the difference.
     pub const fn barrier_per_entry(self) -> MapOptions {
         MapOptions {
             block_heights: self.block_heights,

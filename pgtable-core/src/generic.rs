@@ -100,7 +100,8 @@ pub fn pmdp_modify_prot_start<A: Arch, M: Mmu>(
     old
 }
 
-/// The deferred form of `pmdp_modify_prot_start` (arm64, seed 003): an
+/// The deferred form of `pmdp_modify_prot_start` (arm64, Linux "arm64: mm: rework the pmd
+/// protect changing flow"): an
 /// atomic get-and-clear and no flush; the caller's gathered flush at the end
 /// of the operation removes the old translation.
 #[inline]

@@ -6,7 +6,8 @@
 //! 2. reserve: allocate exactly that many tables (or fail, freeing them);
 //! 3. fill: write the entries, which can no longer fail. Entries of one
 //!    table are written with the nosync setter and the table gets one
-//!    walker barrier (seed 004), or none until the end of a lazy-MMU scope.
+//!    walker barrier (Linux "arm64: mm: Batch dsb and isb when populating pgtables"), or none
+//!    until the end of a lazy-MMU scope.
 
 use core::sync::atomic::Ordering::Relaxed;
 

@@ -67,7 +67,7 @@
 //!
 //! Destination tables get one walker barrier each (a barrier is issued when
 //! the move leaves a destination table, and one at the end), not one per
-//! entry (seed 004).
+//! entry (Linux "arm64: mm: Batch dsb and isb when populating pgtables").
 //!
 //! **Mutual alignment** (beyond the seeds; Linux's later mremap rule): when
 //! source and destination start at the same offset inside a PMD, the range
@@ -126,7 +126,8 @@ impl MoveOptions {
         free_below: false,
     };
 
-    /// Whole-PMD moves but no whole-PUD moves (arm64 before seed 000).
+    /// Whole-PMD moves but no whole-PUD moves (arm64 before Linux "arm64: mremap speedup -
+    /// Enable HAVE_MOVE_PUD").
     pub const PMD_ONLY: MoveOptions = MoveOptions {
         pmd: true,
         pud: false,
@@ -950,7 +951,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Moves PUD entries that point at whole PMD tables: one entry per
-    /// 1 GiB (seed 002).
+    /// 1 GiB (Linux "mm: Speed up mremap on large regions").
     #[allow(clippy::too_many_arguments)]
     fn move_normal_pud(
         &mut self,

@@ -1,4 +1,5 @@
-//! `change_protection`: mprotect for page tables (seed 003).
+//! `change_protection`: mprotect for page tables (Linux "arm64: mm: rework the pmd protect
+//! changing flow").
 //!
 //! Shaped like Linux's `change_protection` → `change_p4d_range` →
 //! `change_pud_range` → `change_pmd_range` → `change_pte_range`, one
@@ -22,8 +23,9 @@
 //! the swap is in the returned value and [`Format::modify_prot`] keeps it.
 //! An entry the format calls *settled* ([`Format::is_settled`]: accessed
 //! and dirty, or accessed and unable to become dirty) is never written by
-//! the hardware, so it is changed with a plain load and store instead
-//! (DESIGN.md "Settled entries"); this avoids a locked instruction per page.
+//! the hardware (Intel SDM vol. 3 §4.8; arm64 hardware AF/DBM updates
+//! likewise), so it is changed with a plain load and store instead; this
+//! avoids a locked instruction per page.
 //!
 //! # Break-before-make
 //!
@@ -94,8 +96,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// - The TLB is flushed once for the whole operation (a full flush past
     ///   [`Arch::TLB_FLUSH_CEILING`]), plus one flush per block where the
     ///   arch keeps Linux's generic `pmdp_modify_prot_start`, which
-    ///   invalidates and flushes each block at once (seed 003). Splitting a
-    ///   block and changing a memory type flush at once where the arch needs
+    ///   invalidates and flushes each block at once (Linux "arm64: mm: rework the pmd protect
+    ///   changing flow"). Splitting a
+    ///   block, changing a memory type and making a leaf global flush at once
+    ///   where the arch needs
     ///   break-before-make (see the module docs).
     ///
     /// ```
@@ -574,8 +578,9 @@ macro_rules! block_prot_wrapper {
 block_prot_wrapper!(
     /// The arch `A` with Linux's generic `pmdp_modify_prot_start`
     /// ([`generic::pmdp_modify_prot_start`]: clear the block and flush its
-    /// TLB range at once), whatever `A` overrides: the pre-seed-003
-    /// control variant, for benchmarks and tests that compare both block
+    /// TLB range at once), whatever `A` overrides: the control variant
+    /// from before Linux "arm64: mm: rework the pmd protect changing flow", for benchmarks and
+    /// tests that compare both block
     /// paths in one binary. Every other constant and method is `A`'s.
     ///
     /// Tables built through an address space of `A` belong to that space;
@@ -589,7 +594,8 @@ block_prot_wrapper!(
     /// The arch `A` with the deferred `pmdp_modify_prot_start`
     /// ([`generic::pmdp_modify_prot_start_deferred`]: an atomic
     /// get-and-clear, no flush until the end of the operation), whatever
-    /// `A` does: the seed-003 transaction path, for benchmarks and tests
+    /// `A` does: the transaction path of
+    /// Linux "arm64: mm: rework the pmd protect changing flow", for benchmarks and tests
     /// of formats (such as the test format) that keep the generic
     /// fallback. The counterpart of [`GenericBlockProt`].
     DeferredBlockProt,

@@ -1,6 +1,6 @@
 //! Linux's own `mremap` of 1 GiB on this machine, for comparison with the
-//! in-kernel `move_page_tables` figures (DESIGN.md §7 quotes 40–73 µs PUD,
-//! 144–160 µs PMD, 3.5–3.7 ms PTE).
+//! in-kernel `move_page_tables` figures (the Linux patches quote 40–73 µs
+//! PUD, 144–160 µs PMD, 3.5–3.7 ms PTE).
 //!
 //! Three layouts, 10 iterations each:
 //!

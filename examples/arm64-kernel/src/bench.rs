@@ -6,11 +6,13 @@
 //!
 //! - 1 GiB move (seeds 000–002): PTE, PMD and PUD paths selected at run
 //!   time with `MoveOptions`, 10 moves each (alternating direction), mean;
-//! - mprotect of 64–512 MiB of 2 MiB blocks (seed 003): the generic
+//! - mprotect of 64–512 MiB of 2 MiB blocks (Linux "arm64: mm: rework the pmd protect changing
+//!   flow"): the generic
 //!   invalidate-and-flush block path (`GenericBlockProt<Arm64>`) against
 //!   the arm64 override (one deferred flush), each on its own address
 //!   space made live through TTBR1_EL1 and checked by the MMU;
-//! - building a linear map of 1 GiB of 4 KiB pages (seed 004): one walker
+//! - building a linear map of 1 GiB of 4 KiB pages (Linux "arm64: mm: Batch dsb and isb when
+//!   populating pgtables"): one walker
 //!   barrier per table against one per entry.
 
 use pgtable_core::{
@@ -67,7 +69,8 @@ pub fn run(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static st
     Ok(())
 }
 
-/// Seed 000–002: mremap of a PUD-aligned 1 GiB region of 4 KiB pages.
+/// Linux's mremap speed-ups (HAVE_MOVE_PMD, HAVE_MOVE_PUD): mremap of a PUD-aligned 1 GiB
+/// region of 4 KiB pages.
 fn bench_move(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static str> {
     let a = BENCH_WINDOW;
     let b = BENCH_WINDOW + 4 * GIB;
@@ -224,7 +227,8 @@ fn mprotect_once<A: Arch>(
     result
 }
 
-/// Seed 003: mprotect of 2 MiB blocks, generic path against the override.
+/// Linux "arm64: mm: rework the pmd protect changing flow": mprotect of 2 MiB blocks, generic
+/// path against the override.
 fn bench_mprotect(pool: (u64, u64), kernel_root: PhysAddr) -> Result<(), &'static str> {
     let pa = PhysAddr(pool.0.next_multiple_of(2 * MIB));
     println!();
@@ -251,7 +255,8 @@ fn bench_mprotect(pool: (u64, u64), kernel_root: PhysAddr) -> Result<(), &'stati
     Ok(())
 }
 
-/// Seed 004: a linear map of 1 GiB of 4 KiB pages, barrier per table
+/// Linux "arm64: mm: Batch dsb and isb when populating pgtables": a linear map of 1 GiB of 4
+/// KiB pages, barrier per table
 /// against barrier per entry.
 fn bench_linear_map(pool: (u64, u64)) -> Result<(), &'static str> {
     const REPS: usize = 3;

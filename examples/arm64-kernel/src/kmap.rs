@@ -1,6 +1,7 @@
 //! The kernel's own address space: an identity map of RAM and the UART,
 //! built with pgtable through the batched-barrier path (one lazy-MMU scope:
-//! the walker barrier is issued once at the end, seed 004), blocks
+//! the walker barrier is issued once at the end, as in Linux "arm64: mm: Batch dsb and isb when
+//! populating pgtables"), blocks
 //! wherever alignment allows.
 
 use pgtable_core::{AddressSpace, Error, MapOptions, MemType, PhysAddr, Prot, VirtAddr};

@@ -4,10 +4,11 @@
 //!    and PTE paths (runtime [`MoveOptions`]), 10 iterations each and the
 //!    mean, in ns, the TLB flush included; the data is validated.
 //! 2. mprotect (`change_protection`) of 64–512 MiB of 2 MiB blocks
-//!    (seed 003): the invalidate-and-flush-each path
+//!    (Linux "arm64: mm: rework the pmd protect changing flow"): the invalidate-and-flush-each path
 //!    ([`GenericBlockProt`]) against the transaction path with one
 //!    deferred flush (the x86 format's own `pmdp_modify_prot_start`).
-//! 3. Building a linear map (seed 004): barriers once per entry
+//! 3. Building a linear map (Linux "arm64: mm: Batch dsb and isb when populating pgtables"):
+//!    barriers once per entry
 //!    (`MapOptions::barrier_per_entry`) against once per table, with the
 //!    counts. x86 needs no walker barrier, so the x86 format issues none
 //!    either way; the table also shows [`WalkerBarriers`], the x86 format
