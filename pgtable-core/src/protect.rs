@@ -96,11 +96,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// - The TLB is flushed once for the whole operation (a full flush past
     ///   [`Arch::TLB_FLUSH_CEILING`]), plus one flush per block where the
     ///   arch keeps Linux's generic `pmdp_modify_prot_start`, which
-    ///   invalidates and flushes each block at once (Linux "arm64: mm: rework the pmd protect
-    ///   changing flow"). Splitting a
-    ///   block, changing a memory type and making a leaf global flush at once
-    ///   where the arch needs
-    ///   break-before-make (see the module docs).
+    ///   invalidates and flushes each block at once (Linux "arm64: mm:
+    ///   rework the pmd protect changing flow"). Splitting a block, changing
+    ///   a memory type and making a leaf global flush at once where the arch
+    ///   needs break-before-make (see the module docs).
     ///
     /// ```
     /// # #[cfg(feature = "alloc")] {
