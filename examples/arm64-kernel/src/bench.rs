@@ -10,7 +10,8 @@
 //!   flow"): the generic
 //!   invalidate-and-flush block path (`GenericBlockProt<Arm64>`) against
 //!   the arm64 override (one deferred flush), each on its own address
-//!   space made live through TTBR1_EL1 and checked by the MMU;
+//!   space made live through TTBR0_EL1 (in place of the test space) and
+//!   checked by the MMU;
 //! - building a linear map of 1 GiB of 4 KiB pages (Linux "arm64: mm: Batch dsb and isb when
 //!   populating pgtables"): one walker
 //!   barrier per table against one per entry.
@@ -21,10 +22,11 @@ use pgtable_core::{
 };
 
 use crate::memory::KernelTables;
-use crate::platform::{high_half_mmu, new_mmu, Arm64, Mmu};
+use crate::platform::{lower_mmu, Arm64, Mmu};
 use crate::{println, probe, timer};
 
-/// Where the benchmarks map (unused by the suite and the identity map).
+/// Where the benchmarks map in the lower half (outside the suite's
+/// window, below the upper half's kernel).
 const BENCH_WINDOW: u64 = 0x40_0000_0000;
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -54,9 +56,9 @@ impl core::fmt::Display for Ratio {
     }
 }
 
-/// Runs every benchmark on `space` (the live kernel address space) and on
-/// fresh spaces; `pool` is RAM the mappings may point at (not written
-/// except through the move benchmark's marker word).
+/// Runs every benchmark on `space` (the live test space, installed in
+/// TTBR0_EL1) and on fresh spaces; `pool` is RAM the mappings may point at
+/// (not written except through the move benchmark's marker word).
 pub fn run(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static str> {
     println!();
     println!(
@@ -153,13 +155,12 @@ fn bench_move(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static
     Ok(())
 }
 
-/// Where the mprotect benchmark maps: the high canonical half, walked
-/// through TTBR1_EL1, so its address space is live while the kernel runs
-/// on TTBR0_EL1.
-const HIGH_WINDOW: u64 = 0xffff_9000_0000_0000;
+/// Where the mprotect benchmark maps, in its own lower-half space.
+const MPROTECT_WINDOW: u64 = 0x80_0000_0000;
 
 /// One mprotect measurement on a live address space: map `len` of 2 MiB
-/// blocks at [`HIGH_WINDOW`], install it in TTBR1_EL1, touch every block
+/// blocks at [`MPROTECT_WINDOW`], install it in TTBR0_EL1 in place of the
+/// test space (whose root is `test_root`), touch every block
 /// (so the TLB holds them, as for memory in use), then change it read-only
 /// and back, 5 changes. The MMU checks every change (a store must fault
 /// after the read-only change and work after the read-write one). Returns
@@ -167,13 +168,13 @@ const HIGH_WINDOW: u64 = 0xffff_9000_0000_0000;
 fn mprotect_once<A: Arch>(
     len: u64,
     pa: PhysAddr,
-    kernel_root: PhysAddr,
+    test_root: PhysAddr,
 ) -> Result<(u64, u64), &'static str> {
     const REPS: usize = 5;
-    let base = HIGH_WINDOW;
+    let base = MPROTECT_WINDOW;
     let blocks = len / (2 * MIB);
     let mut space: Space<A> =
-        AddressSpace::new(high_half_mmu(), KernelTables).map_err(|_| "bench: no root")?;
+        AddressSpace::new(lower_mmu(), KernelTables).map_err(|_| "bench: no root")?;
     space
         .map(
             VirtAddr(base),
@@ -183,9 +184,9 @@ fn mprotect_once<A: Arch>(
             MapOptions::PMD_BLOCKS,
         )
         .map_err(|_| "bench: map blocks")?;
-    // SAFETY: TTBR1_EL1 only translates the high half, which the kernel
-    // does not use; the space is uninstalled and deactivated below before
-    // it is dropped.
+    // SAFETY: TTBR0_EL1 only translates the lower half, which the kernel
+    // does not use (it runs on TTBR1_EL1); the test space is put back and
+    // the bench space deactivated below before it is dropped.
     unsafe { space.install() };
     let result = (|| {
         for i in 0..blocks {
@@ -215,11 +216,11 @@ fn mprotect_once<A: Arch>(
         }
         Ok((median(ticks), space.stats().flushes() / REPS as u64))
     })();
-    // SAFETY: the kernel's root maps nothing in the high half; putting its
-    // high half back in TTBR1_EL1 (with a full TLB flush) makes the bench
-    // space unreachable before it is dropped.
-    unsafe { high_half_mmu().install_root(kernel_root) };
-    // SAFETY: the one CPU's TTBR1_EL1 holds the kernel's root again and
+    // SAFETY: the test space maps nothing the kernel uses; putting it back
+    // in TTBR0_EL1 (with a full TLB flush) makes the bench space
+    // unreachable before it is dropped.
+    unsafe { lower_mmu().install_root(test_root) };
+    // SAFETY: the one CPU's TTBR0_EL1 holds the test space again and
     // `install_root` ended with `flush_tlb_all` (a TLBI of everything the
     // MMU's ASID, the only one in use, holds), so no TLB or walk-cache
     // entry made from the bench tables is left.
@@ -229,19 +230,19 @@ fn mprotect_once<A: Arch>(
 
 /// Linux "arm64: mm: rework the pmd protect changing flow": mprotect of 2 MiB blocks, generic
 /// path against the override.
-fn bench_mprotect(pool: (u64, u64), kernel_root: PhysAddr) -> Result<(), &'static str> {
+fn bench_mprotect(pool: (u64, u64), test_root: PhysAddr) -> Result<(), &'static str> {
     let pa = PhysAddr(pool.0.next_multiple_of(2 * MIB));
     println!();
     println!(
-        "mprotect of 2 MiB blocks, live in TTBR1 with the TLB warm (RW <-> RO, median of 5 changes), EMULATED ticks"
+        "mprotect of 2 MiB blocks, live in TTBR0 with the TLB warm (RW <-> RO, median of 5 changes), EMULATED ticks"
     );
     println!(
         "{:>8} {:>14} {:>8} {:>14} {:>8} {:>9}",
         "MiB", "generic ticks", "flushes", "arm64 ticks", "flushes", "speed-up"
     );
     for mb in [64u64, 128, 256, 512] {
-        let (g_t, g_f) = mprotect_once::<GenericBlockProt<Arm64>>(mb * MIB, pa, kernel_root)?;
-        let (o_t, o_f) = mprotect_once::<Arm64>(mb * MIB, pa, kernel_root)?;
+        let (g_t, g_f) = mprotect_once::<GenericBlockProt<Arm64>>(mb * MIB, pa, test_root)?;
+        let (o_t, o_f) = mprotect_once::<Arm64>(mb * MIB, pa, test_root)?;
         println!(
             "{:>8} {:>14} {:>8} {:>14} {:>8} {:>9}",
             mb,
@@ -269,7 +270,7 @@ fn bench_linear_map(pool: (u64, u64)) -> Result<(), &'static str> {
         let mut ticks = [0u64; REPS];
         for t in ticks.iter_mut() {
             let mut space: Space<Arm64> =
-                AddressSpace::new(new_mmu(), KernelTables).map_err(|_| "bench: no root")?;
+                AddressSpace::new(lower_mmu(), KernelTables).map_err(|_| "bench: no root")?;
             let t0 = timer::ticks();
             space
                 .map(VirtAddr(BENCH_WINDOW), pa, GIB, Prot::READ_WRITE, opts)

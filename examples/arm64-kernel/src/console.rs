@@ -1,12 +1,17 @@
 //! The PL011 UART of QEMU `virt` at 0x0900_0000, transmit only.
 //!
 //! QEMU's PL011 needs no set-up: writing the data register sends a byte.
-//! The UART is identity-mapped as Device-nGnRE memory once the MMU is on.
+//! The kernel reaches it at [`UART_VA`], mapped as Device-nGnRE memory by
+//! the early map (boot.rs) and by the kernel map (kmap.rs).
 
 use core::fmt;
 
-/// Physical (and, identity-mapped, virtual) base of the PL011.
+use crate::memory::DEVICE_OFFSET;
+
+/// Physical base of the PL011.
 pub const UART_BASE: u64 = 0x0900_0000;
+/// Where the kernel maps it: in the device region of the upper half.
+pub const UART_VA: u64 = UART_BASE + DEVICE_OFFSET;
 /// UARTDR, data register (PL011 TRM §3.3.1).
 const DR: u64 = 0x000;
 /// UARTFR, flag register (PL011 TRM §3.3.3); bit 5 TXFF = transmit FIFO full.
@@ -18,12 +23,12 @@ pub struct Console;
 
 impl Console {
     fn put(b: u8) {
-        let fr = (UART_BASE + FR) as *const u32;
-        let dr = (UART_BASE + DR) as *mut u32;
-        // SAFETY: 0x0900_0000 is the PL011's register block on QEMU virt,
-        // mapped (or, with the MMU off, accessed as) Device memory; the
-        // registers are 32-bit and naturally aligned; only this single core
-        // uses them.
+        let fr = (UART_VA + FR) as *const u32;
+        let dr = (UART_VA + DR) as *mut u32;
+        // SAFETY: `UART_VA` maps the PL011's register block of QEMU virt
+        // (physical 0x0900_0000) as Device memory in every map the kernel
+        // prints under (the early one and its own); the registers are
+        // 32-bit and naturally aligned; only this single core uses them.
         unsafe {
             while fr.read_volatile() & FR_TXFF != 0 {}
             dr.write_volatile(u32::from(b));

@@ -1,30 +1,103 @@
-//! The kernel's own address space: an identity map of RAM and the UART,
-//! built with pgtable through the batched-barrier path (one lazy-MMU scope:
-//! the walker barrier is issued once at the end, as in Linux "arm64: mm: Batch dsb and isb when
-//! populating pgtables"), blocks
-//! wherever alignment allows.
+//! The kernel's own address space, in the upper half (TTBR1_EL1), built
+//! with pgtable through the batched-barrier path (one lazy-MMU scope: the
+//! walker barrier is issued once at the end, as in Linux "arm64: mm: Batch
+//! dsb and isb when populating pgtables"), blocks wherever alignment
+//! allows.
+//!
+//! W^X, as Linux maps its image (`map_kernel_segment`) and its linear map:
+//!
+//! | region | virtual | permissions |
+//! |---|---|---|
+//! | text | image `[__text_start, __text_end)` | read, execute (EL1 only) |
+//! | rodata | image `[__rodata_start, __rodata_end)` | read, execute-never |
+//! | data, bss | image `[__data_start, __stack_guard)` | read-write, execute-never |
+//! | guard | one page below the stack | unmapped |
+//! | stack | image `[__stack_bottom, __stack_top)` | read-write, execute-never |
+//! | linear map | `PAGE_OFFSET + pa` for all RAM | read-write, execute-never |
+//! | linear alias of the boot code, text and rodata | | read-only, execute-never (Linux `mark_linear_text_alias_ro`) |
+//! | UART | `DEVICE_OFFSET + 0x0900_0000` | Device-nGnRE, read-write, execute-never |
+//!
+//! Every mapping is global and inaccessible from EL0 (no `Prot::USER`);
+//! pgtable sets UXN on every kernel leaf and PXN on every one without
+//! `Prot::EXEC`.
 
 use pgtable_core::{AddressSpace, Error, MapOptions, MemType, PhysAddr, Prot, VirtAddr};
 
-use crate::console::UART_BASE;
-use crate::memory::{KernelTables, Layout};
-use crate::platform::{new_mmu, Arm64, Mmu};
+use crate::boot;
+use crate::console::{UART_BASE, UART_VA};
+use crate::memory::{
+    kimage_to_phys, phys_to_virt, KernelTables, Layout, KERNEL_VA_END, PAGE_OFFSET,
+};
+use crate::platform::{kernel_mmu, Arm64, Mmu};
 use crate::println;
 
-/// The kernel's address space type.
+/// The kernel's address space type (and of the lower-half spaces, which
+/// use the same format, MMU type and allocator).
 pub type KernelSpace = AddressSpace<Arm64, Mmu, KernelTables>;
 
-/// Kernel data: read-write, never executable, global (no ASID).
+/// Kernel text: read and execute, global.
+const TEXT: Prot = Prot::new(Prot::EXEC | Prot::GLOBAL);
+/// Kernel rodata (and the linear alias of the image's code): read-only.
+const RODATA: Prot = Prot::new(Prot::GLOBAL);
+/// Kernel data, bss, stack, the linear map: read-write, never executable.
 const DATA: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
-/// The kernel image: code, data and stack share its 2 MiB blocks.
-const IMAGE: Prot = Prot::new(Prot::WRITE | Prot::EXEC | Prot::GLOBAL);
 /// The PL011 registers.
 const DEVICE: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL).with_mem(MemType::Device);
 
-fn ident(space: &mut KernelSpace, from: u64, to: u64, prot: Prot) -> Result<(), Error> {
+extern "C" {
+    static __text_start: u8;
+    static __text_end: u8;
+    static __rodata_start: u8;
+    static __rodata_end: u8;
+    static __data_start: u8;
+    static __stack_guard: u8;
+    static __stack_bottom: u8;
+    static __stack_top: u8;
+}
+
+/// The image's sections (virtual addresses, 4 KiB aligned by link.ld).
+#[derive(Clone, Copy, Debug)]
+pub struct Image {
+    /// `.text`.
+    pub text: (u64, u64),
+    /// `.rodata`.
+    pub rodata: (u64, u64),
+    /// `.data` and `.bss`.
+    pub data: (u64, u64),
+    /// The guard page below the stack (unmapped).
+    pub guard: (u64, u64),
+    /// The boot stack.
+    pub stack: (u64, u64),
+    /// Physical start of the image (the boot code).
+    pub start_pa: u64,
+}
+
+impl Image {
+    /// The image as the linker laid it out.
+    pub fn get() -> Image {
+        // Linker-defined symbols: only their addresses are taken.
+        let a = |s: *const u8| s as u64;
+        Image {
+            text: (a(&raw const __text_start), a(&raw const __text_end)),
+            rodata: (a(&raw const __rodata_start), a(&raw const __rodata_end)),
+            data: (a(&raw const __data_start), a(&raw const __stack_guard)),
+            guard: (a(&raw const __stack_guard), a(&raw const __stack_bottom)),
+            stack: (a(&raw const __stack_bottom), a(&raw const __stack_top)),
+            start_pa: boot::image_start_pa(),
+        }
+    }
+
+    /// Physical end of the image (of its stack).
+    pub fn end_pa(&self) -> u64 {
+        kimage_to_phys(self.stack.1)
+    }
+}
+
+/// Maps `[from, to)` of physical memory at its linear-map address.
+fn linear(space: &mut KernelSpace, from: u64, to: u64, prot: Prot) -> Result<(), Error> {
     if to > from {
         space.map(
-            VirtAddr(from),
+            VirtAddr(phys_to_virt(from)),
             PhysAddr(from),
             to - from,
             prot,
@@ -34,26 +107,49 @@ fn ident(space: &mut KernelSpace, from: u64, to: u64, prot: Prot) -> Result<(), 
     Ok(())
 }
 
-/// Builds the identity map and prints what it cost.
-pub fn build(l: &Layout) -> Result<KernelSpace, Error> {
-    let mut space = KernelSpace::new(new_mmu(), KernelTables)?;
+/// Maps the image section `[va.0, va.1)` at its load address.
+fn section(space: &mut KernelSpace, va: (u64, u64), prot: Prot) -> Result<(), Error> {
+    if va.1 > va.0 {
+        space.map(
+            VirtAddr(va.0),
+            PhysAddr(kimage_to_phys(va.0)),
+            va.1 - va.0,
+            prot,
+            MapOptions::BLOCKS,
+        )?;
+    }
+    Ok(())
+}
+
+/// Builds the kernel's address space (not yet installed) and prints what
+/// it holds and what it cost.
+pub fn build(l: &Layout, img: &Image) -> Result<KernelSpace, Error> {
+    let mut space = KernelSpace::new(kernel_mmu(), KernelTables)?;
+    // The linear alias of the boot code, text and rodata is read-only.
+    let ro_alias = (img.start_pa, kimage_to_phys(img.rodata.1));
     space.lazy_mmu(|s| {
         s.map(
-            VirtAddr(UART_BASE),
+            VirtAddr(UART_VA),
             PhysAddr(UART_BASE),
             4096,
             DEVICE,
             MapOptions::PAGES,
         )?;
-        ident(s, l.ram.0, l.kernel.0, DATA)?;
-        ident(s, l.kernel.0, l.kernel.1, IMAGE)?;
-        ident(s, l.kernel.1, l.ram.1, DATA)
+        linear(s, l.ram.0, ro_alias.0, DATA)?;
+        linear(s, ro_alias.0, ro_alias.1, RODATA)?;
+        linear(s, ro_alias.1, l.ram.1, DATA)?;
+        section(s, img.text, TEXT)?;
+        section(s, img.rodata, RODATA)?;
+        section(s, img.data, DATA)?;
+        section(s, img.stack, DATA)
     })?;
     let st = space.stats();
     let mut blocks = [0u64; 3];
-    space.walk(VirtAddr(0), 1 << 47, |m| blocks[m.height as usize] += 1)?;
+    space.walk(VirtAddr(PAGE_OFFSET), KERNEL_VA_END - PAGE_OFFSET, |m| {
+        blocks[m.height as usize] += 1
+    })?;
     println!(
-        "kernel map: {} MiB of RAM + UART: {} entries written, {} walker barriers, {} tables; leaves: {} x 1 GiB, {} x 2 MiB, {} x 4 KiB",
+        "kernel map (TTBR1): {} MiB of RAM + image + UART: {} entries written, {} walker barriers, {} tables; leaves: {} x 1 GiB, {} x 2 MiB, {} x 4 KiB",
         (l.ram.1 - l.ram.0) >> 20,
         st.entries_written(),
         st.barriers(),
@@ -61,6 +157,52 @@ pub fn build(l: &Layout) -> Result<KernelSpace, Error> {
         blocks[2],
         blocks[1],
         blocks[0]
+    );
+    let row = |what: &str, va: (u64, u64), pa: u64, prot: &str| {
+        println!("  {what:<12} {:#x}..{:#x} -> {pa:#x}  {prot}", va.0, va.1)
+    };
+    row(
+        "text",
+        img.text,
+        kimage_to_phys(img.text.0),
+        "r-x EL1, global",
+    );
+    row(
+        "rodata",
+        img.rodata,
+        kimage_to_phys(img.rodata.0),
+        "r-- XN, global",
+    );
+    row(
+        "data+bss",
+        img.data,
+        kimage_to_phys(img.data.0),
+        "rw- XN, global",
+    );
+    row("guard", img.guard, kimage_to_phys(img.guard.0), "unmapped");
+    row(
+        "stack",
+        img.stack,
+        kimage_to_phys(img.stack.0),
+        "rw- XN, global",
+    );
+    row(
+        "linear",
+        (phys_to_virt(l.ram.0), phys_to_virt(l.ram.1)),
+        l.ram.0,
+        "rw- XN, global",
+    );
+    row(
+        "linear ro",
+        (phys_to_virt(ro_alias.0), phys_to_virt(ro_alias.1)),
+        ro_alias.0,
+        "r-- XN, global (alias of boot code, text, rodata)",
+    );
+    row(
+        "uart",
+        (UART_VA, UART_VA + 4096),
+        UART_BASE,
+        "rw- XN, Device-nGnRE, global",
     );
     Ok(space)
 }

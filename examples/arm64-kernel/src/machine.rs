@@ -6,17 +6,27 @@ use core::fmt;
 use pgtable_core::suite::{Fault, Machine};
 use pgtable_core::{PhysAddr, VirtAddr};
 
+use crate::memory::is_kernel_va;
 use crate::{print, probe, timer};
 
-/// The suite's virtual window: 16 GiB at 64 GiB, unmapped by the kernel
-/// (8 GiB is the suite's minimum; the 2 GiB moves at PUD alignment need
-/// 16 GiB to place source and destination at odd multiples of 1 GiB).
+/// The suite's virtual window in its test space (TTBR0_EL1): 16 GiB at
+/// 64 GiB (8 GiB is the suite's minimum; the 2 GiB moves at PUD alignment
+/// need 16 GiB to place source and destination at odd multiples of 1 GiB).
 pub const WINDOW: (u64, u64) = (0x10_0000_0000, 16 << 30);
+
+/// The window of the suite's run on the kernel's own space (TTBR1_EL1),
+/// which runs only the cases at the last entries of the upper half: 16
+/// GiB of the upper half the kernel does not use. The suite only checks
+/// that it stays empty.
+pub const KERNEL_SPACE_WINDOW: (u64, u64) = (0xffff_a000_0000_0000, 16 << 30);
 
 /// The kernel as a suite machine.
 pub struct KernelMachine {
     /// The RAM pool handed to the suite.
     pub pool: (u64, u64),
+    /// The window handed to the suite ([`WINDOW`] or
+    /// [`KERNEL_SPACE_WINDOW`]).
+    pub window: (u64, u64),
     /// Probe accesses performed (loads, stores and exec probes).
     pub accesses: u64,
     /// Faults caught at the probes.
@@ -24,11 +34,11 @@ pub struct KernelMachine {
 }
 
 /// Whether `va` lies in the suite's part of the address space: its window
-/// and everything above it (the cases at the last entries of each half),
-/// where the kernel maps nothing of its own and the suite maps only its
-/// RAM pool. The kernel's identity map of RAM lies below the window.
+/// and everything above it (the cases at the last entries of each half)
+/// but the kernel's own regions, where the suite maps only its RAM pool.
+/// User spaces live below the window.
 fn in_suite_space(va: VirtAddr) -> bool {
-    va.0 >= WINDOW.0
+    va.0 >= WINDOW.0 && !is_kernel_va(va.0)
 }
 
 impl KernelMachine {
@@ -94,6 +104,6 @@ impl Machine for KernelMachine {
     }
 
     fn window(&self) -> (VirtAddr, u64) {
-        (VirtAddr(WINDOW.0), WINDOW.1)
+        (VirtAddr(self.window.0), self.window.1)
     }
 }

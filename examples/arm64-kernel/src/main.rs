@@ -33,12 +33,17 @@ mod memory;
 mod platform;
 mod probe;
 mod semihost;
+mod space;
 mod timer;
+mod user;
 
 use core::fmt;
 use core::panic::PanicInfo;
 
+use pgtable_arm64::regs::ttbr1_base;
 use pgtable_core::suite::{self, Config};
+
+use crate::kmap::KernelSpace;
 
 /// Options from the kernel command line (`-append "seed=N threshold_mb=M"`).
 #[derive(Clone, Copy, Debug)]
@@ -80,24 +85,74 @@ fn parse_u64(s: &str) -> Option<u64> {
     }
 }
 
-/// The Rust entry point, called by `_start` on the boot core at EL1.
+/// Checks that TCR_EL1 (set by the boot code from [`boot::EARLY_TCR`])
+/// is pgtable's `tcr_value` for this CPU without the hardware access-flag
+/// and dirty-state bits, then writes pgtable's value (HA and HD on where
+/// the CPU has them, as `enable_mmu` would). The caller flushes the TLB
+/// (the TTBR1_EL1 switch does). Returns the value, or the mismatch.
+fn set_tcr() -> Result<u64, (u64, u64)> {
+    use aarch64_cpu::registers::{ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, TCR_EL1};
+    use pgtable_arm64::{tcr_value, TcrConfig};
+    use tock_registers::interfaces::{Readable, Writeable};
+
+    let pa_range = ID_AA64MMFR0_EL1.get() & 0xf;
+    let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
+    let cfg = TcrConfig {
+        va_bits: 48,
+        ttbr1: true,
+        pa_range,
+        hw_access_flag: hafdbs >= 1,
+        hw_dirty: hafdbs >= 2,
+    };
+    let want = tcr_value(cfg);
+    let early = tcr_value(TcrConfig {
+        hw_access_flag: false,
+        hw_dirty: false,
+        ..cfg
+    });
+    let now = TCR_EL1.get();
+    if now != early || early & 0xffff_ffff != boot::EARLY_TCR {
+        return Err((now, early));
+    }
+    TCR_EL1.set(want);
+    // The new TCR_EL1 applies to the instructions after this isb.
+    aarch64_cpu::asm::barrier::isb(aarch64_cpu::asm::barrier::SY);
+    Ok(want)
+}
+
+/// The Rust entry point, called by `pgk_kernel_entry` on the boot core at
+/// EL1, in the upper half, on the early map (see boot.rs).
 #[no_mangle]
 extern "C" fn kernel_main() -> ! {
-    println!("pgtable arm64 kernel: booted at EL1");
+    println!(
+        "pgtable arm64 kernel: booted at EL1, running in the upper half at {:#x} (early map)",
+        kernel_main as *const () as usize
+    );
     let mut buf = [0u8; 256];
     let line = semihost::cmdline(&mut buf)
         .and_then(|n| core::str::from_utf8(&buf[..n]).ok())
         .unwrap_or("");
     let opts = Options::parse(line);
-    // SAFETY: QEMU virt puts the device tree at the base of RAM, which is
-    // below the kernel image and read here only, with the MMU off.
-    let fdt = unsafe { fdt::Fdt::at(memory::RAM_BASE) };
+    if boot::linked_kimage_offset() != memory::KIMAGE_OFFSET {
+        fail(format_args!(
+            "FAIL: link.ld's KIMAGE_OFFSET {:#x} is not memory::KIMAGE_OFFSET {:#x}",
+            boot::linked_kimage_offset(),
+            memory::KIMAGE_OFFSET
+        ));
+    }
+    let img = kmap::Image::get();
+    // SAFETY: QEMU virt puts the device tree at the base of RAM, below the
+    // kernel image, in the first GiB of RAM that the early linear map
+    // covers; it is only read.
+    let fdt = unsafe { fdt::Fdt::at(memory::phys_to_virt(memory::RAM_BASE)) };
     let Some((ram_base, ram_size)) = fdt.and_then(|f| f.memory()) else {
         fail(format_args!(
             "FAIL: no device tree with a /memory node at the base of RAM"
         ));
     };
-    let layout = memory::Layout::new(ram_base, ram_size);
+    let Some(layout) = memory::Layout::new(ram_base, ram_size, (img.start_pa, img.end_pa())) else {
+        fail(format_args!("FAIL: RAM too small for the table pool"));
+    };
     println!(
         "RAM {:#x}..{:#x}, kernel {:#x}..{:#x}, tables {:#x}..{:#x}, pool {:#x}..{:#x}",
         layout.ram.0,
@@ -109,24 +164,55 @@ extern "C" fn kernel_main() -> ! {
         layout.pool.0,
         layout.pool.1
     );
-    // SAFETY: once, before any allocation; `Layout` puts the table pool in
-    // RAM (which starts at 1 GiB) after the kernel image, 4 KiB aligned,
-    // and gives it to nothing else.
-    unsafe { memory::init_tables(layout.tables.0, layout.tables.1) };
-
-    let mut space =
-        kmap::build(&layout).unwrap_or_else(|e| fail(format_args!("FAIL: kernel map: {e}")));
-    // SAFETY: we are at EL1 with the MMU off; the map identity-maps all of
-    // RAM (code, stack, data, tables) and the UART, and `space` lives until
-    // the run exits (this function never returns).
-    let tcr = unsafe { pgtable_arm64::mmu::enable_mmu(space.root()) };
-    println!("MMU on: TTBR0_EL1={:#x} TCR_EL1={tcr:#x}", space.root().0);
-    // The MMU now translates: the UART must be where the map says.
-    if probe::translate(console::UART_BASE) != Some(console::UART_BASE) {
+    // The early map reaches the first GiB of RAM only (boot.rs).
+    if layout.tables.1 > memory::RAM_BASE + (1 << 30) {
         fail(format_args!(
-            "FAIL: the UART does not translate to itself through the new map"
+            "FAIL: the table pool ends beyond the early map's first GiB of RAM"
         ));
     }
+    // SAFETY: once, before any allocation; `Layout` puts the table pool in
+    // RAM after the kernel image, 4 KiB aligned, in the first GiB (checked
+    // above), and gives it to nothing else.
+    unsafe { memory::init_tables(layout.tables.0, layout.tables.1) };
+
+    let mut kspace =
+        kmap::build(&layout, &img).unwrap_or_else(|e| fail(format_args!("FAIL: kernel map: {e}")));
+    let tcr = set_tcr().unwrap_or_else(|(now, want)| {
+        fail(format_args!(
+            "FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {want:#x} (without HA/HD)"
+        ))
+    });
+    // SAFETY: TTBR0_EL1 holds the early identity map; the kernel map maps
+    // the image (code, data, stack) at the addresses the early map did,
+    // the UART, and the linear map of all RAM (the tables, the device
+    // tree), and lives until the run exits (this function never returns).
+    unsafe { boot::switch_ttbr1(ttbr1_base(kspace.root().0)) };
+    // SAFETY: the same root again (no translation changes): this marks the
+    // space active, so it is never freed under the MMU.
+    unsafe { kspace.install() };
+    // The suite's test space replaces the early identity map in TTBR0_EL1.
+    let mut test = KernelSpace::new(platform::lower_mmu(), memory::KernelTables)
+        .unwrap_or_else(|e| fail(format_args!("FAIL: test space: {e}")));
+    // SAFETY: the test space is empty and the kernel uses nothing in the
+    // lower half any more.
+    unsafe { test.install() };
+    println!(
+        "MMU on: TTBR1_EL1={:#x} (kernel space, root {:#x}) TTBR0_EL1={:#x} (test space) TCR_EL1={tcr:#x}",
+        ttbr1_base(kspace.root().0),
+        kspace.root().0,
+        test.root().0
+    );
+    // The MMU now translates through the kernel map: the UART must be
+    // where the map says.
+    if probe::translate(console::UART_VA) != Some(console::UART_BASE) {
+        fail(format_args!(
+            "FAIL: the UART does not translate through the kernel map"
+        ));
+    }
+
+    let mut tally = space::Tally::default();
+    space::kernel_cases(&mut tally, &img);
+    space::user_cases(&mut tally, &mut test, layout.pool.0);
 
     let cfg = Config {
         seed: opts.seed,
@@ -136,32 +222,50 @@ extern "C" fn kernel_main() -> ! {
     };
     let mut mach = machine::KernelMachine {
         pool: layout.pool,
+        window: machine::WINDOW,
         accesses: 0,
         faults: 0,
     };
     let (live_before, _) = memory::tables_live();
     let t0 = timer::ticks();
-    let mut sum = suite::run(&mut space, &mut mach, &cfg);
+    // The test space (TTBR0_EL1) takes every case but those of the upper
+    // half, which the kernel's space (TTBR1_EL1) takes: the upper half is
+    // the kernel's.
+    const UPPER: &[&str] = &["last_entries_of_the_upper_half"];
+    let low = suite::run(&mut test, &mut mach, &Config { skip: UPPER, ..cfg });
+    mach.window = machine::KERNEL_SPACE_WINDOW;
+    let high = suite::run(&mut kspace, &mut mach, &Config { only: UPPER, ..cfg });
     let t = timer::ticks() - t0;
     let (live, peak) = memory::tables_live();
     println!(
         "suite on the emulated MMU: {} probe accesses, {} faults caught, {} EMULATED ticks; table frames live {live} (before {live_before}), peak {peak}",
         mach.accesses, mach.faults, t
     );
+    let passed = low.passed + high.passed + tally.passed;
+    let mut failed = low.failed + high.failed + tally.failed;
     if live != live_before {
         println!(
             "FAIL suite_frees_its_tables: {live_before} table frames live before, {live} after"
         );
-        sum.failed += 1;
+        failed += 1;
     }
-    if let Err(e) = bench::run(&mut space, layout.pool) {
+    if high.passed == 0 {
+        println!("FAIL suite_upper_half: no case ran on the kernel's space");
+        failed += 1;
+    }
+    if let Err(e) = bench::run(&mut test, layout.pool) {
         println!("FAIL benchmarks: {e}");
-        sum.failed += 1;
+        failed += 1;
     }
-    // The judge reads the last summary line: repeat the suite's.
+    // The judge reads the last summary line: the total of the suite's two
+    // runs and the space cases.
     println!();
-    println!("{} passed, {} failed", sum.passed, sum.failed);
-    if sum.failed == 0 && sum.passed > 0 {
+    println!(
+        "space cases: {} passed, {} failed; suite: {} + {} passed, {} + {} failed",
+        tally.passed, tally.failed, low.passed, high.passed, low.failed, high.failed
+    );
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 && passed > 0 {
         semihost::exit(semihost::EXIT_SUCCESS)
     } else {
         semihost::exit(semihost::EXIT_FAILURE)

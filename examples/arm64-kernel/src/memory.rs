@@ -1,12 +1,27 @@
-//! RAM layout and the table-frame allocator.
+//! The address-space layout, the RAM layout and the table-frame allocator.
 //!
-//! QEMU `virt` RAM starts at 0x4000_0000. The kernel identity-maps all of
-//! it, so a physical address is also the virtual address the kernel uses
-//! (before and after the MMU is on). Layout:
+//! The kernel lives in the upper half (TTBR1_EL1), as Linux does; the lower
+//! half (TTBR0_EL1) belongs to the suite's test space and to user spaces.
+//! Each kernel region sits in its own 512 GiB slot (one root entry) and
+//! reaches physical memory at a fixed offset:
+//!
+//! ```text
+//! 0xffff_8000_0000_0000  PAGE_OFFSET    linear map of all RAM: va = pa + PAGE_OFFSET
+//! 0xffff_8080_0000_0000  KIMAGE_OFFSET  the kernel image:      va = pa + KIMAGE_OFFSET
+//! 0xffff_8100_0000_0000  DEVICE_OFFSET  the UART:              va = pa + DEVICE_OFFSET
+//! 0xffff_8180_0000_0000  KERNEL_VA_END  (nothing of the kernel's above)
+//! ```
+//!
+//! Everything that reaches a frame by its physical address (the table
+//! allocator, the probes' code patching, the device tree) goes through the
+//! linear map, never through an identity map: after boot there is none.
+//!
+//! QEMU `virt` RAM starts at 0x4000_0000. Physical layout:
 //!
 //! ```text
 //! 0x4000_0000  device tree (QEMU puts it here)
-//! 0x4020_0000  kernel image, .bss, boot stack       (__kernel_start..__kernel_end)
+//! 0x4020_0000  the boot code and early tables, then the kernel image,
+//!              .bss, guard page, boot stack      (__image_start_pa..pa(__kernel_end))
 //! next 2 MiB   table frames: TABLE_POOL bytes, bump + free list
 //! next 2 MiB   the test pool: RAM the suite and the benchmarks map
 //!              and write through their virtual windows
@@ -22,6 +37,43 @@ use pgtable_core::{PhysAddr, Table, TableAlloc};
 pub const TABLE_POOL: u64 = 64 << 20;
 /// QEMU virt RAM base.
 pub const RAM_BASE: u64 = 0x4000_0000;
+/// The linear map: RAM at physical `pa` is at `pa + PAGE_OFFSET` (the start
+/// of the upper half for the 48-bit format, whose halves have 47 bits).
+pub const PAGE_OFFSET: u64 = 0xffff_8000_0000_0000;
+/// The kernel image: its virtual addresses are its load addresses plus
+/// this (`KIMAGE_OFFSET` in link.ld, checked at boot).
+pub const KIMAGE_OFFSET: u64 = 0xffff_8080_0000_0000;
+/// Devices: the UART registers at physical `pa` are at `pa + DEVICE_OFFSET`.
+pub const DEVICE_OFFSET: u64 = 0xffff_8100_0000_0000;
+/// The end of the kernel's regions: the kernel maps nothing of its own at
+/// or above this, nor below [`PAGE_OFFSET`].
+pub const KERNEL_VA_END: u64 = 0xffff_8180_0000_0000;
+/// Bytes of one region slot (one root-table entry: 512 GiB).
+const SLOT: u64 = 1 << 39;
+
+// Each region is slot-aligned, so the early map (boot.rs) reaches all three
+// through one level-1 table, and the linear map has room for 512 GiB.
+const _: () = assert!(PAGE_OFFSET % SLOT == 0 && KIMAGE_OFFSET % SLOT == 0);
+const _: () = assert!(DEVICE_OFFSET % SLOT == 0 && KERNEL_VA_END == DEVICE_OFFSET + SLOT);
+const _: () = assert!(KIMAGE_OFFSET == PAGE_OFFSET + SLOT);
+
+/// The linear-map address of physical `pa`.
+#[inline]
+pub const fn phys_to_virt(pa: u64) -> u64 {
+    pa + PAGE_OFFSET
+}
+
+/// The physical address of kernel-image address `va`.
+#[inline]
+pub const fn kimage_to_phys(va: u64) -> u64 {
+    va - KIMAGE_OFFSET
+}
+
+/// Whether `va` lies in one of the kernel's regions.
+#[inline]
+pub const fn is_kernel_va(va: u64) -> bool {
+    va >= PAGE_OFFSET && va < KERNEL_VA_END
+}
 
 const MIB2: u64 = 2 << 20;
 
@@ -30,7 +82,7 @@ const MIB2: u64 = 2 << 20;
 pub struct Layout {
     /// RAM, `[start, end)`.
     pub ram: (u64, u64),
-    /// The kernel image with its stack, 2 MiB-rounded.
+    /// The kernel image with its stack (physical), 2 MiB-rounded.
     pub kernel: (u64, u64),
     /// Table frames.
     pub tables: (u64, u64),
@@ -38,29 +90,23 @@ pub struct Layout {
     pub pool: (u64, u64),
 }
 
-extern "C" {
-    static __kernel_start: u8;
-    static __kernel_end: u8;
-}
-
 impl Layout {
-    /// The layout for RAM `[ram_base, ram_base + ram_size)`.
-    pub fn new(ram_base: u64, ram_size: u64) -> Layout {
-        // Linker-defined symbols: only their addresses are taken.
-        let (ks, ke) = (
-            &raw const __kernel_start as u64,
-            &raw const __kernel_end as u64,
+    /// The layout for RAM `[ram_base, ram_base + ram_size)` and the image
+    /// at physical `[image.0, image.1)`; `None` if the table pool does not
+    /// fit in RAM.
+    pub fn new(ram_base: u64, ram_size: u64, image: (u64, u64)) -> Option<Layout> {
+        let kernel = (
+            image.0 & !(MIB2 - 1),
+            image.1.checked_next_multiple_of(MIB2)?,
         );
-        let kernel = (ks & !(MIB2 - 1), (ke + MIB2 - 1) & !(MIB2 - 1));
         let tables = (kernel.1, kernel.1 + TABLE_POOL);
-        let end = ram_base + ram_size;
-        assert!(tables.1 < end, "RAM too small for the table pool");
-        Layout {
+        let end = ram_base.checked_add(ram_size)?;
+        (kernel.0 >= ram_base && tables.1 < end).then_some(Layout {
             ram: (ram_base, end),
             kernel,
             tables,
             pool: (tables.1, end),
-        }
+        })
     }
 }
 
@@ -100,7 +146,8 @@ fn with_frames<R>(f: impl FnOnce(&mut Frames) -> R) -> R {
 /// # Safety
 ///
 /// Call once, before the first allocation. `[start, end)` is 4 KiB aligned
-/// RAM, identity-mapped, above address 0, that nothing else uses.
+/// RAM that nothing else uses, reachable through the linear map (the early
+/// one of boot.rs, and the kernel map's once that is installed).
 pub unsafe fn init_tables(start: u64, end: u64) {
     with_frames(|fr| {
         fr.next = start;
@@ -122,8 +169,9 @@ pub struct KernelTables;
 // kernel uses (see `Layout`); the bump pointer hands each frame out once
 // and the free list holds only frames given back; every frame is zeroed
 // before it is handed out; the pool is a static (dropping a handle frees
-// nothing). RAM is identity-mapped (before and after the MMU is on), so
-// `phys_to_virt` is the identity and valid for the frame's life.
+// nothing). All RAM is in the linear map (the early map covers the first
+// GiB, where the table pool lies; the kernel map all of RAM), so
+// `phys_to_virt` is `pa + PAGE_OFFSET` and valid for the frame's life.
 unsafe impl TableAlloc for KernelTables {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = with_frames(|fr| {
@@ -131,7 +179,7 @@ unsafe impl TableAlloc for KernelTables {
                 let pa = fr.free;
                 // SAFETY: a frame on the free list is ours and unused; its
                 // first word links the next free frame.
-                fr.free = unsafe { (pa as *const u64).read() };
+                fr.free = unsafe { (phys_to_virt(pa) as *const u64).read() };
                 pa
             } else if fr.next < fr.end {
                 let pa = fr.next;
@@ -145,15 +193,15 @@ unsafe impl TableAlloc for KernelTables {
             Some(pa)
         })?;
         // SAFETY: the frame was just taken from the pool, is 4 KiB aligned
-        // and mapped (identity), and nothing else uses it.
-        unsafe { (pa as *mut Table).write_bytes(0, 1) };
+        // and mapped (linear map), and nothing else uses it.
+        unsafe { (phys_to_virt(pa) as *mut Table).write_bytes(0, 1) };
         Some(PhysAddr(pa))
     }
 
     unsafe fn free_table(&mut self, pa: PhysAddr) {
         with_frames(|fr| {
             // SAFETY: the caller returns a frame of ours nobody uses any more.
-            unsafe { (pa.0 as *mut u64).write(fr.free) };
+            unsafe { (phys_to_virt(pa.0) as *mut u64).write(fr.free) };
             fr.free = pa.0;
             fr.live -= 1;
         });
@@ -161,8 +209,8 @@ unsafe impl TableAlloc for KernelTables {
 
     #[inline]
     unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
-        // SAFETY: the caller passes one of our frames, which lie in RAM,
-        // and RAM starts at 1 GiB, so the address is not null.
-        unsafe { NonNull::new_unchecked(pa.0 as *mut Table) }
+        // SAFETY: the caller passes one of our frames, which lie in RAM; its
+        // linear-map address is in the upper half, so it is not null.
+        unsafe { NonNull::new_unchecked(phys_to_virt(pa.0) as *mut Table) }
     }
 }

@@ -9,6 +9,8 @@
 
 use core::arch::asm;
 
+use crate::memory::phys_to_virt;
+
 /// A data abort caught at a probe.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Fault {
@@ -18,11 +20,50 @@ pub struct Fault {
     pub far: u64,
 }
 
+/// ESR_EL1.EC of an instruction abort from EL0.
+pub const EC_IABT_LOWER: u64 = 0x20;
+/// ESR_EL1.EC of an instruction abort taken without a change of EL.
+pub const EC_IABT_CUR: u64 = 0x21;
+/// ESR_EL1.EC of a data abort from EL0.
+pub const EC_DABT_LOWER: u64 = 0x24;
+/// ESR_EL1.EC of a data abort taken without a change of EL.
+pub const EC_DABT_CUR: u64 = 0x25;
+/// ESR_EL1.EC of an `SVC` from AArch64.
+pub const EC_SVC64: u64 = 0x15;
+
+/// ESR_EL1.EC (bits 31:26, Arm ARM D19.2.40): the exception class.
+pub const fn esr_class(esr: u64) -> u64 {
+    (esr >> 26) & 0x3f
+}
+
+/// Whether the fault status code of an abort syndrome (DFSC/IFSC, bits
+/// 5:0) is a permission fault (0b0011xx, any level): the translation
+/// exists but does not allow the access.
+pub const fn is_permission_fault(esr: u64) -> bool {
+    esr & 0x3c == 0x0c
+}
+
+/// Whether it is a translation fault (0b0001xx, any level; 0b101011 is
+/// level -1, not used with 4 KiB granules and 48 bits): nothing mapped.
+pub const fn is_translation_fault(esr: u64) -> bool {
+    esr & 0x3c == 0x04
+}
+
 impl Fault {
     /// ESR_EL1.ISS.WnR (bit 6, Arm ARM D19.2.40): the abort was caused by a
     /// write.
     pub fn is_write(&self) -> bool {
         self.esr & (1 << 6) != 0
+    }
+
+    /// ESR_EL1.EC.
+    pub fn class(&self) -> u64 {
+        esr_class(self.esr)
+    }
+
+    /// A permission fault (see [`is_permission_fault`]).
+    pub fn is_permission(&self) -> bool {
+        is_permission_fault(self.esr)
     }
 }
 
@@ -81,7 +122,7 @@ pub unsafe fn write_u64(va: u64, value: u64) -> Result<(), Fault> {
 }
 
 /// The A64 `RET` instruction (return to x30).
-const RET: u32 = 0xd65f_03c0;
+pub const RET: u32 = 0xd65f_03c0;
 
 /// The physical address `va` translates to for a kernel read (`AT S1E1R`),
 /// or `None` if the translation faults.
@@ -105,10 +146,10 @@ pub fn translate(va: u64) -> Option<u64> {
 }
 
 /// Makes the instruction at `alias` (an address whose word was just
-/// stored) visible to instruction fetches (Arm ARM B2.4.4: clean the data
+/// stored) visible to instruction fetches at every alias of it (Arm ARM B2.4.4: clean the data
 /// cache to the point of unification, invalidate the instruction cache,
 /// then synchronise the context).
-fn sync_icache(alias: u64) {
+pub fn sync_icache(alias: u64) {
     // SAFETY: cache maintenance by VA on a mapped, readable address has no
     // effect on memory contents.
     unsafe {
@@ -124,34 +165,19 @@ fn sync_icache(alias: u64) {
     }
 }
 
-/// Whether an instruction fetch from `va` (4-byte aligned) faults, judged by
-/// the MMU: a `RET` is placed at the physical page behind `va` through the
-/// kernel's identity alias and called through `va`; the original word is
-/// put back afterwards. `None` if `va` does not translate to RAM the kernel
-/// maps (nothing is executed then).
+/// Calls the `RET` at `va` through the exec probe: `Ok` if it ran, or the
+/// instruction abort the fetch raised.
 ///
 /// # Safety
 ///
-/// `va` maps nothing, or only pool memory (see [`write_u64`]): the word
-/// behind it is overwritten for the duration of the probe.
-pub unsafe fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
-    let Some(pa) = translate(va) else {
-        // Not even readable: a fetch would fault with a translation fault.
-        return Some(Err(Fault { esr: 0, far: va }));
-    };
-    let word = pa & !7;
-    let shift = (pa & 4) * 8;
-    let old = read_u64(word).ok()?;
-    let patched = (old & !(0xffff_ffff << shift)) | (u64::from(RET) << shift);
-    // SAFETY: `word` is the identity alias of the pool memory `va` maps
-    // (our caller's promise).
-    unsafe { write_u64(word, patched) }.ok()?;
-    sync_icache(word);
+/// `va` holds a `RET` instruction, visible to instruction fetches (or the
+/// fetch faults): whatever is there runs if the MMU allows it.
+pub unsafe fn call_ret(va: u64) -> Result<(), Fault> {
     let (esr, far): (u64, u64);
-    // SAFETY: `va` maps the RET just stored (or faults on the fetch, which
-    // the vectors turn into a return with x1 = ESR); the probe preserves
-    // the stack and returns to us. Everything the C ABI allows it to
-    // clobber is declared.
+    // SAFETY: `va` holds a RET (our caller's promise), or the fetch faults
+    // and the vectors turn the abort into a return with x1 = ESR; the probe
+    // preserves the stack and returns to us. Everything the C ABI allows
+    // it to clobber is declared.
     unsafe {
         asm!(
             "bl pgk_probe_exec",
@@ -161,12 +187,41 @@ pub unsafe fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
             clobber_abi("C"),
         );
     }
-    // SAFETY: as above; the word gets its old value back.
-    unsafe { write_u64(word, old) }.ok()?;
-    sync_icache(word);
-    Some(if esr == 0 {
+    if esr == 0 {
         Ok(())
     } else {
         Err(Fault { esr, far })
-    })
+    }
+}
+
+/// Whether an instruction fetch from `va` (4-byte aligned) faults, judged by
+/// the MMU: a `RET` is placed at the physical page behind `va` through the
+/// kernel's linear map and called through `va`; the original word is put
+/// back afterwards. `None` if `va` does not translate to RAM the kernel
+/// maps writable (nothing is executed then).
+///
+/// # Safety
+///
+/// `va` maps nothing, or only memory no Rust object lives in (the pool, a
+/// user page; see [`write_u64`]): the word behind it is overwritten for
+/// the duration of the probe.
+pub unsafe fn exec_faults(va: u64) -> Option<Result<(), Fault>> {
+    let Some(pa) = translate(va) else {
+        // Not even readable: a fetch would fault with a translation fault.
+        return Some(Err(Fault { esr: 0, far: va }));
+    };
+    let word = phys_to_virt(pa & !7);
+    let shift = (pa & 4) * 8;
+    let old = read_u64(word).ok()?;
+    let patched = (old & !(0xffff_ffff << shift)) | (u64::from(RET) << shift);
+    // SAFETY: `word` is the linear alias of the memory `va` maps, which
+    // holds no Rust object (our caller's promise).
+    unsafe { write_u64(word, patched) }.ok()?;
+    sync_icache(word);
+    // SAFETY: `va` maps the RET just stored.
+    let r = unsafe { call_ret(va) };
+    // SAFETY: as above; the word gets its old value back.
+    unsafe { write_u64(word, old) }.ok()?;
+    sync_icache(word);
+    Some(r)
 }
