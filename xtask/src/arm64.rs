@@ -2,13 +2,16 @@
 //!
 //! Builds the kernel (release, `aarch64-unknown-none`, its own workspace
 //! and lock file), boots it on QEMU `virt` with semihosting under a
-//! timeout, streams the console, and succeeds only on exit code 33 and a
-//! final `N passed, 0 failed` line.
+//! timeout, streams the console, and succeeds only on exit code 33, a
+//! final `N passed, 0 failed` line and an `ok` line for every case of
+//! [`SPACE_CASES`] (the kernel's own checks of its address-space split,
+//! which the suite's summary would not miss if the kernel stopped running
+//! them).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::qemu::{boot, cargo, cmdline, ensure_qemu, ensure_target, judge, root, run};
+use crate::qemu::{boot, cargo, cmdline, ensure_qemu, ensure_target, judge, root, run, Outcome};
 use crate::QemuOpts;
 
 /// The Rust target of the kernel.
@@ -19,6 +22,46 @@ const QEMU: &str = "qemu-system-aarch64";
 const EXIT_SUCCESS: i32 = 33;
 /// Guest RAM: the suite's pool needs more than 2 GiB.
 const MEMORY: &str = "3G";
+/// The kernel's `space_` cases (src/space.rs), each of which must print
+/// `ok <name>`: the kernel runs from TTBR1 with no identity map left, its
+/// map is W^X, and EL0 is isolated from it.
+pub const SPACE_CASES: &[&str] = &[
+    "space_no_identity_map",
+    "space_kernel_text_executes_and_data_takes_stores",
+    "space_kernel_text_write_faults",
+    "space_kernel_rodata_write_faults",
+    "space_kernel_rodata_exec_faults",
+    "space_kernel_data_exec_faults",
+    "space_kernel_stack_exec_faults",
+    "space_linear_map_exec_faults",
+    "space_linear_alias_of_text_write_faults",
+    "space_kernel_stack_guard_faults",
+    "space_user_roundtrip",
+    "space_user_access_to_kernel_faults",
+    "space_user_code_write_faults",
+    "space_user_data_exec_faults",
+    "space_kernel_cannot_execute_user_memory",
+];
+
+/// Ok if every case of `cases` printed exactly `ok <name>`.
+fn require_ok(outcome: &Outcome, cases: &[&str]) -> Result<(), String> {
+    let missing: Vec<&str> = cases
+        .iter()
+        .copied()
+        .filter(|c| {
+            !outcome
+                .lines
+                .iter()
+                .any(|l| l.trim_end().strip_prefix("ok ") == Some(*c))
+        })
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("no `ok` line for: {}", missing.join(", ")))
+    }
+}
+
 /// Upper bound for one run (the release kernel takes 10-20 s under TCG).
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -74,7 +117,8 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         TIMEOUT,
         "arm64| ",
     )?;
-    judge(&outcome, EXIT_SUCCESS)
+    judge(&outcome, EXIT_SUCCESS)?;
+    require_ok(&outcome, SPACE_CASES)
 }
 
 #[cfg(test)]
@@ -90,5 +134,29 @@ mod tests {
         assert!(joined.contains("-kernel /k.elf"));
         assert!(joined.ends_with("-append seed=1"));
         assert!(!qemu_args(std::path::Path::new("/k"), "").contains(&"-append".to_string()));
+    }
+
+    #[test]
+    fn every_space_case_must_print_ok() {
+        let o = |lines: &[&str]| Outcome {
+            code: Some(EXIT_SUCCESS),
+            lines: lines.iter().map(|s| s.to_string()).collect(),
+            timed_out: false,
+        };
+        let all: Vec<String> = SPACE_CASES.iter().map(|c| format!("ok {c}")).collect();
+        let all: Vec<&str> = all.iter().map(|s| s.as_str()).collect();
+        assert!(require_ok(&o(&all), SPACE_CASES).is_ok());
+        // One case missing, failed, or only a prefix of a longer name.
+        let err = require_ok(&o(&all[1..]), SPACE_CASES).unwrap_err();
+        assert!(err.contains(SPACE_CASES[0]), "{err}");
+        let mut failed = all.clone();
+        let line = format!("FAIL {}: did not fault", SPACE_CASES[2]);
+        failed[2] = &line;
+        assert!(require_ok(&o(&failed), SPACE_CASES).is_err());
+        assert!(require_ok(
+            &o(&["ok space_user_roundtrip_extra"]),
+            &["space_user_roundtrip"]
+        )
+        .is_err());
     }
 }
