@@ -1,14 +1,41 @@
 //! A tiny arm64 kernel for QEMU `virt` that runs pgtable's conformance
 //! suite on the real (emulated) MMU, then the arm64 benchmarks.
 //!
+//! It is split like Linux: the kernel lives in the upper half, translated
+//! through TTBR1_EL1 by a kernel space built with pgtable (a W^X map of the
+//! image, a linear map of all RAM at `PAGE_OFFSET`, the UART); the lower
+//! half (TTBR0_EL1) holds the suite's test space and, for the EL0 cases,
+//! a user space. After boot no identity map is left.
+//!
+//! Boot sequence (details in `boot.rs`):
+//! 1. `_start`, at its physical address with the MMU off: EL2→EL1, FP on,
+//!    early tables (an identity map of the first GiB of RAM in TTBR0_EL1;
+//!    the linear map, the image and the UART in TTBR1_EL1), MMU on, jump
+//!    to the upper half;
+//! 2. `pgk_kernel_entry`: stack, `.bss`, vectors, `kernel_main`;
+//! 3. `kernel_main`: RAM from the device tree (through the linear map),
+//!    the kernel map built with pgtable ([`kmap`]), pgtable's TCR_EL1
+//!    value, TTBR1_EL1 switched to the kernel map from the identity map,
+//!    then the empty test space installed in TTBR0_EL1 (the identity map
+//!    is gone);
+//! 4. the `space_` cases ([`space`]): W^X of the kernel map and EL0
+//!    isolation, judged by the MMU;
+//! 5. the suite on the test space (every case but those at the end of
+//!    the upper half), then the upper-half cases on the live kernel space;
+//! 6. the benchmarks, on the test space and on spaces of their own that
+//!    take TTBR0_EL1 in turn.
+//!
 //! Orientation:
-//! - `boot.rs`: entry, EL2→EL1, stack, `.bss`, exception vectors, probes;
+//! - `boot.rs`: entry, EL2→EL1, early tables, MMU on, the TTBR1 switch,
+//!   exception vectors, the EL0 entry and return, probes;
 //! - `console.rs`, `semihost.rs`, `timer.rs`: PL011 output, exit codes and
 //!   the command line through semihosting, the cycle counter;
-//! - `probe.rs`: loads and stores that return faults as values;
+//! - `probe.rs`: loads, stores and fetches that return faults as values;
 //! - `fdt.rs`: the RAM size from the device tree QEMU puts at 0x4000_0000;
-//! - `memory.rs`: the RAM layout and the table allocator;
-//! - `kmap.rs`: the identity map the kernel runs on, built with pgtable;
+//! - `memory.rs`: the virtual and physical layout, the table allocator;
+//! - `kmap.rs`: the kernel's own address space, built with pgtable;
+//! - `user.rs`: a user space, the user program, running it at EL0;
+//! - `space.rs`: the `space_` cases;
 //! - `platform.rs`: the names used from `pgtable-arm64`;
 //! - `machine.rs`: the suite's `Machine` on this hardware;
 //! - `bench.rs`: the benchmark tables.
@@ -19,7 +46,8 @@
 //! simpler than reading `/chosen/bootargs` from the device tree.
 //!
 //! The run ends through semihosting with exit code 33 when every suite
-//! case passed and 35 otherwise (also on any unexpected exception or panic).
+//! and `space_` case passed and 35 otherwise (also on any unexpected
+//! exception or panic).
 #![no_std]
 #![no_main]
 
