@@ -41,6 +41,7 @@ pub const SPACE_CASES: &[&str] = &[
     "space_user_code_write_faults",
     "space_user_data_exec_faults",
     "space_kernel_cannot_execute_user_memory",
+    "space_user_space_frees_its_tables",
 ];
 
 /// Ok if every case of `cases` printed exactly `ok <name>`.

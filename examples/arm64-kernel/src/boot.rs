@@ -23,8 +23,8 @@
 //!    clears `.bss`, installs the vectors and calls `kernel_main`, which
 //!    builds the real kernel map with pgtable and switches TTBR1_EL1 to it
 //!    through [`switch_ttbr1`] (which runs `pgk_replace_ttbr1` from the
-//!    identity map, so no translation of the old map and of the new one are
-//!    ever live together), then installs the suite's test space in
+//!    identity map, so translations of the old map and of the new one are
+//!    never live together), then installs the suite's test space in
 //!    TTBR0_EL1: from then on nothing uses the identity map.
 //!
 //! QEMU passes no device-tree pointer to an ELF kernel: see `fdt.rs`.

@@ -11,7 +11,8 @@
 //! - EL0: a user program runs and comes back through `SVC` with its
 //!   result; its loads from kernel memory, its stores to its own code and
 //!   its fetches from its data fault; the kernel cannot execute user
-//!   memory (pgtable sets PXN on every user leaf).
+//!   memory (pgtable sets PXN on every user leaf); dropping the user
+//!   space gives all its tables back.
 //!
 //! Each case prints `ok <name>` or `FAIL <name>: <reason>`, like the
 //! suite's cases.
@@ -25,7 +26,7 @@ use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use crate::kmap::{Image, KernelSpace};
-use crate::memory::{kimage_to_phys, phys_to_virt};
+use crate::memory::{self, kimage_to_phys, phys_to_virt};
 use crate::probe::{
     self, esr_class, is_permission_fault, is_translation_fault, Fault, EC_DABT_CUR, EC_DABT_LOWER,
     EC_IABT_CUR, EC_IABT_LOWER, EC_SVC64, RET,
@@ -275,6 +276,7 @@ fn expect_user_abort(what: &str, e: UserExit, class: u64, far: u64) -> R {
 /// TTBR0_EL1; a user space takes its place while they run and it is
 /// installed again at the end. `frames` are two free pool frames.
 pub fn user_cases(t: &mut Tally, test: &mut KernelSpace, frames: u64) {
+    let (live_before, _) = memory::tables_live();
     let mut us = match UserSpace::new(frames) {
         Ok(us) => us,
         Err(e) => {
@@ -382,4 +384,13 @@ pub fn user_cases(t: &mut Tally, test: &mut KernelSpace, frames: u64) {
     // ended with a full TLB flush (ASID 0, untagged), so nothing made from
     // the user tables is cached.
     unsafe { us.space.deactivate() };
+    drop(us);
+    t.case("space_user_space_frees_its_tables", || {
+        let (live, _) = memory::tables_live();
+        ensure!(
+            live == live_before,
+            "{live_before} table frames live before the user space, {live} after it was dropped"
+        );
+        Ok(())
+    });
 }
