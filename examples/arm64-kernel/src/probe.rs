@@ -11,7 +11,8 @@ use core::arch::asm;
 
 use crate::memory::phys_to_virt;
 
-/// A data abort caught at a probe.
+/// An abort caught at a probe (a data abort, or an instruction abort at
+/// the exec probe).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Fault {
     /// ESR_EL1 (exception syndrome).
@@ -43,8 +44,8 @@ pub const fn is_permission_fault(esr: u64) -> bool {
     esr & 0x3c == 0x0c
 }
 
-/// Whether it is a translation fault (0b0001xx, any level; 0b101011 is
-/// level -1, not used with 4 KiB granules and 48 bits): nothing mapped.
+/// Whether it is a translation fault (0b0001xx, levels 0 to 3): nothing
+/// is mapped there.
 pub const fn is_translation_fault(esr: u64) -> bool {
     esr & 0x3c == 0x04
 }
@@ -146,7 +147,7 @@ pub fn translate(va: u64) -> Option<u64> {
 }
 
 /// Makes the instruction at `alias` (an address whose word was just
-/// stored) visible to instruction fetches at every alias of it (Arm ARM B2.4.4: clean the data
+/// stored) visible to instruction fetches (Arm ARM B2.4.4: clean the data
 /// cache to the point of unification, invalidate the instruction cache,
 /// then synchronise the context).
 pub fn sync_icache(alias: u64) {
