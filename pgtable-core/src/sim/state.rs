@@ -557,10 +557,20 @@ impl State {
     /// Every cached entry against a fresh walk of memory. Of several stale
     /// entries, the smallest leaf at the lowest address is reported (a
     /// deterministic answer whatever the map's order).
+    ///
+    /// An entry of the current ASID is walked from the current root, since
+    /// that is what the hardware uses it for, whichever root filled it: an
+    /// ASID reused for another address space without a flush leaves the
+    /// old space's entries serving the new one. Entries of other ASIDs (and
+    /// global ones) are walked from the root that filled them.
     pub(super) fn check_tlb<A: Arch>(&self) -> Result<(), StaleTlb> {
         let mut worst: Option<StaleTlb> = None;
-        for (&(base, h, leaf, _), c) in &self.tlb {
-            let fresh = self.fresh::<A>(c.root, base, h, leaf);
+        for (&(base, h, leaf, tag), c) in &self.tlb {
+            let root = match self.root {
+                Some(r) if tag == self.asid => r,
+                _ => c.root,
+            };
+            let fresh = self.fresh::<A>(root, base, h, leaf);
             let ok = match fresh {
                 None => false,
                 Some((raw, fh)) if leaf => {
