@@ -71,4 +71,4 @@ pub use flush::{
 };
 pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
-pub use mmu::X86Mmu;
+pub use mmu::{cpu_has_pcid, enable_pcids, X86Mmu};

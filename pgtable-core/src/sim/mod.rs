@@ -760,6 +760,23 @@ impl<A: Arch> SimMmu<A> {
         self.asid.store(u32::from(asid), Ordering::Relaxed);
     }
 
+    /// Defers this handle's flush to its next install, as an x86 MMU
+    /// without INVPCID must for a PCID that is not current (it cannot name
+    /// the PCID, and `invlpg` reaches only the current one; see
+    /// `pgtable_x86::PcidCpu`): the ASID's entries are exempt from the
+    /// check until a [`flush_tlb_mm`](Mmu::flush_tlb_mm) of the ASID or a
+    /// [`flush_tlb_all`](Mmu::flush_tlb_all). Installing the ASID without
+    /// that flush ends the exemption, so its stale entries are reported. A
+    /// deferral for the ASID installed now is ignored: its entries are in
+    /// use.
+    pub fn defer_flush(&self) {
+        let tag = self.tag();
+        let mut s = lock(&self.shared);
+        if s.asid != tag || s.root.is_none() {
+            s.owed.insert(tag);
+        }
+    }
+
     /// The tag of this MMU's TLB entries (untagged spaces share 0).
     fn tag(&self) -> u32 {
         self.asid().map_or(0, u32::from)
@@ -794,7 +811,10 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
     unsafe fn install_root(&self, root: PhysAddr) {
         let mut s = lock(&self.shared);
         s.root = Some(root);
-        s.asid = self.tag();
+        let tag = self.tag();
+        s.asid = tag;
+        // A deferred flush not carried out by now is a bug the check sees.
+        s.owed.remove(&tag);
         match self.asid() {
             // Untagged: a new root starts with an empty TLB. Installing
             // also orders earlier table writes (as a TTBR/CR3 write does

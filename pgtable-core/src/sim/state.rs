@@ -83,6 +83,9 @@ pub(super) struct State {
     pub(super) root: Option<PhysAddr>,
     /// The ASID of the installed root (0 for untagged MMUs).
     pub(super) asid: u32,
+    /// ASIDs whose flush was deferred to their next install (x86 without
+    /// INVPCID): their entries are not checked until then.
+    pub(super) owed: Set<u32>,
     pub(super) tlb: Map<Key, Cached>,
     /// Entry address to the keys cached from it (may hold keys flushed
     /// since; they are checked against `tlb`).
@@ -125,6 +128,7 @@ impl State {
             live: Set::default(),
             root: None,
             asid: 0,
+            owed: Set::default(),
             tlb: Map::default(),
             by_slot: Map::default(),
             conflict: None,
@@ -541,6 +545,7 @@ impl State {
         self.epoch += 1;
         let n = self.drop_where(|k| k.3 == asid);
         self.stats.tlb_entries_flushed += n as u64;
+        self.owed.remove(&asid);
     }
 
     pub(super) fn flush_all(&mut self) {
@@ -552,6 +557,7 @@ impl State {
         self.by_slot.clear();
         self.fifo.clear();
         self.mru = None;
+        self.owed.clear();
     }
 
     /// Every cached entry against a fresh walk of memory. Of several stale
@@ -566,6 +572,9 @@ impl State {
     pub(super) fn check_tlb<A: Arch>(&self) -> Result<(), StaleTlb> {
         let mut worst: Option<StaleTlb> = None;
         for (&(base, h, leaf, tag), c) in &self.tlb {
+            if self.owed.contains(&tag) {
+                continue;
+            }
             let root = match self.root {
                 Some(r) if tag == self.asid => r,
                 _ => c.root,
