@@ -102,7 +102,8 @@ fn every_cpus_running_asid_survives_a_rollover() {
     let mut a = AsidAllocator::<1, 3>::new(4).unwrap();
     let mut running = [AsidContext::NEW; 3];
     for (cpu, ctx) in running.iter_mut().enumerate() {
-        a.switch_to(cpu, ctx).unwrap();
+        let sw = a.switch_to(cpu, ctx).unwrap();
+        assert!(sw.changed && !sw.flush_local);
     }
     let asids = running.map(|c| a.asid_of(c));
     // CPU 0 churns through new spaces until two roll-overs happened.
@@ -223,7 +224,8 @@ fn sixteen_bit_asids_roll_over_after_65535_spaces() {
     // The same type serves CPUs with 8-bit ASIDs.
     let mut b = Asid16Allocator::<1>::new(8).unwrap();
     assert_eq!(b.bits(), 8);
-    let sw = b.switch_to(0, &mut AsidContext::NEW).unwrap();
+    let mut first = AsidContext::NEW;
+    let sw = b.switch_to(0, &mut first).unwrap();
     assert_eq!(sw.asid, 1);
     // 12-bit PCIDs.
     assert!(Pcid12Allocator::<64>::new(12).is_ok());

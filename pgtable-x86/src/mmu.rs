@@ -54,7 +54,10 @@ const UNTAGGED: u32 = u32::MAX;
 ///
 /// A handle is untagged ([`new`](X86Mmu::new): PCID 0, every install
 /// flushes the non-global entries) or tagged with a PCID
-/// ([`with_pcid`](X86Mmu::with_pcid), see the [module docs](self)). With
+/// ([`with_pcid`](X86Mmu::with_pcid): installs keep the other PCIDs'
+/// entries; flushes of a space that is not current use INVPCID for its
+/// PCID or, without INVPCID, are deferred to its next install through the
+/// executing CPU's [`PcidCpu`]; see [`pcid_flush_plan`]). With
 /// more address spaces than PCIDs, pair it with
 /// `pgtable_core::asid::Pcid12Allocator`:
 ///
