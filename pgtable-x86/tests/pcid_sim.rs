@@ -24,6 +24,9 @@ struct PcidSim {
     has_invpcid: bool,
     /// The bug: flush with INVLPG / CR3 as if the space were current.
     invlpg_only: bool,
+    /// The bug: a switch keeps the no-flush bit although the PCID owes a
+    /// flush.
+    ignore_stale: bool,
 }
 
 impl PcidSim {
@@ -111,7 +114,7 @@ unsafe impl Mmu for PcidSim {
     }
     unsafe fn install_root(&self, root: PhysAddr) {
         // MOV to CR3 without the no-flush bit when the PCID owes a flush.
-        if self.cpu.take_stale(self.pcid()) {
+        if self.cpu.take_stale(self.pcid()) && !self.ignore_stale {
             self.sim.flush_tlb_mm();
         }
         // SAFETY: forwarded to the simulator.
@@ -146,11 +149,21 @@ impl Rng {
     }
 }
 
+/// A deliberate bug in the policy.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Bug {
+    None,
+    /// Flushes use INVLPG / CR3 as if the space were current.
+    InvlpgOnly,
+    /// A switch to a PCID that owes a flush keeps the no-flush bit.
+    IgnoreStale,
+}
+
 /// 20 address spaces on 15 PCIDs (a 4-bit allocator), switched in random
 /// order, with spaces that are not current remapping their page. Returns
 /// the number of deferred flushes, or the first wrong translation or
 /// failed check.
-fn run(seed: u64, has_invpcid: bool, invlpg_only: bool) -> Result<u64, String> {
+fn run(seed: u64, has_invpcid: bool, bug: Bug) -> Result<u64, String> {
     let m = SimMachine::<X86_64>::new();
     let cpu = Arc::new(PcidCpu::new());
     let mut pcids = AsidAllocator::<1, 1>::new(4).unwrap();
@@ -161,7 +174,8 @@ fn run(seed: u64, has_invpcid: bool, invlpg_only: bool) -> Result<u64, String> {
                 sim: m.mmu_with_asid(0),
                 cpu: cpu.clone(),
                 has_invpcid,
-                invlpg_only,
+                invlpg_only: bug == Bug::InvlpgOnly,
+                ignore_stale: bug == Bug::IgnoreStale,
             };
             let mut s = Space::new(mmu, m.alloc()).unwrap();
             s.map(VA, frame(i, 0), K4, Prot::READ_WRITE, MapOptions::PAGES)
@@ -227,14 +241,14 @@ fn run(seed: u64, has_invpcid: bool, invlpg_only: bool) -> Result<u64, String> {
 #[test]
 fn spaces_that_are_not_current_are_flushed_by_invpcid() {
     for seed in [1, 2, 3] {
-        assert_eq!(run(seed, true, false), Ok(0), "seed {seed}");
+        assert_eq!(run(seed, true, Bug::None), Ok(0), "seed {seed}");
     }
 }
 
 #[test]
 fn without_invpcid_their_flush_is_deferred_to_their_next_switch() {
     for seed in [1, 2, 3] {
-        let deferred = run(seed, false, false).unwrap();
+        let deferred = run(seed, false, Bug::None).unwrap();
         assert!(deferred > 50, "seed {seed}: {deferred} deferred flushes");
     }
 }
@@ -242,8 +256,13 @@ fn without_invpcid_their_flush_is_deferred_to_their_next_switch() {
 #[test]
 fn flushing_a_space_that_is_not_current_with_invlpg_only_is_caught() {
     for has_invpcid in [false, true] {
-        let err = run(1, has_invpcid, true).unwrap_err();
-        println!("{err}");
+        let err = run(1, has_invpcid, Bug::InvlpgOnly).unwrap_err();
         assert!(err.contains("stale") || err.contains("reads"), "{err}");
     }
+}
+
+#[test]
+fn a_switch_that_keeps_a_stale_pcids_entries_is_caught() {
+    let err = run(1, false, Bug::IgnoreStale).unwrap_err();
+    assert!(err.contains("stale") || err.contains("reads"), "{err}");
 }
