@@ -43,8 +43,8 @@
 //!   entry), the walker walks again and updates memory. Cached entries stay
 //!   until a flush removes them: [`Mmu::flush_tlb_range`] drops the leaves
 //!   overlapping the range, and the walk-cache entries too unless the range
-//!   is `last_level`; [`Mmu::flush_tlb_all`] and installing an untagged root drop
-//!   everything. The TLB holds [`SimMachine::set_tlb_capacity`] entries
+//!   is `last_level`; [`Mmu::flush_tlb_all`] and installing an untagged
+//!   root drop everything. The TLB holds [`SimMachine::set_tlb_capacity`] entries
 //!   (default 1024) and evicts the oldest entry first (deterministic).
 //! - **Walker visibility** (only when [`Arch::NEEDS_WALKER_BARRIER`], i.e.
 //!   arm64): every entry write reported through [`Mmu::entry_written`] is
