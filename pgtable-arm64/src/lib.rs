@@ -18,10 +18,14 @@
 //!   [`set_live_entry`].
 //! - **TLB maintenance encodings** ([`tlbi`]): the range-TLBI split
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
-//! - **Register values** ([`regs`]): [`tcr_value`], SCTLR bits.
+//! - **Register values** ([`regs`]): [`tcr_value`], SCTLR bits, [`Asid`]
+//!   (8- or 16-bit, checked) and [`ttbr0_value`].
 //! - **MMU operations** (`mmu`, only for `target_arch = "aarch64"`):
 //!   `Arm64Mmu` with `dsb ishst; isb`, `tlbi vale1is` / `vae1is` /
-//!   `rvale1is` / `aside1is` / `vmalle1is`, and `enable_mmu`.
+//!   `rvale1is` / `aside1is` / `vmalle1is` by the address space's ASID,
+//!   switching ASIDs without a flush, and `enable_mmu`. Pair it with
+//!   `pgtable_core::asid::AsidAllocator` when there are more address
+//!   spaces than ASIDs.
 //!
 //! ## Example
 //!
@@ -51,6 +55,8 @@ pub mod mmu;
 pub use bbm::{pgattr_change_is_safe, set_live_entry};
 pub use desc::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
 #[cfg(target_arch = "aarch64")]
-pub use mmu::{enable_mmu, enable_mmu_for, has_tlb_range, Arm64Mmu, Ttbr};
-pub use regs::{tcr_value, TcrConfig};
+pub use mmu::{
+    asid_bits, enable_mmu, enable_mmu_for, has_tlb_range, local_flush_tlb_all, Arm64Mmu, Ttbr,
+};
+pub use regs::{tcr_value, ttbr0_value, Asid, AsidBits, AsidTooWide, TcrConfig};
 pub use tlbi::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};

@@ -16,9 +16,9 @@
 //!   does not use a translation fetched before the completion).
 
 use core::arch::asm;
-use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
 
-use aarch64_cpu::asm::barrier::{dmb, dsb, isb, ISH, ISHST, NSH, SY};
+use aarch64_cpu::asm::barrier::{dmb, dsb, isb, ISH, ISHST, NSH, NSHST, SY};
 use aarch64_cpu::registers::{
     ID_AA64ISAR0_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, MAIR_EL1, SCTLR_EL1, TCR_EL1, TTBR0_EL1,
     TTBR1_EL1,
@@ -26,7 +26,9 @@ use aarch64_cpu::registers::{
 use pgtable_core::{Format, Mmu, PhysAddr, TlbRange};
 use tock_registers::interfaces::{Readable, Writeable};
 
-use crate::regs::{tcr_value, ttbr1_base, TcrConfig, SCTLR_MMU_BITS, SCTLR_MMU_CLEAR};
+use crate::regs::{
+    tcr_value, ttbr0_value, ttbr1_base, Asid, AsidBits, TcrConfig, SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
+};
 use crate::tlbi::{
     plan_flush, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
     TlbiOp,
@@ -63,12 +65,81 @@ pub enum Ttbr {
     Both,
 }
 
+/// The ASID width this CPU translates with: 16 bits when TCR_EL1.AS is 1
+/// (which [`enable_mmu_for`] sets when ID_AA64MMFR0_EL1.ASIDBits reports
+/// 16-bit ASIDs), otherwise 8. Size an ASID allocator with
+/// [`AsidBits::bits`] of it and check its ASIDs with [`Asid::new`].
+pub fn asid_bits() -> AsidBits {
+    if TCR_EL1.get() & (1 << 36) != 0 {
+        AsidBits::Bits16
+    } else {
+        AsidBits::Bits8
+    }
+}
+
+/// Invalidates every stage 1 EL1&0 translation of *this CPU only*, all
+/// ASIDs and global ones (`tlbi vmalle1`), and waits for it (`dsb nsh;
+/// isb`): the local flush an ASID allocator asks for after a roll-over
+/// (`pgtable_core::asid::Switch::flush_local`; Linux
+/// `local_flush_tlb_all`). Not a shootdown.
+pub fn local_flush_tlb_all() {
+    // Earlier table writes are visible to this CPU's walker first.
+    dsb(NSHST);
+    // SAFETY: TLB invalidation has no memory effects Rust can see.
+    unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
+    // The local invalidation completed…
+    dsb(NSH);
+    // …before this CPU translates anything else.
+    isb(SY);
+}
+
+/// `asid` of an untagged [`Arm64Mmu`].
+const UNTAGGED: u32 = u32::MAX;
+
 /// The arm64 [`Mmu`]: real barriers and inner-shareable TLB maintenance.
-#[derive(Clone, Copy, Debug)]
+///
+/// A *tagged* handle carries its address space's ASID (Arm ARM D8 "The
+/// AArch64 Virtual Memory System Architecture", "Address Space
+/// Identifiers"; its non-global leaves must be nG): its range flushes are
+/// `tlbi vae1is` / `vale1is` / `rvae1is` / `rvale1is` with the ASID in
+/// operand bits \[63:48\] (they also drop global entries of the range),
+/// [`Mmu::flush_tlb_mm`] is `tlbi aside1is` (that ASID's non-global
+/// entries), [`Mmu::flush_tlb_all`] `tlbi vmalle1is`, and
+/// [`Mmu::install_root`] writes TTBR0_EL1 with the ASID
+/// ([`ttbr0_value`]) and **does not flush**: other address spaces' entries
+/// stay tagged with their ASIDs. An *untagged* handle ([`Arm64Mmu::new`])
+/// uses ASID 0 for everything and flushes the whole TLB when it installs
+/// a root.
+///
+/// With more address spaces than ASIDs, give each a
+/// `pgtable_core::asid::AsidContext` and switch with an
+/// `AsidAllocator` sized by [`asid_bits`]:
+///
+/// ```ignore
+/// let sw = asids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
+/// if sw.flush_local {
+///     local_flush_tlb_all();
+/// }
+/// space.mmu().set_asid(Asid::new(sw.asid, asid_bits())?);
+/// unsafe { space.install() };
+/// ```
+#[derive(Debug)]
 pub struct Arm64Mmu {
-    asid: u8,
-    tagged: bool,
+    /// The ASID, or [`UNTAGGED`].
+    asid: AtomicU32,
     ttbr: Ttbr,
+}
+
+impl Clone for Arm64Mmu {
+    /// A handle with the same ASID (now) and TTBR choice.
+    fn clone(&self) -> Self {
+        Arm64Mmu {
+            // Relaxed: the handle's own value; the switch that sets it is
+            // serialised by the caller's ASID lock.
+            asid: AtomicU32::new(self.asid.load(Relaxed)),
+            ttbr: self.ttbr,
+        }
+    }
 }
 
 impl Arm64Mmu {
@@ -76,19 +147,24 @@ impl Arm64Mmu {
     /// flushes are `TLBI VMALLE1IS`; roots go to both TTBRs.
     pub const fn new() -> Arm64Mmu {
         Arm64Mmu {
-            asid: 0,
-            tagged: false,
+            asid: AtomicU32::new(UNTAGGED),
             ttbr: Ttbr::Both,
         }
     }
 
-    /// An MMU for the address space tagged with `asid` (its leaves are nG):
-    /// full flushes are `TLBI ASIDE1IS`; the root goes to TTBR0_EL1 with
-    /// the ASID in bits \[55:48\] (TCR_EL1.A1 = 0, 8-bit ASIDs).
+    /// An MMU for the address space tagged with the 8-bit `asid` (fits
+    /// every CPU): see [`with_asid16`](Self::with_asid16).
     pub const fn with_asid(asid: u8) -> Arm64Mmu {
+        Arm64Mmu::with_asid16(Asid::from_u8(asid))
+    }
+
+    /// An MMU for the address space tagged with `asid` (checked against
+    /// the CPU's width by [`Asid::new`]): full flushes are `TLBI
+    /// ASIDE1IS`; the root goes to TTBR0_EL1 with the ASID in bits
+    /// \[63:48\], without a flush.
+    pub const fn with_asid16(asid: Asid) -> Arm64Mmu {
         Arm64Mmu {
-            asid,
-            tagged: true,
+            asid: AtomicU32::new(asid.get() as u32),
             ttbr: Ttbr::Ttbr0,
         }
     }
@@ -98,8 +174,34 @@ impl Arm64Mmu {
         Arm64Mmu { ttbr, ..self }
     }
 
+    /// The ASID the flushes name (`None`: untagged, ASID 0 and full
+    /// flushes).
+    pub fn asid(&self) -> Option<Asid> {
+        // Relaxed: see `Clone`.
+        match self.asid.load(Relaxed) {
+            UNTAGGED => None,
+            // Stored from an `Asid`: any 16-bit value is one.
+            a => Asid::new(a as u16, AsidBits::Bits16).ok(),
+        }
+    }
+
+    /// Gives the handle the ASID an allocator chose (tagging it if it was
+    /// not): later flushes name it and the next install writes it. Call it
+    /// before [`Mmu::install_root`], on the CPU that switches, while no
+    /// other CPU runs the address space under its old ASID (an allocator
+    /// changes an ASID only after a roll-over, when no CPU does).
+    pub fn set_asid(&self, asid: Asid) {
+        // Relaxed: see `Clone`.
+        self.asid.store(u32::from(asid.get()), Relaxed);
+    }
+
+    /// The ASID operand value (0 for an untagged handle).
+    fn asid16(&self) -> u16 {
+        self.asid().map_or(0, Asid::get)
+    }
+
     fn tlbi_page(&self, va: u64, last_level: bool) {
-        let x = tlbi_va_operand(va, self.asid as u16);
+        let x = tlbi_va_operand(va, self.asid16());
         if last_level {
             // SAFETY: TLB invalidation has no memory effects Rust can see.
             unsafe { asm!("tlbi vale1is, {}", in(reg) x, options(nostack, preserves_flags)) };
@@ -113,7 +215,7 @@ impl Arm64Mmu {
         match op {
             TlbiOp::Page { page } => self.tlbi_page(page << 12, last_level),
             TlbiOp::Range { scale, num, base } => {
-                let x = tlbi_range_operand(base, scale, num, self.asid as u16);
+                let x = tlbi_range_operand(base, scale, num, self.asid16());
                 // `sys` encodings (op1 = 0, CRn = c8, CRm = c2) so no
                 // assembler support for FEAT_TLBIRANGE is needed:
                 // op2 = 5 is TLBI RVALE1IS, op2 = 1 is TLBI RVAE1IS.
@@ -135,8 +237,8 @@ impl Arm64Mmu {
     /// Invalidates this address space's entries: its ASID's (global ones
     /// stay), or everything for an untagged space.
     fn tlbi_mm(&self) {
-        if self.tagged {
-            let x = tlbi_asid_operand(self.asid as u16);
+        if let Some(asid) = self.asid() {
+            let x = tlbi_asid_operand(asid.get());
             // SAFETY: as above.
             unsafe { asm!("tlbi aside1is, {}", in(reg) x, options(nostack, preserves_flags)) };
         } else {
@@ -231,10 +333,16 @@ unsafe impl Mmu for Arm64Mmu {
         isb(SY);
     }
 
+    /// Writes the TTBRs. Tagged: TTBR0_EL1 gets the root and the ASID in
+    /// one write, no flush (the ASID's entries are this address space's:
+    /// an allocator hands an ASID to another space only after a roll-over
+    /// and the local flush it reports). Untagged: the whole TLB is
+    /// flushed, since every root shares ASID 0.
     unsafe fn install_root(&self, root: PhysAddr) {
         // The tables are complete in memory before a walk can start there.
         dsb(ISHST);
-        let ttbr0 = root.0 | ((self.asid as u64) << 48);
+        let asid = self.asid();
+        let ttbr0 = ttbr0_value(root.0, asid.unwrap_or(Asid::from_u8(0)));
         match self.ttbr {
             Ttbr::Ttbr0 => TTBR0_EL1.set(ttbr0),
             Ttbr::Ttbr1 => TTBR1_EL1.set(ttbr1_base(root.0)),
@@ -245,8 +353,10 @@ unsafe impl Mmu for Arm64Mmu {
         }
         // The new base takes effect for the following instructions.
         isb(SY);
-        // Translations cached for an earlier root with the same ASID go.
-        self.flush_tlb_mm();
+        if asid.is_none() {
+            // Translations cached for an earlier root under ASID 0 go.
+            self.flush_tlb_all();
+        }
     }
 }
 
@@ -255,8 +365,9 @@ unsafe impl Mmu for Arm64Mmu {
 /// `root` in TTBR0_EL1 and (its high half) in TTBR1_EL1.
 ///
 /// MAIR_EL1 = [`MAIR_VALUE`]; TCR_EL1 = [`tcr_value`] with the CPU's
-/// PARange (at most 48 bits) and HA/HD set when ID_AA64MMFR1_EL1.HAFDBS
-/// reports access-flag (0b0001) / dirty-state (0b0010) management; the
+/// PARange (at most 48 bits), HA/HD set when ID_AA64MMFR1_EL1.HAFDBS
+/// reports access-flag (0b0001) / dirty-state (0b0010) management, and AS
+/// (16-bit ASIDs) when ID_AA64MMFR0_EL1.ASIDBits reports them; the
 /// local TLB is invalidated; SCTLR_EL1 gets M, C and I and loses A and WXN.
 /// Returns the TCR value written.
 ///
@@ -275,6 +386,7 @@ pub unsafe fn enable_mmu_for<F: Format>(root: PhysAddr) -> u64 {
         pa_range,
         hw_access_flag: hafdbs >= 1,
         hw_dirty: hafdbs >= 2,
+        asid16: AsidBits::from_mmfr0(ID_AA64MMFR0_EL1.get()) == AsidBits::Bits16,
     });
     MAIR_EL1.set(MAIR_VALUE);
     TCR_EL1.set(tcr);

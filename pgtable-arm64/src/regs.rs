@@ -2,7 +2,10 @@
 //!
 //! [`MAIR_VALUE`](crate::MAIR_VALUE) gives the memory types of the AttrIndx
 //! values; [`tcr_value`] the translation control; [`SCTLR_MMU_BITS`] the
-//! SCTLR_EL1 bits that turn the MMU and caches on.
+//! SCTLR_EL1 bits that turn the MMU and caches on; [`Asid`], [`AsidBits`]
+//! and [`ttbr0_value`] the address space identifier in TTBR0_EL1.
+
+use core::fmt;
 
 use bit_field::BitField;
 
@@ -45,6 +48,10 @@ pub struct TcrConfig {
     /// TCR_EL1.HD: hardware dirty-state updates (needs HA and FEAT_HAFDBS
     /// with dirty state).
     pub hw_dirty: bool,
+    /// TCR_EL1.AS: 16-bit ASIDs (needs ID_AA64MMFR0_EL1.ASIDBits =
+    /// 0b0010, see [`AsidBits::from_mmfr0`]). With AS = 0 the hardware
+    /// ignores TTBR0_EL1.ASID\[15:8\], so only 8-bit [`Asid`]s may be used.
+    pub asid16: bool,
 }
 
 impl TcrConfig {
@@ -55,6 +62,7 @@ impl TcrConfig {
         pa_range: PARANGE_48,
         hw_access_flag: true,
         hw_dirty: true,
+        asid16: false,
     };
 }
 
@@ -72,7 +80,7 @@ impl TcrConfig {
 /// | IRGN1 / ORGN1 / SH1 | 25:24 / 27:26 / 29:28 | as for TTBR0 |
 /// | TG1 | 31:30 | 0b10: 4 KiB (TG1 encodes differently from TG0) |
 /// | IPS | 34:32 | `pa_range` |
-/// | AS | 36 | 0: 8-bit ASIDs |
+/// | AS | 36 | `asid16` (0: 8-bit ASIDs, 1: 16-bit) |
 /// | HA / HD | 39 / 40 | `hw_access_flag` / `hw_dirty` |
 pub fn tcr_value(cfg: TcrConfig) -> u64 {
     let txsz = 65 - cfg.va_bits as u64;
@@ -89,6 +97,7 @@ pub fn tcr_value(cfg: TcrConfig) -> u64 {
     v.set_bits(28..30, 0b11); // SH1
     v.set_bits(30..32, 0b10); // TG1 = 4 KiB
     v.set_bits(32..35, cfg.pa_range.min(PARANGE_48)); // IPS
+    v.set_bit(36, cfg.asid16); // AS
     v.set_bit(39, cfg.hw_access_flag); // HA
     v.set_bit(40, cfg.hw_access_flag && cfg.hw_dirty); // HD
     v
@@ -101,4 +110,91 @@ pub fn tcr_value(cfg: TcrConfig) -> u64 {
 #[inline]
 pub const fn ttbr1_base(root: u64) -> u64 {
     root + 256 * 8
+}
+
+/// The ASID width a CPU uses: 8 bits, or 16 with FEAT_ASID16 and
+/// TCR_EL1.AS = 1 (Arm ARM D8 "The AArch64 Virtual Memory System
+/// Architecture", "Address Space Identifiers"; D19.2 "ID_AA64MMFR0_EL1").
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AsidBits {
+    /// 8-bit ASIDs (0..=255).
+    Bits8,
+    /// 16-bit ASIDs (0..=65535).
+    Bits16,
+}
+
+impl AsidBits {
+    /// The widest ASIDs an ID_AA64MMFR0_EL1 value reports: ASIDBits,
+    /// bits \[7:4\], 0b0010 = 16 bits, 0b0000 = 8 bits (other values are
+    /// reserved and taken as 8).
+    pub const fn from_mmfr0(mmfr0: u64) -> AsidBits {
+        if (mmfr0 >> 4) & 0xf == 0b0010 {
+            AsidBits::Bits16
+        } else {
+            AsidBits::Bits8
+        }
+    }
+
+    /// The number of bits (8 or 16), for an ASID allocator
+    /// (`pgtable_core::asid`).
+    pub const fn bits(self) -> u32 {
+        match self {
+            AsidBits::Bits8 => 8,
+            AsidBits::Bits16 => 16,
+        }
+    }
+}
+
+/// An ASID that fits the width it was checked against: what goes into
+/// TTBR0_EL1.ASID and the TLBI operands. An 8-bit value always fits
+/// ([`Asid::from_u8`]); a wider one only with [`AsidBits::Bits16`]
+/// ([`Asid::new`]). The hardware would silently drop ASID\[15:8\] with
+/// TCR_EL1.AS = 0, making two address spaces share an ASID, so a value
+/// that does not fit is an error, never truncated.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct Asid(u16);
+
+impl Asid {
+    /// `asid`, if it fits `width`.
+    pub const fn new(asid: u16, width: AsidBits) -> Result<Asid, AsidTooWide> {
+        match width {
+            AsidBits::Bits8 if asid > 0xff => Err(AsidTooWide { asid }),
+            _ => Ok(Asid(asid)),
+        }
+    }
+
+    /// An 8-bit ASID (fits every width).
+    pub const fn from_u8(asid: u8) -> Asid {
+        Asid(asid as u16)
+    }
+
+    /// The value.
+    pub const fn get(self) -> u16 {
+        self.0
+    }
+}
+
+/// An ASID above 255 for a CPU (or TCR_EL1.AS setting) with 8-bit ASIDs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AsidTooWide {
+    /// The value that did not fit.
+    pub asid: u16,
+}
+
+impl fmt::Display for AsidTooWide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ASID {:#x} does not fit 8 bits", self.asid)
+    }
+}
+
+impl core::error::Error for AsidTooWide {}
+
+/// The TTBR0_EL1 value for `root` and `asid`: BADDR in bits \[47:1\] (the
+/// 4 KiB-aligned root), ASID in bits \[63:48\] (Arm ARM D19.2
+/// "TTBR0_EL1"; TCR_EL1.A1 = 0 takes the ASID from TTBR0_EL1). One register
+/// write switches table and ASID together, so no walk can combine the new
+/// table with the old ASID.
+#[inline]
+pub const fn ttbr0_value(root: u64, asid: Asid) -> u64 {
+    (root & ((1 << 48) - 1)) | ((asid.0 as u64) << 48)
 }

@@ -230,6 +230,7 @@ fn tcr_values_match_hand_assembled_fields() {
         pa_range: 0b010,
         hw_access_flag: false,
         hw_dirty: false,
+        asid16: false,
     };
     assert_eq!(tcr_value(cfg), 0x0000_0002_b59a_351a);
     // PARange above 48 bits is capped; HD without HA is not set.
@@ -242,4 +243,42 @@ fn tcr_values_match_hand_assembled_fields() {
     assert_eq!((v >> 32) & 0b111, PARANGE_48);
     assert_eq!((v >> 39) & 0b11, 0);
     assert_eq!(ttbr1_base(0x4008_0000), 0x4008_0800);
+}
+
+#[test]
+fn asids_that_do_not_fit_are_errors_and_ttbr0_carries_the_asid() {
+    use pgtable_arm64::{ttbr0_value, Asid, AsidBits, AsidTooWide};
+    // ID_AA64MMFR0_EL1.ASIDBits, bits [7:4]: 0b0010 = 16 bits.
+    assert_eq!(
+        AsidBits::from_mmfr0(0x0000_0000_0000_0025),
+        AsidBits::Bits16
+    );
+    assert_eq!(AsidBits::from_mmfr0(0x0000_0000_0000_0005), AsidBits::Bits8);
+    assert_eq!(AsidBits::from_mmfr0(0x20), AsidBits::Bits16);
+    assert_eq!(AsidBits::Bits16.bits(), 16);
+    // 8-bit CPUs: 255 fits, 256 does not (the hardware would alias it to 0).
+    assert_eq!(Asid::new(255, AsidBits::Bits8).unwrap().get(), 255);
+    assert_eq!(
+        Asid::new(256, AsidBits::Bits8),
+        Err(AsidTooWide { asid: 256 })
+    );
+    let wide = Asid::new(0xbeef, AsidBits::Bits16).unwrap();
+    assert_eq!(
+        ttbr0_value(0x4008_0000, wide),
+        0xbeef_0000_4008_0000,
+        "ASID in TTBR0_EL1[63:48], BADDR below"
+    );
+    assert_eq!(
+        ttbr0_value(0x4008_0000, Asid::from_u8(7)),
+        0x0007_0000_4008_0000
+    );
+    // The TLBI operands carry all 16 bits.
+    assert_eq!(tlbi_asid_operand(wide.get()), 0xbeef_0000_0000_0000);
+    assert_eq!(tlbi_va_operand(0x1234_5000, wide.get()) >> 48, 0xbeef);
+    // TCR_EL1.AS (bit 36) selects 16-bit ASIDs.
+    let as16 = TcrConfig {
+        asid16: true,
+        ..TcrConfig::DEFAULT_48
+    };
+    assert_eq!(tcr_value(as16), tcr_value(TcrConfig::DEFAULT_48) | 1 << 36);
 }

@@ -62,6 +62,7 @@ mod table;
 mod unmap;
 mod walk;
 
+pub mod asid;
 pub mod generic;
 #[cfg(feature = "sim")]
 pub mod sim;

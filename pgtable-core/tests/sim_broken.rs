@@ -46,6 +46,9 @@ enum Break {
     /// from bit 47, as an x86 `invlpg` of a 48-bit truncated address does
     /// under 5-level paging.
     Truncated48,
+    /// Range and address-space flushes name another ASID than the address
+    /// space's (the one `Broken::retag` gives).
+    WrongAsid,
 }
 
 /// `va` sign-extended from bit 47 (what a 48-bit canonicalisation makes of
@@ -58,6 +61,26 @@ fn truncate48(va: u64) -> u64 {
 struct Broken<M> {
     inner: M,
     brk: Break,
+    /// For [`Break::WrongAsid`]: the handle whose ASID the flushes name.
+    retag: Option<fn(&M) -> M>,
+}
+
+impl<M> Broken<M> {
+    fn new(inner: M, brk: Break) -> Broken<M> {
+        Broken {
+            inner,
+            brk,
+            retag: None,
+        }
+    }
+
+    /// The handle flushes go through.
+    fn flusher(&self) -> Option<M> {
+        match (self.brk, self.retag) {
+            (Break::WrongAsid, Some(f)) => Some(f(&self.inner)),
+            _ => None,
+        }
+    }
 }
 
 // SAFETY: deliberately broken for these tests, on the simulator only: no
@@ -78,6 +101,9 @@ unsafe impl<M: Mmu> Mmu for Broken<M> {
     }
 
     fn flush_tlb_mm(&self) {
+        if let Some(wrong) = self.flusher() {
+            return wrong.flush_tlb_mm();
+        }
         match self.brk {
             Break::Flushes | Break::WalkCacheFlushes => self.flush_tlb_all(),
             _ => self.inner.flush_tlb_mm(),
@@ -85,13 +111,16 @@ unsafe impl<M: Mmu> Mmu for Broken<M> {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
+        if let Some(wrong) = self.flusher() {
+            return wrong.flush_tlb_range(range);
+        }
         match self.brk {
             Break::Flushes => {}
             Break::WalkCacheFlushes => self.inner.flush_tlb_range(TlbRange {
                 last_level: true,
                 ..range
             }),
-            Break::Barriers | Break::Publish | Break::GlobalFlushes => {
+            Break::Barriers | Break::Publish | Break::GlobalFlushes | Break::WrongAsid => {
                 self.inner.flush_tlb_range(range)
             }
             Break::Truncated48 if range.strides() > 64 => self.inner.flush_tlb_all(),
@@ -119,7 +148,9 @@ unsafe impl<M: Mmu> Mmu for Broken<M> {
                 stride_shift: 12,
                 last_level: true,
             }),
-            Break::Barriers | Break::Publish | Break::Truncated48 => self.inner.flush_tlb_all(),
+            Break::Barriers | Break::Publish | Break::Truncated48 | Break::WrongAsid => {
+                self.inner.flush_tlb_all()
+            }
             Break::GlobalFlushes => self.inner.flush_tlb_mm(),
         }
     }
@@ -140,7 +171,7 @@ type Space<A = T4> = Installed<A, SimMmu<A>, SimAlloc>;
 fn broken(brk: Break) -> (SimMachine<T4>, BrokenSpace) {
     let m = SimMachine::<T4>::new();
     let inner = m.mmu();
-    let s = AddressSpace::new(Broken { inner, brk }, m.alloc()).unwrap();
+    let s = AddressSpace::new(Broken::new(inner, brk), m.alloc()).unwrap();
     // SAFETY: `Broken` forwards `install_root` to a simulated MMU.
     (m, unsafe { Installed::new(s) })
 }
@@ -499,14 +530,7 @@ impl<A: Arch> suite::Machine for ProbesOnly<A> {
 fn with_truncated_flushes<A: Arch>(only: &'static [&'static str]) -> Vec<String> {
     let m = SimMachine::<A>::new();
     let inner = m.mmu();
-    let s = AddressSpace::new(
-        Broken {
-            inner,
-            brk: Break::Truncated48,
-        },
-        m.alloc(),
-    )
-    .unwrap();
+    let s = AddressSpace::new(Broken::new(inner, Break::Truncated48), m.alloc()).unwrap();
     // SAFETY: `Broken` forwards `install_root` to a simulated MMU.
     let mut s: BrokenSpace<A> = unsafe { Installed::new(s) };
     let mut mach = ProbesOnly(SimSuiteMachine::new(m.clone()).with_echo(false));
@@ -762,5 +786,161 @@ fn change_protection_to_global_uses_break_before_make_for_pages_and_blocks() {
         m.check().unwrap();
         assert_eq!(s.translate(va).unwrap().prot, global);
         assert_eq!(m.read_u64(va).unwrap(), va.0);
+    }
+}
+
+/// The handle of `mmu`'s machine tagged with the next ASID: a flush by
+/// another address space's ASID.
+fn next_asid(mmu: &SimMmu<T4>) -> SimMmu<T4> {
+    mmu.machine().mmu_with_asid(mmu.asid().unwrap_or(0) + 1)
+}
+
+/// The handle tagged with the ASID installed now: what x86 `invlpg` or a
+/// MOV to CR3 does for an address space that is not the current one (they
+/// act on the current PCID).
+fn current_asid(mmu: &SimMmu<T4>) -> SimMmu<T4> {
+    let m = mmu.machine();
+    m.mmu_with_asid(m.asid())
+}
+
+/// Address space `a` with ASID 1 (flushing through `retag`, if any) and
+/// `b` with ASID 2; `a` maps `VA` to `PA`, `b` maps it to `PA2`.
+#[allow(clippy::type_complexity)]
+fn two_tagged(
+    retag: Option<fn(&SimMmu<T4>) -> SimMmu<T4>>,
+) -> (
+    SimMachine<T4>,
+    AddressSpace<T4, Broken<SimMmu<T4>>, SimAlloc>,
+    AddressSpace<T4, SimMmu<T4>, SimAlloc>,
+) {
+    let m = SimMachine::<T4>::new();
+    let brk = Broken {
+        inner: m.mmu_with_asid(1),
+        brk: Break::WrongAsid,
+        retag,
+    };
+    let mut a = AddressSpace::<T4, _, _>::new(brk, m.alloc()).unwrap();
+    let mut b = AddressSpace::<T4, _, _>::new(m.mmu_with_asid(2), m.alloc()).unwrap();
+    a.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    b.map(VA, PA2, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.phys_write_u64(PA, 1);
+    m.phys_write_u64(PA2, 2);
+    (m, a, b)
+}
+
+/// Drops both spaces' tables.
+fn release<M1: Mmu, M2: Mmu>(
+    m: &SimMachine<T4>,
+    mut a: AddressSpace<T4, M1, SimAlloc>,
+    mut b: AddressSpace<T4, M2, SimAlloc>,
+) {
+    m.mmu().flush_tlb_all();
+    // SAFETY: simulated, and nothing is cached any more.
+    unsafe {
+        a.deactivate();
+        b.deactivate();
+    }
+}
+
+#[test]
+fn a_flush_naming_another_asid_leaves_the_address_spaces_entry_stale() {
+    for (retag, correct) in [(Some(next_asid as fn(&_) -> _), false), (None, true)] {
+        let (m, mut a, b) = two_tagged(retag);
+        // SAFETY: simulated.
+        unsafe { a.install() };
+        assert_eq!(m.read_u64(VA).unwrap(), 1);
+        a.unmap(VA, K4).unwrap();
+        if correct {
+            m.check().unwrap();
+            assert!(m.read_u64(VA).is_err());
+        } else {
+            // The bug as a program sees it: the unmapped page is reachable.
+            assert_eq!(m.read_u64(VA).unwrap(), 1);
+            let stale = m.check_tlb().unwrap_err();
+            assert_eq!((stale.va, stale.leaf, stale.fresh), (VA, true, None));
+        }
+        release(&m, a, b);
+    }
+}
+
+#[test]
+fn a_flush_of_a_space_that_is_not_current_by_the_current_asid_is_caught() {
+    // x86 `invlpg` (and MOV to CR3) act on the current PCID: a space that
+    // is not current must be flushed by its own PCID (INVPCID) or on its
+    // next switch.
+    for (retag, correct) in [(Some(current_asid as fn(&_) -> _), false), (None, true)] {
+        let (m, mut a, mut b) = two_tagged(retag);
+        // SAFETY: simulated.
+        unsafe { a.install() };
+        assert_eq!(m.read_u64(VA).unwrap(), 1);
+        // SAFETY: simulated.
+        unsafe { b.install() };
+        assert_eq!(m.read_u64(VA).unwrap(), 2);
+        // `a` is not current; its unmap flushes.
+        a.unmap(VA, K4).unwrap();
+        if correct {
+            m.check().unwrap();
+        } else {
+            let stale = m.check_tlb().unwrap_err();
+            assert_eq!((stale.va, stale.leaf, stale.fresh), (VA, true, None));
+        }
+        // SAFETY: simulated.
+        unsafe { a.install() };
+        assert_eq!(m.read_u64(VA).is_ok(), !correct);
+        release(&m, a, b);
+    }
+}
+
+#[test]
+fn reusing_an_asid_after_a_rollover_without_the_local_flush_is_caught() {
+    use pgtable_core::asid::{AsidAllocator, AsidContext};
+    for honour_flush in [false, true] {
+        let m = SimMachine::<T4>::new();
+        // 2-bit ASIDs: 1, 2, 3; the fourth space rolls over.
+        let mut asids = AsidAllocator::<1, 1>::new(2).unwrap();
+        let mut spaces: Vec<_> = (0..4u64)
+            .map(|i| {
+                let mut s = AddressSpace::<T4, _, _>::new(m.mmu_with_asid(0), m.alloc()).unwrap();
+                let pa = PhysAddr(PA.0 + i * K4);
+                s.map(VA, pa, K4, Prot::READ_WRITE, MapOptions::PAGES)
+                    .unwrap();
+                m.phys_write_u64(pa, i);
+                (s, AsidContext::NEW)
+            })
+            .collect();
+        let mut first_error = None;
+        for (i, (s, ctx)) in spaces.iter_mut().enumerate() {
+            let sw = asids.switch_to(0, ctx).unwrap();
+            if sw.flush_local && honour_flush {
+                s.mmu().flush_tlb_all();
+            }
+            s.mmu().set_asid(sw.asid);
+            // SAFETY: simulated.
+            unsafe { s.install() };
+            let seen = m.read_u64(VA).unwrap();
+            if first_error.is_none() {
+                first_error = m.check().err().map(|e| (i, seen, e));
+            }
+            if honour_flush {
+                assert_eq!(seen, i as u64);
+            }
+        }
+        assert_eq!(asids.rollovers(), 1);
+        if honour_flush {
+            assert_eq!(first_error, None);
+        } else {
+            // Space 3 got space 0's ASID and sees space 0's page.
+            let Some((3, 0, CheckError::Stale(stale))) = first_error else {
+                panic!("reuse not caught: {first_error:?}");
+            };
+            assert_eq!((stale.va, stale.leaf), (VA, true));
+        }
+        m.mmu().flush_tlb_all();
+        for (mut s, _) in spaces {
+            // SAFETY: simulated, and nothing is cached any more.
+            unsafe { s.deactivate() };
+        }
     }
 }

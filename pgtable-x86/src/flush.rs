@@ -19,6 +19,27 @@
 //!   - global mappings: INVPCID type 2 (all contexts, globals included) or,
 //!     without INVPCID, toggling CR4.PGE (any change of CR4.PGE
 //!     invalidates all TLB entries, globals included).
+//!
+//! # PCIDs
+//!
+//! With CR4.PCIDE = 1, CR3\[11:0\] is the current PCID and the TLB keeps
+//! the entries of other PCIDs across a MOV to CR3 with bit 63 set (SDM Vol.
+//! 3A §4.10.1 "Process-Context Identifiers"). But `INVLPG` and MOV to CR3
+//! act only on the *current* PCID (and global entries): a flush for an
+//! address space whose PCID is not current on this CPU must either name
+//! the PCID with INVPCID (type 0 per address, type 1 for all of it) or be
+//! deferred: [`PcidCpu::mark_stale`] records that the PCID owes a flush on
+//! this CPU, and the next switch to it loads CR3 *without* the no-flush
+//! bit ([`PcidCpu::take_stale`], [`cr3_value`]), as Linux does with
+//! `cpu_tlbstate` and `tlb_gen`. Until then the processor cannot use the
+//! PCID's entries: it uses only the current PCID's (§4.10.2.4). Global
+//! entries are shared by every PCID, so a range flush also drops the
+//! range's global entries with `INVLPG` (which reaches them whatever the
+//! PCID). [`pcid_flush_plan`] makes these choices; it is pure, and the
+//! bare-metal `X86Mmu` executes it.
+
+use core::fmt;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use pgtable_core::{TlbRange, VirtAddr};
 
@@ -104,5 +125,230 @@ pub fn flush_plan(range: TlbRange, ceiling: u64, has_invpcid: bool, global: bool
             count,
         },
         _ => full_flush_plan(has_invpcid, global),
+    }
+}
+
+/// A process-context identifier: 12 bits, CR3\[11:0\] with CR4.PCIDE = 1.
+/// A value above 4095 is an error ([`Pcid::new`]), never truncated (a
+/// truncated PCID would tag one address space's entries as another's).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct Pcid(u16);
+
+impl Pcid {
+    /// PCID 0: what CR3 holds with CR4.PCIDE = 0, and untagged roots.
+    pub const ZERO: Pcid = Pcid(0);
+
+    /// `pcid`, if below 4096.
+    pub const fn new(pcid: u16) -> Result<Pcid, PcidTooWide> {
+        if pcid < 4096 {
+            Ok(Pcid(pcid))
+        } else {
+            Err(PcidTooWide { pcid })
+        }
+    }
+
+    /// The value.
+    pub const fn get(self) -> u16 {
+        self.0
+    }
+}
+
+/// A PCID above 4095.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PcidTooWide {
+    /// The value that did not fit.
+    pub pcid: u16,
+}
+
+impl fmt::Display for PcidTooWide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PCID {:#x} does not fit 12 bits", self.pcid)
+    }
+}
+
+impl core::error::Error for PcidTooWide {}
+
+/// CR3 bit 63 on a MOV to CR3 with CR4.PCIDE = 1: keep the new PCID's
+/// cached entries (SDM Vol. 3A §4.10.4.1).
+pub const CR3_NOFLUSH: u64 = 1 << 63;
+
+/// The CR3 value that switches to `root` with `pcid`: the root's frame,
+/// the PCID in bits \[11:0\], and [`CR3_NOFLUSH`] unless `flush` (then the
+/// PCID's non-global entries are invalidated by the write).
+#[inline]
+pub const fn cr3_value(root: u64, pcid: Pcid, flush: bool) -> u64 {
+    let v = (root & 0x000f_ffff_ffff_f000) | pcid.0 as u64;
+    if flush {
+        v
+    } else {
+        v | CR3_NOFLUSH
+    }
+}
+
+/// One CPU's record of the PCIDs that owe a flush on it (Linux
+/// `cpu_tlbstate`): 4096 bits, one per PCID. Keep one per CPU (a `static`
+/// array indexed by CPU number, or per-CPU data) and hand the executing
+/// CPU's to the flushes and switches. Only its own CPU touches it (its
+/// flushes, its switches, and flush IPIs it handles), so `Relaxed` atomics
+/// suffice: they only make interrupt handlers on the same CPU safe.
+#[derive(Debug)]
+pub struct PcidCpu {
+    stale: [AtomicU64; 64],
+}
+
+impl Default for PcidCpu {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PcidCpu {
+    /// No PCID owes a flush.
+    pub const fn new() -> PcidCpu {
+        PcidCpu {
+            stale: [const { AtomicU64::new(0) }; 64],
+        }
+    }
+
+    /// `pcid` owes a flush on this CPU: its next switch flushes it.
+    pub fn mark_stale(&self, pcid: Pcid) {
+        let (w, b) = (pcid.0 as usize / 64, pcid.0 % 64);
+        // Relaxed: per-CPU state (type docs).
+        self.stale[w].fetch_or(1 << b, Relaxed);
+    }
+
+    /// Whether `pcid` owes a flush.
+    pub fn is_stale(&self, pcid: Pcid) -> bool {
+        let (w, b) = (pcid.0 as usize / 64, pcid.0 % 64);
+        // Relaxed: per-CPU state (type docs).
+        self.stale[w].load(Relaxed) & (1 << b) != 0
+    }
+
+    /// Whether `pcid` owed a flush, clearing the mark: call it when
+    /// switching to `pcid`, and load CR3 without the no-flush bit if it
+    /// says so ([`cr3_value`]).
+    pub fn take_stale(&self, pcid: Pcid) -> bool {
+        let (w, b) = (pcid.0 as usize / 64, pcid.0 % 64);
+        // Relaxed: per-CPU state (type docs).
+        self.stale[w].fetch_and(!(1 << b), Relaxed) & (1 << b) != 0
+    }
+
+    /// Forgets every mark: after this CPU invalidated every PCID's entries
+    /// (INVPCID type 2 or 3, a CR4.PGE toggle).
+    pub fn clear(&self) {
+        for w in &self.stale {
+            // Relaxed: per-CPU state (type docs).
+            w.store(0, Relaxed);
+        }
+    }
+}
+
+/// What is flushed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum FlushKind {
+    /// [`Mmu::flush_tlb_range`](pgtable_core::Mmu::flush_tlb_range): the
+    /// range's entries, global ones included.
+    Range(TlbRange),
+    /// [`Mmu::flush_tlb_mm`](pgtable_core::Mmu::flush_tlb_mm): the address
+    /// space's non-global entries.
+    Mm,
+    /// [`Mmu::flush_tlb_all`](pgtable_core::Mmu::flush_tlb_all):
+    /// everything.
+    All,
+}
+
+/// The part of a flush for an address space whose PCID is not current on
+/// this CPU.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum OtherPcid {
+    /// INVPCID type 0 (individual address) for `pcid` at `count`
+    /// addresses from `start`, `1 << stride_shift` apart.
+    InvpcidAddress {
+        /// The address space's PCID.
+        pcid: Pcid,
+        /// First address.
+        start: VirtAddr,
+        /// log2 of the distance between two addresses.
+        stride_shift: u32,
+        /// Number of INVPCIDs.
+        count: u64,
+    },
+    /// INVPCID type 1 (single context) for `pcid`.
+    InvpcidSingleContext(Pcid),
+    /// No INVPCID: [`PcidCpu::mark_stale`]; the next switch to `pcid`
+    /// flushes it.
+    Defer(Pcid),
+}
+
+/// How a flush is carried out on this CPU: `local` for the current PCID
+/// and global entries (a [`FlushPlan`]), then `other` for the address
+/// space's PCID when it is not the current one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PcidFlush {
+    /// What runs for the current PCID and the global entries.
+    pub local: Option<FlushPlan>,
+    /// What the address space's own PCID needs, when it is not current.
+    pub other: Option<OtherPcid>,
+}
+
+/// The flush of `kind` for the address space tagged `space` (`None`:
+/// untagged, or PCIDs off) on a CPU whose current PCID is `current`:
+///
+/// - the space is current (or untagged): the [`flush_plan`] /
+///   [`full_flush_plan`] of today;
+/// - [`FlushKind::All`]: INVPCID type 2 or a CR4.PGE toggle, which reach
+///   every PCID;
+/// - [`FlushKind::Mm`] of another PCID: INVPCID type 1 for it, or
+///   [`OtherPcid::Defer`];
+/// - [`FlushKind::Range`] of another PCID: `INVLPG` per stride for the
+///   range's global entries (it also drops the current PCID's, harmlessly),
+///   then INVPCID type 0 per stride for the space's PCID, or
+///   [`OtherPcid::Defer`]; past `ceiling` strides one flush of every PCID
+///   and global entry.
+pub fn pcid_flush_plan(
+    kind: FlushKind,
+    space: Option<Pcid>,
+    current: Pcid,
+    ceiling: u64,
+    has_invpcid: bool,
+) -> PcidFlush {
+    let other = space.filter(|&p| p != current);
+    let local = |plan| PcidFlush {
+        local: Some(plan),
+        other: None,
+    };
+    match (kind, other) {
+        (FlushKind::All, _) => local(full_flush_plan(has_invpcid, true)),
+        (FlushKind::Range(r), None) => local(flush_plan(r, ceiling, has_invpcid, true)),
+        (FlushKind::Mm, None) => local(full_flush_plan(has_invpcid, false)),
+        (FlushKind::Mm, Some(p)) => PcidFlush {
+            local: None,
+            other: Some(if has_invpcid {
+                OtherPcid::InvpcidSingleContext(p)
+            } else {
+                OtherPcid::Defer(p)
+            }),
+        },
+        (FlushKind::Range(r), Some(p)) => match flush_plan(r, ceiling, has_invpcid, true) {
+            plan @ FlushPlan::Invlpg {
+                start,
+                stride_shift,
+                count,
+            } => PcidFlush {
+                local: Some(plan),
+                other: Some(if has_invpcid {
+                    OtherPcid::InvpcidAddress {
+                        pcid: p,
+                        start,
+                        stride_shift,
+                        count,
+                    }
+                } else {
+                    OtherPcid::Defer(p)
+                }),
+            },
+            // Past the ceiling: a flush of everything, every PCID.
+            full => local(full),
+        },
     }
 }

@@ -7,10 +7,13 @@
 //!   testable on any host. Every bit is documented with its Intel SDM
 //!   reference in [`bits`].
 //! - [`flush`]: the range-flush policy (`INVLPG` up to a ceiling, then one
-//!   full flush; global pages) as a pure function.
+//!   full flush; global pages) and the PCID policy (INVPCID for an address
+//!   space that is not current, or a flush deferred to its next switch) as
+//!   pure functions.
 //! - `X86Mmu` (bare metal only: `target_arch = "x86_64"`,
 //!   `target_os = "none"`): [`pgtable_core::Mmu`] with `INVLPG`, CR3,
-//!   INVPCID and CR4.PGE, through the `x86_64` crate.
+//!   INVPCID and CR4.PGE, through the `x86_64` crate; optionally tagged
+//!   with a [`Pcid`] (switches without a flush).
 //! - [`X86Entry`], [`ReservedBits`], [`EntryError`]: checked construction of
 //!   entries from raw bits.
 //!
@@ -62,7 +65,10 @@ mod mmu;
 
 pub use entry::X86Entry;
 pub use error::{EntryError, ReservedBits};
-pub use flush::{flush_plan, full_flush_plan, FlushPlan};
+pub use flush::{
+    cr3_value, flush_plan, full_flush_plan, pcid_flush_plan, FlushKind, FlushPlan, OtherPcid, Pcid,
+    PcidCpu, PcidFlush, PcidTooWide,
+};
 pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
-pub use mmu::X86Mmu;
+pub use mmu::{cpu_has_pcid, enable_pcids, X86Mmu};

@@ -9,16 +9,34 @@
 //! These operations act on the executing CPU only. An SMP kernel wraps
 //! them in its own shootdown (IPIs to the CPUs that use the address space)
 //! to meet the "every CPU" rule of [`Mmu`].
+//!
+//! # PCIDs
+//!
+//! An MMU handle made with [`X86Mmu::with_pcid`] tags its address space
+//! with a [`Pcid`](crate::Pcid): installing its root loads CR3 with the
+//! PCID and the no-flush bit, so other address spaces' entries survive the
+//! switch (SDM Vol. 3A §4.10.1). Since `INVLPG` and MOV to CR3 reach only
+//! the current PCID, its flushes follow [`pcid_flush_plan`]: INVPCID for
+//! its PCID when it is not current on this CPU, or, without INVPCID, a
+//! mark in this CPU's [`PcidCpu`] that makes the next install flush (CR3
+//! without the no-flush bit). In an SMP kernel, every CPU that may hold
+//! the address space's entries runs the flush (its shootdown handler calls
+//! the same method), so each CPU flushes or defers for itself.
 
 use core::arch::asm;
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use pgtable_core::{Arch, Mmu, PhysAddr, TlbRange, VirtAddr};
-use x86_64::instructions::tlb::{self, InvPcidCommand, Pcid};
+use x86_64::instructions::tlb::{self, InvPcidCommand};
 use x86_64::registers::control::{Cr3, Cr4, Cr4Flags};
 use x86_64::structures::paging::PhysFrame;
 
-use crate::flush::{flush_plan, full_flush_plan, FlushPlan};
+use crate::flush::{
+    flush_plan, full_flush_plan, pcid_flush_plan, FlushKind, FlushPlan, OtherPcid, Pcid, PcidCpu,
+};
+
+/// `pcid` of an untagged [`X86Mmu`].
+const UNTAGGED: u32 = u32::MAX;
 
 /// The MMU of the executing x86-64 CPU.
 ///
@@ -33,10 +51,32 @@ use crate::flush::{flush_plan, full_flush_plan, FlushPlan};
 ///
 /// These act on the executing CPU only: with more than one CPU, the
 /// kernel must wrap them in a shootdown to meet [`Mmu`]'s contract.
+///
+/// A handle is untagged ([`new`](X86Mmu::new): PCID 0, every install
+/// flushes the non-global entries) or tagged with a PCID
+/// ([`with_pcid`](X86Mmu::with_pcid): installs keep the other PCIDs'
+/// entries; flushes of a space that is not current use INVPCID for its
+/// PCID or, without INVPCID, are deferred to its next install through the
+/// executing CPU's [`PcidCpu`]; see [`pcid_flush_plan`]). With
+/// more address spaces than PCIDs, pair it with
+/// `pgtable_core::asid::Pcid12Allocator`:
+///
+/// ```ignore
+/// let sw = pcids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
+/// if sw.flush_local {
+///     space.mmu().flush_all_pcids();
+/// }
+/// space.mmu().set_pcid(Pcid::new(sw.asid)?);
+/// unsafe { space.install() };
+/// ```
 #[derive(Debug)]
 pub struct X86Mmu {
     ceiling: AtomicU64,
     has_invpcid: bool,
+    /// The PCID, or [`UNTAGGED`].
+    pcid: AtomicU32,
+    /// The executing CPU's PCID state (tagged handles only).
+    this_cpu: Option<fn() -> &'static PcidCpu>,
 }
 
 impl X86Mmu {
@@ -60,6 +100,108 @@ impl X86Mmu {
         X86Mmu {
             ceiling: AtomicU64::new(Self::DEFAULT_CEILING),
             has_invpcid,
+            pcid: AtomicU32::new(UNTAGGED),
+            this_cpu: None,
+        }
+    }
+
+    /// An MMU handle for the address space tagged with `pcid`; INVPCID is
+    /// used when CPUID reports it. `this_cpu` returns the executing CPU's
+    /// [`PcidCpu`] (one per CPU, for the deferred flushes).
+    ///
+    /// # Safety
+    ///
+    /// CR4.PCIDE is 1 on every CPU that installs this handle's root or
+    /// runs its flushes ([`enable_pcids`]): with PCIDE = 0 the PCID bits of
+    /// CR3 would mean PWT/PCD and the no-flush bit is reserved (#GP).
+    /// `this_cpu` returns the executing CPU's state, always the same one
+    /// for a CPU.
+    pub unsafe fn with_pcid(pcid: Pcid, this_cpu: fn() -> &'static PcidCpu) -> X86Mmu {
+        // SAFETY: `has_invpcid` is what CPUID reports.
+        let mut m = unsafe { X86Mmu::with_features(cpu_has_invpcid()) };
+        m.pcid = AtomicU32::new(u32::from(pcid.get()));
+        m.this_cpu = Some(this_cpu);
+        m
+    }
+
+    /// The PCID, for a tagged handle.
+    pub fn pcid(&self) -> Option<Pcid> {
+        // Relaxed: the handle's own value; a switch that changes it is
+        // serialised by the caller's allocator lock.
+        match self.pcid.load(Relaxed) {
+            UNTAGGED => None,
+            p => Pcid::new(p as u16).ok(),
+        }
+    }
+
+    /// Gives a tagged handle the PCID an allocator chose: later flushes
+    /// name it and the next install loads it. Call it before installing,
+    /// while no CPU runs the address space under its old PCID (an
+    /// allocator changes a PCID only after a roll-over). Does nothing on
+    /// an untagged handle (it has no per-CPU state to defer flushes in).
+    pub fn set_pcid(&self, pcid: Pcid) {
+        if self.this_cpu.is_some() {
+            // Relaxed: see `pcid`.
+            self.pcid.store(u32::from(pcid.get()), Relaxed);
+        }
+    }
+
+    /// Invalidates the non-global entries of every PCID on this CPU
+    /// (INVPCID type 3; without INVPCID a CR4.PGE toggle, which drops the
+    /// global ones too) and forgets this CPU's deferred flushes: the local
+    /// flush an allocator's roll-over asks for
+    /// (`pgtable_core::asid::Switch::flush_local`). Not a shootdown.
+    pub fn flush_all_pcids(&self) {
+        if self.has_invpcid {
+            // SAFETY: INVPCID is supported (the contract of
+            // `with_features`); type 3 invalidates TLB entries only.
+            unsafe { tlb::flush_pcid(InvPcidCommand::AllExceptGlobal) };
+        } else {
+            self.execute(FlushPlan::ToggleCr4Pge);
+        }
+        if let Some(cpu) = self.this_cpu {
+            cpu().clear();
+        }
+    }
+
+    /// A flush of a tagged address space: [`pcid_flush_plan`] for the PCID
+    /// current on this CPU.
+    fn flush_tagged(&self, kind: FlushKind) {
+        let plan = pcid_flush_plan(
+            kind,
+            self.pcid(),
+            current(),
+            self.flush_ceiling(),
+            self.has_invpcid,
+        );
+        if let Some(local) = plan.local {
+            self.execute(local);
+        }
+        match plan.other {
+            None => {}
+            Some(OtherPcid::InvpcidAddress {
+                pcid,
+                start,
+                stride_shift,
+                count,
+            }) => {
+                let mut va = start.0;
+                for _ in 0..count {
+                    // SAFETY: the plan names INVPCID only when
+                    // `has_invpcid`, which `with_features` vouches for.
+                    unsafe { invpcid_address(pcid, va) };
+                    va = va.wrapping_add(1 << stride_shift);
+                }
+            }
+            Some(OtherPcid::InvpcidSingleContext(pcid)) => {
+                // SAFETY: as above.
+                unsafe { tlb::flush_pcid(InvPcidCommand::Single(x86_pcid(pcid))) };
+            }
+            Some(OtherPcid::Defer(pcid)) => {
+                if let Some(cpu) = self.this_cpu {
+                    cpu().mark_stale(pcid);
+                }
+            }
         }
     }
 
@@ -156,18 +298,16 @@ impl X86Mmu {
             }
             FlushPlan::ToggleCr4Pge => {
                 let cr4 = Cr4::read();
-                // SAFETY: clearing and restoring PGE changes no mapping; any
-                // change of CR4.PGE invalidates all TLB entries (SDM Vol. 3A
-                // §4.10.4.1). Interrupts between the two writes only run
-                // without global translations cached, which is harmless.
+                // SAFETY: flipping PGE and restoring it changes no mapping;
+                // each write changes CR4.PGE, and any change of it
+                // invalidates all TLB entries of every PCID, global ones
+                // included (SDM Vol. 3A §4.10.4.1); with PGE off, setting it
+                // first is what makes the pair a change (a CR3 reload would
+                // reach the current PCID only). Interrupts between the two
+                // writes run with PGE flipped, which changes no translation.
                 unsafe {
-                    Cr4::write(cr4 - Cr4Flags::PAGE_GLOBAL);
+                    Cr4::write(cr4 ^ Cr4Flags::PAGE_GLOBAL);
                     Cr4::write(cr4);
-                }
-                if !cr4.contains(Cr4Flags::PAGE_GLOBAL) {
-                    // PGE was off: no global entries exist, but the writes
-                    // above changed nothing, so reload CR3 for the rest.
-                    self.execute(FlushPlan::ReloadCr3);
                 }
             }
         }
@@ -180,18 +320,76 @@ impl Default for X86Mmu {
     }
 }
 
-/// The PCID of the current address space: CR3[11:0] with CR4.PCIDE = 1,
-/// otherwise 0 (§4.10.1).
-fn current_pcid() -> Pcid {
+/// The PCID of the current address space: CR3\[11:0\] with CR4.PCIDE =
+/// 1, otherwise 0 (§4.10.1).
+fn current_pcid() -> tlb::Pcid {
     if Cr4::read().contains(Cr4Flags::PCID) {
         Cr3::read_pcid().1
     } else {
-        // 0 is always below 4096.
-        match Pcid::new(0) {
-            Ok(p) => p,
-            Err(_) => unreachable!(),
-        }
+        x86_pcid(Pcid::ZERO)
     }
+}
+
+/// The `x86_64` crate's PCID for `p`.
+fn x86_pcid(p: Pcid) -> tlb::Pcid {
+    // A `Pcid` is below 4096, which is all `tlb::Pcid::new` checks.
+    tlb::Pcid::new(p.get()).unwrap_or_else(|_| unreachable!("a Pcid fits 12 bits"))
+}
+
+/// Our PCID of the current address space.
+fn current() -> Pcid {
+    Pcid::new(current_pcid().value()).unwrap_or(Pcid::ZERO)
+}
+
+/// INVPCID type 0 (individual address, non-global) for `pcid` at `va`, with
+/// the full 64-bit address (the `x86_64` crate's `VirtAddr` would
+/// canonicalise 57-bit addresses from bit 47, see
+/// [`X86Mmu::flush_page`]).
+///
+/// # Safety
+///
+/// The CPU implements INVPCID.
+unsafe fn invpcid_address(pcid: Pcid, va: u64) {
+    let desc: [u64; 2] = [u64::from(pcid.get()), va];
+    // SAFETY: INVPCID only invalidates TLB and paging-structure-cache
+    // entries; it reads the 16-byte descriptor, which lives on our stack;
+    // the CPU has INVPCID (our caller's promise). Type 0 raises #GP for a
+    // non-canonical address; the addresses come from an address space of
+    // the active paging mode, which are canonical.
+    unsafe {
+        asm!("invpcid {0}, [{1}]", in(reg) 0u64, in(reg) desc.as_ptr(),
+             options(nostack, preserves_flags, readonly))
+    };
+}
+
+/// Whether the CPU supports PCIDs: `CPUID.01H:ECX.PCID[bit 17]`.
+pub fn cpu_has_pcid() -> bool {
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID exists on every x86-64 processor; leaf 1 always.
+    let ecx = unsafe { core::arch::x86_64::__cpuid(1) }.ecx;
+    ecx & (1 << 17) != 0
+}
+
+/// Sets CR4.PCIDE on this CPU if it supports PCIDs; returns whether
+/// PCIDs are on. Run it on every CPU before installing a root of an
+/// [`X86Mmu::with_pcid`] handle.
+///
+/// # Safety
+///
+/// CR3\[11:0\] is 0 (the root was installed by an untagged handle, or
+/// before PCIDs were used); setting PCIDE otherwise raises #GP (SDM Vol.
+/// 3A §4.10.1). The CPU is in IA-32e mode (always so for this crate).
+pub unsafe fn enable_pcids() -> bool {
+    if !cpu_has_pcid() {
+        return false;
+    }
+    let cr4 = Cr4::read();
+    if !cr4.contains(Cr4Flags::PCID) {
+        // SAFETY: the CPU supports PCIDs (checked), CR3[11:0] = 0 (our
+        // caller's promise); PCIDE changes no translation of PCID 0.
+        unsafe { Cr4::write(cr4 | Cr4Flags::PCID) };
+    }
+    true
 }
 
 /// `CPUID.(EAX=07H,ECX=0):EBX[10]` (INVPCID), when leaf 7 exists.
@@ -228,7 +426,10 @@ unsafe impl Mmu for X86Mmu {
     /// them have completed when they execute. Their `asm!` blocks have no
     /// `nomem`, so the compiler does not move stores across them either.
     fn flush_tlb_range(&self, range: TlbRange) {
-        self.execute(self.plan(range));
+        match self.pcid() {
+            None => self.execute(self.plan(range)),
+            Some(_) => self.flush_tagged(FlushKind::Range(range)),
+        }
     }
 
     fn flush_tlb_all(&self) {
@@ -236,15 +437,34 @@ unsafe impl Mmu for X86Mmu {
     }
 
     fn flush_tlb_mm(&self) {
-        self.execute(full_flush_plan(self.has_invpcid, false));
+        match self.pcid() {
+            None => self.execute(full_flush_plan(self.has_invpcid, false)),
+            Some(_) => self.flush_tagged(FlushKind::Mm),
+        }
     }
 
-    /// MOV to CR3 with the root and PCID 0 / PWT = PCD = 0: flushes the
-    /// non-global entries of PCID 0.
+    /// Untagged: MOV to CR3 with the root and PCID 0 / PWT = PCD = 0,
+    /// which flushes the non-global entries of PCID 0. Tagged: MOV to CR3
+    /// with the root, the PCID and the no-flush bit, unless this CPU owes
+    /// the PCID a flush ([`PcidCpu::take_stale`]), then without it.
     unsafe fn install_root(&self, root: PhysAddr) {
         let frame = PhysFrame::containing_address(x86_64::PhysAddr::new_truncate(root.0));
-        // SAFETY: the caller guarantees `root` is a complete hierarchy of
-        // the active paging mode that maps what the CPU uses next.
-        unsafe { Cr3::write_raw(frame, 0) };
+        match (self.pcid(), self.this_cpu) {
+            (Some(p), Some(cpu)) => {
+                if cpu().take_stale(p) {
+                    // SAFETY: as below; CR4.PCIDE = 1 (the contract of
+                    // `with_pcid`). The write flushes the PCID's entries.
+                    unsafe { Cr3::write_pcid(frame, x86_pcid(p)) };
+                } else {
+                    // SAFETY: as below; CR4.PCIDE = 1. The PCID's cached
+                    // entries are this address space's: every flush of it
+                    // on this CPU was carried out or deferred to here.
+                    unsafe { Cr3::write_pcid_no_flush(frame, x86_pcid(p)) };
+                }
+            }
+            // SAFETY: the caller guarantees `root` is a complete hierarchy
+            // of the active paging mode that maps what the CPU uses next.
+            _ => unsafe { Cr3::write_raw(frame, 0) },
+        }
     }
 }

@@ -145,3 +145,113 @@ fn full_flush_choice_depends_on_invpcid_and_globals() {
     assert_eq!(full_flush_plan(false, true), FlushPlan::ToggleCr4Pge);
     assert!(full_flush_plan(false, false).is_full());
 }
+
+mod pcid {
+    use super::range;
+    use pgtable_core::VirtAddr;
+    use pgtable_x86::flush::CR3_NOFLUSH;
+    use pgtable_x86::{
+        cr3_value, flush_plan, full_flush_plan, pcid_flush_plan, FlushKind, FlushPlan, OtherPcid,
+        Pcid, PcidCpu, PcidFlush, PcidTooWide,
+    };
+
+    fn p(v: u16) -> Pcid {
+        Pcid::new(v).unwrap()
+    }
+
+    #[test]
+    fn pcids_that_do_not_fit_12_bits_are_errors() {
+        assert_eq!(p(4095).get(), 4095);
+        assert_eq!(Pcid::new(4096), Err(PcidTooWide { pcid: 4096 }));
+        assert_eq!(
+            cr3_value(0x12_3000, p(7), false),
+            0x8000_0000_0012_3007,
+            "root, PCID in bits 11:0, bit 63 keeps the PCID's entries"
+        );
+        assert_eq!(cr3_value(0x12_3000, p(7), true), 0x12_3007);
+        assert_eq!(cr3_value(0x12_3000, p(7), true) & CR3_NOFLUSH, 0);
+    }
+
+    #[test]
+    fn the_current_or_an_untagged_space_flushes_as_without_pcids() {
+        let r = range(0x40_0000, 3, 12);
+        for (space, inv) in [(None, false), (Some(p(5)), true), (Some(p(5)), false)] {
+            let cur = if space.is_some() { p(5) } else { p(9) };
+            let plan = pcid_flush_plan(FlushKind::Range(r), space, cur, 33, inv);
+            assert_eq!(plan.local, Some(flush_plan(r, 33, inv, true)));
+            assert_eq!(plan.other, None);
+            let mm = pcid_flush_plan(FlushKind::Mm, space, cur, 33, inv);
+            assert_eq!(mm.local, Some(full_flush_plan(inv, false)));
+            assert_eq!(mm.other, None);
+        }
+    }
+
+    #[test]
+    fn a_space_that_is_not_current_is_flushed_by_invpcid_or_deferred() {
+        let (space, cur) = (Some(p(5)), p(6));
+        // Its whole PCID.
+        assert_eq!(
+            pcid_flush_plan(FlushKind::Mm, space, cur, 33, true),
+            PcidFlush {
+                local: None,
+                other: Some(OtherPcid::InvpcidSingleContext(p(5)))
+            }
+        );
+        assert_eq!(
+            pcid_flush_plan(FlushKind::Mm, space, cur, 33, false),
+            PcidFlush {
+                local: None,
+                other: Some(OtherPcid::Defer(p(5)))
+            }
+        );
+        // A range: INVLPG for the range's global entries, then its PCID.
+        let r = range(0x40_0000, 3, 12);
+        let invlpg = FlushPlan::Invlpg {
+            start: VirtAddr(0x40_0000),
+            stride_shift: 12,
+            count: 3,
+        };
+        assert_eq!(
+            pcid_flush_plan(FlushKind::Range(r), space, cur, 33, true),
+            PcidFlush {
+                local: Some(invlpg),
+                other: Some(OtherPcid::InvpcidAddress {
+                    pcid: p(5),
+                    start: VirtAddr(0x40_0000),
+                    stride_shift: 12,
+                    count: 3
+                })
+            }
+        );
+        assert_eq!(
+            pcid_flush_plan(FlushKind::Range(r), space, cur, 33, false),
+            PcidFlush {
+                local: Some(invlpg),
+                other: Some(OtherPcid::Defer(p(5)))
+            }
+        );
+        // Past the ceiling, and `All`: one flush of every PCID.
+        let big = range(0x40_0000, 100, 12);
+        for kind in [FlushKind::Range(big), FlushKind::All] {
+            for inv in [false, true] {
+                let plan = pcid_flush_plan(kind, space, cur, 33, inv);
+                assert_eq!(plan.other, None);
+                assert!(plan.local.unwrap().drops_all_globals(), "{plan:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_stale_pcid_is_flushed_once_at_its_next_switch() {
+        let cpu = PcidCpu::new();
+        assert!(!cpu.take_stale(p(4095)));
+        cpu.mark_stale(p(4095));
+        cpu.mark_stale(p(64));
+        assert!(cpu.is_stale(p(4095)) && cpu.is_stale(p(64)) && !cpu.is_stale(p(65)));
+        assert!(cpu.take_stale(p(4095)));
+        assert!(!cpu.take_stale(p(4095)), "the switch flushed it");
+        assert!(cpu.is_stale(p(64)));
+        cpu.clear();
+        assert!(!cpu.is_stale(p(64)));
+    }
+}

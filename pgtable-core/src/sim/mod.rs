@@ -43,8 +43,8 @@
 //!   entry), the walker walks again and updates memory. Cached entries stay
 //!   until a flush removes them: [`Mmu::flush_tlb_range`] drops the leaves
 //!   overlapping the range, and the walk-cache entries too unless the range
-//!   is `last_level`; [`Mmu::flush_tlb_all`] and installing a root drop
-//!   everything. The TLB holds [`SimMachine::set_tlb_capacity`] entries
+//!   is `last_level`; [`Mmu::flush_tlb_all`] and installing an untagged
+//!   root drop everything. The TLB holds [`SimMachine::set_tlb_capacity`] entries
 //!   (default 1024) and evicts the oldest entry first (deterministic).
 //! - **Walker visibility** (only when [`Arch::NEEDS_WALKER_BARRIER`], i.e.
 //!   arm64): every entry write reported through [`Mmu::entry_written`] is
@@ -78,9 +78,20 @@
 //!   ASID and global entries; a range flush drops the range's entries of
 //!   the flushing MMU's ASID and its global ones; [`Mmu::flush_tlb_mm`]
 //!   drops the ASID's entries and keeps global ones;
-//!   [`Mmu::flush_tlb_all`] drops everything. A cached entry is checked
-//!   against a fresh walk from the root it was filled from, so a global
-//!   entry that survives the unmap of its leaf is reported stale.
+//!   [`Mmu::flush_tlb_all`] drops everything. These are exactly what
+//!   arm64 `tlbi vae1is`/`vale1is` with an ASID operand, `tlbi aside1is`
+//!   and `tlbi vmalle1is` do (Arm ARM D8.14 "TLB maintenance"), and what
+//!   x86 INVPCID types 0, 1 and 2 do for a PCID (Intel SDM Vol. 3A
+//!   §4.10.4.1); x86 `invlpg` and MOV to CR3 act on the *current* PCID, so
+//!   an x86 MMU must not use them for an address space that is not current
+//!   (a test shows the simulator catching that). Installing a tagged root
+//!   switches the ASID without a flush; [`SimMmu::set_asid`] gives a
+//!   handle a new ASID (an allocator's roll-over). A cached entry of the
+//!   current ASID is checked against a fresh walk from the *current* root
+//!   (an ASID reused for another address space without a flush is reported
+//!   stale), any other against a fresh walk from the root it was filled
+//!   from, so a global entry that survives the unmap of its leaf, or a
+//!   dormant ASID's entry that survives a flush, is reported stale too.
 //! - **Break-before-make** (only when [`Arch::BREAK_BEFORE_MAKE`]): an
 //!   entry write that replaces a cached translation by a value the arch
 //!   does not allow to coexist with it ([`Arch::change_is_safe`]) is a
@@ -172,7 +183,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -459,7 +470,7 @@ impl<A: Arch> SimMachine<A> {
     pub fn mmu(&self) -> SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
-            asid: None,
+            asid: AtomicU32::new(UNTAGGED),
             _arch: PhantomData,
         }
     }
@@ -469,12 +480,20 @@ impl<A: Arch> SimMachine<A> {
     /// (other ASIDs' entries stay, as on hardware), flushes by address
     /// reach its ASID and global entries, and
     /// [`flush_tlb_mm`](Mmu::flush_tlb_mm) drops its ASID's entries only.
+    /// The ASID can be changed later with [`SimMmu::set_asid`] (as an ASID
+    /// allocator does at a roll-over).
     pub fn mmu_with_asid(&self, asid: u16) -> SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
-            asid: Some(asid),
+            asid: AtomicU32::new(u32::from(asid)),
             _arch: PhantomData,
         }
+    }
+
+    /// The ASID of the installed root (0 after installing an untagged
+    /// MMU's root).
+    pub fn asid(&self) -> u16 {
+        self.state().asid as u16
     }
 
     /// The table allocator handle (for `AddressSpace::new`).
@@ -679,18 +698,26 @@ impl<A: Arch> SimMachine<A> {
     }
 }
 
+/// The `asid` of an untagged [`SimMmu`].
+const UNTAGGED: u32 = u32::MAX;
+
 /// The [`Mmu`] of a [`SimMachine`].
 pub struct SimMmu<A: Arch> {
     shared: Arc<Shared>,
-    asid: Option<u16>,
+    /// The ASID, or [`UNTAGGED`].
+    asid: AtomicU32,
     _arch: PhantomData<fn() -> A>,
 }
 
 impl<A: Arch> Clone for SimMmu<A> {
+    /// A handle with the same machine and the same ASID (now; later
+    /// [`set_asid`](SimMmu::set_asid) calls are per handle).
     fn clone(&self) -> Self {
         SimMmu {
             shared: self.shared.clone(),
-            asid: self.asid,
+            // Relaxed: the handle's own value; the machine's lock orders
+            // everything else.
+            asid: AtomicU32::new(self.asid.load(Ordering::Relaxed)),
             _arch: PhantomData,
         }
     }
@@ -713,9 +740,46 @@ impl<A: Arch> SimMmu<A> {
 }
 
 impl<A: Arch> SimMmu<A> {
+    /// The ASID this handle flushes by and installs with (`None`:
+    /// untagged).
+    pub fn asid(&self) -> Option<u16> {
+        // Relaxed: see `Clone`.
+        match self.asid.load(Ordering::Relaxed) {
+            UNTAGGED => None,
+            a => Some(a as u16),
+        }
+    }
+
+    /// Gives this handle the ASID `asid` (tagging it if it was not): its
+    /// flushes name `asid` from now on, and its next
+    /// [`install_root`](Mmu::install_root) switches to it without a flush.
+    /// An ASID allocator's new ASID for the address space goes here
+    /// ([`crate::asid::Switch::asid`]).
+    pub fn set_asid(&self, asid: u16) {
+        // Relaxed: see `Clone`.
+        self.asid.store(u32::from(asid), Ordering::Relaxed);
+    }
+
+    /// Defers this handle's flush to its next install, as an x86 MMU
+    /// without INVPCID must for a PCID that is not current (it cannot name
+    /// the PCID, and `invlpg` reaches only the current one; see
+    /// `pgtable_x86::PcidCpu`): the ASID's entries are exempt from the
+    /// check until a [`flush_tlb_mm`](Mmu::flush_tlb_mm) of the ASID or a
+    /// [`flush_tlb_all`](Mmu::flush_tlb_all). Installing the ASID without
+    /// that flush ends the exemption, so its stale entries are reported. A
+    /// deferral for the ASID installed now is ignored: its entries are in
+    /// use.
+    pub fn defer_flush(&self) {
+        let tag = self.tag();
+        let mut s = lock(&self.shared);
+        if s.asid != tag || s.root.is_none() {
+            s.owed.insert(tag);
+        }
+    }
+
     /// The tag of this MMU's TLB entries (untagged spaces share 0).
     fn tag(&self) -> u32 {
-        self.asid.map_or(0, u32::from)
+        self.asid().map_or(0, u32::from)
     }
 }
 
@@ -747,8 +811,11 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
     unsafe fn install_root(&self, root: PhysAddr) {
         let mut s = lock(&self.shared);
         s.root = Some(root);
-        s.asid = self.tag();
-        match self.asid {
+        let tag = self.tag();
+        s.asid = tag;
+        // A deferred flush not carried out by now is a bug the check sees.
+        s.owed.remove(&tag);
+        match self.asid() {
             // Untagged: a new root starts with an empty TLB. Installing
             // also orders earlier table writes (as a TTBR/CR3 write does
             // with its barriers).

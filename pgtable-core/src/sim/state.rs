@@ -83,6 +83,9 @@ pub(super) struct State {
     pub(super) root: Option<PhysAddr>,
     /// The ASID of the installed root (0 for untagged MMUs).
     pub(super) asid: u32,
+    /// ASIDs whose flush was deferred to their next install (x86 without
+    /// INVPCID): their entries are not checked until then.
+    pub(super) owed: Set<u32>,
     pub(super) tlb: Map<Key, Cached>,
     /// Entry address to the keys cached from it (may hold keys flushed
     /// since; they are checked against `tlb`).
@@ -125,6 +128,7 @@ impl State {
             live: Set::default(),
             root: None,
             asid: 0,
+            owed: Set::default(),
             tlb: Map::default(),
             by_slot: Map::default(),
             conflict: None,
@@ -541,6 +545,7 @@ impl State {
         self.epoch += 1;
         let n = self.drop_where(|k| k.3 == asid);
         self.stats.tlb_entries_flushed += n as u64;
+        self.owed.remove(&asid);
     }
 
     pub(super) fn flush_all(&mut self) {
@@ -552,15 +557,29 @@ impl State {
         self.by_slot.clear();
         self.fifo.clear();
         self.mru = None;
+        self.owed.clear();
     }
 
     /// Every cached entry against a fresh walk of memory. Of several stale
     /// entries, the smallest leaf at the lowest address is reported (a
     /// deterministic answer whatever the map's order).
+    ///
+    /// An entry of the current ASID is walked from the current root, since
+    /// that is what the hardware uses it for, whichever root filled it: an
+    /// ASID reused for another address space without a flush leaves the
+    /// old space's entries serving the new one. Entries of other ASIDs (and
+    /// global ones) are walked from the root that filled them.
     pub(super) fn check_tlb<A: Arch>(&self) -> Result<(), StaleTlb> {
         let mut worst: Option<StaleTlb> = None;
-        for (&(base, h, leaf, _), c) in &self.tlb {
-            let fresh = self.fresh::<A>(c.root, base, h, leaf);
+        for (&(base, h, leaf, tag), c) in &self.tlb {
+            if self.owed.contains(&tag) {
+                continue;
+            }
+            let root = match self.root {
+                Some(r) if tag == self.asid => r,
+                _ => c.root,
+            };
+            let fresh = self.fresh::<A>(root, base, h, leaf);
             let ok = match fresh {
                 None => false,
                 Some((raw, fh)) if leaf => {
