@@ -131,6 +131,7 @@ fn set_tcr() -> Result<u64, (u64, u64)> {
         pa_range,
         hw_access_flag: hafdbs >= 1,
         hw_dirty: hafdbs >= 2,
+        asid16: false,
     };
     let want = tcr_value(cfg);
     let early = tcr_value(TcrConfig {
