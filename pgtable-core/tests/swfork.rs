@@ -67,3 +67,10 @@ fn fork_fails_unchanged() {
 fn fork_race_keeps_dirty() {
     swfork::fork_race_keeps_dirty::<T4>(20);
 }
+
+#[test]
+fn fork_direct_race_keeps_dirty() {
+    let (lost, set) = swfork::fork_direct_race::<T4>(100);
+    assert_eq!(lost, 0, "dirty states lost ({set} set)");
+    assert!(set > 0, "the agent never stored");
+}

@@ -658,3 +658,74 @@ pub fn fork_race_keeps_dirty<A: Arch + Send>(rounds: usize) {
     assert_eq!(lost_total, 0, "dirty states lost ({dirtied_total} set)");
     assert!(dirtied_total > 0, "the agent never stored");
 }
+
+/// A hardware agent that stores through the leaves directly (as the page
+/// walker does: a compare-exchange on the entry, only while the leaf
+/// allows the store), sweeping the pages backwards while the copy
+/// write-protects them forwards, so the two cross in every round. Returns
+/// the dirty states lost (set by the agent, missing afterwards in the
+/// source or the child) and how many the agent set.
+pub fn fork_direct_race<A: Arch>(rounds: usize) -> (u64, u64) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Release};
+    const PAGES: u64 = 4096;
+    let (mut lost, mut set) = (0, 0);
+    for _ in 0..rounds {
+        let (_m, mut src) = machine::<A>();
+        let (_cm, mut child) = machine::<A>();
+        let va = VirtAddr(G1);
+        src.map(va, PhysAddr(PA), PAGES * K4, RW, MapOptions::PAGES)
+            .unwrap();
+        let slots: Vec<usize> = (0..PAGES)
+            .map(|i| {
+                // SAFETY: only read for its address; the agent below uses
+                // it as hardware does (atomic compare-exchange of A/D).
+                let s = unsafe { src.slot(va.add(i * K4), 0) }.expect("mapped");
+                s as *const _ as usize
+            })
+            .collect();
+        let go = AtomicUsize::new(0);
+        let dirtied = std::thread::scope(|scope| {
+            let agent = scope.spawn(|| {
+                // Acquire: pairs with the Release below.
+                while go.load(Acquire) == 0 {
+                    std::hint::spin_loop();
+                }
+                let mut dirtied = Vec::new();
+                for (i, &a) in slots.iter().enumerate().rev() {
+                    // SAFETY: a live entry of `src`'s tables, which stay
+                    // allocated until after this scope; all accesses to it
+                    // are atomic.
+                    let e = unsafe { &*(a as *const AtomicU64) };
+                    loop {
+                        // Relaxed: only atomicity matters, as for the
+                        // hardware's read-modify-write.
+                        let raw = e.load(Relaxed);
+                        let Ok(new) = A::hw_access(raw, 0, pgtable_core::Access::WRITE) else {
+                            break;
+                        };
+                        // Relaxed: as above.
+                        if e.compare_exchange(raw, new, Relaxed, Relaxed).is_ok() {
+                            if !A::is_dirty(raw) && A::is_dirty(new) {
+                                dirtied.push(i as u64);
+                            }
+                            break;
+                        }
+                    }
+                }
+                dirtied
+            });
+            // Release: the agent starts now.
+            go.store(1, Release);
+            src.copy_page_range(&mut *child, va, PAGES * K4, CopyMode::Cow)
+                .unwrap();
+            agent.join().unwrap()
+        });
+        set += dirtied.len() as u64;
+        for i in dirtied {
+            let p = src.translate(va.add(i * K4)).unwrap().entry;
+            let c = child.translate(va.add(i * K4)).unwrap().entry;
+            lost += u64::from(!A::is_dirty(p) || !A::is_dirty(c));
+        }
+    }
+    (lost, set)
+}
