@@ -47,8 +47,8 @@ use core::sync::atomic::Ordering::Relaxed;
 use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
 use crate::level::{entry_end, index};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, Table, TableAlloc, TlbGather,
-    VirtAddr,
+    generic, AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, Table, TableAlloc,
+    TlbGather, VirtAddr,
 };
 
 /// How [`AddressSpace::copy_page_range`] treats writable leaves.
@@ -305,9 +305,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let i = index(va, 0);
         let n = (end.wrapping_sub(va) / crate::PAGE_SIZE) as usize;
         let mut copied = 0u64;
-        // The write decision depends only on the attribute word (`Format`
-        // rules), so it is made once per distinct word, not per entry.
-        let mut memo = (0u64, false);
+        // What to do with a leaf depends only on its attribute word
+        // (`Format` rules), so it is decided once per distinct word
+        // (usually once per table), not per entry. No leaf has the
+        // attribute word 0, so 0 means "nothing decided yet".
+        let mut memo = (0u64, Wp::Keep);
+        // The first and last write-protected entries: one gathered range
+        // per table instead of one per entry.
+        let mut wp = (usize::MAX, 0);
         for (k, (s, d)) in st.entries[i..i + n]
             .iter()
             .zip(&dt.entries[i..i + n])
@@ -323,13 +328,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 Decoded::Leaf(pa) if c.cow => {
                     let attrs = raw ^ pa.0;
                     if attrs != memo.0 {
-                        memo = (attrs, A::leaf_prot(raw, 0).writable());
+                        memo = (attrs, Wp::decide::<A>(raw, 0));
                     }
-                    if memo.1 {
-                        let v = VirtAddr(va + k as u64 * crate::PAGE_SIZE);
-                        self.wrprotect(s, raw, v, 0, c.gather)
-                    } else {
-                        raw
+                    match memo.1 {
+                        Wp::Keep => raw,
+                        Wp::Plain(delta) => {
+                            // Settled: the hardware never writes this entry
+                            // again, so a plain store cannot lose an
+                            // accessed/dirty update.
+                            generic::set_entry_nosync(&self.mmu, s, raw ^ delta);
+                            self.mmu.stats.add_entries_written(1);
+                            wp = (wp.0.min(k), k);
+                            raw ^ delta
+                        }
+                        Wp::Atomic => {
+                            wp = (wp.0.min(k), k);
+                            let v = VirtAddr(va + k as u64 * crate::PAGE_SIZE);
+                            self.wrprotect(s, raw, v, 0)
+                        }
                     }
                 }
                 // Shared leaves and software entries are copied as they
@@ -338,6 +354,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             };
             A::set_pte_nosync(&dst.mmu, d, pte);
             copied += 1;
+        }
+        if wp.0 != usize::MAX {
+            let first = va + wp.0 as u64 * crate::PAGE_SIZE;
+            c.gather.add_range(
+                VirtAddr(first),
+                (wp.1 - wp.0 + 1) as u64 * crate::PAGE_SIZE,
+                0,
+            );
         }
         dst.mmu.stats.add_entries_written(copied);
         if copied > 0 {
@@ -357,7 +381,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         c: &mut CopyState<'_>,
     ) -> u64 {
         if c.cow && A::leaf_prot(raw, h).writable() {
-            self.wrprotect(slot, raw, va, h, c.gather)
+            let new = self.wrprotect(slot, raw, va, h);
+            c.gather.add_leaf(va, h);
+            new
         } else {
             raw
         }
@@ -365,18 +391,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Linux `ptep_set_wrprotect` / `pmdp_set_wrprotect`: makes the live
     /// writable leaf `raw` at `h` in `slot` read-only, keeping its
-    /// accessed/dirty state, and returns the new leaf. Gathers its
-    /// translation for the operation's flush.
-    fn wrprotect(
-        &mut self,
-        slot: &Slot,
-        raw: u64,
-        va: VirtAddr,
-        h: u32,
-        gather: &mut TlbGather,
-    ) -> u64 {
-        let p = A::leaf_prot(raw, h);
-        let ro = Prot::new(p.bits() & !Prot::WRITE).with_mem(p.mem);
+    /// accessed/dirty state, and returns the new leaf. The caller gathers
+    /// its translation for the operation's flush.
+    fn wrprotect(&mut self, slot: &Slot, raw: u64, va: VirtAddr, h: u32) -> u64 {
+        let ro = ro(A::leaf_prot(raw, h));
         if needs_bbm::<A>(raw, A::modify_prot(raw, ro, h), h) {
             // Not for any format of this workspace (a permission change is
             // safe in place), but the rule is the rule: break, then make.
@@ -405,9 +423,41 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             self.mmu.entry_written(slot, cur);
         }
         self.mmu.stats.add_entries_written(1);
-        gather.add_leaf(va, h);
         new
     }
+}
+
+/// What a COW copy does to a source leaf, decided once per attribute word.
+#[derive(Clone, Copy)]
+enum Wp {
+    /// Not writable: copied as it is.
+    Keep,
+    /// Writable and settled ([`Format::is_settled`](crate::Format::is_settled)):
+    /// write-protected with a plain store of the leaf XOR this.
+    Plain(u64),
+    /// Writable, and the hardware may still set accessed/dirty state:
+    /// write-protected with a compare-exchange loop.
+    Atomic,
+}
+
+impl Wp {
+    #[inline]
+    fn decide<A: Arch>(raw: u64, h: u32) -> Wp {
+        let p = A::leaf_prot(raw, h);
+        if !p.writable() {
+            Wp::Keep
+        } else if A::is_settled(raw, h) && !needs_bbm::<A>(raw, A::modify_prot(raw, ro(p), h), h) {
+            Wp::Plain(A::modify_prot(raw, ro(p), h) ^ raw)
+        } else {
+            Wp::Atomic
+        }
+    }
+}
+
+/// `p` without write permission.
+#[inline]
+fn ro(p: Prot) -> Prot {
+    Prot::new(p.bits() & !Prot::WRITE).with_mem(p.mem)
 }
 
 /// The mutable state of one copy.
