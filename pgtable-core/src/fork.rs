@@ -183,12 +183,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let dc = child(dst);
                     need += usize::from(dc.is_none()) + split_copy_need(dst, h - 1, va, next, dc);
                 }
-                Decoded::Table(c) => {
-                    if self.first_mapped_in(h - 1, c, va, next).is_some() {
-                        let dc = child(dst);
-                        need +=
-                            usize::from(dc.is_none()) + self.copy_need(dst, h - 1, c, va, next, dc);
-                    }
+                Decoded::Table(c) if self.first_mapped_in(h - 1, c, va, next).is_some() => {
+                    let dc = child(dst);
+                    need += usize::from(dc.is_none()) + self.copy_need(dst, h - 1, c, va, next, dc);
                 }
                 // Copied into `dt` itself (blocks, software entries), or
                 // nothing to copy.

@@ -5,7 +5,9 @@
 //! Linux-named entry operations, [`Mmu`] for the machine's barriers and TLB
 //! maintenance) and the algorithms written once against it: [`map`],
 //! [`unmap`], [`change_protection`], [`move_page_tables`], [`translate`]
-//! and [`walk`] on an [`AddressSpace`].
+//! and [`walk`] on an [`AddressSpace`], software (swap) entries
+//! ([`set_swap_entry`], [`swap_in`]) and fork's copy-on-write copy
+//! ([`copy_page_range`]).
 //!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
 //! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
@@ -37,6 +39,9 @@
 //! [`move_page_tables`]: AddressSpace::move_page_tables
 //! [`translate`]: AddressSpace::translate
 //! [`walk`]: AddressSpace::walk
+//! [`set_swap_entry`]: AddressSpace::set_swap_entry
+//! [`swap_in`]: AddressSpace::swap_in
+//! [`copy_page_range`]: AddressSpace::copy_page_range
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -512,6 +512,44 @@ pub fn fork_partial_blocks<A: Arch>() {
     m.check().unwrap();
     no_leak(&m, &src);
     no_leak(&cm, &child);
+    if !A::leaf_allowed(2) {
+        return;
+    }
+    // A 1 GiB block covered in part at both ends of the range: split down
+    // two levels on each side, in the source and the child alike; the
+    // tables counted are the tables taken.
+    let (m, mut src) = machine::<A>();
+    let (cm, mut child) = machine::<A>();
+    src.map(VirtAddr(4 * G1), PhysAddr(PA), G1, RW, MapOptions::BLOCKS)
+        .unwrap();
+    let (va, len) = (4 * G1 + 3 * M2 + 5 * K4, G1 - 7 * M2);
+    let (a0, b0) = (
+        src.stats().tables_allocated(),
+        child.stats().tables_allocated(),
+    );
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+        .unwrap();
+    // Source: the 1 GiB block into a PMD table, the two partly covered
+    // 2 MiB blocks into PTE tables; the child the same, plus its path.
+    assert_eq!(src.stats().tables_allocated() - a0, 3);
+    assert_eq!(
+        child.stats().tables_allocated() - b0,
+        3 + u64::from(A::LEVELS - 3)
+    );
+    for off in [0, K4, len / 2, len - K4] {
+        let t = src.translate(VirtAddr(va + off)).unwrap();
+        let c = child.translate(VirtAddr(va + off)).unwrap();
+        assert_eq!((c.pa, c.entry, c.height), (t.pa, t.entry, t.height));
+        assert!(!A::leaf_prot(t.entry, t.height).writable());
+    }
+    for a in [va - K4, va + len, 4 * G1] {
+        let t = src.translate(VirtAddr(a)).unwrap();
+        assert!(A::leaf_prot(t.entry, t.height).writable(), "{a:#x}");
+        assert_eq!(child.translate(VirtAddr(a)), None);
+    }
+    m.check().unwrap();
+    no_leak(&m, &src);
+    no_leak(&cm, &child);
 }
 
 /// On every allocation failure, in either space, and on an occupied
