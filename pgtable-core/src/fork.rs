@@ -24,8 +24,16 @@
 //! "Hardware updates of the translation tables"). The child receives the
 //! write-protected leaf. The source's TLB is flushed once at the end
 //! (Linux flushes after `copy_page_range` in `dup_mmap`), and only if a
-//! leaf was write-protected or a block split; the destination held nothing
-//! in the range, so it needs no flush.
+//! leaf was write-protected or a block split (a split that needs
+//! break-before-make on the arch also flushes its block at once, as in every
+//! operation); the destination held nothing in the range, so it needs no
+//! flush.
+//!
+//! Settled writable leaves ([`Format::is_settled`]: the hardware will never
+//! write them again, e.g. x86 kernel pages created accessed and dirty) are
+//! write-protected with a plain store instead, which cannot lose an update;
+//! the decision is made once per attribute word, as in
+//! `change_protection`.
 //!
 //! Blocks are copied as blocks (one entry per 2 MiB or 1 GiB, as
 //! `copy_huge_pmd` does). Software entries ([`Format::swp_entry`]) are
@@ -40,6 +48,7 @@
 //!
 //! [`Format`]: crate::Format
 //! [`Format::modify_prot`]: crate::Format::modify_prot
+//! [`Format::is_settled`]: crate::Format::is_settled
 //! [`Format::swp_entry`]: crate::Format::swp_entry
 
 use core::sync::atomic::Ordering::Relaxed;
@@ -66,7 +75,22 @@ pub enum CopyMode {
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Copies the mappings of `[va, va + len)` into the same range of
     /// `dst` (Linux `copy_page_range` at `fork`), which must be empty
-    /// there. See the [module docs](self) for what is copied and how.
+    /// there.
+    ///
+    /// With [`CopyMode::Cow`] every writable leaf of the range is
+    /// write-protected in place in `self` (Linux `ptep_set_wrprotect`: a
+    /// compare-exchange loop on the live entry, so a racing hardware
+    /// accessed/dirty update is kept; the dirty state survives, on arm64
+    /// as the software dirty bit with DBM cleared so the hardware cannot
+    /// make the page writable again) and `dst` gets the write-protected
+    /// leaf. With [`CopyMode::Shared`] leaves are copied as they are.
+    /// Blocks are copied as blocks, software entries
+    /// ([`Format::swp_entry`](crate::Format::swp_entry)) as they are, and
+    /// `dst` gets tables only where the range maps something. `self` is
+    /// flushed once at the end, if anything was write-protected or split;
+    /// `dst` needs no flush. The child keeps the accessed and dirty state
+    /// (Linux makes it old, `pte_mkold`, for which [`Format`](crate::Format)
+    /// has no operation here).
     ///
     /// A block the range covers only in part is split in the source first
     /// (as Linux splits a huge page at a VMA boundary), so that only the
