@@ -140,10 +140,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// No TLB flush is needed: the entry was not present, and neither
     /// architecture caches a translation that faults (Intel SDM Vol. 3A
-    /// §4.10.2.3; Arm ARM D8.16 "Translation Lookaside Buffers": entries
-    /// that generate a Translation fault are not cached). The new PTE is
-    /// written with the synchronising setter, so it is visible to the
-    /// walker when this returns.
+    /// §4.10.2.2 "Caching Translations in TLBs": no TLB entry unless P is
+    /// 1 in every entry of the walk; Arm ARM D8.16 "Translation Lookaside
+    /// Buffers": descriptors that generate a Translation fault are not
+    /// cached). The new PTE is written with the synchronising setter, so
+    /// it is visible to the walker when this returns.
     ///
     /// # Errors
     ///
