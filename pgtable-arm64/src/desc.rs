@@ -50,6 +50,23 @@
 //!
 //! A leaf is *settled* (the hardware will never write it again) when AF is
 //! set and it is not writable-but-clean.
+//!
+//! # Software entries
+//!
+//! A descriptor with bit 0 clear is invalid at every level, and the
+//! hardware ignores its other bits (Arm ARM D8.3.1 "Invalid descriptors":
+//! bits\[63:1\] are available to software); FEAT_HAFDBS never updates an
+//! invalid descriptor (D8.5), and no TLB caches it. This crate's software
+//! entries ([`Format::swp_entry`], Linux's swap and migration entries) use:
+//!
+//! | bits | software entry |
+//! |---|---|
+//! | 0 | 0 (invalid) |
+//! | 1 | 0 |
+//! | 2 | 1 (tag) |
+//! | 11:3 | 0 |
+//! | 57:12 | the value (46 bits) |
+//! | 63:58 | 0 (Linux keeps its `PTE_PROT_NONE` marker at bit 58) |
 
 use bit_field::BitField;
 use pgtable_core::{
@@ -99,6 +116,10 @@ pub const UXN: u64 = 1 << 54;
 pub const SW_DIRTY: u64 = 1 << 55;
 /// Software-use bits \[58:55\] of block and page descriptors.
 pub const SW_MASK: u64 = 0b1111 << 55;
+/// The low 12 bits of a software entry (bit 0, valid, clear).
+pub const SWP_TAG: u64 = 1 << 2;
+/// The value field of a software entry (bits 12-57).
+pub const SWP_VALUE_SHIFT: u32 = 12;
 /// PXNTable, bit \[59\] of a table descriptor.
 pub const PXN_TABLE: u64 = 1 << 59;
 /// UXNTable, bit \[60\] of a table descriptor.
@@ -419,7 +440,8 @@ impl<const L: u32> Arm64Format<L> {
 // `modify_prot` rebuilds from the template and keeps only the address,
 // AF, CONT and software bits (55-58), `split_leaf` sets it only for
 // height-0 children, and `hw_access` sets AF and clears AP[2] (bits 10
-// and 7). Height 0 never decodes as a table. Every method is pure.
+// and 7). Height 0 never decodes as a table. Software entries have VALID
+// clear, so they decode as invalid at every height. Every method is pure.
 unsafe impl<const L: u32> Format for Arm64Format<L> {
     const NAME: &'static str = if L == 4 {
         "arm64-4K-48bit"
@@ -573,6 +595,20 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     #[inline]
     fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault> {
         hw_access_with(raw, height, access, HwFeatures::HAFDBS)
+    }
+
+    /// 46 bits (bits 57:12 of an invalid descriptor; see the module docs).
+    const SWP_VALUE_BITS: u32 = 46;
+
+    #[inline]
+    fn swp_entry(value: u64) -> Option<u64> {
+        (value >> Self::SWP_VALUE_BITS == 0).then_some(value << SWP_VALUE_SHIFT | SWP_TAG)
+    }
+
+    #[inline]
+    fn swp_value(raw: u64) -> Option<u64> {
+        let high = raw >> (SWP_VALUE_SHIFT + Self::SWP_VALUE_BITS);
+        (raw & 0xfff == SWP_TAG && high == 0).then_some(raw >> SWP_VALUE_SHIFT)
     }
 }
 

@@ -387,7 +387,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The slot of the entry at `height` on the path to `va`.
-    fn find_slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
+    pub(crate) fn find_slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
         if !A::va_ok(va.0) || height >= A::LEVELS {
             return None;
         }

@@ -35,6 +35,12 @@ pub enum Error {
     OutOfMemory,
     /// The change needs break-before-make and the caller did not allow it.
     BreakBeforeMake(VirtAddr),
+    /// The value does not fit in a software entry of the format
+    /// ([`Format::SWP_VALUE_BITS`](crate::Format::SWP_VALUE_BITS); `0` bits
+    /// when the format has none).
+    SwapValueTooWide(u64),
+    /// No software entry is at this address (swap-in).
+    NoSwapEntry(VirtAddr),
 }
 
 /// The broad class of an [`Error`], for callers that only branch on it.
@@ -59,8 +65,11 @@ impl Error {
             | Error::ZeroLength
             | Error::OutOfRange(_)
             | Error::PhysOutOfRange(_)
-            | Error::Overlap => ErrorKind::InvalidInput,
-            Error::AlreadyMapped(_) | Error::BreakBeforeMake(_) => ErrorKind::Conflict,
+            | Error::Overlap
+            | Error::SwapValueTooWide(_) => ErrorKind::InvalidInput,
+            Error::AlreadyMapped(_) | Error::BreakBeforeMake(_) | Error::NoSwapEntry(_) => {
+                ErrorKind::Conflict
+            }
             Error::OutOfMemory => ErrorKind::OutOfMemory,
         }
     }
@@ -81,6 +90,10 @@ impl fmt::Display for Error {
             Error::BreakBeforeMake(a) => {
                 write!(f, "changing the live entry at {a} needs break-before-make")
             }
+            Error::SwapValueTooWide(v) => {
+                write!(f, "value {v:#x} does not fit in a software entry")
+            }
+            Error::NoSwapEntry(a) => write!(f, "no software entry at {a}"),
         }
     }
 }

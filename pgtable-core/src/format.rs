@@ -173,6 +173,11 @@ pub enum AccessFault {
 /// - A leaf is linear in its output address: `leaf(pa, p, h) ==
 ///   leaf_template(p, h) | pa.0` for every `pa` aligned to the leaf size.
 /// - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too.
+/// - Software entries ([`swp_entry`](Format::swp_entry)) round-trip:
+///   `swp_value(swp_entry(v)?) == Some(v)`; `swp_entry(v)` is `Some`
+///   exactly for `v < 1 << SWP_VALUE_BITS` (never, when `SWP_VALUE_BITS` is
+///   0) and never `0`; `swp_value` is `None` for every value `swp_entry`
+///   does not return (`0`, tables, leaves).
 /// - [`leaf_prot`](Format::leaf_prot), [`is_settled`](Format::is_settled)
 ///   and the bits [`modify_prot`](Format::modify_prot) changes
 ///   (`modify_prot(raw) ^ raw`) depend only on the leaf's attribute word
@@ -199,6 +204,11 @@ pub enum AccessFault {
 ///   advanced) or that the hardware makes of one
 ///   ([`hw_access`](Format::hw_access), which must describe every change
 ///   the hardware makes to an entry);
+/// - every value [`swp_entry`](Format::swp_entry) returns decodes as
+///   [`Decoded::Invalid`] at every height: never as a table (the
+///   algorithms copy software entries into tables of any height, e.g. a
+///   fork copies them into another address space) and never as a leaf (the
+///   hardware would map whatever physical memory its bits name);
 /// - the methods are pure: the same arguments always give the same result.
 ///
 /// The rules above this section keep the algorithms correct; these keep
@@ -273,5 +283,33 @@ pub unsafe trait Format: Sized + 'static {
     fn va_ok(va: u64) -> bool {
         let top = (va as i64) >> (Self::VA_BITS - 1);
         top == 0 || top == -1
+    }
+
+    /// Bits of OS data a *software entry* carries: a non-present leaf the
+    /// hardware walker ignores but the OS reads back, like Linux's swap and
+    /// migration entries (`swp_entry_t`, `__swp_entry`). `0` (the default):
+    /// the format has no software entries and
+    /// [`swp_entry`](Format::swp_entry) always says `None`.
+    const SWP_VALUE_BITS: u32 = 0;
+
+    /// The software entry carrying `value` (Linux
+    /// `swp_entry_to_pte(__swp_entry(type, offset))`, with type and offset
+    /// packed into one value by the caller), or `None` when `value` does not
+    /// fit in [`SWP_VALUE_BITS`](Format::SWP_VALUE_BITS). It is never `0` and
+    /// decodes as [`Decoded::Invalid`] at every height: the walker faults on
+    /// it (a translation fault), and the algorithms treat it as an occupied
+    /// entry (a move carries it, `change_protection` leaves it, `unmap`
+    /// clears it).
+    #[inline]
+    fn swp_entry(_value: u64) -> Option<u64> {
+        None
+    }
+
+    /// The value of the software entry `raw` (Linux `is_swap_pte` and
+    /// `pte_to_swp_entry`), or `None` when `raw` is not one (`0`, a table,
+    /// a leaf, any other invalid value).
+    #[inline]
+    fn swp_value(_raw: u64) -> Option<u64> {
+        None
     }
 }

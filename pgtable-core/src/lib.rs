@@ -5,7 +5,9 @@
 //! Linux-named entry operations, [`Mmu`] for the machine's barriers and TLB
 //! maintenance) and the algorithms written once against it: [`map`],
 //! [`unmap`], [`change_protection`], [`move_page_tables`], [`translate`]
-//! and [`walk`] on an [`AddressSpace`].
+//! and [`walk`] on an [`AddressSpace`], software (swap) entries
+//! ([`set_swap_entry`], [`swap_in`]) and fork's copy-on-write copy
+//! ([`copy_page_range`]).
 //!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
 //! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
@@ -37,6 +39,9 @@
 //! [`move_page_tables`]: AddressSpace::move_page_tables
 //! [`translate`]: AddressSpace::translate
 //! [`walk`]: AddressSpace::walk
+//! [`set_swap_entry`]: AddressSpace::set_swap_entry
+//! [`swap_in`]: AddressSpace::swap_in
+//! [`copy_page_range`]: AddressSpace::copy_page_range
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -50,6 +55,7 @@ mod addr;
 mod arch;
 mod aspace;
 mod error;
+mod fork;
 mod format;
 mod gather;
 mod level;
@@ -58,6 +64,7 @@ mod mmu;
 mod moves;
 mod protect;
 mod stats;
+mod swap;
 mod table;
 mod unmap;
 mod walk;
@@ -74,6 +81,7 @@ pub use addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 pub use arch::Arch;
 pub use aspace::{AddressSpace, MapOptions};
 pub use error::{Error, ErrorKind};
+pub use fork::CopyMode;
 pub use format::{Access, AccessFault, Decoded, Format, MemType, Prot};
 pub use gather::TlbGather;
 pub use level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};

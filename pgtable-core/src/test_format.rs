@@ -19,6 +19,10 @@
 //! | 7 | global |
 //! | 8–9 | memory type (0 normal, 1 normal non-cacheable, 2 device) |
 //! | 12–47 | output address |
+//!
+//! A *software entry* ([`Format::swp_entry`]) has bit 0 clear, low 12 bits
+//! exactly [`SWP_TAG`] (bit 1) and its 52-bit value in bits 12–63; the
+//! walker ignores it (bit 0 clear) at every height.
 
 use crate::{Access, AccessFault, Arch, Decoded, Format, MemType, PhysAddr, Prot};
 
@@ -46,6 +50,8 @@ pub const GLOBAL: u64 = 1 << 7;
 pub const MEM_MASK: u64 = 3 << 8;
 /// Output address field.
 pub const ADDR_MASK: u64 = ((1 << 48) - 1) & !0xfff;
+/// The low 12 bits of a software entry (valid bit clear).
+pub const SWP_TAG: u64 = 1 << 1;
 
 const PROT_MASK: u64 = WRITE | USER | XN | GLOBAL | MEM_MASK;
 
@@ -75,7 +81,8 @@ fn prot_bits(prot: Prot) -> u64 {
 // built from (bits 12-47, and `PA_BITS` is 48); leaves above height 0 never
 // get TABLE_OR_PAGE (`leaf_template` leaves it clear, `modify_prot` and
 // `hw_access` keep it, `split_leaf` sets it only for height-0 children);
-// height 0 never decodes as a table. Every method is pure.
+// height 0 never decodes as a table. Software entries have VALID clear,
+// so they decode as invalid at every height. Every method is pure.
 unsafe impl<const L: u32> Format for TestFormat<L> {
     const NAME: &'static str = "test";
     const LEVELS: u32 = L;
@@ -167,6 +174,16 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
             return Err(AccessFault::Exec);
         }
         Ok(raw | ACCESSED | if access.write { DIRTY } else { 0 })
+    }
+
+    const SWP_VALUE_BITS: u32 = 52;
+
+    fn swp_entry(value: u64) -> Option<u64> {
+        (value >> Self::SWP_VALUE_BITS == 0).then_some(value << 12 | SWP_TAG)
+    }
+
+    fn swp_value(raw: u64) -> Option<u64> {
+        (raw & 0xfff == SWP_TAG).then_some(raw >> 12)
     }
 }
 

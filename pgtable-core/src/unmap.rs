@@ -63,6 +63,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // SAFETY: reached from the root (or just linked by a split).
         let t = unsafe { table_at(&self.alloc, tpa) };
         let mut written = 0u64;
+        let mut invalid_cleared = false;
         loop {
             let next = entry_end(va, height, end);
             let slot = &t.entries[index(va, height)];
@@ -72,8 +73,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             match A::decode(raw, height) {
                 Decoded::None => {}
                 Decoded::Invalid => {
+                    // A software entry: nothing to flush, but the clear
+                    // still wants this table's walker barrier (below).
                     A::set_pte_nosync(&self.mmu, slot, 0);
                     written += 1;
+                    invalid_cleared = true;
                 }
                 Decoded::Leaf(_) if height == 0 || covers(va, next, height) => {
                     A::set_pte_nosync(&self.mmu, slot, 0);
@@ -105,6 +109,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
         }
         self.mmu.stats.add_entries_written(written);
+        if invalid_cleared {
+            self.table_done();
+        }
         // The caller only frees a table it does not cover whole when it is
         // empty, so scan unless this call covered every entry.
         covers(start, end, height + 1) || t.entries.iter().all(|e| e.load(Relaxed) == 0)

@@ -111,6 +111,12 @@ pub const RSVD_1G: u64 = ((1 << 30) - 1) & !((1 << 13) - 1);
 /// through every entry transformation.
 pub const SW_LEAF: u64 = (0x7 << 9) | (0x7f << 52);
 
+/// The low 12 bits of a software entry (P clear; see the format docs).
+pub const SWP_TAG: u64 = 1 << 1;
+
+/// The first bit of a software entry's (inverted) value.
+pub const SWP_VALUE_SHIFT: u32 = 12;
+
 /// Bits 51:M, reserved for a MAXPHYADDR of `m` (Tables 4-14..4-20).
 #[inline]
 pub const fn reserved_high(m: u32) -> u64 {

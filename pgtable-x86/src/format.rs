@@ -62,6 +62,27 @@
 //! entries are created `P | RW | US | A`: fully permissive (access rights
 //! are the AND / OR of every level, §4.6, so the leaf alone decides) and
 //! already accessed, so the processor never writes a table entry either.
+//!
+//! # Software entries
+//!
+//! With P = 0 the processor ignores every other bit of an entry at any
+//! level (SDM Vol. 3A §4.5, the "not present" rows of Tables 4-14..4-20)
+//! and never sets A or D in it. This crate's software entries
+//! ([`Format::swp_entry`], Linux's swap and migration entries) are:
+//!
+//! | bits | software entry |
+//! |---|---|
+//! | 0 (P) | 0 |
+//! | 1 | 1 (tag) |
+//! | 11:2 | 0 (bit 8 stays clear: Linux marks `PROT_NONE` entries with it) |
+//! | 57:12 | the value, inverted (46 bits) |
+//! | 63:58 | 0 |
+//!
+//! The value is stored inverted for the reason Linux gives in
+//! "x86/speculation/l1tf: Protect swap entries against L1TF": on CPUs
+//! affected by L1 Terminal Fault a not-present entry's address bits can be
+//! used speculatively, and inverted small values point at the top of the
+//! physical address space, where no cacheable memory is.
 
 use bit_field::BitField;
 use pgtable_core::{
@@ -69,7 +90,9 @@ use pgtable_core::{
     VirtAddr, LEVEL_BITS, PAGE_SHIFT, PAGE_SIZE,
 };
 
-use crate::bits::{self, A, ADDR_MASK, D, G, P, PAT_4K, PAT_HUGE, PS, RW, US, XD};
+use crate::bits::{
+    self, A, ADDR_MASK, D, G, P, PAT_4K, PAT_HUGE, PS, RW, SWP_TAG, SWP_VALUE_SHIFT, US, XD,
+};
 use crate::error::{EntryError, ReservedBits};
 
 /// The x86-64 paging format with `LEVELS` levels (4, or 5 with LA57) and a
@@ -256,7 +279,8 @@ impl<const L: u32, const M: u32> X86Paging<L, M> {
 // `leaf_template` sets it, `modify_prot` clears only RW, US, XD, G and the
 // memory-type bits (PAT is bit 12 in a huge leaf), `split_leaf` clears it
 // only for height-0 children and `hw_access` only sets A and D. Height 0
-// never decodes as a table. Every method is pure.
+// never decodes as a table. Software entries have P clear, so they decode
+// as invalid at every height. Every method is pure.
 unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
     const NAME: &'static str = if L == 5 {
         "x86_64-5level-la57"
@@ -398,6 +422,23 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
             return Err(AccessFault::Exec);
         }
         Ok(raw | A | if access.write { D } else { 0 })
+    }
+
+    /// 46 bits (bits 57:12 of a not-present entry, inverted; see the module
+    /// docs).
+    const SWP_VALUE_BITS: u32 = 46;
+
+    #[inline]
+    fn swp_entry(value: u64) -> Option<u64> {
+        let mask = (1u64 << Self::SWP_VALUE_BITS) - 1;
+        (value & !mask == 0).then_some((!value & mask) << SWP_VALUE_SHIFT | SWP_TAG)
+    }
+
+    #[inline]
+    fn swp_value(raw: u64) -> Option<u64> {
+        let mask = (1u64 << Self::SWP_VALUE_BITS) - 1;
+        let high = raw >> (SWP_VALUE_SHIFT + Self::SWP_VALUE_BITS);
+        (raw & 0xfff == SWP_TAG && high == 0).then_some(!(raw >> SWP_VALUE_SHIFT) & mask)
     }
 }
 

@@ -52,6 +52,7 @@ impl<A: Arch> Episode<A> {
                 // blocks the range covers in part.
                 let g = 1 << 18;
                 self.window_check(s & !(g - 1), e.div_ceil(g) * g)?;
+                self.swap_check(s & !(g - 1), e.div_ceil(g) * g)?;
             }
         }
         Ok(())
@@ -73,6 +74,40 @@ impl<A: Arch> Episode<A> {
                 "translate",
                 format!("translate({va:#x}) = {got:x?}, the model says {want:x?}"),
             );
+        }
+        Ok(())
+    }
+
+    /// The software entries in pages `[s, e)` (one canonical half)
+    /// against the model, through the tables and through `swap_entry`.
+    fn swap_check(&self, s: u64, e: u64) -> Result<(), Failure> {
+        let got = oracle::swap_entries::<A>(&self.space, s, e);
+        let want = self.model.swp_in(s, e);
+        if got != want {
+            let i = got.iter().zip(&want).position(|(a, b)| a != b);
+            let i = i.unwrap_or(got.len().min(want.len()));
+            return fail(
+                "swap",
+                format!(
+                    "the tables in [{:#x}, {:#x}) hold the software entries {:x?}, the model says {:x?}",
+                    s << 12,
+                    e << 12,
+                    got.get(i),
+                    want.get(i)
+                ),
+            );
+        }
+        for (p, v) in want {
+            let got = self.space.swap_entry(VirtAddr(p << 12));
+            if got != Some(v) {
+                return fail(
+                    "swap",
+                    format!(
+                        "swap_entry({:#x}) = {got:x?}, the model says {v:#x}",
+                        p << 12
+                    ),
+                );
+            }
         }
         Ok(())
     }
@@ -133,6 +168,7 @@ impl<A: Arch> Episode<A> {
         let half = 1u64 << (A::VA_BITS - 1 - 12);
         for (s, e) in [(0, half), ((1 << 52) - half, 1 << 52)] {
             self.window_check(s, e)?;
+            self.swap_check(s, e)?;
             let _ = self.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
                 tally.note("leaves", ["4K", "2M", "1G"][m.height as usize]);
             });

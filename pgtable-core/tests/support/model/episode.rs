@@ -91,8 +91,42 @@ impl<A: Arch> Episode<A> {
                 }
                 Some(op)
             }
-            Op::Touch { .. } => Some(op),
+            Op::Swap { va, value, fail } => {
+                if fail.is_some() && self.swap_expected(va, value).is_ok() {
+                    let k = gen.rng.below(self.swap_need(va) + 1);
+                    return Some(Op::Swap {
+                        va,
+                        value,
+                        fail: Some(k),
+                    });
+                }
+                Some(op)
+            }
+            Op::Touch { .. } | Op::SwapIn { .. } => Some(op),
         }
+    }
+
+    /// What `set_swap_entry` must return: the page's range, the value's
+    /// width, then whether something present is there.
+    fn swap_expected(&self, va: u64, value: u64) -> Result<(), Error> {
+        check_range::<A>(va, 4096)?;
+        let bits = A::SWP_VALUE_BITS;
+        if bits == 0 || (bits < 64 && value >> bits != 0) {
+            return Err(Error::SwapValueTooWide(value));
+        }
+        match self.model.lookup(va >> 12) {
+            Some(_) => Err(Error::AlreadyMapped(VirtAddr(va))),
+            None => Ok(()),
+        }
+    }
+
+    /// The tables `set_swap_entry` at `va` takes: none over a software
+    /// entry, else those a one-page map there would.
+    fn swap_need(&self, va: u64) -> u64 {
+        if self.model.swp(va >> 12).is_some() {
+            return 0;
+        }
+        oracle::map_need::<A>(&self.space, va, 4096, 0, MapOptions::PAGES, 1).tables
     }
 
     /// A load or store near what `op` worked on, or of a mapped page.
@@ -113,7 +147,7 @@ impl<A: Arch> Episode<A> {
                         new
                     }
                 }
-                Op::Touch { va, .. } => va,
+                Op::Touch { va, .. } | Op::Swap { va, .. } | Op::SwapIn { va, .. } => va,
             };
             (base & !0xfff).wrapping_add(gen.rng.below(4) << 12)
         };
@@ -256,6 +290,7 @@ impl<A: Arch> Episode<A> {
                 if got {
                     let (s, e) = pages(va, len);
                     self.model.take(s, e);
+                    self.model.take_swp(s, e);
                 }
                 self.after(&[(va, len)], got)
             }
@@ -299,8 +334,57 @@ impl<A: Arch> Episode<A> {
                     for (vpn, run) in self.model.take(so, eo) {
                         self.model.insert(vpn - so + sn, run);
                     }
+                    for (vpn, v) in self.model.take_swp(so, eo) {
+                        self.model.set_swp(vpn - so + sn, v);
+                    }
                 }
                 self.after(&[(old, len), (new, len)], got)
+            }
+            Op::Swap { va, value, fail: k } => {
+                let mut want = self.swap_expected(va, value);
+                let need = want.is_ok().then(|| self.swap_need(va));
+                if let (Some(n), Some(k)) = (need, k) {
+                    if k < n {
+                        want = Err(Error::OutOfMemory);
+                    }
+                }
+                let f = |s: &mut Space<A>| s.set_swap_entry(VirtAddr(va), value);
+                let got = self.run_checked(op, k, want, tally, "swap", need, f)?;
+                if got {
+                    self.model.set_swp(va >> 12, value);
+                }
+                self.after(&[(va & !0xfff, 4096)], got)
+            }
+            Op::SwapIn { va, pa, prot } => {
+                let want = check_range::<A>(va, 4096)
+                    .and(check_phys::<A>(pa, 4096))
+                    .and_then(|()| {
+                        self.model
+                            .swp(va >> 12)
+                            .ok_or(Error::NoSwapEntry(VirtAddr(va)))
+                    });
+                let value = want.ok();
+                // The value returned is checked here (a mismatch panics,
+                // which the episode reports as a failure).
+                let f = |s: &mut Space<A>| {
+                    s.swap_in(VirtAddr(va), PhysAddr(pa), prot).map(|v| {
+                        assert_eq!(Some(v), value, "swap_in returned another value");
+                    })
+                };
+                let got =
+                    self.run_checked(op, None, want.map(|_| ()), tally, "swap_in", Some(0), f)?;
+                if got {
+                    self.model.take_swp(va >> 12, (va >> 12) + 1);
+                    self.model.insert(
+                        va >> 12,
+                        Run {
+                            pages: 1,
+                            ppn: pa >> 12,
+                            prot,
+                        },
+                    );
+                }
+                self.after(&[(va & !0xfff, 4096)], got)
             }
         }
     }
@@ -461,7 +545,12 @@ fn with_fail(op: Op, k: u64) -> Op {
             kind,
             fail: Some(k),
         },
-        t @ Op::Touch { .. } => t,
+        Op::Swap { va, value, .. } => Op::Swap {
+            va,
+            value,
+            fail: Some(k),
+        },
+        t @ (Op::Touch { .. } | Op::SwapIn { .. }) => t,
     }
 }
 

@@ -130,6 +130,14 @@ pub enum Op {
     },
     /// A kernel load (`write == None`) or store of a `u64` through the MMU.
     Touch { va: u64, write: Option<u64> },
+    /// `set_swap_entry`: a software entry carrying `value` at `va`.
+    Swap {
+        va: u64,
+        value: u64,
+        fail: Option<u64>,
+    },
+    /// `swap_in`: the software entry at `va` becomes a page.
+    SwapIn { va: u64, pa: u64, prot: Prot },
 }
 
 impl Op {
@@ -139,8 +147,9 @@ impl Op {
             Op::Map { fail, .. }
             | Op::Unmap { fail, .. }
             | Op::Protect { fail, .. }
-            | Op::Move { fail, .. } => fail,
-            Op::Touch { .. } => None,
+            | Op::Move { fail, .. }
+            | Op::Swap { fail, .. } => fail,
+            Op::Touch { .. } | Op::SwapIn { .. } => None,
         }
     }
 }
@@ -216,6 +225,14 @@ impl fmt::Display for Op {
                     "space.move_page_tables_with(VirtAddr({old:#x}), VirtAddr({new:#x}), {len:#x}, {opts})"
                 )
             }
+            Op::Swap { va, value, .. } => {
+                write!(f, "space.set_swap_entry(VirtAddr({va:#x}), {value:#x})")
+            }
+            Op::SwapIn { va, pa, prot } => write!(
+                f,
+                "space.swap_in(VirtAddr({va:#x}), PhysAddr({pa:#x}), {})",
+                ProtSrc(prot)
+            ),
             Op::Touch { va, write: None } => write!(f, "machine.read_u64(VirtAddr({va:#x}))"),
             Op::Touch { va, write: Some(v) } => {
                 write!(f, "machine.write_u64(VirtAddr({va:#x}), {v:#x})")
@@ -239,11 +256,14 @@ pub struct Gen {
     /// the lower half (last entries below the hole), the bottom of the
     /// upper half and the very top of the 64-bit space.
     regions: [u64; 4],
+    /// `Format::SWP_VALUE_BITS`.
+    swp_bits: u32,
 }
 
 impl Gen {
     /// A generator for `A` starting at `seed`.
     pub fn new<A: Format>(seed: u64) -> Gen {
+        let swp_bits = A::SWP_VALUE_BITS;
         let half = 1u64 << (A::VA_BITS - 1);
         let regions = [0, half - REGION, half.wrapping_neg(), REGION.wrapping_neg()];
         for r in regions {
@@ -259,11 +279,59 @@ impl Gen {
             pa_bits: A::PA_BITS,
             half,
             regions,
+            swp_bits,
         }
     }
 
-    /// The next operation (never a [`Op::Touch`]).
-    pub fn op(&mut self, model: &Model) -> Op {
+    /// A software-entry operation (one in eight operations): install one
+    /// near a mapped page or a boundary (sometimes with a value that does
+    /// not fit), or swap one in.
+    fn swap_op(&mut self, model: &Model, swapped: Option<u64>) -> Op {
+        if let Some(vpn) = swapped.filter(|_| self.rng.chance(30)) {
+            let va = if self.rng.chance(10) {
+                self.va(model, 50)
+            } else {
+                vpn << 12
+            };
+            let pa = if self.rng.chance(5) {
+                1 + (self.rng.below(1 << 20) << 12)
+            } else {
+                self.rng.below(64 << 18) << 12
+            };
+            return Op::SwapIn {
+                va,
+                pa,
+                prot: self.prot(),
+            };
+        }
+        // Mostly next to what is mapped, so moves and unmaps meet them.
+        let va = self.va(model, 70);
+        let va = if self.rng.chance(50) {
+            va & !(K4 - 1)
+        } else {
+            va
+        };
+        let bits = self.swp_bits.min(63);
+        let value = match self.rng.below(20) {
+            0 => 1u64 << bits,
+            1 => u64::MAX,
+            2 => (1u64 << bits) - 1,
+            3 => 0,
+            _ => self.rng.below(1 << bits.min(40)),
+        };
+        Op::Swap {
+            va,
+            value,
+            fail: self.rng.chance(12).then(|| self.rng.below(6)),
+        }
+    }
+
+    /// The next operation (never a [`Op::Touch`]). `swapped`: a page with
+    /// a software entry, if there is one.
+    pub fn op(&mut self, model: &Model, swapped: Option<u64>) -> Op {
+        if self.rng.chance(12) {
+            return self.swap_op(model, swapped);
+        }
         let fail = |g: &mut Gen| g.rng.chance(12).then(|| g.rng.below(8));
         match self.rng.below(100) {
             // Blocks: whole 2 MiB or 1 GiB entries, sometimes a few pages

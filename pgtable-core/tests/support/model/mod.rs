@@ -298,7 +298,8 @@ fn run_episode<A: Arch>(
         if i == n {
             break ep.full_check(tally);
         }
-        let Some(op) = ep.refine(gen.op(&ep.model), &mut gen) else {
+        let swapped = ep.model.some_swp(gen.rng.next());
+        let Some(op) = ep.refine(gen.op(&ep.model, swapped), &mut gen) else {
             continue;
         };
         i += 1;

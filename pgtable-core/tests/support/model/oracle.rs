@@ -121,6 +121,42 @@ fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Opti
     None
 }
 
+/// The software entries ([`Format::swp_value`]) of the PTEs in pages
+/// `[s, e)` (one canonical half), as (page number, value); also any other
+/// non-zero PTE that is no leaf, with value `u64::MAX`, so that a stray
+/// value shows.
+///
+/// [`Format::swp_value`]: pgtable_core::Format::swp_value
+pub fn swap_entries<A: Arch>(space: &Space<A>, s: u64, e: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let (s, e) = (u128::from(s) << 12, u128::from(e) << 12);
+    swp_walk::<A>(space, space.root(), A::LEVELS - 1, s, e, &mut out);
+    out
+}
+
+fn swp_walk<A: Arch>(
+    space: &Space<A>,
+    pa: PhysAddr,
+    h: u32,
+    mut va: u128,
+    end: u128,
+    out: &mut Vec<(u64, u64)>,
+) {
+    while va < end {
+        let n = next(va, h, end);
+        let raw = entry(space, pa, index(va, h));
+        match A::decode(raw, h) {
+            Decoded::Table(c) if h > 0 => swp_walk::<A>(space, c, h - 1, va, n, out),
+            Decoded::Invalid => {
+                let v = if h == 0 { A::swp_value(raw) } else { None };
+                out.push(((va >> 12) as u64 & ((1 << 52) - 1), v.unwrap_or(u64::MAX)));
+            }
+            _ => {}
+        }
+        va = n;
+    }
+}
+
 fn size(h: u32) -> u128 {
     1u128 << (12 + 9 * h)
 }

@@ -35,6 +35,9 @@ impl Run {
 #[derive(Clone, Default, Debug)]
 pub struct Model {
     runs: BTreeMap<u64, Run>,
+    /// Software entries: virtual page number to value. A page is either
+    /// in a run or here, never both.
+    swp: BTreeMap<u64, u64>,
 }
 
 impl Model {
@@ -49,14 +52,55 @@ impl Model {
         (vpn < start + run.pages).then(|| (run.ppn + (vpn - start), run.prot))
     }
 
-    /// The first mapped page in `[s, e)`.
+    /// The first page in `[s, e)` that is mapped or holds a software
+    /// entry (what the operations report as occupied).
     pub fn first_mapped(&self, s: u64, e: u64) -> Option<u64> {
+        let swp = self.swp.range(s..e).next().map(|(&p, _)| p);
+        let run = self.first_run(s, e);
+        match (run, swp) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The first page in `[s, e)` that is mapped.
+    fn first_run(&self, s: u64, e: u64) -> Option<u64> {
         if let Some((&start, run)) = self.runs.range(..=s).next_back() {
             if s < start + run.pages {
                 return Some(s);
             }
         }
         self.runs.range(s..e).next().map(|(&start, _)| start)
+    }
+
+    /// The software entry of page `vpn`.
+    pub fn swp(&self, vpn: u64) -> Option<u64> {
+        self.swp.get(&vpn).copied()
+    }
+
+    /// Puts a software entry at the unmapped page `vpn`.
+    pub fn set_swp(&mut self, vpn: u64, value: u64) {
+        debug_assert!(self.lookup(vpn).is_none());
+        self.swp.insert(vpn, value);
+    }
+
+    /// Removes the software entries in `[s, e)` and returns them.
+    pub fn take_swp(&mut self, s: u64, e: u64) -> Vec<(u64, u64)> {
+        let keys: Vec<u64> = self.swp.range(s..e).map(|(&k, _)| k).collect();
+        keys.into_iter()
+            .map(|k| (k, self.swp.remove(&k).expect("listed")))
+            .collect()
+    }
+
+    /// One of the pages with a software entry, chosen by `r`.
+    pub fn some_swp(&self, r: u64) -> Option<u64> {
+        let n = self.swp.len() as u64;
+        (n > 0).then(|| *self.swp.keys().nth((r % n) as usize).expect("in range"))
+    }
+
+    /// The software entries in `[s, e)`.
+    pub fn swp_in(&self, s: u64, e: u64) -> Vec<(u64, u64)> {
+        self.swp.range(s..e).map(|(&k, &v)| (k, v)).collect()
     }
 
     /// Makes `vpn` the first page of a run if it lies inside one.

@@ -1,0 +1,769 @@
+//! Software entries and `copy_page_range` on the simulated machine, generic
+//! over the format: `tests/swfork.rs` of pgtable-core (the test format) and
+//! of both arch crates include this file (`#[path]`) and run every case for
+//! their formats.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
+use pgtable_core::{
+    AccessFault, AddressSpace, Arch, CopyMode, Decoded, Error, MapOptions, Mapping, MoveOptions,
+    PhysAddr, Prot, VirtAddr, PAGE_SIZE,
+};
+
+pub type Space<A> = Installed<A, SimMmu<A>, SimAlloc>;
+
+const K4: u64 = PAGE_SIZE;
+const M2: u64 = 2 << 20;
+const G1: u64 = 1 << 30;
+const PA: u64 = 0x40_0000_0000;
+
+/// A user read-write protection: created clean on every format, so the
+/// hardware sets the dirty state on the first store.
+pub const RW: Prot = Prot::new(Prot::WRITE | Prot::USER);
+/// A user read-only protection.
+pub const RO: Prot = Prot::new(Prot::USER);
+
+/// A machine with an installed, empty address space.
+pub fn machine<A: Arch>() -> (SimMachine<A>, Space<A>) {
+    let m = SimMachine::<A>::new();
+    let s = AddressSpace::new(m.mmu(), m.alloc()).expect("root");
+    // SAFETY: a `SimMmu`: only the simulated walker uses these tables.
+    (m.clone(), unsafe { Installed::new(s) })
+}
+
+fn flushes<A: Arch>(m: &SimMachine<A>) -> u64 {
+    let s = m.stats();
+    s.flush_range + s.flush_all
+}
+
+fn listing<A: Arch>(s: &Space<A>, va: u64, len: u64) -> Vec<Mapping> {
+    let mut v = Vec::new();
+    s.walk(VirtAddr(va), len, |m| v.push(m)).expect("walk");
+    v
+}
+
+fn no_leak<A: Arch>(m: &SimMachine<A>, s: &Space<A>) {
+    assert_eq!(m.live_tables(), s.count_tables(), "leaked or lost tables");
+    m.check().expect("machine check");
+}
+
+/// Everything observable about `[va, va + len)`: the leaves (raw entries
+/// included), the software entries at `probes`, the table count.
+fn snapshot<A: Arch>(s: &Space<A>, va: u64, len: u64, probes: &[u64]) -> String {
+    let swp: Vec<_> = probes.iter().map(|&p| s.swap_entry(VirtAddr(p))).collect();
+    format!("{:x?} {:x?} {}", listing(s, va, len), swp, s.count_tables())
+}
+
+// ----- the format methods -----
+
+/// Software entries round-trip, are never 0, decode as invalid at every
+/// height, and are told apart from none, tables and leaves.
+pub fn encoding<A: Arch>() {
+    let bits = A::SWP_VALUE_BITS;
+    assert!(bits > 0 && bits < 64, "{}: no software entries", A::NAME);
+    let max = (1u64 << bits) - 1;
+    for v in [0, 1, 2, 0x1234_5678, max >> 1, max - 1, max] {
+        let e = A::swp_entry(v).expect("fits");
+        assert_ne!(e, 0, "value {v:#x}");
+        for h in 0..A::LEVELS {
+            assert_eq!(A::decode(e, h), Decoded::Invalid, "value {v:#x} height {h}");
+        }
+        assert_eq!(A::swp_value(e), Some(v));
+    }
+    for v in [max + 1, 1 << 63, u64::MAX] {
+        assert_eq!(A::swp_entry(v), None, "value {v:#x}");
+    }
+    assert_eq!(A::swp_value(0), None);
+    for h in 0..A::LEVELS {
+        if A::leaf_allowed(h) {
+            for p in [RW, RO, Prot::READ_WRITE, Prot::READ_EXEC] {
+                let leaf = A::leaf(PhysAddr(0x1234_5000 & !((1 << (12 + 9 * h)) - 1)), p, h);
+                assert_eq!(A::swp_value(leaf), None);
+            }
+        }
+        if h > 0 {
+            assert_eq!(A::swp_value(A::table_entry(PhysAddr(0x5000), h)), None);
+        }
+    }
+}
+
+// ----- installing, reading, swapping in -----
+
+pub fn install_read_and_swap_in<A: Arch>() {
+    let (m, mut s) = machine::<A>();
+    let va = VirtAddr(3 * G1 + 5 * M2 + 7 * K4);
+    // The whole path is missing: LEVELS - 1 tables, taken all or none.
+    let need = A::LEVELS as u64 - 1;
+    for k in 0..need {
+        m.fail_table_allocs_after(Some(k));
+        assert_eq!(s.set_swap_entry(va, 0x77), Err(Error::OutOfMemory));
+        m.fail_table_allocs_after(None);
+        assert_eq!(s.count_tables(), 1, "k = {k}");
+        no_leak(&m, &s);
+    }
+    s.set_swap_entry(va, 0x77).unwrap();
+    assert_eq!(s.count_tables() as u64, 1 + need);
+    assert_eq!(s.swap_entry(va), Some(0x77));
+    assert_eq!(s.swap_entry(va.add(K4)), None);
+    // Not a mapping, for the software walk and for the hardware.
+    assert_eq!(s.translate(va), None);
+    assert!(listing(&s, va.0 & !(G1 - 1), G1).is_empty());
+    let f = m.read_u64(va).unwrap_err();
+    assert!(
+        matches!(f.kind, SimFaultKind::Translation { height: 0 }),
+        "{f}"
+    );
+    // Occupied for map.
+    assert_eq!(
+        s.map(va, PhysAddr(PA), K4, RW, MapOptions::PAGES),
+        Err(Error::AlreadyMapped(va))
+    );
+    // Replaced by another software entry; too wide a value is refused.
+    s.set_swap_entry(va, 0x78).unwrap();
+    assert_eq!(s.swap_entry(va), Some(0x78));
+    let wide = 1u64 << A::SWP_VALUE_BITS;
+    assert_eq!(
+        s.set_swap_entry(va, wide),
+        Err(Error::SwapValueTooWide(wide))
+    );
+    assert_eq!(s.swap_entry(va), Some(0x78));
+    // Something present is never replaced.
+    let page = va.add(K4);
+    s.map(page, PhysAddr(PA), K4, RW, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(s.set_swap_entry(page, 1), Err(Error::AlreadyMapped(page)));
+    let block = VirtAddr(5 * G1);
+    s.map(block, PhysAddr(PA), M2, RW, MapOptions::BLOCKS)
+        .unwrap();
+    let inside = block.add(9 * K4);
+    assert_eq!(
+        s.set_swap_entry(inside, 1),
+        Err(Error::AlreadyMapped(inside))
+    );
+    assert_eq!(s.translate(inside).unwrap().pa, PhysAddr(PA + 9 * K4));
+    // Swap-in: not present -> present, no flush.
+    assert_eq!(
+        s.swap_in(page, PhysAddr(PA), RW),
+        Err(Error::NoSwapEntry(page))
+    );
+    let before = flushes(&m);
+    let pa = PhysAddr(PA + 0x10_0000);
+    m.phys_write_u64(pa, 0xfeed);
+    assert_eq!(s.swap_in(va, pa, RW), Ok(0x78));
+    assert_eq!(flushes(&m), before, "swap-in flushed");
+    assert_eq!(s.swap_entry(va), None);
+    assert_eq!(s.translate(va).unwrap().pa, pa);
+    assert_eq!(m.read_u64(va), Ok(0xfeed));
+    m.write_u64(va, 1).unwrap();
+    no_leak(&m, &s);
+}
+
+// ----- the other operations keep them -----
+
+/// Pages around software entries in `[base, base + len)`: every page `i`
+/// with `i % 7 == 3` (and the first four, where a deferred PTE table keeps
+/// its record) is a software entry with value `i + 1`, every other fifth
+/// page is mapped.
+fn populate<A: Arch>(s: &mut Space<A>, base: u64, len: u64) -> Vec<(u64, u64)> {
+    let mut swp = Vec::new();
+    for i in 0..len / K4 {
+        let va = VirtAddr(base + i * K4);
+        if i % 7 == 3 || i < 4 {
+            s.set_swap_entry(va, i + 1).unwrap();
+            swp.push((i * K4, i + 1));
+        } else if i % 5 == 0 {
+            s.map(va, PhysAddr(PA + i * K4), K4, RW, MapOptions::PAGES)
+                .unwrap();
+        }
+    }
+    swp
+}
+
+fn expect_swp<A: Arch>(s: &Space<A>, base: u64, swp: &[(u64, u64)]) {
+    for &(off, v) in swp {
+        assert_eq!(
+            s.swap_entry(VirtAddr(base + off)),
+            Some(v),
+            "at {:#x}",
+            base + off
+        );
+    }
+}
+
+fn expect_no_swp<A: Arch>(s: &Space<A>, base: u64, swp: &[(u64, u64)]) {
+    for &(off, _) in swp {
+        assert_eq!(
+            s.swap_entry(VirtAddr(base + off)),
+            None,
+            "at {:#x}",
+            base + off
+        );
+    }
+}
+
+/// Moves keep software entries: PTE-level moves, whole PTE tables (one PMD
+/// entry, or unlinked and copied after the flush), whole PMD tables (one PUD
+/// entry), misaligned destinations, and tables holding nothing else.
+pub fn moves_keep_them<A: Arch>() {
+    let cases: &[(u64, u64, u64, MoveOptions, &str)] = &[
+        // (source, destination, length, options, what)
+        (
+            G1 + 64 * K4,
+            3 * G1 + 100 * K4,
+            40 * K4,
+            MoveOptions::DEFAULT,
+            "PTE level",
+        ),
+        (
+            G1,
+            3 * G1 + 4 * M2,
+            2 * M2,
+            MoveOptions::DEFAULT,
+            "whole PTE tables",
+        ),
+        (
+            G1,
+            3 * G1 + 4 * M2,
+            2 * M2,
+            MoveOptions::PTES_ONLY,
+            "deferred PTE tables",
+        ),
+        (
+            G1,
+            3 * G1 + 4 * M2 + 9 * K4,
+            3 * M2,
+            MoveOptions::PTES_ONLY,
+            "misaligned",
+        ),
+        (
+            G1,
+            3 * G1 + 4 * M2 + 9 * K4,
+            3 * M2,
+            MoveOptions::DEFAULT,
+            "misaligned, fast on",
+        ),
+        (G1, 3 * G1, G1, MoveOptions::DEFAULT, "whole PMD table"),
+        (
+            G1,
+            3 * G1 + M2,
+            G1,
+            MoveOptions::DEFAULT,
+            "PMD-aligned, not PUD-aligned",
+        ),
+    ];
+    for &(old, new, len, opts, what) in cases {
+        let (m, mut s) = machine::<A>();
+        // Only software entries in the first 2 MiB (a table with nothing
+        // else), a mix after it.
+        let mut swp = Vec::new();
+        for i in 0..len.min(M2) / K4 {
+            if i % 3 == 0 {
+                s.set_swap_entry(VirtAddr(old + i * K4), 0x1000 + i)
+                    .unwrap();
+                swp.push((i * K4, 0x1000 + i));
+            }
+        }
+        if len > M2 {
+            let more = populate(&mut s, old + M2, (len - M2).min(2 * M2));
+            swp.extend(more.into_iter().map(|(o, v)| (o + M2, v)));
+        }
+        let pages = listing(&s, old, len);
+        s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        expect_swp(&s, new, &swp);
+        expect_no_swp(&s, old, &swp);
+        let moved: Vec<_> = listing(&s, new, len)
+            .into_iter()
+            .map(|m| (m.va.0 - new, m.pa, m.entry))
+            .collect();
+        let was: Vec<_> = pages
+            .into_iter()
+            .map(|m| (m.va.0 - old, m.pa, m.entry))
+            .collect();
+        assert_eq!(moved, was, "{what}");
+        no_leak(&m, &s);
+        // And back, so the source tables (freed or kept) are sound.
+        s.move_page_tables_with(VirtAddr(new), VirtAddr(old), len, opts)
+            .unwrap();
+        expect_swp(&s, old, &swp);
+        s.unmap(VirtAddr(old), len).unwrap();
+        assert_eq!(s.count_tables(), 1, "{what}: tables left after unmap");
+        no_leak(&m, &s);
+    }
+}
+
+/// `change_protection` leaves them exactly as they were.
+pub fn protect_keeps_them<A: Arch>() {
+    let (m, mut s) = machine::<A>();
+    let base = G1;
+    let swp = populate(&mut s, base, M2 + 64 * K4);
+    let raw: Vec<_> = swp
+        .iter()
+        .map(|&(o, _)| s.entry(VirtAddr(base + o), 0))
+        .collect();
+    s.change_protection(VirtAddr(base), M2 + 64 * K4, RO)
+        .unwrap();
+    let after: Vec<_> = swp
+        .iter()
+        .map(|&(o, _)| s.entry(VirtAddr(base + o), 0))
+        .collect();
+    assert_eq!(after, raw);
+    assert!(listing(&s, base, M2 + 64 * K4)
+        .iter()
+        .all(|m| !A::leaf_prot(m.entry, m.height).writable()));
+    no_leak(&m, &s);
+}
+
+/// `unmap` clears them and frees their tables.
+pub fn unmap_clears_them<A: Arch>() {
+    let (m, mut s) = machine::<A>();
+    let base = G1 + M2;
+    let swp = populate(&mut s, base, 40 * K4);
+    s.unmap(VirtAddr(base + 10 * K4), 10 * K4).unwrap();
+    for &(o, v) in &swp {
+        let want = (!(10 * K4..20 * K4).contains(&o)).then_some(v);
+        assert_eq!(s.swap_entry(VirtAddr(base + o)), want);
+    }
+    s.unmap(VirtAddr(base), 40 * K4).unwrap();
+    expect_no_swp(&s, base, &swp);
+    assert_eq!(s.count_tables(), 1);
+    no_leak(&m, &s);
+}
+
+// ----- copy_page_range -----
+
+/// The source of the fork tests: pages (writable, read-only) with software
+/// entries among them, 2 MiB blocks and a 1 GiB block where the format has
+/// them. Returns the software entries (offsets from `G1`).
+fn fork_source<A: Arch>(s: &mut Space<A>) -> Vec<(u64, u64)> {
+    let swp = populate(s, G1, 600 * K4);
+    s.map(
+        VirtAddr(G1 + 700 * K4),
+        PhysAddr(PA + 0x20_0000),
+        8 * K4,
+        RO,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    s.map(
+        VirtAddr(G1 + 4 * M2),
+        PhysAddr(PA + 4 * M2),
+        2 * M2,
+        RW,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
+    if A::leaf_allowed(2) {
+        s.map(
+            VirtAddr(2 * G1),
+            PhysAddr(PA + G1),
+            G1,
+            RW,
+            MapOptions::BLOCKS,
+        )
+        .unwrap();
+    }
+    swp
+}
+
+/// A COW fork write-protects both sides, keeps translations equal, copies
+/// blocks as blocks and software entries, flushes the source once and
+/// creates no empty table.
+pub fn fork_cow<A: Arch>() {
+    let (m, mut src) = machine::<A>();
+    let (cm, mut child) = machine::<A>();
+    let swp = fork_source(&mut src);
+    // The source has been used: dirty and accessed state to keep.
+    m.write_u64(VirtAddr(G1 + 5 * K4), 0x55).unwrap();
+    m.write_u64(VirtAddr(G1 + 4 * M2 + 8), 0x66).unwrap();
+    m.read_u64(VirtAddr(G1 + 15 * K4)).unwrap();
+    let (va, len) = (G1, 2 * G1);
+    let before = listing(&src, va, len);
+    let f0 = (flushes(&m), flushes(&cm));
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+        .unwrap();
+    assert_eq!(flushes(&m) - f0.0, 1, "the source flushes exactly once");
+    assert_eq!(flushes(&cm) - f0.1, 0, "the child needs no flush");
+    m.check().expect("source machine check");
+    cm.check().expect("child machine check");
+    // The same translations, blocks as blocks, all read-only now.
+    let (ps, cs) = (listing(&src, va, len), listing(&child, va, len));
+    assert_eq!(ps.len(), before.len());
+    for ((p, c), b) in ps.iter().zip(&cs).zip(&before) {
+        assert_eq!((p.va, p.pa, p.size), (b.va, b.pa, b.size));
+        assert_eq!((c.va, c.pa, c.size), (b.va, b.pa, b.size));
+        assert_eq!(c.entry, p.entry, "the child gets the write-protected leaf");
+        let (bp, pp) = (
+            A::leaf_prot(b.entry, b.height),
+            A::leaf_prot(p.entry, p.height),
+        );
+        assert!(!pp.writable());
+        assert_eq!(Prot::new(bp.bits() & !Prot::WRITE).with_mem(bp.mem), pp);
+        // Accessed and dirty state kept.
+        assert_eq!(A::is_dirty(p.entry), A::is_dirty(b.entry), "{:?}", p.va);
+        assert_eq!(A::is_young(p.entry), A::is_young(b.entry), "{:?}", p.va);
+    }
+    assert!(
+        ps.iter().any(|p| p.height == 1),
+        "2 MiB blocks copied whole"
+    );
+    assert!(A::is_dirty(
+        src.translate(VirtAddr(G1 + 5 * K4)).unwrap().entry
+    ));
+    expect_swp(&child, G1, &swp);
+    expect_swp(&src, G1, &swp);
+    // No empty table: the same tables on both sides.
+    assert_eq!(child.count_tables(), src.count_tables());
+    // Writes fault on both sides, reads work and see the same memory.
+    for (mm, name) in [(&m, "source"), (&cm, "child")] {
+        for a in [G1 + 5 * K4, G1 + 15 * K4, G1 + 4 * M2 + 8, 2 * G1 + 0x1238] {
+            if !A::leaf_allowed(2) && a >= 2 * G1 {
+                continue;
+            }
+            let f = mm.write_u64(VirtAddr(a), 1).unwrap_err();
+            assert_eq!(
+                f.kind,
+                SimFaultKind::Permission(AccessFault::Write),
+                "{name} {a:#x}"
+            );
+            mm.read_u64(VirtAddr(a)).unwrap();
+        }
+    }
+    assert_eq!(m.read_u64(VirtAddr(G1 + 5 * K4)), Ok(0x55));
+    assert_eq!(m.read_u64(VirtAddr(G1 + 4 * M2 + 8)), Ok(0x66));
+    no_leak(&m, &src);
+    no_leak(&cm, &child);
+    // Independent tables: unmapping in the child leaves the source intact.
+    // (The reads above set accessed state: compare what is mapped.)
+    let shape = |l: Vec<Mapping>| -> Vec<_> {
+        l.into_iter()
+            .map(|m| (m.va, m.pa, m.size, A::leaf_prot(m.entry, m.height)))
+            .collect()
+    };
+    let mapped = shape(listing(&src, va, len));
+    child.unmap(VirtAddr(va), len).unwrap();
+    assert!(
+        mapped == shape(listing(&src, va, len)),
+        "the child's unmap changed the source"
+    );
+    expect_swp(&src, G1, &swp);
+    assert_eq!(child.count_tables(), 1);
+    no_leak(&cm, &child);
+    no_leak(&m, &src);
+}
+
+/// A shared fork copies leaves as they are and flushes nothing.
+pub fn fork_shared<A: Arch>() {
+    let (m, mut src) = machine::<A>();
+    let (cm, mut child) = machine::<A>();
+    let swp = fork_source(&mut src);
+    let before = listing(&src, G1, 2 * G1);
+    let f0 = flushes(&m);
+    src.copy_page_range(&mut child, VirtAddr(G1), 2 * G1, CopyMode::Shared)
+        .unwrap();
+    assert_eq!(flushes(&m), f0);
+    assert_eq!(listing(&src, G1, 2 * G1), before);
+    assert_eq!(listing(&child, G1, 2 * G1), before);
+    expect_swp(&child, G1, &swp);
+    // Still writable on both sides.
+    cm.write_u64(VirtAddr(G1 + 5 * K4), 9).unwrap();
+    m.write_u64(VirtAddr(G1 + 4 * M2), 9).unwrap();
+    no_leak(&m, &src);
+    no_leak(&cm, &child);
+}
+
+/// A range that covers blocks in part: the source blocks are split, only
+/// the range is write-protected, and the child gets the part in the range.
+pub fn fork_partial_blocks<A: Arch>() {
+    let (m, mut src) = machine::<A>();
+    let (cm, mut child) = machine::<A>();
+    src.map(VirtAddr(G1), PhysAddr(PA), 2 * M2, RW, MapOptions::BLOCKS)
+        .unwrap();
+    // Something of the child's own next to the range, in the same tables.
+    child
+        .map(VirtAddr(G1), PhysAddr(PA), K4, RW, MapOptions::PAGES)
+        .unwrap();
+    let (va, len) = (G1 + 3 * K4, M2);
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+        .unwrap();
+    for off in [0, 2 * K4, M2 + 3 * K4, M2 + 20 * K4] {
+        let t = src.translate(VirtAddr(G1 + off)).unwrap();
+        assert!(
+            A::leaf_prot(t.entry, t.height).writable(),
+            "outside, {off:#x}"
+        );
+    }
+    for off in [3 * K4, M2 - K4, M2, M2 + 2 * K4] {
+        let t = src.translate(VirtAddr(G1 + off)).unwrap();
+        assert!(
+            !A::leaf_prot(t.entry, t.height).writable(),
+            "inside, {off:#x}"
+        );
+        let c = child.translate(VirtAddr(G1 + off)).unwrap();
+        assert_eq!(c.pa, t.pa);
+        assert_eq!(c.entry, t.entry);
+    }
+    assert_eq!(child.translate(VirtAddr(G1 + M2 + 3 * K4)), None);
+    assert_eq!(child.translate(VirtAddr(G1 + K4)), None);
+    m.check().unwrap();
+    no_leak(&m, &src);
+    no_leak(&cm, &child);
+    if !A::leaf_allowed(2) {
+        return;
+    }
+    // A 1 GiB block covered in part at both ends of the range: split down
+    // two levels on each side, in the source and the child alike; the
+    // tables counted are the tables taken.
+    let (m, mut src) = machine::<A>();
+    let (cm, mut child) = machine::<A>();
+    src.map(VirtAddr(4 * G1), PhysAddr(PA), G1, RW, MapOptions::BLOCKS)
+        .unwrap();
+    let (va, len) = (4 * G1 + 3 * M2 + 5 * K4, G1 - 7 * M2);
+    let (a0, b0) = (
+        src.stats().tables_allocated(),
+        child.stats().tables_allocated(),
+    );
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+        .unwrap();
+    // Source: the 1 GiB block into a PMD table, the two partly covered
+    // 2 MiB blocks into PTE tables; the child the same, plus its path.
+    assert_eq!(src.stats().tables_allocated() - a0, 3);
+    assert_eq!(
+        child.stats().tables_allocated() - b0,
+        3 + u64::from(A::LEVELS - 3)
+    );
+    for off in [0, K4, len / 2, len - K4] {
+        let t = src.translate(VirtAddr(va + off)).unwrap();
+        let c = child.translate(VirtAddr(va + off)).unwrap();
+        assert_eq!((c.pa, c.entry, c.height), (t.pa, t.entry, t.height));
+        assert!(!A::leaf_prot(t.entry, t.height).writable());
+    }
+    for a in [va - K4, va + len, 4 * G1] {
+        let t = src.translate(VirtAddr(a)).unwrap();
+        assert!(A::leaf_prot(t.entry, t.height).writable(), "{a:#x}");
+        assert_eq!(child.translate(VirtAddr(a)), None);
+    }
+    m.check().unwrap();
+    no_leak(&m, &src);
+    no_leak(&cm, &child);
+}
+
+/// On every allocation failure, in either space, and on an occupied
+/// destination, both spaces are unchanged and no table leaked.
+pub fn fork_fails_unchanged<A: Arch>() {
+    let probes: Vec<u64> = (0..8).map(|i| G1 + (i * 7 + 3) * K4).collect();
+    let build = || {
+        let (m, mut src) = machine::<A>();
+        let (cm, mut child) = machine::<A>();
+        fork_source(&mut src);
+        // A block the range covers in part: the source needs a split.
+        src.map(
+            VirtAddr(G1 + 8 * M2),
+            PhysAddr(PA),
+            M2,
+            RW,
+            MapOptions::BLOCKS,
+        )
+        .unwrap();
+        child
+            .map(
+                VirtAddr(G1 + 9 * M2),
+                PhysAddr(PA),
+                K4,
+                RO,
+                MapOptions::PAGES,
+            )
+            .unwrap();
+        (m, src, cm, child)
+    };
+    let (va, len) = (G1, 8 * M2 + 5 * K4);
+    // The counts, from a run with memory.
+    let (_m, mut src, _cm, mut child) = build();
+    let (a0, b0) = (
+        src.stats().tables_allocated(),
+        child.stats().tables_allocated(),
+    );
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+        .unwrap();
+    let src_need = src.stats().tables_allocated() - a0;
+    let dst_need = child.stats().tables_allocated() - b0;
+    assert!(src_need >= 1 && dst_need >= 3, "{src_need} {dst_need}");
+    drop((src, child));
+    for (side, need) in [(0, src_need), (1, dst_need)] {
+        for k in 0..need {
+            let (m, mut src, cm, mut child) = build();
+            let (sb, cb) = (
+                snapshot(&src, G1, 2 * G1, &probes),
+                snapshot(&child, G1, 2 * G1, &probes),
+            );
+            let f0 = flushes(&m);
+            if side == 0 {
+                m.fail_table_allocs_after(Some(k));
+            } else {
+                cm.fail_table_allocs_after(Some(k));
+            }
+            let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow);
+            m.fail_table_allocs_after(None);
+            cm.fail_table_allocs_after(None);
+            assert_eq!(r, Err(Error::OutOfMemory), "side {side}, k = {k}");
+            assert_eq!(
+                snapshot(&src, G1, 2 * G1, &probes),
+                sb,
+                "side {side}, k = {k}"
+            );
+            assert_eq!(
+                snapshot(&child, G1, 2 * G1, &probes),
+                cb,
+                "side {side}, k = {k}"
+            );
+            assert_eq!(flushes(&m), f0);
+            no_leak(&m, &src);
+            no_leak(&cm, &child);
+        }
+    }
+    // Exactly the counted tables suffice.
+    let (m, mut src, cm, mut child) = build();
+    m.fail_table_allocs_after(Some(src_need));
+    cm.fail_table_allocs_after(Some(dst_need));
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+        .unwrap();
+    m.fail_table_allocs_after(None);
+    cm.fail_table_allocs_after(None);
+    // An occupied destination: a software entry, or a page.
+    for (what, at) in [("software entry", G1 + 300 * K4), ("page", G1 + 5 * M2)] {
+        let (m, mut src, cm, mut child) = build();
+        if what == "page" {
+            child
+                .map(VirtAddr(at), PhysAddr(PA), K4, RO, MapOptions::PAGES)
+                .unwrap();
+        } else {
+            child.set_swap_entry(VirtAddr(at), 5).unwrap();
+        }
+        let (sb, cb) = (
+            snapshot(&src, G1, 2 * G1, &probes),
+            snapshot(&child, G1, 2 * G1, &probes),
+        );
+        let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow);
+        assert_eq!(r, Err(Error::AlreadyMapped(VirtAddr(at))), "{what}");
+        assert_eq!(snapshot(&src, G1, 2 * G1, &probes), sb);
+        assert_eq!(snapshot(&child, G1, 2 * G1, &probes), cb);
+        no_leak(&m, &src);
+        no_leak(&cm, &child);
+    }
+}
+
+/// A hardware agent storing through the source while it is write-protected:
+/// no dirty state it set is lost, on either side.
+pub fn fork_race_keeps_dirty<A: Arch + Send>(rounds: usize) {
+    const PAGES: u64 = 512;
+    let mut lost_total = 0;
+    let mut dirtied_total = 0;
+    for _ in 0..rounds {
+        let (m, mut src) = machine::<A>();
+        let (_cm, mut child) = machine::<A>();
+        let va = VirtAddr(G1);
+        src.map(va, PhysAddr(PA), PAGES * K4, RW, MapOptions::PAGES)
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let agent = m.spawn_agent(va, PAGES * K4, stop.clone());
+        // Let it start.
+        while m.stats().tlb_misses < 64 {
+            std::thread::yield_now();
+        }
+        src.copy_page_range(&mut child, va, PAGES * K4, CopyMode::Cow)
+            .unwrap();
+        // Relaxed: join orders the rest.
+        stop.store(true, Relaxed);
+        let report = agent.join().unwrap();
+        let dirty_src = listing(&src, va.0, PAGES * K4)
+            .iter()
+            .filter(|m| A::is_dirty(m.entry))
+            .count() as u64;
+        let dirty_child = listing(&child, va.0, PAGES * K4)
+            .iter()
+            .filter(|m| A::is_dirty(m.entry))
+            .count() as u64;
+        // Every page was clean: each dirty state the agent set is one page.
+        lost_total += report.dirty_set - dirty_src;
+        assert_eq!(dirty_child, dirty_src, "the child has the final state");
+        dirtied_total += report.dirty_set;
+        m.check().unwrap();
+    }
+    assert_eq!(lost_total, 0, "dirty states lost ({dirtied_total} set)");
+    assert!(dirtied_total > 0, "the agent never stored");
+}
+
+/// A hardware agent that stores through the leaves directly (as the page
+/// walker does: a compare-exchange on the entry, only while the leaf
+/// allows the store), sweeping the pages backwards while the copy
+/// write-protects them forwards, so the two cross in every round. Returns
+/// the dirty states lost (set by the agent, missing afterwards in the
+/// source or the child) and how many the agent set.
+pub fn fork_direct_race<A: Arch>(rounds: usize) -> (u64, u64) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Release};
+    const PAGES: u64 = 4096;
+    let (mut lost, mut set) = (0, 0);
+    for _ in 0..rounds {
+        let (_m, mut src) = machine::<A>();
+        let (_cm, mut child) = machine::<A>();
+        let va = VirtAddr(G1);
+        src.map(va, PhysAddr(PA), PAGES * K4, RW, MapOptions::PAGES)
+            .unwrap();
+        let slots: Vec<usize> = (0..PAGES)
+            .map(|i| {
+                // SAFETY: only read for its address; the agent below uses
+                // it as hardware does (atomic compare-exchange of A/D).
+                let s = unsafe { src.slot(va.add(i * K4), 0) }.expect("mapped");
+                s as *const _ as usize
+            })
+            .collect();
+        let go = AtomicUsize::new(0);
+        let dirtied = std::thread::scope(|scope| {
+            let agent = scope.spawn(|| {
+                // Acquire: pairs with the Release below.
+                while go.load(Acquire) == 0 {
+                    std::hint::spin_loop();
+                }
+                let mut dirtied = Vec::new();
+                for (i, &a) in slots.iter().enumerate().rev() {
+                    // SAFETY: a live entry of `src`'s tables, which stay
+                    // allocated until after this scope; all accesses to it
+                    // are atomic.
+                    let e = unsafe { &*(a as *const AtomicU64) };
+                    loop {
+                        // Relaxed: only atomicity matters, as for the
+                        // hardware's read-modify-write.
+                        let raw = e.load(Relaxed);
+                        let Ok(new) = A::hw_access(raw, 0, pgtable_core::Access::WRITE) else {
+                            break;
+                        };
+                        // Relaxed: as above.
+                        if e.compare_exchange(raw, new, Relaxed, Relaxed).is_ok() {
+                            if !A::is_dirty(raw) && A::is_dirty(new) {
+                                dirtied.push(i as u64);
+                            }
+                            break;
+                        }
+                    }
+                }
+                dirtied
+            });
+            // Release: the agent starts now.
+            go.store(1, Release);
+            src.copy_page_range(&mut *child, va, PAGES * K4, CopyMode::Cow)
+                .unwrap();
+            agent.join().unwrap()
+        });
+        set += dirtied.len() as u64;
+        for i in dirtied {
+            let p = src.translate(va.add(i * K4)).unwrap().entry;
+            let c = child.translate(va.add(i * K4)).unwrap().entry;
+            lost += u64::from(!A::is_dirty(p) || !A::is_dirty(c));
+        }
+    }
+    (lost, set)
+}
