@@ -313,7 +313,18 @@ impl HwFeatures {
 /// TTBR1_EL1 points at its second half (root + 2 KiB) and T0SZ = T1SZ =
 /// 65 - VA, which is what [`tcr_value`](crate::tcr_value) computes: root
 /// entries 0–255 then translate the low half and 256–511 the high half,
-/// exactly as the software walk indexes them.
+/// exactly as the software walk indexes them ([`VaRange::Both`]).
+///
+/// As Linux does, an OS can instead give each register a whole `VA_BITS`
+/// half ([`Format::SEPARATE_HALVES`]): a
+/// [`VaRange::Lower`] address space for TTBR0_EL1 (`[0, 2^VA)`) and a
+/// [`VaRange::Upper`] one for TTBR1_EL1 (`[2^64 - 2^VA, 2^64)`), each
+/// using all 512 entries of its root, with T0SZ = T1SZ = 64 - VA
+/// ([`tcr_value_separate_halves`](crate::tcr_value_separate_halves)).
+///
+/// [`VaRange::Both`]: pgtable_core::VaRange::Both
+/// [`VaRange::Lower`]: pgtable_core::VaRange::Lower
+/// [`VaRange::Upper`]: pgtable_core::VaRange::Upper
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Arm64Format<const L: u32>;
 
@@ -574,6 +585,10 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault> {
         hw_access_with(raw, height, access, HwFeatures::HAFDBS)
     }
+
+    /// TTBR0_EL1 and TTBR1_EL1 each translate a whole `VA_BITS` half with
+    /// [`tcr_value_separate_halves`](crate::tcr_value_separate_halves).
+    const SEPARATE_HALVES: bool = true;
 }
 
 /// Stores `val` and, when it is valid, issues the walker barrier (Linux

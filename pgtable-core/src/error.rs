@@ -19,11 +19,16 @@ pub enum Error {
     MisalignedLength(u64),
     /// The length is zero.
     ZeroLength,
-    /// The range leaves the format's virtual address space or is not
-    /// canonical; the address is the first offending one (the start of
-    /// the non-canonical hole for a range that runs into it), or the
-    /// range's start when the range runs past the top of the 64-bit
-    /// space, where no first offending address can be named.
+    /// The range leaves the address space: it is not canonical for the
+    /// format, or it lies (partly) outside the half the address space
+    /// translates ([`AddressSpace::va_range`]; e.g. a kernel address given
+    /// to a user space). The address is the first offending one (the start
+    /// of the non-canonical hole, or the first address past the half, for
+    /// a range that runs into it), or the range's start when the range
+    /// starts outside or runs past the top of the 64-bit space, where no
+    /// first offending address can be named.
+    ///
+    /// [`AddressSpace::va_range`]: crate::AddressSpace::va_range
     OutOfRange(VirtAddr),
     /// The physical range does not fit the format's output address bits.
     PhysOutOfRange(PhysAddr),

@@ -274,4 +274,16 @@ pub unsafe trait Format: Sized + 'static {
         let top = (va as i64) >> (Self::VA_BITS - 1);
         top == 0 || top == -1
     }
+
+    /// Whether the lower and upper halves are translated through separate
+    /// roots that each translate `VA_BITS` bits (arm64 TTBR0_EL1 and
+    /// TTBR1_EL1 with T0SZ = T1SZ = `64 - VA_BITS`, as Linux configures
+    /// them), rather than through the two halves of one root (x86 CR3).
+    /// It decides what [`VaRange::Lower`] and [`VaRange::Upper`] hold (see
+    /// [`VaRange::bounds`]). The default is `false`.
+    ///
+    /// [`VaRange::Lower`]: crate::VaRange::Lower
+    /// [`VaRange::Upper`]: crate::VaRange::Upper
+    /// [`VaRange::bounds`]: crate::VaRange::bounds
+    const SEPARATE_HALVES: bool = false;
 }

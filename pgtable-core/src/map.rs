@@ -40,7 +40,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         prot: Prot,
         opts: MapOptions,
     ) -> Result<(), Error> {
-        let end = Self::check_range(va, len)?;
+        let end = self.check_range(va, len)?;
         Self::check_phys(pa, len)?;
         let top = A::LEVELS - 1;
         // SAFETY: the root is a live table of ours.

@@ -360,8 +360,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         opts: MoveOptions,
     ) -> Result<(), Error> {
         // Phase 1: check, read-only.
-        Self::check_range(old, len)?;
-        Self::check_range(new, len)?;
+        self.check_range(old, len)?;
+        self.check_range(new, len)?;
         if overlap(old.0, new.0, len) {
             return Err(Error::Overlap);
         }

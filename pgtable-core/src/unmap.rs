@@ -28,7 +28,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::OutOfMemory`] when a partly covered block cannot be split.
     /// On error nothing was changed.
     pub fn unmap(&mut self, va: VirtAddr, len: u64) -> Result<(), Error> {
-        let end = Self::check_range(va, len)?;
+        let end = self.check_range(va, len)?;
         let top = A::LEVELS - 1;
         let need = self.split_check(top, self.root, va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;

@@ -178,7 +178,7 @@ use std::thread::JoinHandle;
 
 use crate::{
     Access, AccessFault, AddressSpace, Arch, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbRange,
-    VirtAddr,
+    VaRange, VirtAddr,
 };
 
 mod state;
@@ -460,8 +460,16 @@ impl<A: Arch> SimMachine<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: None,
+            half: None,
             _arch: PhantomData,
         }
+    }
+
+    /// The MMU handle of an address space that translates one half
+    /// ([`AddressSpace::new_in`]): [`SimMmu::installing_into`] of
+    /// [`mmu`](Self::mmu).
+    pub fn mmu_installing_into(&self, half: VaRange) -> SimMmu<A> {
+        self.mmu().installing_into(half)
     }
 
     /// The MMU handle of an address space tagged with `asid`: installing
@@ -473,6 +481,7 @@ impl<A: Arch> SimMachine<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: Some(asid),
+            half: None,
             _arch: PhantomData,
         }
     }
@@ -683,6 +692,9 @@ impl<A: Arch> SimMachine<A> {
 pub struct SimMmu<A: Arch> {
     shared: Arc<Shared>,
     asid: Option<u16>,
+    /// The half whose root register installing writes (`None`: a root
+    /// for both halves).
+    half: Option<VaRange>,
     _arch: PhantomData<fn() -> A>,
 }
 
@@ -691,6 +703,7 @@ impl<A: Arch> Clone for SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: self.asid,
+            half: self.half,
             _arch: PhantomData,
         }
     }
@@ -703,6 +716,23 @@ impl<A: Arch> fmt::Debug for SimMmu<A> {
 }
 
 impl<A: Arch> SimMmu<A> {
+    /// The same MMU, but [`install_root`](Mmu::install_root) writes the
+    /// root register of `half` only, as an OS with split halves does.
+    ///
+    /// On a format with [`SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES)
+    /// (arm64) the machine then translates each half through its own root
+    /// of `VA_BITS` bits: [`VaRange::Lower`] writes TTBR0_EL1 (addresses
+    /// `[0, 2^VA_BITS)`) and [`VaRange::Upper`] TTBR1_EL1 (addresses
+    /// `[2^64 - 2^VA_BITS, 2^64)`); an address in neither, or in a half
+    /// whose root is not installed, faults. Installing an upper root keeps
+    /// the current ASID (arm64 takes it from TTBR0_EL1, TCR_EL1.A1 = 0).
+    /// [`VaRange::Both`], and any half on a format with one root (x86
+    /// CR3), installs the one root for both halves.
+    pub fn installing_into(mut self, half: VaRange) -> Self {
+        self.half = Some(half);
+        self
+    }
+
     /// The machine this MMU belongs to.
     pub fn machine(&self) -> SimMachine<A> {
         SimMachine {
@@ -746,7 +776,33 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
 
     unsafe fn install_root(&self, root: PhysAddr) {
         let mut s = lock(&self.shared);
-        s.root = Some(root);
+        match self.half {
+            Some(VaRange::Upper) if A::SEPARATE_HALVES => {
+                s.upper_root = Some(root);
+                if !s.split {
+                    s.root = None;
+                }
+                s.split = true;
+                // TTBR1_EL1 holds no ASID (TCR_EL1.A1 = 0): keep it.
+                s.barrier();
+                if self.asid.is_none() {
+                    s.flush_all();
+                }
+                return;
+            }
+            Some(VaRange::Lower) if A::SEPARATE_HALVES => {
+                if !s.split {
+                    s.upper_root = None;
+                }
+                s.split = true;
+                s.root = Some(root);
+            }
+            _ => {
+                s.split = false;
+                s.upper_root = None;
+                s.root = Some(root);
+            }
+        }
         s.asid = self.tag();
         match self.asid {
             // Untagged: a new root starts with an empty TLB. Installing

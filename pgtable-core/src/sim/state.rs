@@ -14,7 +14,9 @@ use super::{
     UnorderedLink,
 };
 use crate::level::{index, size};
-use crate::{Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TlbRange, VirtAddr};
+use crate::{
+    Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TlbRange, VaRange, VirtAddr,
+};
 
 /// One cached translation: a leaf (TLB proper) or a table entry (walk
 /// cache).
@@ -80,7 +82,16 @@ pub(super) struct State {
     pub(super) frames: Set<u64>,
     /// Frames allocated now.
     pub(super) live: Set<u64>,
+    /// The installed root: the only one (x86 CR3, or an arm64 root that
+    /// serves both halves), or TTBR0_EL1 when `split`.
     pub(super) root: Option<PhysAddr>,
+    /// TTBR1_EL1 when `split`.
+    pub(super) upper_root: Option<PhysAddr>,
+    /// The halves are translated by separate roots of `VA_BITS` each
+    /// (arm64 T0SZ = T1SZ = 64 - VA_BITS): set by installing into a half
+    /// on a [`Format::SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES)
+    /// format, cleared by installing a root for both.
+    pub(super) split: bool,
     /// The ASID of the installed root (0 for untagged MMUs).
     pub(super) asid: u32,
     pub(super) tlb: Map<Key, Cached>,
@@ -124,6 +135,8 @@ impl State {
             frames: Set::default(),
             live: Set::default(),
             root: None,
+            upper_root: None,
+            split: false,
             asid: 0,
             tlb: Map::default(),
             by_slot: Map::default(),
@@ -231,10 +244,7 @@ impl State {
     /// Walks to the leaf for `va` as the walker sees the tables, using and
     /// filling the walk cache.
     fn walk<A: Arch>(&mut self, va: u64) -> Result<Leaf<'static>, SimFaultKind> {
-        let root = self.root.ok_or(SimFaultKind::NoRoot)?;
-        if !A::va_ok(va) {
-            return Err(SimFaultKind::Translation { height: A::LEVELS });
-        }
+        let root = self.root_for::<A>(va)?;
         // Start below the deepest cached table entry.
         let mut h = A::LEVELS - 1;
         let mut tpa = root;
@@ -276,6 +286,30 @@ impl State {
                 _ => return Err(SimFaultKind::Translation { height: h }),
             }
             h -= 1;
+        }
+    }
+
+    /// The root that translates `va`: with split halves (arm64 Arm ARM
+    /// D8.2.2), TTBR0_EL1 for `[0, 2^VA_BITS)` and TTBR1_EL1 for
+    /// `[2^64 - 2^VA_BITS, 2^64)`, and a Translation fault at the walk's
+    /// start for anything in between; otherwise the one root, for the
+    /// format's canonical addresses.
+    pub(super) fn root_for<A: Arch>(&self, va: u64) -> Result<PhysAddr, SimFaultKind> {
+        let outside = SimFaultKind::Translation { height: A::LEVELS };
+        if A::SEPARATE_HALVES && self.split {
+            if VaRange::Lower.contains::<A>(va) {
+                self.root.ok_or(SimFaultKind::NoRoot)
+            } else if VaRange::Upper.contains::<A>(va) {
+                self.upper_root.ok_or(SimFaultKind::NoRoot)
+            } else {
+                Err(outside)
+            }
+        } else if A::va_ok(va) {
+            self.root.ok_or(SimFaultKind::NoRoot)
+        } else if self.root.is_none() {
+            Err(SimFaultKind::NoRoot)
+        } else {
+            Err(outside)
         }
     }
 
@@ -433,7 +467,7 @@ impl State {
             } else {
                 self.asid
             };
-            let root = self.root.ok_or(fault(SimFaultKind::NoRoot))?;
+            let root = self.root_for::<A>(va).map_err(fault)?;
             self.cache((base, h, true, tag), new, leaf.slot, root);
             let Decoded::Leaf(pa) = A::decode(new, h) else {
                 unreachable!("hw_access keeps a leaf a leaf")
