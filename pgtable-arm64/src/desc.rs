@@ -54,7 +54,7 @@
 use bit_field::BitField;
 use pgtable_core::{
     generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    VirtAddr, LEVEL_BITS, PAGE_SHIFT,
+    TableAttrs, VirtAddr, LEVEL_BITS, PAGE_SHIFT,
 };
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert, const_assert_eq};
 
@@ -105,6 +105,10 @@ pub const PXN_TABLE: u64 = 1 << 59;
 pub const UXN_TABLE: u64 = 1 << 60;
 /// APTable\[1:0\], bits \[62:61\] of a table descriptor.
 pub const AP_TABLE_MASK: u64 = 0b11 << 61;
+/// APTable\[0\], bit \[61\]: no EL0 access at later levels.
+pub const AP_TABLE_NO_EL0: u64 = 1 << 61;
+/// APTable\[1\], bit \[62\]: no write access at later levels.
+pub const AP_TABLE_RDONLY: u64 = 1 << 62;
 /// NSTable, bit \[63\] of a table descriptor.
 pub const NS_TABLE: u64 = 1 << 63;
 
@@ -589,6 +593,48 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     /// TTBR0_EL1 and TTBR1_EL1 each translate a whole `VA_BITS` half with
     /// [`tcr_value_separate_halves`](crate::tcr_value_separate_halves).
     const SEPARATE_HALVES: bool = true;
+
+    /// A table descriptor with the hierarchical attributes of Arm ARM
+    /// D8.3.1 (table descriptor bits \[63:59\]) and D8.4.2: `APTable[0]`
+    /// (bit 61) for [`TableAttrs::NO_USER`], `APTable[1]` (bit 62) for
+    /// [`TableAttrs::READ_ONLY`], `UXNTable` (bit 60) and `PXNTable`
+    /// (bit 59). Linux uses `PXNTable` on user tables (`PMD_TABLE_PXN`,
+    /// `PUD_TABLE_PXN`, `P4D_TABLE_PXN`).
+    #[inline]
+    fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: TableAttrs) -> u64 {
+        let mut v = Self::table_entry(pa, height);
+        if attrs.no_user() {
+            v |= AP_TABLE_NO_EL0;
+        }
+        if attrs.read_only() {
+            v |= AP_TABLE_RDONLY;
+        }
+        if attrs.uxn() {
+            v |= UXN_TABLE;
+        }
+        if attrs.pxn() {
+            v |= PXN_TABLE;
+        }
+        v
+    }
+
+    #[inline]
+    fn table_limits(raw: u64, _height: u32) -> TableAttrs {
+        let mut b = 0;
+        if raw & AP_TABLE_NO_EL0 != 0 {
+            b |= TableAttrs::NO_USER;
+        }
+        if raw & AP_TABLE_RDONLY != 0 {
+            b |= TableAttrs::READ_ONLY;
+        }
+        if raw & UXN_TABLE != 0 {
+            b |= TableAttrs::UXN;
+        }
+        if raw & PXN_TABLE != 0 {
+            b |= TableAttrs::PXN;
+        }
+        TableAttrs::new(b)
+    }
 }
 
 /// Stores `val` and, when it is valid, issues the walker barrier (Linux

@@ -8,8 +8,8 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::level::{entry_end, index, shift, size};
 use crate::{
-    Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TlbGather, TlbRange,
-    VaRange, VirtAddr, PAGE_SIZE,
+    Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs, TlbGather,
+    TlbRange, VaRange, VirtAddr, PAGE_SIZE,
 };
 
 /// What [`AddressSpace::map`] may use besides 4 KiB pages.
@@ -95,6 +95,8 @@ pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     /// (see `kernel_half.rs`): they are never unlinked nor freed while the
     /// space lives.
     pub(crate) kernel_half: bool,
+    /// The attributes of every table this space links.
+    pub(crate) table_attrs: TableAttrs,
     _arch: PhantomData<A>,
 }
 
@@ -223,6 +225,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.range
     }
 
+    /// Sets the attributes of every table the space links from now on
+    /// (tables linked before keep theirs): [`TableAttrs::USER`] for a user
+    /// space, [`TableAttrs::KERNEL`] for the kernel's (what
+    /// [`new_user`](Self::new_user) and [`new_kernel`](Self::new_kernel)
+    /// set). A new space starts with [`TableAttrs::NONE`].
+    pub fn set_table_attrs(&mut self, attrs: TableAttrs) {
+        self.table_attrs = attrs;
+    }
+
+    /// The attributes of the tables the space links.
+    pub fn table_attrs(&self) -> TableAttrs {
+        self.table_attrs
+    }
+
     /// Adopts an existing root table, e.g. one given up by
     /// [`into_parts`](Self::into_parts). The address space starts inactive.
     ///
@@ -275,6 +291,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             active: false,
             range: VaRange::Both,
             kernel_half: false,
+            table_attrs: TableAttrs::NONE,
             _arch: PhantomData,
         }
     }
@@ -725,7 +742,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let child = self.take(stash)?;
         // SAFETY: a reserved frame of ours, not yet linked.
         let ct = unsafe { table_at(&self.alloc, child) };
-        let new = A::table_entry(child, height);
+        let new = A::table_entry_attrs(child, height, self.table_attrs);
         let fill = |raw: u64| {
             let first = A::split_leaf(raw, height);
             let step = size(height - 1);
@@ -741,7 +758,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // sure no TLB holds it, then make the table.
             let old = break_entry::<A, _>(&self.mmu, slot, va, height);
             fill(old);
-            A::populate(&self.mmu, slot, child, height);
+            A::populate_attrs(&self.mmu, slot, child, height, self.table_attrs);
             // Never deferred: the table must be live before we go on.
             self.mmu.walker_barrier();
         } else {

@@ -40,6 +40,14 @@ pub enum Error {
     OutOfMemory,
     /// The change needs break-before-make and the caller did not allow it.
     BreakBeforeMake(VirtAddr),
+    /// The address space cannot share, or does not share, a kernel half:
+    /// [`AddressSpace::share_kernel_half`] of a space that does not
+    /// translate the upper half, or [`AddressSpace::new_user`] from one
+    /// that does not share it.
+    ///
+    /// [`AddressSpace::share_kernel_half`]: crate::AddressSpace::share_kernel_half
+    /// [`AddressSpace::new_user`]: crate::AddressSpace::new_user
+    KernelHalf,
 }
 
 /// The broad class of an [`Error`], for callers that only branch on it.
@@ -64,7 +72,8 @@ impl Error {
             | Error::ZeroLength
             | Error::OutOfRange(_)
             | Error::PhysOutOfRange(_)
-            | Error::Overlap => ErrorKind::InvalidInput,
+            | Error::Overlap
+            | Error::KernelHalf => ErrorKind::InvalidInput,
             Error::AlreadyMapped(_) | Error::BreakBeforeMake(_) => ErrorKind::Conflict,
             Error::OutOfMemory => ErrorKind::OutOfMemory,
         }
@@ -83,6 +92,7 @@ impl fmt::Display for Error {
             Error::AlreadyMapped(a) => write!(f, "address {a} is already mapped"),
             Error::Overlap => write!(f, "source and destination overlap"),
             Error::OutOfMemory => write!(f, "out of memory for a page table"),
+            Error::KernelHalf => write!(f, "the address space shares no kernel half"),
             Error::BreakBeforeMake(a) => {
                 write!(f, "changing the live entry at {a} needs break-before-make")
             }

@@ -10,6 +10,7 @@
 use core::fmt;
 
 use crate::addr::PhysAddr;
+use crate::TableAttrs;
 
 /// What an entry is, as the hardware walker would see it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -187,9 +188,10 @@ pub enum AccessFault {
 /// memory that is not a table. So for every height `h` below `LEVELS` an
 /// implementation must guarantee:
 ///
-/// - `decode(table_entry(pa, h), h) == Decoded::Table(pa)` for `h > 0` and
-///   every 4 KiB-aligned `pa` below `1 << PA_BITS` (the algorithms link only
-///   such frames);
+/// - `decode(table_entry(pa, h), h) == Decoded::Table(pa)` and
+///   `decode(table_entry_attrs(pa, h, a), h) == Decoded::Table(pa)` for
+///   `h > 0`, every [`TableAttrs`] `a` and every 4 KiB-aligned `pa` below
+///   `1 << PA_BITS` (the algorithms link only such frames);
 /// - `decode(raw, h)` returns `Decoded::Table` for no other value that the
 ///   algorithms or the hardware put into an entry: never at height 0, never
 ///   for `0`, and never for a leaf the format builds ([`leaf`](Format::leaf),
@@ -286,4 +288,28 @@ pub unsafe trait Format: Sized + 'static {
     /// [`VaRange::Upper`]: crate::VaRange::Upper
     /// [`VaRange::bounds`]: crate::VaRange::bounds
     const SEPARATE_HALVES: bool = false;
+
+    /// An entry at `height` pointing at the next-level table at `pa` that
+    /// applies `attrs` to everything below it, as far as the format can
+    /// encode them (see [`TableAttrs`]). The default ignores `attrs` and
+    /// returns [`table_entry`](Format::table_entry).
+    ///
+    /// Safety rule: [`decode`](Format::decode) must return
+    /// `Decoded::Table(pa)` for the result, whatever `attrs` are (see the
+    /// trait's `# Safety`).
+    #[inline]
+    fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: TableAttrs) -> u64 {
+        let _ = attrs;
+        Self::table_entry(pa, height)
+    }
+
+    /// The restrictions the table entry `raw` at `height` applies to every
+    /// later level of a walk (the simulated walker combines them over the
+    /// walk: Arm ARM D8.4.2, Intel SDM 4.6.1). The default is none, for
+    /// formats whose table entries carry no attributes.
+    #[inline]
+    fn table_limits(raw: u64, height: u32) -> TableAttrs {
+        let _ = (raw, height);
+        TableAttrs::NONE
+    }
 }

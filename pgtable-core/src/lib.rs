@@ -53,6 +53,7 @@ mod error;
 mod format;
 mod gather;
 mod half;
+mod kernel_half;
 mod level;
 mod map;
 mod mmu;
@@ -60,6 +61,7 @@ mod moves;
 mod protect;
 mod stats;
 mod table;
+mod table_attrs;
 mod unmap;
 mod walk;
 
@@ -85,6 +87,7 @@ pub use stats::Stats;
 #[cfg(feature = "alloc")]
 pub use table::Arena;
 pub use table::{Slot, Table, TableAlloc};
+pub use table_attrs::TableAttrs;
 pub use walk::{Mapping, Translation};
 
 /// The README's usage example, compiled and run as a doctest.

@@ -215,7 +215,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         // unmapped.)
                         if let Some(c) = self.take(stash) {
                             self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
-                            A::populate(&self.mmu, slot, c, height);
+                            A::populate_attrs(&self.mmu, slot, c, height, self.table_attrs);
                             self.mmu.stats.add_entries_written(1);
                             wrote = true;
                         }

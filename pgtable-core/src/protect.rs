@@ -476,6 +476,15 @@ macro_rules! block_prot_wrapper {
             fn va_ok(va: u64) -> bool {
                 A::va_ok(va)
             }
+            const SEPARATE_HALVES: bool = A::SEPARATE_HALVES;
+            #[inline]
+            fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: crate::TableAttrs) -> u64 {
+                A::table_entry_attrs(pa, height, attrs)
+            }
+            #[inline]
+            fn table_limits(raw: u64, height: u32) -> crate::TableAttrs {
+                A::table_limits(raw, height)
+            }
         }
 
         // SAFETY: every entry operation is `A`'s, except

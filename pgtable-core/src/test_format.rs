@@ -19,8 +19,12 @@
 //! | 7 | global |
 //! | 8–9 | memory type (0 normal, 1 normal non-cacheable, 2 device) |
 //! | 12–47 | output address |
+//!
+//! Table entries (valid, bit 1 set, above height 0) carry the table-level
+//! attributes ([`TableAttrs`]) in bits 8–11: 8 no user access, 9 read-only,
+//! 10 no user execution, 11 no privileged execution.
 
-use crate::{Access, AccessFault, Arch, Decoded, Format, MemType, PhysAddr, Prot};
+use crate::{Access, AccessFault, Arch, Decoded, Format, MemType, PhysAddr, Prot, TableAttrs};
 
 /// The test format with `L` levels (default 4: 48-bit VA).
 #[derive(Clone, Copy, Debug, Default)]
@@ -46,6 +50,14 @@ pub const GLOBAL: u64 = 1 << 7;
 pub const MEM_MASK: u64 = 3 << 8;
 /// Output address field.
 pub const ADDR_MASK: u64 = ((1 << 48) - 1) & !0xfff;
+/// Table entry: no user access below ([`TableAttrs::NO_USER`]).
+pub const TABLE_NO_USER: u64 = 1 << 8;
+/// Table entry: no writes below ([`TableAttrs::READ_ONLY`]).
+pub const TABLE_READ_ONLY: u64 = 1 << 9;
+/// Table entry: no user execution below ([`TableAttrs::UXN`]).
+pub const TABLE_UXN: u64 = 1 << 10;
+/// Table entry: no privileged execution below ([`TableAttrs::PXN`]).
+pub const TABLE_PXN: u64 = 1 << 11;
 
 const PROT_MASK: u64 = WRITE | USER | XN | GLOBAL | MEM_MASK;
 
@@ -167,6 +179,15 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
             return Err(AccessFault::Exec);
         }
         Ok(raw | ACCESSED | if access.write { DIRTY } else { 0 })
+    }
+
+    fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: TableAttrs) -> u64 {
+        // Bits 8-11 in the order of the `TableAttrs` flags.
+        Self::table_entry(pa, height) | u64::from(attrs.bits() & 0xf) << 8
+    }
+
+    fn table_limits(raw: u64, _height: u32) -> TableAttrs {
+        TableAttrs::new(((raw >> 8) & 0xf) as u8)
     }
 }
 

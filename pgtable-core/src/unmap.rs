@@ -90,8 +90,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     }
                 }
                 Decoded::Table(c) => {
-                    let whole = covers(va, next, height);
-                    if whole || self.unmap_clear(height - 1, c, va, next, stash, gather, q) {
+                    // A pinned kernel-half table is emptied, never unlinked.
+                    let keep = self.pinned(height, va);
+                    let whole = covers(va, next, height) && !keep;
+                    if (whole || self.unmap_clear(height - 1, c, va, next, stash, gather, q))
+                        && !keep
+                    {
                         A::set_pte_nosync(&self.mmu, slot, 0);
                         written += 1;
                         gather.add_tables(VirtAddr(va), next.wrapping_sub(va));

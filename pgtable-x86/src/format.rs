@@ -66,7 +66,7 @@
 use bit_field::BitField;
 use pgtable_core::{
     generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    VirtAddr, LEVEL_BITS, PAGE_SHIFT, PAGE_SIZE,
+    TableAttrs, VirtAddr, LEVEL_BITS, PAGE_SHIFT, PAGE_SIZE,
 };
 
 use crate::bits::{self, A, ADDR_MASK, D, G, P, PAT_4K, PAT_HUGE, PS, RW, US, XD};
@@ -398,6 +398,44 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
             return Err(AccessFault::Exec);
         }
         Ok(raw | A | if access.write { D } else { 0 })
+    }
+
+    /// A paging-structure entry that restricts the rights of everything
+    /// below it (Intel SDM Vol. 3A 4.6.1: a user-mode access needs U/S = 1,
+    /// a write R/W = 1, and an instruction fetch XD = 0, in *every* entry
+    /// of the walk): U/S clear for [`TableAttrs::NO_USER`] (Linux
+    /// `_KERNPG_TABLE`), R/W clear for [`TableAttrs::READ_ONLY`], XD when
+    /// both [`TableAttrs::UXN`] and [`TableAttrs::PXN`] are asked (x86 has
+    /// no per-privilege execute-never; supervisor fetches from user pages
+    /// are stopped by CR4.SMEP instead).
+    #[inline]
+    fn table_entry_attrs(pa: PhysAddr, _height: u32, attrs: TableAttrs) -> u64 {
+        let mut v = pa.0 | P | A;
+        if !attrs.no_user() {
+            v |= US;
+        }
+        if !attrs.read_only() {
+            v |= RW;
+        }
+        if attrs.uxn() && attrs.pxn() {
+            v |= XD;
+        }
+        v
+    }
+
+    #[inline]
+    fn table_limits(raw: u64, _height: u32) -> TableAttrs {
+        let mut b = 0;
+        if raw & US == 0 {
+            b |= TableAttrs::NO_USER;
+        }
+        if raw & RW == 0 {
+            b |= TableAttrs::READ_ONLY;
+        }
+        if raw & XD != 0 {
+            b |= TableAttrs::UXN | TableAttrs::PXN;
+        }
+        TableAttrs::new(b)
     }
 }
 

@@ -15,7 +15,8 @@ use super::{
 };
 use crate::level::{index, size};
 use crate::{
-    Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TlbRange, VaRange, VirtAddr,
+    Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs, TlbRange, VaRange,
+    VirtAddr,
 };
 
 /// One cached translation: a leaf (TLB proper) or a table entry (walk
@@ -28,6 +29,9 @@ pub(super) struct Cached {
     pub(super) slot: u64,
     /// The root of the walk that filled it (what a fresh walk starts from).
     pub(super) root: PhysAddr,
+    /// The table-level restrictions of the walk down to this entry, its
+    /// own included for a table entry (Arm ARM D8.4.2, Intel SDM 4.6.1).
+    pub(super) limits: TableAttrs,
 }
 
 /// A small, fast, deterministic hasher for the simulator's maps (keys are
@@ -125,6 +129,8 @@ pub(super) struct Leaf<'a> {
     pub(super) slot: &'a Slot,
     /// The walker saw an older value than memory holds (pending write).
     pub(super) stale: bool,
+    /// The table-level restrictions of the tables the walk went through.
+    pub(super) limits: TableAttrs,
 }
 
 impl State {
@@ -248,11 +254,13 @@ impl State {
         // Start below the deepest cached table entry.
         let mut h = A::LEVELS - 1;
         let mut tpa = root;
+        let mut limits = TableAttrs::NONE;
         for k in 1..A::LEVELS {
             if let Some(c) = self.tlb.get(&(va & !(size(k) - 1), k, false, self.asid)) {
                 if let Decoded::Table(pa) = A::decode(c.raw, k) {
                     tpa = pa;
                     h = k - 1;
+                    limits = c.limits;
                     self.stats.walk_cache_hits += 1;
                     break;
                 }
@@ -271,8 +279,9 @@ impl State {
             stale |= st;
             match A::decode(raw, h) {
                 Decoded::Table(c) if h > 0 => {
+                    limits = limits.union(A::table_limits(raw, h));
                     let key = (va & !(size(h) - 1), h, false, self.asid);
-                    self.cache(key, raw, slot, root);
+                    self.cache(key, raw, slot, root, limits);
                     tpa = c;
                 }
                 Decoded::Leaf(_) if A::leaf_allowed(h) => {
@@ -281,6 +290,7 @@ impl State {
                         height: h,
                         slot,
                         stale,
+                        limits,
                     })
                 }
                 _ => return Err(SimFaultKind::Translation { height: h }),
@@ -342,9 +352,15 @@ impl State {
         }
     }
 
-    fn cache(&mut self, key: Key, raw: u64, slot: &Slot, root: PhysAddr) {
+    fn cache(&mut self, key: Key, raw: u64, slot: &Slot, root: PhysAddr, limits: TableAttrs) {
         let slot = slot as *const Slot as u64;
-        if self.tlb.insert(key, Cached { raw, slot, root }).is_none() {
+        let c = Cached {
+            raw,
+            slot,
+            root,
+            limits,
+        };
+        if self.tlb.insert(key, c).is_none() {
             self.fifo.push_back(key);
             let tlb = &self.tlb;
             let keys = self.by_slot.entry(slot).or_default();
@@ -419,7 +435,7 @@ impl State {
                 continue;
             };
             self.mru = Some((base, h, true, tag));
-            match A::hw_access(c.raw, h, access) {
+            match A::hw_access(c.raw, h, access).and_then(|n| c.limits.check(access).map(|()| n)) {
                 Err(f) => {
                     self.stats.tlb_hits += 1;
                     return Err(fault(SimFaultKind::Permission(f)));
@@ -442,7 +458,10 @@ impl State {
         loop {
             let leaf = self.walk::<A>(va).map_err(fault)?;
             let h = leaf.height;
+            // The leaf's rights, then those of every table above it
+            // (hierarchical permissions): a fault leaves the entry as it is.
             let new = A::hw_access(leaf.raw, h, access)
+                .and_then(|n| leaf.limits.check(access).map(|()| n))
                 .map_err(|f| fault(SimFaultKind::Permission(f)))?;
             let mut upd = AdUpdate::default();
             if new != leaf.raw && !leaf.stale {
@@ -468,7 +487,7 @@ impl State {
                 self.asid
             };
             let root = self.root_for::<A>(va).map_err(fault)?;
-            self.cache((base, h, true, tag), new, leaf.slot, root);
+            self.cache((base, h, true, tag), new, leaf.slot, root, leaf.limits);
             let Decoded::Leaf(pa) = A::decode(new, h) else {
                 unreachable!("hw_access keeps a leaf a leaf")
             };
