@@ -29,6 +29,18 @@
 //!   that is not a table frame of this machine, or to a freed one, faults
 //!   too ([`SimFaultKind::NotATable`], [`SimFaultKind::FreedTable`]) — the
 //!   classic use-after-free of a table that was freed before the TLB flush.
+//! - **Halves.** On a format with
+//!   [`SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES) (arm64), an MMU
+//!   handle made with [`SimMachine::mmu_installing_into`] installs into
+//!   TTBR0_EL1 or TTBR1_EL1, and the walker picks the root by the
+//!   address's half, each translating `VA_BITS` bits; an address between
+//!   the halves or in a half without a root faults. Otherwise one root
+//!   serves every canonical address.
+//! - **Hierarchical permissions.** The walker combines the restrictions
+//!   of every table entry on the walk ([`Format::table_limits`]: arm64
+//!   `APTable`, `UXNTable`, `PXNTable`, Arm ARM D8.4.2; x86 U/S, R/W and XD
+//!   of every level, Intel SDM 4.6.1) with the leaf's rights; cached
+//!   entries keep them.
 //! - **Accessed/dirty.** The permission check and the A/D update are the
 //!   format's [`hw_access`](crate::Format::hw_access). The update is written back
 //!   with a compare-exchange, as hardware does, and the walk is retried if
@@ -164,6 +176,7 @@
 //!
 //! [`Format::decode`]: crate::Format::decode
 //! [`Format::hw_access`]: crate::Format::hw_access
+//! [`Format::table_limits`]: crate::Format::table_limits
 //! [`Format`]: crate::Format
 //! [`Decoded::Table`]: crate::Decoded::Table
 //! [`Decoded::Leaf`]: crate::Decoded::Leaf
