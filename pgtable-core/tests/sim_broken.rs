@@ -834,3 +834,19 @@ fn kernel_tables_open_to_user_mode_are_caught() {
     user_cannot_reach_the_kernel_half::<T4>().unwrap();
     assert!(user_cannot_reach_the_kernel_half::<NoTableAttrs>().is_err());
 }
+
+#[path = "support/live.rs"]
+mod live;
+
+#[test]
+fn a_live_kernel_change_through_clear_then_commit_is_caught() {
+    // The correct variant: in place, no invalid moment, no fault.
+    live::a_live_permission_change_never_faults_a_cpu_using_the_range::<T4>();
+    // mprotect's path (`pmdp_modify_prot_start` / `ptep_modify_prot_start`
+    // clear the entry before the commit): the block, and every page the
+    // hardware may still write, is invalid for a moment in each change,
+    // which a CPU running on the range would fault on. (Settled pages are
+    // changed with a plain store there, as the agents made them.)
+    let o = live::change_under_agents::<T4>(live::Way::ClearThenCommit, 2);
+    assert!(o.gaps >= 2, "the block in each change: {}", o.gaps);
+}
