@@ -295,5 +295,5 @@ fn tcr_gives_t0sz_and_t1sz_for_shared_and_separate_roots() {
         let txsz_fields = 0x3f | 0x3f << 16;
         assert_eq!(a & !txsz_fields, b & !txsz_fields);
     }
-    assert!(Arm64::SEPARATE_HALVES && Arm64Va39::SEPARATE_HALVES);
+    const { assert!(Arm64::SEPARATE_HALVES && Arm64Va39::SEPARATE_HALVES) };
 }

@@ -4,8 +4,7 @@
 
 use pgtable_core::sim::{Installed, SimMachine};
 use pgtable_core::{
-    AddressSpace, Arch, Arena, Error, Format, MapOptions, NoopMmu, PhysAddr, Prot, VaRange,
-    VirtAddr,
+    AddressSpace, Arch, Arena, Error, MapOptions, NoopMmu, PhysAddr, Prot, VaRange, VirtAddr,
 };
 use pgtable_x86::{X86_64La57, X86_64};
 
