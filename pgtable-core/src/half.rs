@@ -1,28 +1,28 @@
 //! Translation regimes: which part of the 64-bit virtual address space an
 //! address space translates.
-//!
-//! The two architectures split the address space differently:
-//!
-//! - **arm64** has two translation table base registers (Arm ARM D8.2.2
-//!   "The VA space"): TTBR0_EL1 translates addresses whose top bits are 0
-//!   and TTBR1_EL1 those whose top bits are 1, each with its own size
-//!   (TCR_EL1.T0SZ and T1SZ). Linux gives each register a whole `VA_BITS`
-//!   half: user space `[0, 2^48)` through TTBR0 and the kernel
-//!   `[2^64 - 2^48, 2^64)` through TTBR1, each using all 512 entries of its
-//!   own root ([`Format::SEPARATE_HALVES`] is `true`).
-//! - **x86-64** has one root (CR3) for both canonical halves (Intel SDM
-//!   Vol. 3A 4.5 "4-level paging and 5-level paging"): PML4 (or PML5)
-//!   entries 0–255 translate the lower half `[0, 2^47)` and 256–511 the
-//!   upper half `[2^64 - 2^47, 2^64)` (`2^56` with LA57).
-//!
-//! [`VaRange::Both`] is every canonical address of the format, through one
-//! root: what [`AddressSpace::new`](crate::AddressSpace::new) builds. On
-//! arm64 that root serves both registers with T0SZ = T1SZ = `65 - VA_BITS`
-//! (TTBR1 pointing at its second half, see the arm64 crate's `regs`).
 
 use crate::Format;
 
 /// The part of the virtual address space an [`AddressSpace`] translates.
+///
+/// The two architectures split the address space differently:
+///
+/// - **arm64** has two translation table base registers (Arm ARM D8.2.2
+///   "The VA space"): TTBR0_EL1 translates addresses whose top bits are 0
+///   and TTBR1_EL1 those whose top bits are 1, each with its own size
+///   (TCR_EL1.T0SZ and T1SZ). Linux gives each register a whole `VA_BITS`
+///   half: user space `[0, 2^48)` through TTBR0 and the kernel
+///   `[2^64 - 2^48, 2^64)` through TTBR1, each using all 512 entries of its
+///   own root ([`Format::SEPARATE_HALVES`] is `true`).
+/// - **x86-64** has one root (CR3) for both canonical halves (Intel SDM
+///   Vol. 3A 4.5 "4-level paging and 5-level paging"): PML4 (or PML5)
+///   entries 0–255 translate the lower half `[0, 2^47)` and 256–511 the
+///   upper half `[2^64 - 2^47, 2^64)` (`2^56` with LA57).
+///
+/// [`VaRange::Both`] is every canonical address of the format, through one
+/// root: what [`AddressSpace::new`](crate::AddressSpace::new) builds. On
+/// arm64 that root serves both registers with T0SZ = T1SZ = `65 - VA_BITS`
+/// (TTBR1 pointing at its second half, see the arm64 crate's `regs`).
 ///
 /// [`AddressSpace`]: crate::AddressSpace
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]

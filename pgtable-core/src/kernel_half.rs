@@ -1,33 +1,4 @@
 //! A kernel half shared by every user address space.
-//!
-//! Every process of a kernel sees the same kernel mappings. How the
-//! hardware gets there differs, and this module gives both one API:
-//!
-//! - **x86-64** has one root (CR3) per process for both halves. Linux
-//!   makes the kernel half shared by *table*, not by copy: the kernel's
-//!   top-level entries 256–511 each link a next-level table that exists
-//!   for the life of the system (x86 `preallocate_vmalloc_pages`, and
-//!   `pgd_alloc` → `pgd_ctor` copying the kernel's top-level entries into
-//!   every new PGD; `sync_global_pgds` for the rest). A kernel mapping
-//!   added later goes into those shared tables, so every process sees it
-//!   at once. [`AddressSpace::share_kernel_half`] preallocates the tables
-//!   and pins them (the kernel space never unlinks, replaces nor frees
-//!   them, even when they become empty or a whole 512 GiB entry is
-//!   unmapped); [`AddressSpace::new_user`] copies the 256 entries into a
-//!   new user root. The user space translates its lower half only
-//!   ([`VaRange::Lower`]): its operations never reach the kernel's tables
-//!   and its `Drop` frees only its own half.
-//! - **arm64** translates the kernel half through TTBR1_EL1 and user
-//!   spaces through TTBR0_EL1 ([`Format::SEPARATE_HALVES`]): the kernel's
-//!   root stays in TTBR1 while user roots are switched in TTBR0, so
-//!   nothing is shared at the table level and **no entries are copied**.
-//!   The same calls work: the kernel space is a [`VaRange::Upper`] space,
-//!   and `new_user` makes an empty [`VaRange::Lower`] one.
-//!
-//! Tables linked into a user space get the user table attributes and those
-//! of the kernel half the kernel ones ([`TableAttrs`](crate::TableAttrs)).
-//!
-//! [`Format::SEPARATE_HALVES`]: crate::Format::SEPARATE_HALVES
 
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -40,6 +11,55 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// user spaces ([`share_kernel_half`](Self::share_kernel_half) of a
     /// new [`VaRange::Upper`] space): on x86 it preallocates the 256
     /// upper-half tables, on arm64 it is the TTBR1_EL1 space.
+    ///
+    /// Every process of a kernel sees the same kernel mappings. How the
+    /// hardware gets there differs, and these functions give both one API:
+    ///
+    /// - **x86-64** has one root (CR3) per process for both halves. Linux
+    ///   makes the kernel half shared by *table*, not by copy: the kernel's
+    ///   top-level entries 256–511 each link a next-level table that exists
+    ///   for the life of the system (x86 `preallocate_vmalloc_pages`, and
+    ///   `pgd_alloc` → `pgd_ctor` copying the kernel's top-level entries into
+    ///   every new PGD; `sync_global_pgds` for the rest). A kernel mapping
+    ///   added later goes into those shared tables, so every process sees it
+    ///   at once. [`AddressSpace::share_kernel_half`] preallocates the tables
+    ///   and pins them (the kernel space never unlinks, replaces nor frees
+    ///   them, even when they become empty or a whole 512 GiB entry is
+    ///   unmapped); [`AddressSpace::new_user`] copies the 256 entries into a
+    ///   new user root. The user space translates its lower half only
+    ///   ([`VaRange::Lower`]): its operations never reach the kernel's tables
+    ///   and its `Drop` frees only its own half.
+    /// - **arm64** translates the kernel half through TTBR1_EL1 and user
+    ///   spaces through TTBR0_EL1 ([`Format::SEPARATE_HALVES`]): the kernel's
+    ///   root stays in TTBR1 while user roots are switched in TTBR0, so
+    ///   nothing is shared at the table level and **no entries are copied**.
+    ///   The same calls work: the kernel space is a [`VaRange::Upper`] space,
+    ///   and `new_user` makes an empty [`VaRange::Lower`] one.
+    ///
+    /// Tables linked into a user space get the user table attributes and those
+    /// of the kernel half the kernel ones ([`TableAttrs`](crate::TableAttrs)).
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::test_format::TestFormat;
+    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    ///
+    /// type F = TestFormat<4>; // one root for both halves, like x86
+    /// let mut kernel = AddressSpace::<F, _, _>::new_kernel(NoopMmu, Arena::new()).unwrap();
+    /// // SAFETY: `user` is dropped before `kernel`.
+    /// let user = unsafe { AddressSpace::<F, _, _>::new_user(&kernel, NoopMmu, Arena::new()) }.unwrap();
+    /// // A kernel mapping made after the user space exists ...
+    /// let kva = VirtAddr(0xffff_8000_0000_0000);
+    /// kernel.map(kva, PhysAddr(0x20_0000), 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    /// // ... lies in a table the user root links too (the user space itself
+    /// // does not translate the upper half).
+    /// assert!(user.translate(kva).is_none());
+    /// assert_eq!(user.count_tables(), 1);
+    /// drop(user);
+    /// # }
+    /// ```
+    ///
+    /// [`Format::SEPARATE_HALVES`]: crate::Format::SEPARATE_HALVES
     ///
     /// # Errors
     ///

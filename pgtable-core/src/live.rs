@@ -1,44 +1,5 @@
 //! `change_protection_live`: permission changes of mappings that other
 //! CPUs are using right now (the kernel image, the linear map, vmalloc).
-//!
-//! [`change_protection`](AddressSpace::change_protection) follows mprotect:
-//! each entry is taken out of service (`ptep_modify_prot_start`, an atomic
-//! clear) and put back (`ptep_modify_prot_commit`). A CPU that touches the
-//! page in between takes a translation fault, which a user page's fault
-//! handler retries but which is fatal for kernel text or data another CPU
-//! is running on. Linux therefore changes kernel mappings in place: arm64
-//! `set_memory_ro` → `__change_memory_common` → `change_page_range` stores
-//! the modified entry with `__set_pte` (no invalid step), and x86
-//! `__change_page_attr` writes the new entry with `set_pte_atomic`, then
-//! each flushes the TLB once.
-//!
-//! This module does the same with a compare-exchange per entry (so an
-//! accessed or dirty bit the hardware sets meanwhile is kept: the exchange
-//! fails and is retried with the new value), one walker barrier per table
-//! and one TLB flush at the end. No entry is ever invalid on the way.
-//!
-//! # When break-before-make is needed
-//!
-//! In place is allowed only where the architecture allows both the old and
-//! the new translation to be cached at once ([`Arch::change_is_safe`]).
-//! On arm64 (Arm ARM D8.16 "break-before-make") that excludes changes of
-//! memory type or shareability, non-global to global, and any change of
-//! the translation size: splitting a block a range covers only in part
-//! needs break-before-make there. The operation then returns
-//! [`Error::BreakBeforeMake`] *before it changes anything*, unless the
-//! caller allows break-before-make ([`LiveOptions::allow_bbm`]) because no
-//! other CPU can be using the range (the entry is briefly invalid: Linux
-//! arm64 avoids it by mapping the linear map with pages when it must stay
-//! changeable, `can_set_direct_map`).
-//!
-//! On x86 ([`Arch::BREAK_BEFORE_MAKE`] is `false`) every change is made
-//! in place, splits included: the Intel SDM (Vol. 3A 4.10.2.3 "Details of
-//! TLB Use" and 4.10.4 "Invalidation of TLBs and Paging-Structure Caches")
-//! allows the processor to hold the old large-page translation and the new
-//! small-page ones together until the invalidation, and uses either, which
-//! is harmless as long as both map the same physical memory with the same
-//! memory type (what a split keeps). Linux's `__split_large_page` relies
-//! on it.
 
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -49,6 +10,45 @@ use crate::{
 };
 
 /// Options of [`AddressSpace::change_protection_live`].
+///
+/// [`change_protection`](AddressSpace::change_protection) follows mprotect:
+/// each entry is taken out of service (`ptep_modify_prot_start`, an atomic
+/// clear) and put back (`ptep_modify_prot_commit`). A CPU that touches the
+/// page in between takes a translation fault, which a user page's fault
+/// handler retries but which is fatal for kernel text or data another CPU
+/// is running on. Linux therefore changes kernel mappings in place: arm64
+/// `set_memory_ro` → `__change_memory_common` → `change_page_range` stores
+/// the modified entry with `__set_pte` (no invalid step), and x86
+/// `__change_page_attr` writes the new entry with `set_pte_atomic`, then
+/// each flushes the TLB once.
+///
+/// [`AddressSpace::change_protection_live`] does the same with a compare-exchange per entry (so an
+/// accessed or dirty bit the hardware sets meanwhile is kept: the exchange
+/// fails and is retried with the new value), one walker barrier per table
+/// and one TLB flush at the end. No entry is ever invalid on the way.
+///
+/// # When break-before-make is needed
+///
+/// In place is allowed only where the architecture allows both the old and
+/// the new translation to be cached at once ([`Arch::change_is_safe`]).
+/// On arm64 (Arm ARM D8.16 "break-before-make") that excludes changes of
+/// memory type or shareability, non-global to global, and any change of
+/// the translation size: splitting a block a range covers only in part
+/// needs break-before-make there. The operation then returns
+/// [`Error::BreakBeforeMake`] *before it changes anything*, unless the
+/// caller allows break-before-make ([`LiveOptions::allow_bbm`]) because no
+/// other CPU can be using the range (the entry is briefly invalid: Linux
+/// arm64 avoids it by mapping the linear map with pages when it must stay
+/// changeable, `can_set_direct_map`).
+///
+/// On x86 ([`Arch::BREAK_BEFORE_MAKE`] is `false`) every change is made
+/// in place, splits included: the Intel SDM (Vol. 3A 4.10.2.3 "Details of
+/// TLB Use" and 4.10.4 "Invalidation of TLBs and Paging-Structure Caches")
+/// allows the processor to hold the old large-page translation and the new
+/// small-page ones together until the invalidation, and uses either, which
+/// is harmless as long as both map the same physical memory with the same
+/// memory type (what a split keeps). Linux's `__split_large_page` relies
+/// on it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct LiveOptions {
     /// Allow break-before-make where the architecture needs it (the entry
@@ -76,7 +76,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Arch::TLB_FLUSH_CEILING`]). Holes are skipped; entries that already
     /// grant `prot` are not written. A block the range covers only in part
     /// is split first: in place on x86, with break-before-make on arm64
-    /// (see below). See the [module docs](self) for the rules.
+    /// (see below). [`LiveOptions`] states the rules.
     ///
     /// # Errors
     ///

@@ -1,33 +1,33 @@
 //! Table-level (hierarchical) attributes: restrictions a table entry puts
 //! on everything mapped below it.
-//!
-//! Both architectures combine the rights of every level of a walk:
-//!
-//! - **arm64** (Arm ARM D8.4.2 "Hierarchical control of data access
-//!   permissions" and D8.4.3 for instruction access): a table descriptor's
-//!   `APTable[0]` (bit 61) removes EL0 access, `APTable[1]` (bit 62) write
-//!   access, `UXNTable` (bit 60) EL0 and `PXNTable` (bit 59) EL1 execution
-//!   for every later level. Linux sets `PXNTable` on the tables of user
-//!   address spaces (`PMD_TABLE_PXN`, `PUD_TABLE_PXN`, …) so the kernel can
-//!   never execute user memory, and keeps kernel tables out of EL0's reach.
-//! - **x86-64** (Intel SDM Vol. 3A 4.6.1 "Determination of access
-//!   rights"): an access is a user-mode access right only if U/S is 1 in
-//!   *every* paging-structure entry of the walk, writable only if R/W is 1
-//!   in every one, and executable only if XD is 0 in every one. Linux
-//!   builds user tables with `_PAGE_TABLE` (U/S set) and kernel tables with
-//!   `_KERNPG_TABLE` (U/S clear).
-//!
-//! An [`AddressSpace`](crate::AddressSpace) links every new table with its
-//! [`TableAttrs`] ([`AddressSpace::set_table_attrs`](crate::AddressSpace::set_table_attrs));
-//! the format encodes them ([`Format::table_entry_attrs`](crate::Format::table_entry_attrs))
-//! and tells the simulated walker what an entry restricts
-//! ([`Format::table_limits`](crate::Format::table_limits)).
 
 /// Restrictions a table entry applies to every mapping below it.
 ///
 /// A format encodes the flags it can and ignores the rest (x86 has no
 /// privileged-only or user-only execute-never at the table level: its XD
 /// bit, which stops both, is used only when both flags are asked for).
+///
+/// Both architectures combine the rights of every level of a walk:
+///
+/// - **arm64** (Arm ARM D8.4.2 "Hierarchical control of data access
+///   permissions" and D8.4.3 for instruction access): a table descriptor's
+///   `APTable[0]` (bit 61) removes EL0 access, `APTable[1]` (bit 62) write
+///   access, `UXNTable` (bit 60) EL0 and `PXNTable` (bit 59) EL1 execution
+///   for every later level. Linux sets `PXNTable` on the tables of user
+///   address spaces (`PMD_TABLE_PXN`, `PUD_TABLE_PXN`, …) so the kernel can
+///   never execute user memory, and keeps kernel tables out of EL0's reach.
+/// - **x86-64** (Intel SDM Vol. 3A 4.6.1 "Determination of access
+///   rights"): an access is a user-mode access right only if U/S is 1 in
+///   *every* paging-structure entry of the walk, writable only if R/W is 1
+///   in every one, and executable only if XD is 0 in every one. Linux
+///   builds user tables with `_PAGE_TABLE` (U/S set) and kernel tables with
+///   `_KERNPG_TABLE` (U/S clear).
+///
+/// An [`AddressSpace`](crate::AddressSpace) links every new table with its
+/// [`TableAttrs`] ([`AddressSpace::set_table_attrs`](crate::AddressSpace::set_table_attrs));
+/// the format encodes them ([`Format::table_entry_attrs`](crate::Format::table_entry_attrs))
+/// and tells the simulated walker what an entry restricts
+/// ([`Format::table_limits`](crate::Format::table_limits)).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct TableAttrs {
     bits: u8,
