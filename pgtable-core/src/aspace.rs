@@ -250,6 +250,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// on. If a CPU may be using `root`, the caller must not let the
     /// address space be dropped before it stops (or must
     /// [`install`](Self::install) it, which makes it active).
+    ///
+    /// The adopted space translates both halves and pins nothing: if its
+    /// upper half is a kernel half that user spaces link
+    /// ([`new_user`](Self::new_user)), call
+    /// [`share_kernel_half`](Self::share_kernel_half) again before any
+    /// unmap or move, so its shared tables are never freed.
     pub unsafe fn from_root(root: PhysAddr, mmu: M, alloc: T) -> Self {
         let mut s = AddressSpace::from_parts(root, mmu, alloc);
         // Adopted tables may hold global leaves.
