@@ -429,7 +429,8 @@ impl<const L: u32> Arm64Format<L> {
 
 // SAFETY: above height 0 an entry decodes as a table exactly when VALID
 // and bit 1 are both set, and to its bits 12-47 (`OA_MASK`; `PA_BITS` is
-// 48), which `table_entry` builds from the address. Leaves above height 0
+// 48), which `table_entry` builds from the address (`table_entry_attrs`
+// adds only bits 59-62, outside both). Leaves above height 0
 // never have bit 1: `leaf_template` sets it at height 0 only,
 // `modify_prot` rebuilds from the template and keeps only the address,
 // AF, CONT and software bits (55-58), `split_leaf` sets it only for

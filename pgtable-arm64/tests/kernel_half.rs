@@ -28,3 +28,9 @@ fn table_attributes_guard_the_halves() {
     kernel_half::table_attributes_guard_the_halves::<Arm64>();
     kernel_half::table_attributes_guard_the_halves::<Arm64Va39>();
 }
+
+#[test]
+fn table_attributes_keep_the_table_decodable() {
+    kernel_half::table_attributes_keep_the_table_decodable::<Arm64>();
+    kernel_half::table_attributes_keep_the_table_decodable::<Arm64Va39>();
+}

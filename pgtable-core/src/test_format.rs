@@ -84,7 +84,8 @@ fn prot_bits(prot: Prot) -> u64 {
 
 // SAFETY: a table entry is the only value with both VALID and
 // TABLE_OR_PAGE set at a height above 0, and decodes to the address it was
-// built from (bits 12-47, and `PA_BITS` is 48); leaves above height 0 never
+// built from (bits 12-47, and `PA_BITS` is 48; `table_entry_attrs` adds
+// only bits 8-11); leaves above height 0 never
 // get TABLE_OR_PAGE (`leaf_template` leaves it clear, `modify_prot` and
 // `hw_access` keep it, `split_leaf` sets it only for height-0 children);
 // height 0 never decodes as a table. Every method is pure.

@@ -25,3 +25,10 @@ fn a_kernel_half_needs_the_upper_half() {
 fn table_attributes_guard_the_halves() {
     kernel_half::table_attributes_guard_the_halves::<TestFormat<4>>();
 }
+
+#[test]
+fn table_attributes_keep_the_table_decodable() {
+    kernel_half::table_attributes_keep_the_table_decodable::<TestFormat<3>>();
+    kernel_half::table_attributes_keep_the_table_decodable::<TestFormat<4>>();
+    kernel_half::table_attributes_keep_the_table_decodable::<TestFormat<5>>();
+}

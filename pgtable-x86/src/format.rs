@@ -252,7 +252,9 @@ impl<const L: u32, const M: u32> X86Paging<L, M> {
 // set, PS is clear and no reserved bit is set, and to its bits 12-51
 // (`ADDR_MASK`); `table_entry` of a 4 KiB-aligned address below
 // `1 << PA_BITS` (= `M`, so no bit of `RESERVED_HIGH`) is such an entry
-// and decodes back to that address. Leaves above height 0 always have PS:
+// and decodes back to that address, and so is `table_entry_attrs`, which
+// only clears US or RW or sets XD (not reserved with NXE) on top of the
+// same address. Leaves above height 0 always have PS:
 // `leaf_template` sets it, `modify_prot` clears only RW, US, XD, G and the
 // memory-type bits (PAT is bit 12 in a huge leaf), `split_leaf` clears it
 // only for height-0 children and `hw_access` only sets A and D. Height 0

@@ -28,3 +28,9 @@ fn table_attributes_guard_the_halves() {
     kernel_half::table_attributes_guard_the_halves::<X86_64>();
     kernel_half::table_attributes_guard_the_halves::<X86_64La57>();
 }
+
+#[test]
+fn table_attributes_keep_the_table_decodable() {
+    kernel_half::table_attributes_keep_the_table_decodable::<X86_64>();
+    kernel_half::table_attributes_keep_the_table_decodable::<X86_64La57>();
+}

@@ -278,3 +278,30 @@ pub fn table_attributes_guard_the_halves<A: Arch>() {
     }
     m.check().unwrap();
 }
+
+/// Every table attribute combination still decodes as the table it links
+/// (the `Format` safety rule the walks rely on), the walker reads back no
+/// more than was asked, and user access and write restrictions exactly
+/// as asked; a plain table entry restricts nothing.
+pub fn table_attributes_keep_the_table_decodable<A: Arch>() {
+    use pgtable_core::Decoded;
+    let pas = [
+        0x1000u64,
+        0x4000_0000,
+        (1u64 << A::PA_BITS.min(48)) - 0x1000,
+    ];
+    for h in 1..A::LEVELS {
+        for &pa in &pas {
+            let pa = PhysAddr(pa);
+            assert_eq!(A::table_limits(A::table_entry(pa, h), h), TableAttrs::NONE);
+            for bits in 0..16u8 {
+                let a = TableAttrs::new(bits);
+                let e = A::table_entry_attrs(pa, h, a);
+                assert_eq!(A::decode(e, h), Decoded::Table(pa), "{a:?} at {h}");
+                let l = A::table_limits(e, h);
+                assert_eq!(l.bits() & !a.bits(), 0, "{a:?} read back as {l:?}");
+                assert_eq!((l.no_user(), l.read_only()), (a.no_user(), a.read_only()));
+            }
+        }
+    }
+}
