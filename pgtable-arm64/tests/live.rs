@@ -23,3 +23,9 @@ fn break_before_make_is_refused_unless_allowed() {
     live::break_before_make_is_refused_unless_allowed::<Arm64>();
     live::break_before_make_is_refused_unless_allowed::<Arm64Va39>();
 }
+
+#[test]
+fn a_live_change_out_of_memory_changes_nothing() {
+    live::a_live_change_out_of_memory_changes_nothing::<Arm64>();
+    live::a_live_change_out_of_memory_changes_nothing::<Arm64Va39>();
+}

@@ -29,3 +29,9 @@ fn clear_then_commit_would_fault_a_cpu_using_the_range() {
     // The block is cleared before the commit in each change.
     assert!(o.gaps >= 2, "{}", o.gaps);
 }
+
+#[test]
+fn a_live_change_out_of_memory_changes_nothing() {
+    live::a_live_change_out_of_memory_changes_nothing::<X86_64>();
+    live::a_live_change_out_of_memory_changes_nothing::<X86_64La57>();
+}

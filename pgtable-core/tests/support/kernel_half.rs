@@ -228,6 +228,17 @@ pub fn a_kernel_half_needs_the_upper_half<A: Arch>() {
     }
     drop((plain, lower, both));
     assert_eq!(m.live_tables(), 0);
+    // Out of memory half way through the preallocation: nothing leaks.
+    m.fail_table_allocs_after(Some(10));
+    let r = AddressSpace::<A, _, _>::new_kernel(m.mmu(), m.alloc());
+    m.fail_table_allocs_after(None);
+    if A::SEPARATE_HALVES {
+        // Nothing to preallocate.
+        assert_eq!(r.map(|k| k.count_tables()).ok(), Some(1));
+    } else {
+        assert_eq!(r.err(), Some(Error::OutOfMemory));
+    }
+    assert_eq!(m.live_tables(), 0);
 }
 
 /// A kernel mapping that user mode may access at the leaf is still out of
