@@ -67,7 +67,7 @@ pub enum Ttbr {
     /// [`VaRange::Upper`](pgtable_core::VaRange::Upper) address space, which
     /// translates the whole `[2^64 - 2^VA_BITS, 2^64)` through its 512
     /// entries (TCR_EL1 from
-    /// [`tcr_value_separate_halves`](crate::tcr_value_separate_halves), as
+    /// [`tcr_value_separate_halves`], as
     /// [`enable_mmu_separate_halves`] sets). A
     /// [`VaRange::Lower`](pgtable_core::VaRange::Lower) space uses
     /// [`Ttbr::Ttbr0`].
