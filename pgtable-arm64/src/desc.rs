@@ -71,7 +71,7 @@
 use bit_field::BitField;
 use pgtable_core::{
     generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    VirtAddr, LEVEL_BITS, PAGE_SHIFT,
+    TableAttrs, VirtAddr, LEVEL_BITS, PAGE_SHIFT,
 };
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert, const_assert_eq};
 
@@ -126,6 +126,10 @@ pub const PXN_TABLE: u64 = 1 << 59;
 pub const UXN_TABLE: u64 = 1 << 60;
 /// APTable\[1:0\], bits \[62:61\] of a table descriptor.
 pub const AP_TABLE_MASK: u64 = 0b11 << 61;
+/// APTable\[0\], bit \[61\]: no EL0 access at later levels.
+pub const AP_TABLE_NO_EL0: u64 = 1 << 61;
+/// APTable\[1\], bit \[62\]: no write access at later levels.
+pub const AP_TABLE_RDONLY: u64 = 1 << 62;
 /// NSTable, bit \[63\] of a table descriptor.
 pub const NS_TABLE: u64 = 1 << 63;
 
@@ -334,7 +338,18 @@ impl HwFeatures {
 /// TTBR1_EL1 points at its second half (root + 2 KiB) and T0SZ = T1SZ =
 /// 65 - VA, which is what [`tcr_value`](crate::tcr_value) computes: root
 /// entries 0–255 then translate the low half and 256–511 the high half,
-/// exactly as the software walk indexes them.
+/// exactly as the software walk indexes them ([`VaRange::Both`]).
+///
+/// As Linux does, an OS can instead give each register a whole `VA_BITS`
+/// half ([`Format::SEPARATE_HALVES`]): a
+/// [`VaRange::Lower`] address space for TTBR0_EL1 (`[0, 2^VA)`) and a
+/// [`VaRange::Upper`] one for TTBR1_EL1 (`[2^64 - 2^VA, 2^64)`), each
+/// using all 512 entries of its root, with T0SZ = T1SZ = 64 - VA
+/// ([`tcr_value_separate_halves`](crate::tcr_value_separate_halves)).
+///
+/// [`VaRange::Both`]: pgtable_core::VaRange::Both
+/// [`VaRange::Lower`]: pgtable_core::VaRange::Lower
+/// [`VaRange::Upper`]: pgtable_core::VaRange::Upper
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Arm64Format<const L: u32>;
 
@@ -435,7 +450,8 @@ impl<const L: u32> Arm64Format<L> {
 
 // SAFETY: above height 0 an entry decodes as a table exactly when VALID
 // and bit 1 are both set, and to its bits 12-47 (`OA_MASK`; `PA_BITS` is
-// 48), which `table_entry` builds from the address. Leaves above height 0
+// 48), which `table_entry` builds from the address (`table_entry_attrs`
+// adds only bits 59-62, outside both). Leaves above height 0
 // never have bit 1: `leaf_template` sets it at height 0 only,
 // `modify_prot` rebuilds from the template and keeps only the address,
 // AF, CONT and software bits (55-58), `split_leaf` sets it only for
@@ -609,6 +625,52 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     fn swp_value(raw: u64) -> Option<u64> {
         let high = raw >> (SWP_VALUE_SHIFT + Self::SWP_VALUE_BITS);
         (raw & 0xfff == SWP_TAG && high == 0).then_some(raw >> SWP_VALUE_SHIFT)
+    }
+
+    /// TTBR0_EL1 and TTBR1_EL1 each translate a whole `VA_BITS` half with
+    /// [`tcr_value_separate_halves`](crate::tcr_value_separate_halves).
+    const SEPARATE_HALVES: bool = true;
+
+    /// A table descriptor with the hierarchical attributes of Arm ARM
+    /// D8.3.1 (table descriptor bits \[63:59\]) and D8.4.2: `APTable[0]`
+    /// (bit 61) for [`TableAttrs::NO_USER`], `APTable[1]` (bit 62) for
+    /// [`TableAttrs::READ_ONLY`], `UXNTable` (bit 60) and `PXNTable`
+    /// (bit 59). Linux uses `PXNTable` on user tables (`PMD_TABLE_PXN`,
+    /// `PUD_TABLE_PXN`, `P4D_TABLE_PXN`).
+    #[inline]
+    fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: TableAttrs) -> u64 {
+        let mut v = Self::table_entry(pa, height);
+        if attrs.no_user() {
+            v |= AP_TABLE_NO_EL0;
+        }
+        if attrs.read_only() {
+            v |= AP_TABLE_RDONLY;
+        }
+        if attrs.uxn() {
+            v |= UXN_TABLE;
+        }
+        if attrs.pxn() {
+            v |= PXN_TABLE;
+        }
+        v
+    }
+
+    #[inline]
+    fn table_limits(raw: u64, _height: u32) -> TableAttrs {
+        let mut b = 0;
+        if raw & AP_TABLE_NO_EL0 != 0 {
+            b |= TableAttrs::NO_USER;
+        }
+        if raw & AP_TABLE_RDONLY != 0 {
+            b |= TableAttrs::READ_ONLY;
+        }
+        if raw & UXN_TABLE != 0 {
+            b |= TableAttrs::UXN;
+        }
+        if raw & PXN_TABLE != 0 {
+            b |= TableAttrs::PXN;
+        }
+        TableAttrs::new(b)
     }
 }
 

@@ -56,7 +56,11 @@ pub use bbm::{pgattr_change_is_safe, set_live_entry};
 pub use desc::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
 #[cfg(target_arch = "aarch64")]
 pub use mmu::{
-    asid_bits, enable_mmu, enable_mmu_for, has_tlb_range, local_flush_tlb_all, Arm64Mmu, Ttbr,
+    asid_bits, enable_mmu, enable_mmu_for, enable_mmu_separate_halves, has_tlb_range,
+    local_flush_tlb_all, Arm64Mmu, Ttbr,
 };
-pub use regs::{tcr_value, ttbr0_value, Asid, AsidBits, AsidTooWide, TcrConfig};
+pub use regs::{
+    tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, ttbr0_value, txsz, Asid, AsidBits,
+    AsidTooWide, TcrConfig,
+};
 pub use tlbi::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};

@@ -27,7 +27,8 @@ use pgtable_core::{Format, Mmu, PhysAddr, TlbRange};
 use tock_registers::interfaces::{Readable, Writeable};
 
 use crate::regs::{
-    tcr_value, ttbr0_value, ttbr1_base, Asid, AsidBits, TcrConfig, SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
+    tcr_value, tcr_value_separate_halves, ttbr0_value, ttbr1_base, Asid, AsidBits, TcrConfig,
+    SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
 };
 use crate::tlbi::{
     plan_flush, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
@@ -63,6 +64,15 @@ pub enum Ttbr {
     Ttbr1,
     /// Both: one root serves both canonical halves.
     Both,
+    /// TTBR1_EL1 only, at the root itself: the root of a
+    /// [`VaRange::Upper`](pgtable_core::VaRange::Upper) address space, which
+    /// translates the whole `[2^64 - 2^VA_BITS, 2^64)` through its 512
+    /// entries (TCR_EL1 from
+    /// [`tcr_value_separate_halves`], as
+    /// [`enable_mmu_separate_halves`] sets). A
+    /// [`VaRange::Lower`](pgtable_core::VaRange::Lower) space uses
+    /// [`Ttbr::Ttbr0`].
+    Ttbr1Root,
 }
 
 /// The ASID width this CPU translates with: 16 bits when TCR_EL1.AS is 1
@@ -346,6 +356,7 @@ unsafe impl Mmu for Arm64Mmu {
         match self.ttbr {
             Ttbr::Ttbr0 => TTBR0_EL1.set(ttbr0),
             Ttbr::Ttbr1 => TTBR1_EL1.set(ttbr1_base(root.0)),
+            Ttbr::Ttbr1Root => TTBR1_EL1.set(root.0),
             Ttbr::Both => {
                 TTBR0_EL1.set(ttbr0);
                 TTBR1_EL1.set(ttbr1_base(root.0));
@@ -415,4 +426,51 @@ pub unsafe fn enable_mmu_for<F: Format>(root: PhysAddr) -> u64 {
 pub unsafe fn enable_mmu(root: PhysAddr) -> u64 {
     // SAFETY: the caller upholds the contract of `enable_mmu_for`.
     unsafe { enable_mmu_for::<Arm64>(root) }
+}
+
+/// Turns the MMU on with separate roots for the two halves, as Linux runs
+/// arm64: `lower` (a [`VaRange::Lower`](pgtable_core::VaRange::Lower)
+/// space) in TTBR0_EL1 for `[0, 2^VA_BITS)` and `upper` (a
+/// [`VaRange::Upper`](pgtable_core::VaRange::Upper) space, e.g. from
+/// `AddressSpace::new_kernel`) in TTBR1_EL1 for `[2^64 - 2^VA_BITS, 2^64)`,
+/// each through all 512 entries of its root.
+///
+/// Everything else is as in [`enable_mmu_for`], except TCR_EL1 =
+/// [`tcr_value_separate_halves`] (T0SZ = T1SZ = 64 - VA_BITS). Returns the
+/// TCR value written. Switch user spaces afterwards with an MMU installing
+/// into [`Ttbr::Ttbr0`], and the kernel's with [`Ttbr::Ttbr1Root`].
+///
+/// # Safety
+///
+/// As [`enable_mmu_for`], for both roots: together they must map the code
+/// executing this function and everything the CPU touches next, and both
+/// must stay alive while installed.
+pub unsafe fn enable_mmu_separate_halves<F: Format>(lower: PhysAddr, upper: PhysAddr) -> u64 {
+    let pa_range = ID_AA64MMFR0_EL1.get() & 0xf;
+    let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
+    let tcr = tcr_value_separate_halves(TcrConfig {
+        va_bits: F::VA_BITS,
+        ttbr1: true,
+        pa_range,
+        hw_access_flag: hafdbs >= 1,
+        hw_dirty: hafdbs >= 2,
+    });
+    MAIR_EL1.set(MAIR_VALUE);
+    TCR_EL1.set(tcr);
+    TTBR0_EL1.set(lower.0);
+    TTBR1_EL1.set(upper.0);
+    // Table writes and the register writes are complete before the TLB
+    // invalidation and the enable.
+    dsb(ISH);
+    isb(SY);
+    // SAFETY: local TLB invalidation; stale entries from before are gone.
+    unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
+    // The local invalidation completed before the enable.
+    dsb(NSH);
+    isb(SY);
+    let sctlr = (SCTLR_EL1.get() | SCTLR_MMU_BITS) & !SCTLR_MMU_CLEAR;
+    SCTLR_EL1.set(sctlr);
+    // Instructions after this one are translated.
+    isb(SY);
+    tcr
 }

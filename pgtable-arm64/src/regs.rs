@@ -82,8 +82,46 @@ impl TcrConfig {
 /// | IPS | 34:32 | `pa_range` |
 /// | AS | 36 | `asid16` (0: 8-bit ASIDs, 1: 16-bit) |
 /// | HA / HD | 39 / 40 | `hw_access_flag` / `hw_dirty` |
+///
+/// This is the layout where one root serves both halves (each half
+/// `VA_BITS - 1` bits, [`VaRange::Both`](pgtable_core::VaRange::Both)); for
+/// separate TTBR0/TTBR1 roots use [`tcr_value_separate_halves`].
 pub fn tcr_value(cfg: TcrConfig) -> u64 {
-    let txsz = 65 - cfg.va_bits as u64;
+    tcr_with_txsz(cfg, txsz(cfg.va_bits, false))
+}
+
+/// The TCR_EL1 value for `cfg` with separate roots for the two halves, as
+/// Linux configures arm64: TTBR0_EL1 translates `[0, 2^va_bits)` (a
+/// [`VaRange::Lower`](pgtable_core::VaRange::Lower) address space) and
+/// TTBR1_EL1 `[2^64 - 2^va_bits, 2^64)` (a
+/// [`VaRange::Upper`](pgtable_core::VaRange::Upper) one), each through all
+/// 512 entries of its own root: T0SZ = T1SZ = `64 - va_bits` (Arm ARM
+/// D8.2.2 "The VA space"; Linux `TCR_T0SZ(vabits_actual)` /
+/// `TCR_T1SZ(vabits_actual)`). Every other field is as in [`tcr_value`].
+pub fn tcr_value_separate_halves(cfg: TcrConfig) -> u64 {
+    tcr_with_txsz(cfg, txsz(cfg.va_bits, true))
+}
+
+/// The TnSZ value (T0SZ and T1SZ alike) for a format of `va_bits` bits:
+/// `64 - va_bits` when each TTBR translates a whole `va_bits` half
+/// (`separate_halves`), `65 - va_bits` when one root's two halves serve
+/// both registers.
+pub const fn txsz(va_bits: u32, separate_halves: bool) -> u64 {
+    (if separate_halves { 64 } else { 65 }) - va_bits as u64
+}
+
+/// TCR_EL1.T0SZ, bits \[5:0\]: TTBR0_EL1 translates `2^(64 - T0SZ)` bytes.
+pub fn tcr_t0sz(tcr: u64) -> u64 {
+    tcr.get_bits(0..6)
+}
+
+/// TCR_EL1.T1SZ, bits \[21:16\]: TTBR1_EL1 translates the top
+/// `2^(64 - T1SZ)` bytes.
+pub fn tcr_t1sz(tcr: u64) -> u64 {
+    tcr.get_bits(16..22)
+}
+
+fn tcr_with_txsz(cfg: TcrConfig, txsz: u64) -> u64 {
     let mut v = 0u64;
     v.set_bits(0..6, txsz); // T0SZ
     v.set_bits(8..10, 0b01); // IRGN0

@@ -1,6 +1,6 @@
 //! The arch contract: capabilities and the Linux-named entry operations.
 
-use crate::{generic, Format, Mmu, PhysAddr, Slot, VirtAddr};
+use crate::{generic, Format, Mmu, PhysAddr, Slot, TableAttrs, VirtAddr};
 
 /// An architecture: a [`Format`] plus its capabilities and entry operations.
 ///
@@ -184,5 +184,25 @@ pub unsafe trait Arch: Format {
     #[inline]
     fn change_is_safe(old: u64, new: u64, height: u32) -> bool {
         generic::change_is_safe::<Self>(old, new, height)
+    }
+
+    /// Links `table` into `slot` at `height` with the table attributes
+    /// `attrs` ([`Format::table_entry_attrs`]), publishing it as
+    /// [`populate`](Arch::populate) does. With [`TableAttrs::NONE`] it is
+    /// [`populate`](Arch::populate) (so an arch's populate overrides still
+    /// run); otherwise [`generic::populate_attrs`].
+    #[inline]
+    fn populate_attrs<M: Mmu>(
+        mmu: &M,
+        slot: &Slot,
+        table: PhysAddr,
+        height: u32,
+        attrs: TableAttrs,
+    ) {
+        if attrs == TableAttrs::NONE {
+            Self::populate(mmu, slot, table, height)
+        } else {
+            generic::populate_attrs::<Self, M>(mmu, slot, table, height, attrs)
+        }
     }
 }

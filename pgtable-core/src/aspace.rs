@@ -8,8 +8,8 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::level::{entry_end, index, shift, size};
 use crate::{
-    Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TlbGather, TlbRange,
-    VirtAddr, PAGE_SIZE,
+    Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs, TlbGather,
+    TlbRange, VaRange, VirtAddr, PAGE_SIZE,
 };
 
 /// What [`AddressSpace::map`] may use besides 4 KiB pages.
@@ -89,6 +89,14 @@ pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     pub(crate) may_hold_global: bool,
     /// Installed on the MMU and not deactivated since.
     active: bool,
+    /// The part of the virtual address space this space translates.
+    pub(crate) range: VaRange,
+    /// The upper half's root entries link tables shared with user spaces
+    /// (see `kernel_half.rs`): they are never unlinked nor freed while the
+    /// space lives.
+    pub(crate) kernel_half: bool,
+    /// The attributes of every table this space links.
+    pub(crate) table_attrs: TableAttrs,
     _arch: PhantomData<A>,
 }
 
@@ -184,14 +192,51 @@ impl FreeQueue {
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
-    /// A new, empty address space with a freshly allocated root table.
-    pub fn new(mmu: M, mut alloc: T) -> Result<Self, Error> {
+    /// A new, empty address space with a freshly allocated root table,
+    /// translating every canonical address ([`VaRange::Both`]).
+    pub fn new(mmu: M, alloc: T) -> Result<Self, Error> {
+        Self::new_in(VaRange::Both, mmu, alloc)
+    }
+
+    /// A new, empty address space that translates `range` only: an
+    /// address outside it is [`Error::OutOfRange`] for every operation
+    /// (and the tables stay as they were), [`translate`](Self::translate)
+    /// and [`entry`](Self::entry) return `None` for it, and dropping the
+    /// space frees only the tables under the root entries of `range`
+    /// ([`VaRange::root_indices`]).
+    ///
+    /// On arm64 ([`Format::SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES))
+    /// a [`VaRange::Lower`] space is a TTBR0_EL1 root for `[0, 2^VA_BITS)`
+    /// and a [`VaRange::Upper`] one a TTBR1_EL1 root for
+    /// `[2^64 - 2^VA_BITS, 2^64)`, each using all 512 root entries; on x86
+    /// a half is root entries 0–255 or 256–511 of a CR3 root.
+    pub fn new_in(range: VaRange, mmu: M, mut alloc: T) -> Result<Self, Error> {
         const { assert!(A::LEVELS >= 3 && A::LEVELS <= 5) };
         const { assert!(A::VA_BITS <= 64) };
         let root = alloc.alloc_table().ok_or(Error::OutOfMemory)?;
-        let s = AddressSpace::from_parts(root, mmu, alloc);
+        let mut s = AddressSpace::from_parts(root, mmu, alloc);
+        s.range = range;
         s.mmu.stats.add_tables_allocated(1);
         Ok(s)
+    }
+
+    /// The part of the virtual address space this space translates.
+    pub fn va_range(&self) -> VaRange {
+        self.range
+    }
+
+    /// Sets the attributes of every table the space links from now on
+    /// (tables linked before keep theirs): [`TableAttrs::USER`] for a user
+    /// space, [`TableAttrs::KERNEL`] for the kernel's (what
+    /// [`new_user`](Self::new_user) and [`new_kernel`](Self::new_kernel)
+    /// set). A new space starts with [`TableAttrs::NONE`].
+    pub fn set_table_attrs(&mut self, attrs: TableAttrs) {
+        self.table_attrs = attrs;
+    }
+
+    /// The attributes of the tables the space links.
+    pub fn table_attrs(&self) -> TableAttrs {
+        self.table_attrs
     }
 
     /// Adopts an existing root table, e.g. one given up by
@@ -205,6 +250,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// on. If a CPU may be using `root`, the caller must not let the
     /// address space be dropped before it stops (or must
     /// [`install`](Self::install) it, which makes it active).
+    ///
+    /// The adopted space translates both halves and pins nothing: if its
+    /// upper half is a kernel half that user spaces link
+    /// ([`new_user`](Self::new_user)), call
+    /// [`share_kernel_half`](Self::share_kernel_half) again before any
+    /// unmap or move, so its shared tables are never freed.
     pub unsafe fn from_root(root: PhysAddr, mmu: M, alloc: T) -> Self {
         let mut s = AddressSpace::from_parts(root, mmu, alloc);
         // Adopted tables may hold global leaves.
@@ -244,6 +295,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             barrier_pending: false,
             may_hold_global: false,
             active: false,
+            range: VaRange::Both,
+            kernel_half: false,
+            table_attrs: TableAttrs::NONE,
             _arch: PhantomData,
         }
     }
@@ -388,7 +442,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// The slot of the entry at `height` on the path to `va`.
     pub(crate) fn find_slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
-        if !A::va_ok(va.0) || height >= A::LEVELS {
+        if !self.range.contains::<A>(va.0) || height >= A::LEVELS {
             return None;
         }
         let mut pa = self.root;
@@ -408,9 +462,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
     }
 
-    /// Number of tables reachable from the root, the root included.
+    /// Number of tables reachable from the root through the root entries
+    /// of the space's [range](Self::va_range), the root included (a user
+    /// space does not count the kernel tables its root links).
     pub fn count_tables(&self) -> usize {
-        self.count_below(self.root, A::LEVELS - 1)
+        let (first, last) = self.range.root_indices::<A>();
+        let top = A::LEVELS - 1;
+        // SAFETY: the root is a live table of ours.
+        let t = unsafe { table_at(&self.alloc, self.root) };
+        let mut n = 1;
+        for e in &t.entries[first..=last] {
+            // Relaxed: we hold the address space.
+            if let Decoded::Table(c) = A::decode(e.load(Relaxed), top) {
+                n += self.count_below(c, top - 1);
+            }
+        }
+        n
     }
 
     fn count_below(&self, pa: PhysAddr, h: u32) -> usize {
@@ -429,9 +496,28 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     // ----- shared machinery for the algorithms -----
 
-    /// Checks a virtual range and returns its exclusive end (0 when the
-    /// range reaches the top of the 64-bit space).
-    pub(crate) fn check_range(va: VirtAddr, len: u64) -> Result<u64, Error> {
+    /// Checks a virtual range against the space's [range](Self::va_range)
+    /// and returns its exclusive end (0 when the range reaches the top of
+    /// the 64-bit space).
+    pub(crate) fn check_range(&self, va: VirtAddr, len: u64) -> Result<u64, Error> {
+        if self.range == VaRange::Both {
+            return Self::check_canonical(va, len);
+        }
+        Self::check_shape(va, len)?;
+        let (first, last) = self.range.bounds::<A>();
+        if va.0 < first || va.0 > last {
+            return Err(Error::OutOfRange(va));
+        }
+        if len - 1 > last - va.0 {
+            // The first address past the range (`last` is below 2^64 - 1
+            // here: a range that ends at the top holds every longer tail).
+            return Err(Error::OutOfRange(VirtAddr(last + 1)));
+        }
+        Ok(va.0.wrapping_add(len))
+    }
+
+    /// Checks that a range is not empty and page aligned.
+    fn check_shape(va: VirtAddr, len: u64) -> Result<(), Error> {
         if len == 0 {
             return Err(Error::ZeroLength);
         }
@@ -441,6 +527,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if len % PAGE_SIZE != 0 {
             return Err(Error::MisalignedLength(len));
         }
+        Ok(())
+    }
+
+    /// Checks a virtual range against the format's canonical addresses
+    /// and returns its exclusive end (0 when the range reaches the top of
+    /// the 64-bit space).
+    pub(crate) fn check_canonical(va: VirtAddr, len: u64) -> Result<u64, Error> {
+        Self::check_shape(va, len)?;
         if !A::va_ok(va.0) {
             return Err(Error::OutOfRange(va));
         }
@@ -654,7 +748,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let child = self.take(stash)?;
         // SAFETY: a reserved frame of ours, not yet linked.
         let ct = unsafe { table_at(&self.alloc, child) };
-        let new = A::table_entry(child, height);
+        let new = A::table_entry_attrs(child, height, self.table_attrs);
         let fill = |raw: u64| {
             let first = A::split_leaf(raw, height);
             let step = size(height - 1);
@@ -670,7 +764,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // sure no TLB holds it, then make the table.
             let old = break_entry::<A, _>(&self.mmu, slot, va, height);
             fill(old);
-            A::populate(&self.mmu, slot, child, height);
+            A::populate_attrs(&self.mmu, slot, child, height, self.table_attrs);
             // Never deferred: the table must be live before we go on.
             self.mmu.walker_barrier();
         } else {
@@ -825,7 +919,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {
             return;
         }
         let mut q = FreeQueue::new();
-        self.queue_free_subtree(&mut q, self.root, A::LEVELS - 1);
+        // Only the root entries of our range: on x86 a user space's root
+        // also links the kernel half's tables, which are not ours.
+        let (first, last) = self.range.root_indices::<A>();
+        let top = A::LEVELS - 1;
+        // SAFETY: the root is a live table of ours.
+        let t = unsafe { table_at(&self.alloc, self.root) };
+        for e in &t.entries[first..=last] {
+            // Relaxed: no CPU uses the tables any more.
+            if let Decoded::Table(c) = A::decode(e.load(Relaxed), top) {
+                self.queue_free_subtree(&mut q, c, top - 1);
+            }
+        }
+        self.queue_free(&mut q, self.root);
         // SAFETY: the address space is inactive, so by the contract of
         // `deactivate` (or because it was never installed) no CPU can
         // reach its tables.

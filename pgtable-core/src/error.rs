@@ -19,11 +19,16 @@ pub enum Error {
     MisalignedLength(u64),
     /// The length is zero.
     ZeroLength,
-    /// The range leaves the format's virtual address space or is not
-    /// canonical; the address is the first offending one (the start of
-    /// the non-canonical hole for a range that runs into it), or the
-    /// range's start when the range runs past the top of the 64-bit
-    /// space, where no first offending address can be named.
+    /// The range leaves the address space: it is not canonical for the
+    /// format, or it lies (partly) outside the half the address space
+    /// translates ([`AddressSpace::va_range`]; e.g. a kernel address given
+    /// to a user space). The address is the first offending one (the start
+    /// of the non-canonical hole, or the first address past the half, for
+    /// a range that runs into it), or the range's start when the range
+    /// starts outside or runs past the top of the 64-bit space, where no
+    /// first offending address can be named.
+    ///
+    /// [`AddressSpace::va_range`]: crate::AddressSpace::va_range
     OutOfRange(VirtAddr),
     /// The physical range does not fit the format's output address bits.
     PhysOutOfRange(PhysAddr),
@@ -41,6 +46,14 @@ pub enum Error {
     SwapValueTooWide(u64),
     /// No software entry is at this address (swap-in).
     NoSwapEntry(VirtAddr),
+    /// The address space cannot share, or does not share, a kernel half:
+    /// [`AddressSpace::share_kernel_half`] of a space that does not
+    /// translate the upper half, or [`AddressSpace::new_user`] from one
+    /// that does not share it.
+    ///
+    /// [`AddressSpace::share_kernel_half`]: crate::AddressSpace::share_kernel_half
+    /// [`AddressSpace::new_user`]: crate::AddressSpace::new_user
+    KernelHalf,
 }
 
 /// The broad class of an [`Error`], for callers that only branch on it.
@@ -66,7 +79,8 @@ impl Error {
             | Error::OutOfRange(_)
             | Error::PhysOutOfRange(_)
             | Error::Overlap
-            | Error::SwapValueTooWide(_) => ErrorKind::InvalidInput,
+            | Error::SwapValueTooWide(_)
+            | Error::KernelHalf => ErrorKind::InvalidInput,
             Error::AlreadyMapped(_) | Error::BreakBeforeMake(_) | Error::NoSwapEntry(_) => {
                 ErrorKind::Conflict
             }
@@ -87,6 +101,7 @@ impl fmt::Display for Error {
             Error::AlreadyMapped(a) => write!(f, "address {a} is already mapped"),
             Error::Overlap => write!(f, "source and destination overlap"),
             Error::OutOfMemory => write!(f, "out of memory for a page table"),
+            Error::KernelHalf => write!(f, "the address space shares no kernel half"),
             Error::BreakBeforeMake(a) => {
                 write!(f, "changing the live entry at {a} needs break-before-make")
             }

@@ -130,7 +130,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         mode: CopyMode,
     ) -> Result<(), Error> {
         // Phase 1: check, read-only.
-        let end = Self::check_range(va, len)?;
+        let end = self.check_range(va, len)?;
+        dst.check_range(va, len)?;
         let top = A::LEVELS - 1;
         if let Some(at) = dst.first_mapped_in(top, dst.root, va.0, end) {
             return Err(Error::AlreadyMapped(at));
@@ -292,7 +293,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                             // link. (No table: a short count; not copied.)
                             if let Some(dc) = dst.take(c.dst_stash) {
                                 self.copy_table(dst, h - 1, sc, dc, va, next, c);
-                                A::populate(&dst.mmu, dslot, dc, h);
+                                A::populate_attrs(&dst.mmu, dslot, dc, h, dst.table_attrs);
                                 dst.mmu.stats.add_entries_written(1);
                                 wrote = true;
                             }

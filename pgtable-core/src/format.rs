@@ -10,6 +10,7 @@
 use core::fmt;
 
 use crate::addr::PhysAddr;
+use crate::TableAttrs;
 
 /// What an entry is, as the hardware walker would see it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -192,9 +193,10 @@ pub enum AccessFault {
 /// memory that is not a table. So for every height `h` below `LEVELS` an
 /// implementation must guarantee:
 ///
-/// - `decode(table_entry(pa, h), h) == Decoded::Table(pa)` for `h > 0` and
-///   every 4 KiB-aligned `pa` below `1 << PA_BITS` (the algorithms link only
-///   such frames);
+/// - `decode(table_entry(pa, h), h) == Decoded::Table(pa)` and
+///   `decode(table_entry_attrs(pa, h, a), h) == Decoded::Table(pa)` for
+///   `h > 0`, every [`TableAttrs`] `a` and every 4 KiB-aligned `pa` below
+///   `1 << PA_BITS` (the algorithms link only such frames);
 /// - `decode(raw, h)` returns `Decoded::Table` for no other value that the
 ///   algorithms or the hardware put into an entry: never at height 0, never
 ///   for `0`, and never for a leaf the format builds ([`leaf`](Format::leaf),
@@ -311,5 +313,41 @@ pub unsafe trait Format: Sized + 'static {
     #[inline]
     fn swp_value(_raw: u64) -> Option<u64> {
         None
+    }
+
+    /// Whether the lower and upper halves are translated through separate
+    /// roots that each translate `VA_BITS` bits (arm64 TTBR0_EL1 and
+    /// TTBR1_EL1 with T0SZ = T1SZ = `64 - VA_BITS`, as Linux configures
+    /// them), rather than through the two halves of one root (x86 CR3).
+    /// It decides what [`VaRange::Lower`] and [`VaRange::Upper`] hold (see
+    /// [`VaRange::bounds`]). The default is `false`.
+    ///
+    /// [`VaRange::Lower`]: crate::VaRange::Lower
+    /// [`VaRange::Upper`]: crate::VaRange::Upper
+    /// [`VaRange::bounds`]: crate::VaRange::bounds
+    const SEPARATE_HALVES: bool = false;
+
+    /// An entry at `height` pointing at the next-level table at `pa` that
+    /// applies `attrs` to everything below it, as far as the format can
+    /// encode them (see [`TableAttrs`]). The default ignores `attrs` and
+    /// returns [`table_entry`](Format::table_entry).
+    ///
+    /// Safety rule: [`decode`](Format::decode) must return
+    /// `Decoded::Table(pa)` for the result, whatever `attrs` are (see the
+    /// trait's `# Safety`).
+    #[inline]
+    fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: TableAttrs) -> u64 {
+        let _ = attrs;
+        Self::table_entry(pa, height)
+    }
+
+    /// The restrictions the table entry `raw` at `height` applies to every
+    /// later level of a walk (the simulated walker combines them over the
+    /// walk: Arm ARM D8.4.2, Intel SDM 4.6.1). The default is none, for
+    /// formats whose table entries carry no attributes.
+    #[inline]
+    fn table_limits(raw: u64, height: u32) -> TableAttrs {
+        let _ = (raw, height);
+        TableAttrs::NONE
     }
 }

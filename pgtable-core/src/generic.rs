@@ -14,7 +14,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::{Arch, Mmu, PhysAddr, Slot, TlbRange, VirtAddr};
+use crate::{Arch, Mmu, PhysAddr, Slot, TableAttrs, TlbRange, VirtAddr};
 
 /// Stores `val` without a walker barrier (Linux `set_pte_nosync`).
 #[inline]
@@ -53,6 +53,20 @@ pub fn set_entry_at<A: Arch, M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, val: u
 pub fn populate<A: Arch, M: Mmu>(mmu: &M, slot: &Slot, table: PhysAddr, height: u32) {
     mmu.publish_barrier();
     set_entry_nosync(mmu, slot, A::table_entry(table, height));
+}
+
+/// [`populate`] with table attributes: the entry is
+/// [`Format::table_entry_attrs`](crate::Format::table_entry_attrs).
+#[inline]
+pub fn populate_attrs<A: Arch, M: Mmu>(
+    mmu: &M,
+    slot: &Slot,
+    table: PhysAddr,
+    height: u32,
+    attrs: TableAttrs,
+) {
+    mmu.publish_barrier();
+    set_entry_nosync(mmu, slot, A::table_entry_attrs(table, height, attrs));
 }
 
 /// Atomically reads and clears an entry (Linux `ptep_get_and_clear`).

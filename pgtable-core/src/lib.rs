@@ -58,7 +58,10 @@ mod error;
 mod fork;
 mod format;
 mod gather;
+mod half;
+mod kernel_half;
 mod level;
+mod live;
 mod map;
 mod mmu;
 mod moves;
@@ -66,6 +69,7 @@ mod protect;
 mod stats;
 mod swap;
 mod table;
+mod table_attrs;
 mod unmap;
 mod walk;
 
@@ -84,7 +88,9 @@ pub use error::{Error, ErrorKind};
 pub use fork::CopyMode;
 pub use format::{Access, AccessFault, Decoded, Format, MemType, Prot};
 pub use gather::TlbGather;
+pub use half::VaRange;
 pub use level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
+pub use live::LiveOptions;
 pub use mmu::{Mmu, NoopMmu, TlbRange};
 pub use moves::MoveOptions;
 pub use protect::{DeferredBlockProt, GenericBlockProt};
@@ -92,6 +98,7 @@ pub use stats::Stats;
 #[cfg(feature = "alloc")]
 pub use table::Arena;
 pub use table::{Slot, Table, TableAlloc};
+pub use table_attrs::TableAttrs;
 pub use walk::{Mapping, Translation};
 
 /// The README's usage example, compiled and run as a doctest.

@@ -40,7 +40,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         prot: Prot,
         opts: MapOptions,
     ) -> Result<(), Error> {
-        let end = Self::check_range(va, len)?;
+        let end = self.check_range(va, len)?;
         Self::check_phys(pa, len)?;
         let top = A::LEVELS - 1;
         // SAFETY: the root is a live table of ours.
@@ -215,7 +215,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         // unmapped.)
                         if let Some(c) = self.take(stash) {
                             self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
-                            A::populate(&self.mmu, slot, c, height);
+                            A::populate_attrs(&self.mmu, slot, c, height, self.table_attrs);
                             self.mmu.stats.add_entries_written(1);
                             wrote = true;
                         }

@@ -360,8 +360,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         opts: MoveOptions,
     ) -> Result<(), Error> {
         // Phase 1: check, read-only.
-        Self::check_range(old, len)?;
-        Self::check_range(new, len)?;
+        self.check_range(old, len)?;
+        self.check_range(new, len)?;
         if overlap(old.0, new.0, len) {
             return Err(Error::Overlap);
         }
@@ -902,7 +902,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // (populate publishes its zeroing first); the barrier
                     // of this table covers the link.
                     let c = self.take(stash)?;
-                    A::populate(&self.mmu, slot, c, h);
+                    A::populate_attrs(&self.mmu, slot, c, h, self.table_attrs);
                     self.wrote(owed, h, tpa);
                     tpa = c;
                 }
@@ -1281,8 +1281,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 let slot = &t.entries[index(va, height)];
                 // Relaxed: we hold the address space exclusively.
                 if let Decoded::Table(c) = A::decode(slot.load(Relaxed), height) {
-                    let whole = covers(va, next, height);
-                    if whole || self.free_empty(height - 1, c, va, next, gather, q) {
+                    // A pinned kernel-half table is emptied, never unlinked.
+                    let keep = self.pinned(height, va);
+                    let whole = covers(va, next, height) && !keep;
+                    if (whole || self.free_empty(height - 1, c, va, next, gather, q)) && !keep {
                         // A source-side clear; the flush orders it.
                         generic::set_entry_nosync(&self.mmu, slot, 0);
                         gather.add_tables(VirtAddr(va), next.wrapping_sub(va));

@@ -124,7 +124,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// covered block cannot be split. On error nothing was changed and no
     /// table frame stays allocated.
     pub fn change_protection(&mut self, va: VirtAddr, len: u64, prot: Prot) -> Result<(), Error> {
-        let end = Self::check_range(va, len)?;
+        let end = self.check_range(va, len)?;
         let top = A::LEVELS - 1;
         // A block that already grants `prot` is left whole, not split.
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
@@ -475,6 +475,15 @@ macro_rules! block_prot_wrapper {
             #[inline]
             fn va_ok(va: u64) -> bool {
                 A::va_ok(va)
+            }
+            const SEPARATE_HALVES: bool = A::SEPARATE_HALVES;
+            #[inline]
+            fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: crate::TableAttrs) -> u64 {
+                A::table_entry_attrs(pa, height, attrs)
+            }
+            #[inline]
+            fn table_limits(raw: u64, height: u32) -> crate::TableAttrs {
+                A::table_limits(raw, height)
             }
         }
 

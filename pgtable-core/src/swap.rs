@@ -56,7 +56,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// sits on its path, or [`Error::OutOfMemory`]. On error nothing was
     /// changed and no table frame is kept.
     pub fn set_swap_entry(&mut self, va: VirtAddr, value: u64) -> Result<(), Error> {
-        Self::check_range(va, PAGE_SIZE)?;
+        self.check_range(va, PAGE_SIZE)?;
         let entry = A::swp_entry(value).ok_or(Error::SwapValueTooWide(value))?;
         // Check: walk down, counting the missing tables.
         let mut tpa = self.root;
@@ -104,7 +104,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let Some(c) = self.take(&mut stash) else {
                         break true;
                     };
-                    A::populate(&self.mmu, slot, c, h);
+                    A::populate_attrs(&self.mmu, slot, c, h, self.table_attrs);
                     self.mmu.stats.add_entries_written(1);
                     linked = true;
                     tpa = c;
@@ -152,7 +152,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::NoSwapEntry`] when the PTE of `va` is not a software entry.
     /// On error nothing was changed.
     pub fn swap_in(&mut self, va: VirtAddr, pa: PhysAddr, prot: Prot) -> Result<u64, Error> {
-        Self::check_range(va, PAGE_SIZE)?;
+        self.check_range(va, PAGE_SIZE)?;
         Self::check_phys(pa, PAGE_SIZE)?;
         let slot = self.find_slot(va, 0).ok_or(Error::NoSwapEntry(va))?;
         // Relaxed: we hold the address space exclusively, and the hardware

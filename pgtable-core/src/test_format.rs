@@ -23,8 +23,12 @@
 //! A *software entry* ([`Format::swp_entry`]) has bit 0 clear, low 12 bits
 //! exactly [`SWP_TAG`] (bit 1) and its 52-bit value in bits 12–63; the
 //! walker ignores it (bit 0 clear) at every height.
+//!
+//! Table entries (valid, bit 1 set, above height 0) carry the table-level
+//! attributes ([`TableAttrs`]) in bits 8–11: 8 no user access, 9 read-only,
+//! 10 no user execution, 11 no privileged execution.
 
-use crate::{Access, AccessFault, Arch, Decoded, Format, MemType, PhysAddr, Prot};
+use crate::{Access, AccessFault, Arch, Decoded, Format, MemType, PhysAddr, Prot, TableAttrs};
 
 /// The test format with `L` levels (default 4: 48-bit VA).
 #[derive(Clone, Copy, Debug, Default)]
@@ -52,6 +56,14 @@ pub const MEM_MASK: u64 = 3 << 8;
 pub const ADDR_MASK: u64 = ((1 << 48) - 1) & !0xfff;
 /// The low 12 bits of a software entry (valid bit clear).
 pub const SWP_TAG: u64 = 1 << 1;
+/// Table entry: no user access below ([`TableAttrs::NO_USER`]).
+pub const TABLE_NO_USER: u64 = 1 << 8;
+/// Table entry: no writes below ([`TableAttrs::READ_ONLY`]).
+pub const TABLE_READ_ONLY: u64 = 1 << 9;
+/// Table entry: no user execution below ([`TableAttrs::UXN`]).
+pub const TABLE_UXN: u64 = 1 << 10;
+/// Table entry: no privileged execution below ([`TableAttrs::PXN`]).
+pub const TABLE_PXN: u64 = 1 << 11;
 
 const PROT_MASK: u64 = WRITE | USER | XN | GLOBAL | MEM_MASK;
 
@@ -78,7 +90,8 @@ fn prot_bits(prot: Prot) -> u64 {
 
 // SAFETY: a table entry is the only value with both VALID and
 // TABLE_OR_PAGE set at a height above 0, and decodes to the address it was
-// built from (bits 12-47, and `PA_BITS` is 48); leaves above height 0 never
+// built from (bits 12-47, and `PA_BITS` is 48; `table_entry_attrs` adds
+// only bits 8-11); leaves above height 0 never
 // get TABLE_OR_PAGE (`leaf_template` leaves it clear, `modify_prot` and
 // `hw_access` keep it, `split_leaf` sets it only for height-0 children);
 // height 0 never decodes as a table. Software entries have VALID clear,
@@ -184,6 +197,15 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
 
     fn swp_value(raw: u64) -> Option<u64> {
         (raw & 0xfff == SWP_TAG).then_some(raw >> 12)
+    }
+
+    fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: TableAttrs) -> u64 {
+        // Bits 8-11 in the order of the `TableAttrs` flags.
+        Self::table_entry(pa, height) | u64::from(attrs.bits() & 0xf) << 8
+    }
+
+    fn table_limits(raw: u64, _height: u32) -> TableAttrs {
+        TableAttrs::new(((raw >> 8) & 0xf) as u8)
     }
 }
 

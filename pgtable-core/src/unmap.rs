@@ -28,7 +28,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::OutOfMemory`] when a partly covered block cannot be split.
     /// On error nothing was changed.
     pub fn unmap(&mut self, va: VirtAddr, len: u64) -> Result<(), Error> {
-        let end = Self::check_range(va, len)?;
+        let end = self.check_range(va, len)?;
         let top = A::LEVELS - 1;
         let need = self.split_check(top, self.root, va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
@@ -94,8 +94,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     }
                 }
                 Decoded::Table(c) => {
-                    let whole = covers(va, next, height);
-                    if whole || self.unmap_clear(height - 1, c, va, next, stash, gather, q) {
+                    // A pinned kernel-half table is emptied, never unlinked.
+                    let keep = self.pinned(height, va);
+                    let whole = covers(va, next, height) && !keep;
+                    if (whole || self.unmap_clear(height - 1, c, va, next, stash, gather, q))
+                        && !keep
+                    {
                         A::set_pte_nosync(&self.mmu, slot, 0);
                         written += 1;
                         gather.add_tables(VirtAddr(va), next.wrapping_sub(va));

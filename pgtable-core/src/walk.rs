@@ -40,7 +40,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// What `va` maps to, walking the tables as the hardware would (the
     /// TLB is not consulted).
     pub fn translate(&self, va: VirtAddr) -> Option<Translation> {
-        if !A::va_ok(va.0) {
+        if !self.range.contains::<A>(va.0) {
             return None;
         }
         let mut h = A::LEVELS - 1;
@@ -74,7 +74,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// Misaligned or zero length, or a range outside the address space.
     pub fn walk(&self, va: VirtAddr, len: u64, mut f: impl FnMut(Mapping)) -> Result<(), Error> {
-        let end = Self::check_range(va, len)?;
+        let end = self.check_range(va, len)?;
         self.walk_table(A::LEVELS - 1, self.root, va.0, end, &mut f);
         Ok(())
     }

@@ -2,7 +2,9 @@
 //! TLB flush (stale entry), a flush that keeps walk caches when a table was
 //! freed, a missing walker barrier (the walker still sees the old entry),
 //! and a non-atomic read-modify-write of an entry racing the hardware (a
-//! lost dirty bit) — with the correct variant beside each one passing.
+//! lost dirty bit), table entries without their hierarchical attributes
+//! (user tables without PXNTable, kernel tables open to user mode) — with
+//! the correct variant beside each one passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 #[macro_use]
@@ -943,4 +945,88 @@ fn reusing_an_asid_after_a_rollover_without_the_local_flush_is_caught() {
             unsafe { s.deactivate() };
         }
     }
+}
+
+test_format_variant!(
+    /// The test format with table entries that drop their attributes
+    /// (the trait's default `table_entry_attrs`): user tables without
+    /// `PXNTable`, kernel tables open to user mode.
+    NoTableAttrs,
+    "test-no-table-attrs"
+);
+
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl Arch for NoTableAttrs {}
+
+/// A kernel fetch from a kernel-executable leaf in a user space's half
+/// must fault on the user tables' `PXNTable` (Arm ARM D8.4.3; Linux
+/// `PMD_TABLE_PXN`). `Err` when the kernel could execute it.
+fn kernel_cannot_execute_user_memory<A: Arch>() -> Result<(), String> {
+    let m = SimMachine::<A>::new();
+    let k = AddressSpace::<A, _, _>::new_kernel(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let k = unsafe { Installed::new(k) };
+    // SAFETY: the user space is dropped before the kernel space.
+    let u = unsafe { AddressSpace::<A, _, _>::new_user(&k, m.mmu(), m.alloc()) }.unwrap();
+    // SAFETY: a simulated MMU.
+    let mut u = unsafe { Installed::new(u) };
+    u.map(VA, PA, K4, Prot::READ_EXEC, MapOptions::PAGES)
+        .unwrap();
+    let r = match m.exec(VA) {
+        Err(f) if f.kind == SimFaultKind::Permission(AccessFault::Exec) => Ok(()),
+        other => Err(format!("kernel fetch from the user half: {other:?}")),
+    };
+    m.check().unwrap();
+    r
+}
+
+/// A user access to a user-accessible leaf of the kernel half must fault
+/// on the kernel tables (arm64 `APTable[0]`, x86 U/S clear: Intel SDM
+/// 4.6.1). `Err` when user mode could reach it.
+fn user_cannot_reach_the_kernel_half<A: Arch>() -> Result<(), String> {
+    let m = SimMachine::<A>::new();
+    let k = AddressSpace::<A, _, _>::new_kernel(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut k = unsafe { Installed::new(k) };
+    let kva = VirtAddr(0xffff_8000_4000_0000);
+    let leaf = Prot::new(Prot::USER | Prot::WRITE);
+    k.map(kva, PA, K4, leaf, MapOptions::PAGES).unwrap();
+    let user = pgtable_core::Access {
+        user: true,
+        ..pgtable_core::Access::READ
+    };
+    let r = match m.access(kva, user) {
+        Err(f) if f.kind == SimFaultKind::Permission(AccessFault::Privilege) => Ok(()),
+        other => Err(format!("user access to the kernel half: {other:?}")),
+    };
+    m.check().unwrap();
+    r
+}
+
+#[test]
+fn user_tables_without_pxn_table_let_the_kernel_execute_user_memory_and_are_caught() {
+    kernel_cannot_execute_user_memory::<T4>().unwrap();
+    assert!(kernel_cannot_execute_user_memory::<NoTableAttrs>().is_err());
+}
+
+#[test]
+fn kernel_tables_open_to_user_mode_are_caught() {
+    user_cannot_reach_the_kernel_half::<T4>().unwrap();
+    assert!(user_cannot_reach_the_kernel_half::<NoTableAttrs>().is_err());
+}
+
+#[path = "support/live.rs"]
+mod live;
+
+#[test]
+fn a_live_kernel_change_through_clear_then_commit_is_caught() {
+    // The correct variant: in place, no invalid moment, no fault.
+    live::a_live_permission_change_never_faults_a_cpu_using_the_range::<T4>();
+    // mprotect's path (`pmdp_modify_prot_start` / `ptep_modify_prot_start`
+    // clear the entry before the commit): the block, and every page the
+    // hardware may still write, is invalid for a moment in each change,
+    // which a CPU running on the range would fault on. (Settled pages are
+    // changed with a plain store there, as the agents made them.)
+    let o = live::change_under_agents::<T4>(live::Way::ClearThenCommit, 2);
+    assert!(o.gaps >= 2, "the block in each change: {}", o.gaps);
 }

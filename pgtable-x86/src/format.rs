@@ -87,7 +87,7 @@
 use bit_field::BitField;
 use pgtable_core::{
     generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    VirtAddr, LEVEL_BITS, PAGE_SHIFT, PAGE_SIZE,
+    TableAttrs, VirtAddr, LEVEL_BITS, PAGE_SHIFT, PAGE_SIZE,
 };
 
 use crate::bits::{
@@ -275,7 +275,9 @@ impl<const L: u32, const M: u32> X86Paging<L, M> {
 // set, PS is clear and no reserved bit is set, and to its bits 12-51
 // (`ADDR_MASK`); `table_entry` of a 4 KiB-aligned address below
 // `1 << PA_BITS` (= `M`, so no bit of `RESERVED_HIGH`) is such an entry
-// and decodes back to that address. Leaves above height 0 always have PS:
+// and decodes back to that address, and so is `table_entry_attrs`, which
+// only clears US or RW or sets XD (not reserved with NXE) on top of the
+// same address. Leaves above height 0 always have PS:
 // `leaf_template` sets it, `modify_prot` clears only RW, US, XD, G and the
 // memory-type bits (PAT is bit 12 in a huge leaf), `split_leaf` clears it
 // only for height-0 children and `hw_access` only sets A and D. Height 0
@@ -439,6 +441,44 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
         let mask = (1u64 << Self::SWP_VALUE_BITS) - 1;
         let high = raw >> (SWP_VALUE_SHIFT + Self::SWP_VALUE_BITS);
         (raw & 0xfff == SWP_TAG && high == 0).then_some(!(raw >> SWP_VALUE_SHIFT) & mask)
+    }
+
+    /// A paging-structure entry that restricts the rights of everything
+    /// below it (Intel SDM Vol. 3A 4.6.1: a user-mode access needs U/S = 1,
+    /// a write R/W = 1, and an instruction fetch XD = 0, in *every* entry
+    /// of the walk): U/S clear for [`TableAttrs::NO_USER`] (Linux
+    /// `_KERNPG_TABLE`), R/W clear for [`TableAttrs::READ_ONLY`], XD when
+    /// both [`TableAttrs::UXN`] and [`TableAttrs::PXN`] are asked (x86 has
+    /// no per-privilege execute-never; supervisor fetches from user pages
+    /// are stopped by CR4.SMEP instead).
+    #[inline]
+    fn table_entry_attrs(pa: PhysAddr, _height: u32, attrs: TableAttrs) -> u64 {
+        let mut v = pa.0 | P | A;
+        if !attrs.no_user() {
+            v |= US;
+        }
+        if !attrs.read_only() {
+            v |= RW;
+        }
+        if attrs.uxn() && attrs.pxn() {
+            v |= XD;
+        }
+        v
+    }
+
+    #[inline]
+    fn table_limits(raw: u64, _height: u32) -> TableAttrs {
+        let mut b = 0;
+        if raw & US == 0 {
+            b |= TableAttrs::NO_USER;
+        }
+        if raw & RW == 0 {
+            b |= TableAttrs::READ_ONLY;
+        }
+        if raw & XD != 0 {
+            b |= TableAttrs::UXN | TableAttrs::PXN;
+        }
+        TableAttrs::new(b)
     }
 }
 

@@ -29,6 +29,18 @@
 //!   that is not a table frame of this machine, or to a freed one, faults
 //!   too ([`SimFaultKind::NotATable`], [`SimFaultKind::FreedTable`]) — the
 //!   classic use-after-free of a table that was freed before the TLB flush.
+//! - **Halves.** On a format with
+//!   [`SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES) (arm64), an MMU
+//!   handle made with [`SimMachine::mmu_installing_into`] installs into
+//!   TTBR0_EL1 or TTBR1_EL1, and the walker picks the root by the
+//!   address's half, each translating `VA_BITS` bits; an address between
+//!   the halves or in a half without a root faults. Otherwise one root
+//!   serves every canonical address.
+//! - **Hierarchical permissions.** The walker combines the restrictions
+//!   of every table entry on the walk ([`Format::table_limits`]: arm64
+//!   `APTable`, `UXNTable`, `PXNTable`, Arm ARM D8.4.2; x86 U/S, R/W and XD
+//!   of every level, Intel SDM 4.6.1) with the leaf's rights; cached
+//!   entries keep them.
 //! - **Accessed/dirty.** The permission check and the A/D update are the
 //!   format's [`hw_access`](crate::Format::hw_access). The update is written back
 //!   with a compare-exchange, as hardware does, and the walk is retried if
@@ -175,6 +187,7 @@
 //!
 //! [`Format::decode`]: crate::Format::decode
 //! [`Format::hw_access`]: crate::Format::hw_access
+//! [`Format::table_limits`]: crate::Format::table_limits
 //! [`Format`]: crate::Format
 //! [`Decoded::Table`]: crate::Decoded::Table
 //! [`Decoded::Leaf`]: crate::Decoded::Leaf
@@ -189,7 +202,7 @@ use std::thread::JoinHandle;
 
 use crate::{
     Access, AccessFault, AddressSpace, Arch, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbRange,
-    VirtAddr,
+    VaRange, VirtAddr,
 };
 
 mod state;
@@ -471,8 +484,16 @@ impl<A: Arch> SimMachine<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: AtomicU32::new(UNTAGGED),
+            half: None,
             _arch: PhantomData,
         }
+    }
+
+    /// The MMU handle of an address space that translates one half
+    /// ([`AddressSpace::new_in`]): [`SimMmu::installing_into`] of
+    /// [`mmu`](Self::mmu).
+    pub fn mmu_installing_into(&self, half: VaRange) -> SimMmu<A> {
+        self.mmu().installing_into(half)
     }
 
     /// The MMU handle of an address space tagged with `asid`: installing
@@ -486,6 +507,7 @@ impl<A: Arch> SimMachine<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: AtomicU32::new(u32::from(asid)),
+            half: None,
             _arch: PhantomData,
         }
     }
@@ -706,6 +728,9 @@ pub struct SimMmu<A: Arch> {
     shared: Arc<Shared>,
     /// The ASID, or [`UNTAGGED`].
     asid: AtomicU32,
+    /// The half whose root register installing writes (`None`: a root
+    /// for both halves).
+    half: Option<VaRange>,
     _arch: PhantomData<fn() -> A>,
 }
 
@@ -718,6 +743,7 @@ impl<A: Arch> Clone for SimMmu<A> {
             // Relaxed: the handle's own value; the machine's lock orders
             // everything else.
             asid: AtomicU32::new(self.asid.load(Ordering::Relaxed)),
+            half: self.half,
             _arch: PhantomData,
         }
     }
@@ -730,6 +756,23 @@ impl<A: Arch> fmt::Debug for SimMmu<A> {
 }
 
 impl<A: Arch> SimMmu<A> {
+    /// The same MMU, but [`install_root`](Mmu::install_root) writes the
+    /// root register of `half` only, as an OS with split halves does.
+    ///
+    /// On a format with [`SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES)
+    /// (arm64) the machine then translates each half through its own root
+    /// of `VA_BITS` bits: [`VaRange::Lower`] writes TTBR0_EL1 (addresses
+    /// `[0, 2^VA_BITS)`) and [`VaRange::Upper`] TTBR1_EL1 (addresses
+    /// `[2^64 - 2^VA_BITS, 2^64)`); an address in neither, or in a half
+    /// whose root is not installed, faults. Installing an upper root keeps
+    /// the current ASID (arm64 takes it from TTBR0_EL1, TCR_EL1.A1 = 0).
+    /// [`VaRange::Both`], and any half on a format with one root (x86
+    /// CR3), installs the one root for both halves.
+    pub fn installing_into(mut self, half: VaRange) -> Self {
+        self.half = Some(half);
+        self
+    }
+
     /// The machine this MMU belongs to.
     pub fn machine(&self) -> SimMachine<A> {
         SimMachine {
@@ -810,7 +853,33 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
 
     unsafe fn install_root(&self, root: PhysAddr) {
         let mut s = lock(&self.shared);
-        s.root = Some(root);
+        match self.half {
+            Some(VaRange::Upper) if A::SEPARATE_HALVES => {
+                s.upper_root = Some(root);
+                if !s.split {
+                    s.root = None;
+                }
+                s.split = true;
+                // TTBR1_EL1 holds no ASID (TCR_EL1.A1 = 0): keep it.
+                s.barrier();
+                if self.asid().is_none() {
+                    s.flush_all();
+                }
+                return;
+            }
+            Some(VaRange::Lower) if A::SEPARATE_HALVES => {
+                if !s.split {
+                    s.upper_root = None;
+                }
+                s.split = true;
+                s.root = Some(root);
+            }
+            _ => {
+                s.split = false;
+                s.upper_root = None;
+                s.root = Some(root);
+            }
+        }
         let tag = self.tag();
         s.asid = tag;
         // A deferred flush not carried out by now is a bug the check sees.

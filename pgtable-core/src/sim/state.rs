@@ -14,7 +14,10 @@ use super::{
     UnorderedLink,
 };
 use crate::level::{index, size};
-use crate::{Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TlbRange, VirtAddr};
+use crate::{
+    Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs, TlbRange, VaRange,
+    VirtAddr,
+};
 
 /// One cached translation: a leaf (TLB proper) or a table entry (walk
 /// cache).
@@ -26,6 +29,9 @@ pub(super) struct Cached {
     pub(super) slot: u64,
     /// The root of the walk that filled it (what a fresh walk starts from).
     pub(super) root: PhysAddr,
+    /// The table-level restrictions of the walk down to this entry, its
+    /// own included for a table entry (Arm ARM D8.4.2, Intel SDM 4.6.1).
+    pub(super) limits: TableAttrs,
 }
 
 /// A small, fast, deterministic hasher for the simulator's maps (keys are
@@ -80,7 +86,16 @@ pub(super) struct State {
     pub(super) frames: Set<u64>,
     /// Frames allocated now.
     pub(super) live: Set<u64>,
+    /// The installed root: the only one (x86 CR3, or an arm64 root that
+    /// serves both halves), or TTBR0_EL1 when `split`.
     pub(super) root: Option<PhysAddr>,
+    /// TTBR1_EL1 when `split`.
+    pub(super) upper_root: Option<PhysAddr>,
+    /// The halves are translated by separate roots of `VA_BITS` each
+    /// (arm64 T0SZ = T1SZ = 64 - VA_BITS): set by installing into a half
+    /// on a [`Format::SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES)
+    /// format, cleared by installing a root for both.
+    pub(super) split: bool,
     /// The ASID of the installed root (0 for untagged MMUs).
     pub(super) asid: u32,
     /// ASIDs whose flush was deferred to their next install (x86 without
@@ -117,6 +132,8 @@ pub(super) struct Leaf<'a> {
     pub(super) slot: &'a Slot,
     /// The walker saw an older value than memory holds (pending write).
     pub(super) stale: bool,
+    /// The table-level restrictions of the tables the walk went through.
+    pub(super) limits: TableAttrs,
 }
 
 impl State {
@@ -127,6 +144,8 @@ impl State {
             frames: Set::default(),
             live: Set::default(),
             root: None,
+            upper_root: None,
+            split: false,
             asid: 0,
             owed: Set::default(),
             tlb: Map::default(),
@@ -235,18 +254,17 @@ impl State {
     /// Walks to the leaf for `va` as the walker sees the tables, using and
     /// filling the walk cache.
     fn walk<A: Arch>(&mut self, va: u64) -> Result<Leaf<'static>, SimFaultKind> {
-        let root = self.root.ok_or(SimFaultKind::NoRoot)?;
-        if !A::va_ok(va) {
-            return Err(SimFaultKind::Translation { height: A::LEVELS });
-        }
+        let root = self.root_for::<A>(va)?;
         // Start below the deepest cached table entry.
         let mut h = A::LEVELS - 1;
         let mut tpa = root;
+        let mut limits = TableAttrs::NONE;
         for k in 1..A::LEVELS {
             if let Some(c) = self.tlb.get(&(va & !(size(k) - 1), k, false, self.asid)) {
                 if let Decoded::Table(pa) = A::decode(c.raw, k) {
                     tpa = pa;
                     h = k - 1;
+                    limits = c.limits;
                     self.stats.walk_cache_hits += 1;
                     break;
                 }
@@ -265,8 +283,9 @@ impl State {
             stale |= st;
             match A::decode(raw, h) {
                 Decoded::Table(c) if h > 0 => {
+                    limits = limits.union(A::table_limits(raw, h));
                     let key = (va & !(size(h) - 1), h, false, self.asid);
-                    self.cache(key, raw, slot, root);
+                    self.cache(key, raw, slot, root, limits);
                     tpa = c;
                 }
                 Decoded::Leaf(_) if A::leaf_allowed(h) => {
@@ -275,11 +294,36 @@ impl State {
                         height: h,
                         slot,
                         stale,
+                        limits,
                     })
                 }
                 _ => return Err(SimFaultKind::Translation { height: h }),
             }
             h -= 1;
+        }
+    }
+
+    /// The root that translates `va`: with split halves (arm64 Arm ARM
+    /// D8.2.2), TTBR0_EL1 for `[0, 2^VA_BITS)` and TTBR1_EL1 for
+    /// `[2^64 - 2^VA_BITS, 2^64)`, and a Translation fault at the walk's
+    /// start for anything in between; otherwise the one root, for the
+    /// format's canonical addresses.
+    pub(super) fn root_for<A: Arch>(&self, va: u64) -> Result<PhysAddr, SimFaultKind> {
+        let outside = SimFaultKind::Translation { height: A::LEVELS };
+        if A::SEPARATE_HALVES && self.split {
+            if VaRange::Lower.contains::<A>(va) {
+                self.root.ok_or(SimFaultKind::NoRoot)
+            } else if VaRange::Upper.contains::<A>(va) {
+                self.upper_root.ok_or(SimFaultKind::NoRoot)
+            } else {
+                Err(outside)
+            }
+        } else if A::va_ok(va) {
+            self.root.ok_or(SimFaultKind::NoRoot)
+        } else if self.root.is_none() {
+            Err(SimFaultKind::NoRoot)
+        } else {
+            Err(outside)
         }
     }
 
@@ -312,9 +356,15 @@ impl State {
         }
     }
 
-    fn cache(&mut self, key: Key, raw: u64, slot: &Slot, root: PhysAddr) {
+    fn cache(&mut self, key: Key, raw: u64, slot: &Slot, root: PhysAddr, limits: TableAttrs) {
         let slot = slot as *const Slot as u64;
-        if self.tlb.insert(key, Cached { raw, slot, root }).is_none() {
+        let c = Cached {
+            raw,
+            slot,
+            root,
+            limits,
+        };
+        if self.tlb.insert(key, c).is_none() {
             self.fifo.push_back(key);
             let tlb = &self.tlb;
             let keys = self.by_slot.entry(slot).or_default();
@@ -389,7 +439,7 @@ impl State {
                 continue;
             };
             self.mru = Some((base, h, true, tag));
-            match A::hw_access(c.raw, h, access) {
+            match A::hw_access(c.raw, h, access).and_then(|n| c.limits.check(access).map(|()| n)) {
                 Err(f) => {
                     self.stats.tlb_hits += 1;
                     return Err(fault(SimFaultKind::Permission(f)));
@@ -412,7 +462,10 @@ impl State {
         loop {
             let leaf = self.walk::<A>(va).map_err(fault)?;
             let h = leaf.height;
+            // The leaf's rights, then those of every table above it
+            // (hierarchical permissions): a fault leaves the entry as it is.
             let new = A::hw_access(leaf.raw, h, access)
+                .and_then(|n| leaf.limits.check(access).map(|()| n))
                 .map_err(|f| fault(SimFaultKind::Permission(f)))?;
             let mut upd = AdUpdate::default();
             if new != leaf.raw && !leaf.stale {
@@ -437,8 +490,8 @@ impl State {
             } else {
                 self.asid
             };
-            let root = self.root.ok_or(fault(SimFaultKind::NoRoot))?;
-            self.cache((base, h, true, tag), new, leaf.slot, root);
+            let root = self.root_for::<A>(va).map_err(fault)?;
+            self.cache((base, h, true, tag), new, leaf.slot, root, leaf.limits);
             let Decoded::Leaf(pa) = A::decode(new, h) else {
                 unreachable!("hw_access keeps a leaf a leaf")
             };

@@ -3,8 +3,10 @@
 /// Defines `$name`, a unit struct whose [`Format`](pgtable_core::Format) is
 /// `TestFormat<4>`'s, entry for entry, under the name `$label` (and, if
 /// given, with fewer output-address bits); the test then writes the `Arch`
-/// impl that differs (the variant under test). `is_settled`, `leaf` and
-/// `va_ok` keep the trait's default bodies.
+/// impl that differs (the variant under test). `is_settled`, `leaf`,
+/// `va_ok` and `table_entry_attrs` keep the trait's default bodies (so a
+/// variant drops table attributes); `table_limits`, what the hardware
+/// reads from a table entry, is `TestFormat<4>`'s.
 macro_rules! test_format_variant {
     ($(#[$m:meta])* $name:ident, $label:literal) => {
         test_format_variant!($(#[$m])* $name, $label, pa_bits = 48);
@@ -53,6 +55,9 @@ macro_rules! test_format_variant {
                 a: pgtable_core::Access,
             ) -> Result<u64, pgtable_core::AccessFault> {
                 T4::hw_access(raw, h, a)
+            }
+            fn table_limits(raw: u64, h: u32) -> pgtable_core::TableAttrs {
+                T4::table_limits(raw, h)
             }
         }
     };

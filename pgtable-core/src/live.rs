@@ -1,0 +1,258 @@
+//! `change_protection_live`: permission changes of mappings that other
+//! CPUs are using right now (the kernel image, the linear map, vmalloc).
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
+use crate::level::{entry_end, index};
+use crate::{
+    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
+};
+
+/// Options of [`AddressSpace::change_protection_live`].
+///
+/// [`change_protection`](AddressSpace::change_protection) follows mprotect:
+/// each entry is taken out of service (`ptep_modify_prot_start`, an atomic
+/// clear) and put back (`ptep_modify_prot_commit`). A CPU that touches the
+/// page in between takes a translation fault, which a user page's fault
+/// handler retries but which is fatal for kernel text or data another CPU
+/// is running on. Linux therefore changes kernel mappings in place: arm64
+/// `set_memory_ro` → `__change_memory_common` → `change_page_range` stores
+/// the modified entry with `__set_pte` (no invalid step), and x86
+/// `__change_page_attr` writes the new entry with `set_pte_atomic`, then
+/// each flushes the TLB once.
+///
+/// [`AddressSpace::change_protection_live`] does the same with a compare-exchange per entry (so an
+/// accessed or dirty bit the hardware sets meanwhile is kept: the exchange
+/// fails and is retried with the new value), one walker barrier per table
+/// and one TLB flush at the end. No entry is ever invalid on the way.
+///
+/// # When break-before-make is needed
+///
+/// In place is allowed only where the architecture allows both the old and
+/// the new translation to be cached at once ([`Arch::change_is_safe`]).
+/// On arm64 (Arm ARM D8.16 "break-before-make") that excludes changes of
+/// memory type or shareability, non-global to global, and any change of
+/// the translation size: splitting a block a range covers only in part
+/// needs break-before-make there. The operation then returns
+/// [`Error::BreakBeforeMake`] *before it changes anything*, unless the
+/// caller allows break-before-make ([`LiveOptions::allow_bbm`]) because no
+/// other CPU can be using the range (the entry is briefly invalid: Linux
+/// arm64 avoids it by mapping the linear map with pages when it must stay
+/// changeable, `can_set_direct_map`).
+///
+/// On x86 ([`Arch::BREAK_BEFORE_MAKE`] is `false`) every change is made
+/// in place, splits included: the Intel SDM (Vol. 3A 4.10.2.3 "Details of
+/// TLB Use" and 4.10.4 "Invalidation of TLBs and Paging-Structure Caches")
+/// allows the processor to hold the old large-page translation and the new
+/// small-page ones together until the invalidation, and uses either, which
+/// is harmless as long as both map the same physical memory with the same
+/// memory type (what a split keeps). Linux's `__split_large_page` relies
+/// on it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct LiveOptions {
+    /// Allow break-before-make where the architecture needs it (the entry
+    /// is invalid for a moment, and a CPU touching it then faults). Only
+    /// for ranges no other CPU can be using.
+    pub allow_bbm: bool,
+}
+
+impl LiveOptions {
+    /// In place only: a change that needs break-before-make is refused.
+    pub const IN_PLACE: LiveOptions = LiveOptions { allow_bbm: false };
+    /// Break-before-make allowed where needed.
+    pub const ALLOW_BBM: LiveOptions = LiveOptions { allow_bbm: true };
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Changes the protection of every mapping in `[va, va + len)` to
+    /// `prot` without ever making an entry invalid (Linux `set_memory_ro`
+    /// and kin: arm64 `__change_memory_common`, x86 `__change_page_attr`),
+    /// for mappings that other CPUs may be using meanwhile.
+    ///
+    /// Each changed entry is replaced by one compare-exchange (retried if
+    /// the hardware set an accessed or dirty bit meanwhile, which is kept);
+    /// the TLB is flushed once at the end (a full flush past
+    /// [`Arch::TLB_FLUSH_CEILING`]). Holes are skipped; entries that already
+    /// grant `prot` are not written. A block the range covers only in part
+    /// is split first: in place on x86, with break-before-make on arm64
+    /// (see below). [`LiveOptions`] states the rules.
+    ///
+    /// # Errors
+    ///
+    /// As [`change_protection`](Self::change_protection), and
+    /// [`Error::BreakBeforeMake`] with the first address whose entry
+    /// cannot be changed in place ([`Arch::change_is_safe`]: arm64 memory
+    /// type or non-global to global changes, and splitting a block), unless
+    /// `opts` allows break-before-make. On error nothing was changed.
+    pub fn change_protection_live(
+        &mut self,
+        va: VirtAddr,
+        len: u64,
+        prot: Prot,
+        opts: LiveOptions,
+    ) -> Result<(), Error> {
+        let end = self.check_range(va, len)?;
+        let top = A::LEVELS - 1;
+        if A::BREAK_BEFORE_MAKE && !opts.allow_bbm {
+            if let Some(at) = self.live_bbm_check(top, self.root, va.0, end, prot) {
+                return Err(Error::BreakBeforeMake(at));
+            }
+        }
+        let differs = |raw, h| A::leaf_prot(raw, h) != prot;
+        let need = self.split_check(top, self.root, va.0, end, &differs);
+        let mut stash = self.reserve(need)?;
+        self.may_hold_global |= prot.global();
+        let mut gather = TlbGather::new();
+        self.live_change(top, self.root, va.0, end, prot, &mut stash, &mut gather);
+        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
+        // Short only if `split_check` under-counted (see `take`).
+        let short = stash.short;
+        self.release(stash);
+        self.finish(gather, FreeQueue::new());
+        if short {
+            return Err(Error::OutOfMemory);
+        }
+        Ok(())
+    }
+
+    /// The first address in `[va, end)` (under the table `tpa` at
+    /// `height`) whose change to `prot` needs break-before-make.
+    fn live_bbm_check(
+        &self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        prot: Prot,
+    ) -> Option<VirtAddr> {
+        // SAFETY: the root or a table reached from it.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        loop {
+            let next = entry_end(va, height, end);
+            // Relaxed: we hold the address space; the hardware changes
+            // accessed/dirty state only, which does not decide this.
+            let raw = t.entries[index(va, height)].load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::Table(c) if height > 0 => {
+                    if let Some(at) = self.live_bbm_check(height - 1, c, va, next, prot) {
+                        return Some(at);
+                    }
+                }
+                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
+                Decoded::Leaf(_) => {
+                    let whole = height == 0 || covers(va, next, height);
+                    // A split replaces the block by a table (a size
+                    // change), then changes the children.
+                    let split = !whole
+                        && needs_bbm::<A>(
+                            raw,
+                            A::table_entry_attrs(PhysAddr(0), height, self.table_attrs),
+                            height,
+                        );
+                    let (leaf, h) = if whole {
+                        (raw, height)
+                    } else {
+                        (A::split_leaf(raw, height), height - 1)
+                    };
+                    if split || needs_bbm::<A>(leaf, A::modify_prot(leaf, prot, h), h) {
+                        return Some(VirtAddr(va));
+                    }
+                }
+                _ => {}
+            }
+            va = next;
+            if va == end {
+                return None;
+            }
+        }
+    }
+
+    /// Changes `[va, end)` in the table `tpa` at `height`.
+    #[allow(clippy::too_many_arguments)]
+    fn live_change(
+        &mut self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        prot: Prot,
+        stash: &mut Stash,
+        gather: &mut TlbGather,
+    ) {
+        // SAFETY: the root, a table reached from it, or one a split just
+        // linked.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        let mut wrote = false;
+        loop {
+            let next = entry_end(va, height, end);
+            let slot = &t.entries[index(va, height)];
+            // Relaxed: we hold the address space; the compare-exchange
+            // below catches a concurrent hardware update.
+            let raw = slot.load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::Table(c) if height > 0 => {
+                    self.live_change(height - 1, c, va, next, prot, stash, gather);
+                }
+                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
+                Decoded::Leaf(_) if height > 0 && !covers(va, next, height) => {
+                    // (No table: the count was short, see `take`; the
+                    // block keeps its protection.)
+                    if let Some(c) =
+                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
+                    {
+                        self.live_change(height - 1, c, va, next, prot, stash, gather);
+                    }
+                }
+                Decoded::Leaf(_) => {
+                    self.live_set(slot, raw, VirtAddr(va), height, prot);
+                    gather.add_leaf(VirtAddr(va), height);
+                    wrote = true;
+                }
+                _ => {}
+            }
+            va = next;
+            if va == end {
+                break;
+            }
+        }
+        if wrote {
+            self.table_done();
+        }
+    }
+
+    /// Replaces the live leaf `raw` in `slot` by its `prot` version: one
+    /// compare-exchange, or break-before-make where the arch needs it (the
+    /// caller allowed it).
+    fn live_set(&mut self, slot: &Slot, raw: u64, va: VirtAddr, height: u32, prot: Prot) {
+        let mut cur = raw;
+        loop {
+            let new = A::modify_prot(cur, prot, height);
+            if needs_bbm::<A>(cur, new, height) {
+                // Break (atomically, so the final accessed/dirty state is
+                // kept), flush, make.
+                let old = break_entry::<A, _>(&self.mmu, slot, va, height);
+                let new = A::modify_prot(old, prot, height);
+                match height {
+                    0 => A::set_pte_at(&self.mmu, va, slot, new),
+                    1 => A::set_pmd_at(&self.mmu, va, slot, new),
+                    _ => A::set_pud_at(&self.mmu, va, slot, new),
+                }
+                break;
+            }
+            // Relaxed: atomicity against the hardware's accessed/dirty
+            // updates is what matters; the walker is ordered by the
+            // table's barrier and the final flush.
+            match slot.compare_exchange(cur, new, Relaxed, Relaxed) {
+                Ok(_) => {
+                    if M::OBSERVES_WRITES {
+                        self.mmu.entry_written(slot, cur);
+                    }
+                    break;
+                }
+                Err(now) => cur = now,
+            }
+        }
+        self.mmu.stats.add_entries_written(1);
+    }
+}
