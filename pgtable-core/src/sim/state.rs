@@ -628,8 +628,12 @@ impl State {
             if self.owed.contains(&tag) {
                 continue;
             }
-            let root = match self.root {
-                Some(r) if tag == self.asid => r,
+            // The current ASID's entries are checked against the root
+            // that translates them now (an ASID reused without a flush
+            // shows up as stale); other entries against the root they
+            // were filled from.
+            let root = match self.root_for::<A>(base) {
+                Ok(r) if tag == self.asid => r,
                 _ => c.root,
             };
             let fresh = self.fresh::<A>(root, base, h, leaf);
