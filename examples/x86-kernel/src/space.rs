@@ -40,6 +40,9 @@ const USER_CODE: u64 = USER_BASE;
 const USER_DATA: u64 = USER_BASE + PAGE_SIZE;
 /// The user stack page (user, read-write, not executable).
 const USER_STACK: u64 = USER_BASE + 2 * PAGE_SIZE;
+/// A user address nothing maps: a load from it is the user program's
+/// other way back (a page fault the case recognises by its address).
+const USER_EXIT: u64 = USER_BASE + 16 * PAGE_SIZE;
 /// Offset in the user code page of a `ret` the kernel tries to fetch.
 const USER_RET_OFFSET: u64 = 0x800;
 
@@ -85,6 +88,8 @@ user_program_start:
     je 1f
     cmp rdx, 2
     je 2f
+    .global user_program_int80
+user_program_int80:
     int 0x80
     ud2
 1:
@@ -100,6 +105,7 @@ user_program_end:
 extern "C" {
     static user_program_start: u8;
     static user_program_end: u8;
+    static user_program_int80: u8;
     static __text_start: u8;
     static __rodata_start: u8;
     static __rodata_end: u8;
@@ -445,30 +451,52 @@ fn user_counter() -> u64 {
 
 fn user_roundtrip() -> Result<(), Why> {
     let before = user_counter();
-    let t = user_run(Mode::Return, 0);
-    ensure!(
-        t.vector == SYSCALL,
-        "ring 3 ended with vector {:#x} (error {:#x}, RIP {:#x}, CR2 {:#x}), not int 0x80",
-        t.vector,
-        t.error,
-        t.rip,
-        t.cr2
-    );
+    let mut runs = 1;
+    let mut t = user_run(Mode::Return, 0);
+    let int80 = USER_CODE + sym!(user_program_int80) - sym!(user_program_start);
+    if t.vector == 6 && t.rip == int80 && t.cs & 3 == 3 {
+        // Seen under kvm_pvm, which emulates a guest that is not a PVM
+        // guest and does not deliver `int n` from its ring 3.
+        println!(
+            "  int 0x80 at CPL 3 raised #UD at {int80:#x} (the hypervisor does not deliver it); returning through a deliberate page fault at {USER_EXIT:#x} instead"
+        );
+        t = user_run(Mode::Load, USER_EXIT);
+        runs += 1;
+        ensure!(
+            t.vector == 14 && t.cr2 == USER_EXIT && t.error & (PF_P | PF_U) == PF_U,
+            "ring 3 ended with vector {:#x} (error {:#x}, RIP {:#x}, CR2 {:#x}), not the page fault at {USER_EXIT:#x}",
+            t.vector,
+            t.error,
+            t.rip,
+            t.cr2
+        );
+    } else {
+        ensure!(
+            t.vector == SYSCALL,
+            "ring 3 ended with vector {:#x} (error {:#x}, RIP {:#x}, CR2 {:#x}), not int 0x80",
+            t.vector,
+            t.error,
+            t.rip,
+            t.cr2
+        );
+    }
     ensure!(
         t.cs & 3 == 3,
-        "int 0x80 came from CPL {} (CS {:#x})",
+        "the trap came from CPL {} (CS {:#x})",
         t.cs & 3,
         t.cs
     );
     let after = user_counter();
     ensure!(
-        after == before + 1 && t.rax == after,
-        "data page {before} -> {after}, user rax {}",
+        after == before + runs && t.rax == after,
+        "data page {before} -> {after} in {runs} runs, user rax {}",
         t.rax
     );
     println!(
-        "  ring 3 (CS {:#x}) loaded and stored its data page ({before} -> {after}) and came back with int 0x80 from RIP {:#x}",
-        t.cs, t.rip
+        "  ring 3 (CS {:#x}) loaded and stored its data page ({before} -> {after}) and came back with {} from RIP {:#x}",
+        t.cs,
+        if t.vector == SYSCALL { "int 0x80" } else { "a page fault" },
+        t.rip
     );
     Ok(())
 }

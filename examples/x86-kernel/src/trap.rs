@@ -1,8 +1,9 @@
 //! Exceptions: the IDT, the entry stubs, and the memory probes.
 //!
-//! Every exception vector 0–31 enters a `global_asm!` stub that pushes a
-//! dummy error code where the CPU pushes none (Intel SDM vol. 3 §6.13,
-//! table 6-1), the vector number and the general registers, then calls
+//! Every exception vector 0–31 and the system-call vector 0x80 enter a
+//! `global_asm!` stub that pushes a dummy error code where the CPU pushes
+//! none (Intel SDM vol. 3 §6.13, table 6-1), the vector number and the
+//! general registers, then calls
 //! [`trap_dispatch`] with a pointer to that [`TrapFrame`]. The handler may
 //! edit the frame; the stub restores it and returns with `iretq`.
 //!
@@ -10,7 +11,9 @@
 //! store inside [`read_u64`] / [`write_u64`], or the instruction fetch at
 //! the target of [`exec`]'s call) is an expected outcome: the handler
 //! records CR2 and the error code, sets the probe's fault flag and resumes
-//! after the instruction (after the call, for a fetch). Any other
+//! after the instruction (after the call, for a fetch). Any trap from
+//! ring 3 (the `int 0x80` gate of DPL 3, a page fault, anything) ends the
+//! [`run_user`] call that entered ring 3 and becomes its result. Any other
 //! exception prints the vector, error code, RIP (and CR2 for a page fault)
 //! and ends the run as failed.
 
