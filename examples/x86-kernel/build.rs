@@ -1,4 +1,5 @@
-//! Links the kernel with `linker.ld` (at 1 MiB, with the PVH note segment).
+//! Links the kernel with `linker.ld` (boot part at 1 MiB, image in the top
+//! 2 GiB, with the PVH note segment).
 
 fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");

@@ -4,8 +4,10 @@
 //! `target/kernels`), boots it with `qemu-system-x86_64 -kernel` (PVH) on
 //! the q35 machine under KVM when `/dev/kvm` opens read-write (TCG
 //! otherwise, or with `--no-kvm`), streams the serial console and succeeds
-//! only on the agreed isa-debug-exit code (0x10, so QEMU exits with 33) and
-//! a final `N passed, 0 failed` line.
+//! only on the agreed isa-debug-exit code (0x10, so QEMU exits with 33), a
+//! final `N passed, 0 failed` line and an `ok` line for each case of
+//! [`ALWAYS`] (the kernel's own `space_` cases among them: W^X of the
+//! upper-half kernel and ring 3 on the real MMU).
 //!
 //! When the CPU model has 5-level paging (TCG's `max` has it; KVM only if
 //! the host CPU does), a second boot runs the suite with LA57 enabled
@@ -230,9 +232,27 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     Ok(())
 }
 
-/// Suite cases every run must pass, not skip: the kernel tests
-/// instruction fetches (EFER.NXE, the fetch probe).
-const ALWAYS: &[&str] = &["protect_execute_never"];
+/// Cases every run must pass, not skip: the suite's instruction-fetch
+/// case (EFER.NXE, the fetch probe), and the kernel's own `space_` cases:
+/// it runs in the upper half with W^X (stores to its text, rodata and the
+/// linear map's text alias fault, fetches from its data and the linear map
+/// fault), and ring 3 in a user address space sharing the kernel half
+/// (a round trip through `int 0x80`, a CPL-3 load of a kernel address and
+/// fetch of kernel text fault, the kernel cannot fetch user memory).
+const ALWAYS: &[&str] = &[
+    "protect_execute_never",
+    "space_lower_half_is_empty",
+    "space_kernel_text_write_faults",
+    "space_kernel_rodata_write_faults",
+    "space_kernel_data_exec_faults",
+    "space_linear_map_exec_faults",
+    "space_linear_alias_of_text_write_faults",
+    "space_user_roundtrip",
+    "space_user_access_to_kernel_faults",
+    "space_user_cannot_execute_kernel_text",
+    "space_kernel_cannot_execute_user_memory",
+    "space_user_space_shares_the_kernel_half",
+];
 
 /// Suite cases the 5-level run must pass: with LA57 they map, protect, move
 /// and unmap above 2^47, where a flush of a 48-bit truncated address
@@ -298,14 +318,22 @@ mod tests {
     #[test]
     fn a_skipped_required_case_fails_the_run() {
         let lines = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let ok = lines(&["ok protect_execute_never", "1 passed, 0 failed"]);
+        let mut ok: Vec<String> = ALWAYS.iter().map(|c| format!("ok {c}")).collect();
+        ok.push(format!("{} passed, 0 failed", ALWAYS.len()));
         assert!(passed_cases(&ok, ALWAYS).is_ok());
+        let failed = lines(&[
+            "ok protect_execute_never",
+            "FAIL space_kernel_text_write_faults: store to 0xffffffff80109000 succeeded",
+        ]);
+        let e = passed_cases(&failed, ALWAYS).unwrap_err();
+        assert!(e.contains("space_kernel_text_write_faults"), "{e}");
+        assert!(!e.contains("protect_execute_never"), "{e}");
         let skipped = lines(&[
             "skip protect_execute_never: the machine cannot test instruction fetches",
             "0 passed, 0 failed",
         ]);
         assert_eq!(
-            passed_cases(&skipped, ALWAYS),
+            passed_cases(&skipped, &ALWAYS[..1]),
             Err("no `ok` line for protect_execute_never".into())
         );
         assert!(passed_cases(&ok, ABOVE_2_47).is_err());

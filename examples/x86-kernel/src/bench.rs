@@ -17,14 +17,14 @@
 //!    map (each one a no-op call on x86).
 //!
 //! Every benchmark runs on live tables (the kernel's own address space, or a
-//! second one with the same identity map of RAM, installed for the
+//! second one with the same kernel mappings, installed for the
 //! measurement), in the suite's window, over the suite's RAM pool.
 
 use core::marker::PhantomData;
 
 use pgtable_core::{
     Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, GenericBlockProt, MapOptions,
-    MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
+    Mmu, MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
 };
 use pgtable_x86::X86Mmu;
 
@@ -285,13 +285,13 @@ fn bench_mprotect<A: Arch>(
     for (k, mb) in SIZES.iter().enumerate() {
         tx[k] = mprotect_blocks(space, mach, pool, mb << 20)?;
     }
-    // The control variant: a second address space with the same identity
-    // map, whose block protection start invalidates and flushes at once.
+    // The control variant: a second address space with the kernel's
+    // mappings, whose block protection start invalidates and flushes at once.
     let mut ctl = op(
         "control space",
         crate::kernel_space::<GenericBlockProt<A>>(ram),
     )?;
-    // SAFETY: `ctl` maps all RAM like the kernel's space; it is
+    // SAFETY: `ctl` maps the image and all RAM like the kernel's space; it is
     // uninstalled (the kernel's space reinstalled) and deactivated before
     // it is dropped.
     unsafe { ctl.install() };
@@ -305,10 +305,13 @@ fn bench_mprotect<A: Arch>(
     // SAFETY: the kernel's own space maps everything the CPU uses and
     // outlives this call.
     unsafe { space.install() };
-    // SAFETY: the one CPU runs on the kernel's root again, and that MOV to
-    // CR3 (PCID 0) invalidated every paging-structure cache entry and every
-    // non-global TLB entry; `ctl` maps nothing global (its protection has
-    // no `Prot::GLOBAL`), so nothing made from its tables is left.
+    // `ctl` holds the kernel's global mappings too (the same translations,
+    // from its own tables): drop global TLB entries as well.
+    space.mmu().flush_tlb_all();
+    // SAFETY: the one CPU runs on the kernel's root again; that MOV to CR3
+    // (PCID 0) invalidated every paging-structure cache entry and every
+    // non-global TLB entry, and the full flush above the global ones, so
+    // nothing made from `ctl`'s tables is left.
     unsafe { ctl.deactivate() };
     drop(ctl);
     r?;

@@ -1,25 +1,37 @@
-//! Boot: the PVH ELF note, the 32-bit entry that QEMU jumps to, and the
-//! switch to 64-bit long mode.
+//! Boot: the PVH ELF note, the 32-bit entry that QEMU jumps to, the
+//! switch to 64-bit long mode and the jump to the upper half.
 //!
 //! QEMU's `-kernel` finds the entry point in the `XEN_ELFNOTE_PHYS32_ENTRY`
 //! note (type 18) and enters it in 32-bit protected mode with paging off,
 //! flat segments, and `ebx` holding the physical address of the
 //! `hvm_start_info` structure (Xen `arch/x86/hvm/start_info.h`).
 //!
-//! The entry builds a temporary identity map of the first 4 GiB with 2 MiB
-//! pages (Intel SDM vol. 3 §4.5), turns on PAE (CR4 bit 5), optionally
+//! The entry and the 64-bit trampoline (`.text.boot`) are linked at their
+//! physical address; everything else is linked in the top 2 GiB (see
+//! `linker.ld` and [`crate::mem`]). The entry builds temporary tables with
+//! 2 MiB pages (Intel SDM vol. 3 §4.5) that map the first 4 GiB three
+//! times: identity (for the instructions right after paging goes on), at
+//! [`LINEAR_BASE`] (the linear map, which the table allocator uses from
+//! the first table on) and, for the first GiB, at [`KERNEL_VMA`] (the
+//! image). It turns on PAE and global pages (CR4 bits 5 and 7), optionally
 //! 5-level paging (CR4.LA57, bit 12, which may only change while paging is
 //! off), long mode and no-execute (EFER bits 8 and 11; NXE only when
 //! CPUID.80000001H:EDX[20] reports it, else `kmain` fails), paging and
-//! write-protect (CR0 bits 31 and 16), loads a 64-bit GDT and far-returns
-//! into 64-bit code. That code clears `.bss`, sets the stack and calls
-//! `kmain(start_info)`. The kernel replaces these tables with its own,
-//! built by pgtable, before it runs anything else.
+//! write-protect (CR0 bits 31 and 16: supervisor stores to read-only pages
+//! fault), loads the boot GDT and far-returns into the 64-bit trampoline,
+//! which jumps to `start64_high` in the image. That code clears `.bss`,
+//! sets the stack and calls `kmain(start_info)`. The kernel replaces these
+//! tables with its own, built by pgtable, which map nothing in the lower
+//! half: the boot part is never used again.
 //!
 //! 5-level paging is requested by starting the command line with `la57`;
 //! it is enabled only if CPUID.(EAX=7,ECX=0):ECX[16] says the CPU has it.
+//! The same tables serve both modes: PML5 entries 0 and 511 both point at
+//! the one PML4, so every upper-half address above lies in PML5 entry 511.
 
 use core::arch::global_asm;
+
+use crate::mem::{KERNEL_VMA, LINEAR_BASE};
 
 /// Stack size of the kernel's only CPU.
 pub const STACK_SIZE: usize = 1 << 20;
@@ -43,13 +55,14 @@ global_asm!(
     .section .bootpt, "aw", @nobits
     .p2align 12
 boot_pt_start:
-boot_pml5:  .skip 4096
-boot_pml4:  .skip 4096
-boot_pdpt:  .skip 4096
-boot_pd:    .skip 4 * 4096
+boot_pml5:    .skip 4096
+boot_pml4:    .skip 4096
+boot_pdpt:    .skip 4096
+boot_pdpt_hi: .skip 4096
+boot_pd:      .skip 4 * 4096
 boot_pt_end:
 
-    .section .rodata.boot_gdt, "a"
+    .section .rodata.boot, "a"
     .p2align 3
 boot_gdt:
     .quad 0                     /* null */
@@ -76,20 +89,30 @@ _start32:
     xor eax, eax
     rep stosd
 
-    /* PML5[0] -> PML4, PML4[0] -> PDPT, PDPT[0..4] -> PD0..PD3
-       (present | writable). */
+    /* (present | writable) table entries:
+       PML5[0], PML5[511] -> PML4;
+       PML4[0] -> PDPT (identity), PML4[linear], PML4[image] -> PDPT_HI;
+       PDPT[0..4], PDPT_HI[0..4] -> PD0..PD3 (0..4 GiB);
+       PDPT_HI[image] -> PD0 (the first GiB, where the image lies). */
     mov eax, offset boot_pml4
     or eax, 3
     mov dword ptr [boot_pml5], eax
+    mov dword ptr [boot_pml5 + 511 * 8], eax
     mov eax, offset boot_pdpt
     or eax, 3
     mov dword ptr [boot_pml4], eax
+    mov eax, offset boot_pdpt_hi
+    or eax, 3
+    mov dword ptr [boot_pml4 + {pml4_linear} * 8], eax
+    mov dword ptr [boot_pml4 + {pml4_image} * 8], eax
     mov eax, offset boot_pd
     or eax, 3
+    mov dword ptr [boot_pdpt_hi + {pdpt_image} * 8], eax
     mov edi, offset boot_pdpt
     mov ecx, 4
 1:
     mov dword ptr [edi], eax
+    mov dword ptr [edi + 4096], eax /* the same slot of PDPT_HI */
     add eax, 4096
     add edi, 8
     loop 1b
@@ -122,9 +145,10 @@ _start32:
     jnc 3f
     mov ebp, 1
 3:
-    /* CR4: PAE, and LA57 when chosen (only changeable with paging off). */
+    /* CR4: PAE and PGE (the kernel's mappings are global), and LA57 when
+       chosen (only changeable with paging off). */
     mov eax, cr4
-    or eax, 1 << 5
+    or eax, (1 << 5) | (1 << 7)
     test ebp, ebp
     jz 4f
     or eax, 1 << 12
@@ -179,18 +203,23 @@ start64:
     xor eax, eax
     mov fs, ax
     mov gs, ax
+    /* Into the image, in the upper half (more than 2 GiB away). */
+    movabs rax, offset start64_high
+    jmp rax
 
+    .section .text.start64_high, "ax"
+start64_high:
     /* Clear .bss (the boot tables are outside it). */
-    mov edi, offset __bss_start
-    mov ecx, offset __bss_end
-    sub ecx, edi
-    shr ecx, 3
+    lea rdi, [rip + __bss_start]
+    lea rcx, [rip + __bss_end]
+    sub rcx, rdi
+    shr rcx, 3
     xor eax, eax
     rep stosq
 
-    mov rsp, offset BOOT_STACK + {stack_size}
+    lea rsp, [rip + BOOT_STACK + {stack_size}]
     xor ebp, ebp
-    mov edi, esi                /* kmain(start_info) */
+    mov edi, esi                /* kmain(start_info), a physical address */
     call kmain
 6:
     cli
@@ -198,6 +227,9 @@ start64:
     jmp 6b
 "#,
     stack_size = const STACK_SIZE,
+    pml4_linear = const (LINEAR_BASE >> 39) & 511,
+    pml4_image = const (KERNEL_VMA >> 39) & 511,
+    pdpt_image = const (KERNEL_VMA >> 30) & 511,
 );
 
 /// The PVH `hvm_start_info` (Xen `start_info.h`), versions 0 and 1.

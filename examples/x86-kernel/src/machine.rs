@@ -11,15 +11,17 @@ use pgtable_core::{PhysAddr, VirtAddr};
 use pgtable_x86::X86Mmu;
 use x86_64::registers::control::Cr3;
 
+use crate::mem::{phys_to_virt, KERNEL_VMA, LINEAR_BASE, LINEAR_MAX};
 use crate::trap;
 use crate::tsc::{self, Tsc};
 
-/// Base of the virtual window the suite maps into: 64 GiB, far above RAM
-/// and unmapped at boot (PML4 entry 0, PDPT entries 64..80). Its
-/// `last_entries_of_the_*` cases also map the last pages of each half of
-/// the address space and the pages below the middle of each half (with
-/// 5-level paging far above 2^47): the kernel maps only RAM, so those are
-/// free too.
+/// Base of the virtual window the suite maps into: 64 GiB, in the lower
+/// half, which the kernel leaves empty (PML4 entry 0, PDPT entries
+/// 64..80). Its `last_entries_of_the_*` cases also map the last pages of
+/// each half of the address space and the pages below the middle of each
+/// half (with 5-level paging far above 2^47): the kernel's own mappings
+/// (the linear map and the image, [`crate::mem`]) leave those free too —
+/// the image ends below the last GiB.
 pub const WINDOW_BASE: u64 = 0x10_0000_0000;
 /// Length of the window: 16 GiB (the 2 GiB moves at odd PUD multiples
 /// need more than the suite's minimum of 8).
@@ -58,8 +60,8 @@ fn walk_tables(va: u64) -> Option<u64> {
     let mut table = Cr3::read_raw().0.start_address().as_u64();
     for height in (0..levels).rev() {
         let shift = 12 + 9 * height;
-        let slot = (table + ((va >> shift) & 511) * 8) as *const AtomicU64;
-        // SAFETY: table frames are RAM the kernel identity-maps, and each
+        let slot = phys_to_virt(table + ((va >> shift) & 511) * 8) as *const AtomicU64;
+        // SAFETY: table frames are RAM, which the linear map covers, and each
         // entry is an aligned u64 (the processor may update its A/D bits
         // atomically, hence the atomic load; Relaxed: a snapshot suffices).
         let entry = unsafe { (*slot).load(Relaxed) };
@@ -92,21 +94,24 @@ impl Machine for KernelMachine {
         trap::read_u64(va.0).map_err(fault)
     }
 
-    /// A store below the suite's window (which the suite never makes) is
-    /// refused as a fault, so this safe method cannot write kernel memory:
-    /// the kernel's identity map of RAM lies below the window, and from the
-    /// window up (the window and the cases at the last entries of each
-    /// half) the suite maps only its RAM pool.
+    /// A store below the suite's window or into the kernel's own ranges
+    /// (the linear map and the image; the suite makes neither) is refused
+    /// as a fault, so this safe method cannot write kernel memory: the
+    /// suite maps only its RAM pool everywhere else (the window and the
+    /// pages at the last entries of each half).
     fn write_u64(&mut self, va: VirtAddr, val: u64) -> Result<(), Fault> {
-        if va.0 < WINDOW_BASE {
+        let kernel = (LINEAR_BASE..LINEAR_BASE + LINEAR_MAX).contains(&va.0)
+            || (KERNEL_VMA..KERNEL_VMA + (1 << 30)).contains(&va.0);
+        if va.0 < WINDOW_BASE || kernel {
             return Err(Fault { va, write: true });
         }
-        // SAFETY: from the window up only the suite's RAM pool is mapped.
+        // SAFETY: outside the kernel's ranges and from the window up only
+        // the suite's RAM pool is mapped.
         unsafe { trap::write_u64(va.0, val) }.map_err(fault)
     }
 
     /// Places a `ret` at the physical address `va` maps to (through the
-    /// kernel's identity map of the pool), calls `va`, and puts the byte
+    /// kernel's linear map of the pool), calls `va`, and puts the byte
     /// back: the MMU decides whether the fetch faults. When the tables map
     /// nothing at `va` any more, the `ret` goes to the frame the last probe
     /// of the same page found, so a stale translation the TLB still holds
@@ -130,10 +135,10 @@ impl Machine for KernelMachine {
         if pa < base || pa >= base + len {
             return None;
         }
-        let byte = pa as *mut u8;
-        // SAFETY: `pa` lies in the suite's RAM pool, which the kernel
-        // identity-maps and nothing but the suite uses; the byte is put
-        // back below.
+        let byte = phys_to_virt(pa) as *mut u8;
+        // SAFETY: `pa` lies in the suite's RAM pool, which the kernel's
+        // linear map covers and nothing but the suite uses; the byte is
+        // put back below.
         let old = unsafe { byte.read_volatile() };
         // SAFETY: as above.
         unsafe { byte.write_volatile(RET) };

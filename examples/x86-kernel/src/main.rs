@@ -1,12 +1,20 @@
 //! The x86_64 tiny kernel of pgtable.
 //!
-//! QEMU boots it through the PVH ELF note ([`boot`]); it prints on COM1
-//! ([`serial`]), turns page faults at known probe instructions into results
-//! ([`trap`]), builds its own identity map of RAM with pgtable-x86 (table
-//! frames from [`mem`]) and runs on it, then runs the conformance suite
-//! ([`machine`]) and the benchmarks ([`bench`]) and leaves through
-//! `isa-debug-exit`: 0x10 when
-//! everything passed (QEMU exits with 33), 0x11 otherwise (35).
+//! QEMU boots it through the PVH ELF note ([`boot`]): a 32-bit entry
+//! linked at its physical address sets up temporary tables, long mode and
+//! jumps to the image, which is linked in the upper half (the top 2 GiB,
+//! [`mem`] has the layout). There the kernel prints on COM1 ([`serial`]),
+//! loads its GDT and TSS ([`gdt`]) and IDT ([`trap`], which also turns page
+//! faults at known probe instructions into results and brings ring 3
+//! back), builds its real address space with pgtable-x86 (`kernel_space`:
+//! a linear map of all RAM and the image with W^X rights, all global and
+//! supervisor-only in the upper half; table frames from [`mem`]) and runs
+//! on it, with no low identity map left. It then runs its own `space_`
+//! cases ([`space`]: W^X on the MMU, ring 3 in a user address space that
+//! shares the kernel half), the conformance suite ([`machine`], in the
+//! lower half of the kernel's root) and the benchmarks ([`bench`]), and
+//! leaves through `isa-debug-exit`: 0x10 when everything passed (QEMU
+//! exits with 33), 0x11 otherwise (35).
 //!
 //! Command line (`-append`): `[la57] [seed=N] [threshold_mb=M] [nobench]
 //! [nobench=move,mprotect,linear] [nobig] [only=prefix,..] [skip=prefix,..]
@@ -16,9 +24,11 @@
 
 mod bench;
 mod boot;
+mod gdt;
 mod machine;
 mod mem;
 mod serial;
+mod space;
 mod trap;
 mod tsc;
 
@@ -30,10 +40,11 @@ use pgtable_core::{AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, VirtAd
 use pgtable_x86::{X86Mmu, X86_64La57, X86_64};
 
 use crate::machine::KernelMachine;
-use crate::mem::{Frames, RamMap};
+use crate::mem::{image_phys, phys_to_virt, Frames, RamMap, LINEAR_BASE};
 use crate::tsc::Tsc;
 
 use x86_64::instructions::port::Port;
+use x86_64::registers::control::{Cr0, Cr0Flags};
 use x86_64::registers::model_specific::{Efer, EferFlags};
 
 /// The isa-debug-exit port (QEMU `-device isa-debug-exit,iobase=0xf4,iosize=0x04`).
@@ -201,16 +212,17 @@ fn parse_u64(s: &str) -> Option<u64> {
 /// # Safety
 ///
 /// `info` is the start info the loader passed: a non-zero `cmdline_paddr`
-/// is a NUL-terminated string in identity-mapped memory that is never
+/// is a NUL-terminated string in RAM (reached through the linear map,
+/// which the boot tables and the kernel's tables both hold) that is never
 /// written while the kernel runs.
 unsafe fn cmdline(info: &boot::StartInfo) -> &'static str {
     if info.cmdline_paddr == 0 {
         return "";
     }
-    let p = info.cmdline_paddr as *const u8;
+    let p = phys_to_virt(info.cmdline_paddr) as *const u8;
     let mut n = 0;
-    // SAFETY: a NUL-terminated string in identity-mapped memory (our
-    // caller's promise); we bound the scan.
+    // SAFETY: a NUL-terminated string in linearly mapped RAM (our caller's
+    // promise); we bound the scan.
     while n < 4096 && unsafe { p.add(n).read() } != 0 {
         n += 1;
     }
@@ -220,17 +232,26 @@ unsafe fn cmdline(info: &boot::StartInfo) -> &'static str {
     core::str::from_utf8(bytes).unwrap_or("")
 }
 
-/// The Rust entry, called by `boot` in 64-bit mode with the boot tables.
+/// The Rust entry, called by `boot` in 64-bit mode, in the upper half, on
+/// the boot tables, with the physical address of the PVH start info.
 #[no_mangle]
 extern "C" fn kmain(start_info: u64) -> ! {
     serial::init();
+    // SAFETY: once, at boot, with interrupts off (PVH entry state), before
+    // anything enters ring 3; the boot GDT is not used again.
+    unsafe { gdt::init() };
     // SAFETY: once, at boot, with interrupts off (PVH entry state).
     unsafe { trap::init() };
     quiet_interrupt_sources();
     println!("x86-kernel: booted (PVH)");
+    println!(
+        "image: running at {:#x} (physical {:#x}), linear map at {LINEAR_BASE:#x}",
+        kmain as *const () as u64,
+        image_phys(kmain as *const () as u64)
+    );
     // SAFETY: the boot loader passes the physical address of its start
-    // info in ebx; it lies in identity-mapped low memory.
-    let info = unsafe { (start_info as *const boot::StartInfo).read() };
+    // info in ebx; it lies in low RAM, which the boot tables map linearly.
+    let info = unsafe { (phys_to_virt(start_info) as *const boot::StartInfo).read() };
     if info.magic != boot::START_INFO_MAGIC {
         println!("bad hvm_start_info magic {:#x}", info.magic);
         exit(false);
@@ -315,22 +336,76 @@ fn run(ram: &RamMap, opts: &Options) -> bool {
         println!("0 passed, 1 failed");
         return false;
     }
+    // The boot code set CR0.WP: supervisor stores to read-only pages fault
+    // (Intel SDM vol. 3A §4.6.1), which the kernel's W^X relies on.
+    if !Cr0::read().contains(Cr0Flags::WRITE_PROTECT) {
+        println!("FAIL setup: CR0.WP is off");
+        println!("0 passed, 1 failed");
+        return false;
+    }
+    let smep = space::enable_smep();
+    println!(
+        "protection: EFER.NXE on, CR0.WP on, CR4.SMEP {}",
+        if smep {
+            "on"
+        } else {
+            "absent (CPUID.(EAX=7,ECX=0):EBX[7] = 0)"
+        }
+    );
     let la57 = X86Mmu::la57_enabled();
     if opts.la57 && !la57 {
         println!("la57: skipped: the CPU lacks 5-level paging (CPUID.(EAX=7,ECX=0):ECX[16] = 0); running 4-level");
     }
     if la57 {
         println!("paging: 5-level (CR4.LA57 = 1)");
-        run_on::<X86_64La57>(ram, tsc, kvm, opts)
+        run_on::<X86_64La57>(ram, tsc, kvm, smep, opts)
     } else {
         println!("paging: 4-level");
-        run_on::<X86_64>(ram, tsc, kvm, opts)
+        run_on::<X86_64>(ram, tsc, kvm, smep, opts)
     }
 }
 
-/// A new address space in format `A` with the kernel's identity map of RAM
-/// (every GiB that holds RAM, read-write-execute, with the largest blocks
-/// the CPU has). Not installed.
+/// The image's parts and their rights: `(first byte, one past the last,
+/// protection)`, each 4 KiB aligned (`linker.ld`).
+fn image_sections() -> [(u64, u64, Prot); 3] {
+    extern "C" {
+        static __text_start: u8;
+        static __text_end: u8;
+        static __rodata_start: u8;
+        static __rodata_end: u8;
+        static __data_start: u8;
+        static __kernel_end: u8;
+    }
+    let a = |p: *const u8| p as u64;
+    [
+        (
+            a(&raw const __text_start),
+            a(&raw const __text_end),
+            Prot::new(Prot::EXEC | Prot::GLOBAL),
+        ),
+        (
+            a(&raw const __rodata_start),
+            a(&raw const __rodata_end),
+            Prot::new(Prot::GLOBAL),
+        ),
+        (
+            a(&raw const __data_start),
+            a(&raw const __kernel_end),
+            Prot::new(Prot::WRITE | Prot::GLOBAL),
+        ),
+    ]
+}
+
+/// A new address space in format `A` with the kernel's mappings, all in
+/// the upper half, global and supervisor-only (not installed):
+///
+/// - the linear map: every GiB that holds RAM at [`LINEAR_BASE`] + its
+///   physical address, read-write and not executable, with the largest
+///   blocks the CPU has; the alias of the image's text and rodata is
+///   read-only (Linux keeps the direct map's alias of rodata read-only
+///   too);
+/// - the image at its link address: text read-execute, rodata read-only,
+///   data and bss (the stacks) read-write, the last two not executable.
 pub fn kernel_space<A: Arch>(ram: &RamMap) -> Result<AddressSpace<A, X86Mmu, Frames>, Error> {
     const G: u64 = 1 << 30;
     let mut space = AddressSpace::<A, X86Mmu, Frames>::new(X86Mmu::new(), Frames)?;
@@ -340,20 +415,48 @@ pub fn kernel_space<A: Arch>(ram: &RamMap) -> Result<AddressSpace<A, X86Mmu, Fra
     } else {
         MapOptions::PMD_BLOCKS
     };
-    let prot = Prot::new(Prot::WRITE | Prot::EXEC);
+    let rw = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let ro = Prot::new(Prot::GLOBAL);
+    let image = image_sections();
+    // The physical range of text and rodata: read-only in the linear map.
+    let (ro_lo, ro_hi) = (image_phys(image[0].0), image_phys(image[1].1));
     let mut g = 0;
     while g < end {
         if ram.iter().any(|r| r.start < g + G && r.end > g) {
-            space.map(VirtAddr(g), PhysAddr(g), G, prot, opts)?;
+            let pieces = [
+                (g, ro_lo.clamp(g, g + G), rw),
+                (ro_lo.clamp(g, g + G), ro_hi.clamp(g, g + G), ro),
+                (ro_hi.clamp(g, g + G), g + G, rw),
+            ];
+            for (lo, hi, prot) in pieces {
+                if lo < hi {
+                    space.map(
+                        VirtAddr(phys_to_virt(lo)),
+                        PhysAddr(lo),
+                        hi - lo,
+                        prot,
+                        opts,
+                    )?;
+                }
+            }
         }
         g += G;
+    }
+    for (lo, hi, prot) in image {
+        space.map(
+            VirtAddr(lo),
+            PhysAddr(image_phys(lo)),
+            hi - lo,
+            prot,
+            MapOptions::PAGES,
+        )?;
     }
     Ok(space)
 }
 
-/// Builds the kernel's identity map of RAM in format `A`, switches to it,
-/// runs the suite and the benchmarks on it.
-fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
+/// Builds the kernel's address space in format `A`, switches to it, runs
+/// the `space_` cases, the suite and the benchmarks on it.
+fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options) -> bool {
     let mut space = match kernel_space::<A>(ram) {
         Ok(s) => s,
         Err(e) => {
@@ -361,9 +464,11 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
             return false;
         }
     };
-    // SAFETY: the new tables map all RAM identity (kernel image, stack,
-    // start info, table frames); the space lives until `run_on` returns,
-    // and before that we never return to code that needs the boot tables.
+    // SAFETY: the new tables map the image at its link address (code,
+    // data, stack, GDT, IDT, TSS) and all RAM linearly (start info,
+    // command line, table frames): everything the kernel touches from now
+    // on. The space lives until `run_on` returns, and before that we never
+    // return to code that needs the boot tables (`kmain` exits).
     unsafe { space.install() };
     println!(
         "running on pgtable tables: format {}, root {:#x}, {} tables, INVPCID {}",
@@ -415,8 +520,10 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
         skip: opts.skip,
         ..Config::DEFAULT
     };
+    let own = space::run(&mut space, smep);
+    println!();
     let sum = suite::run(&mut space, &mut mach, &cfg);
-    let suite_ok = sum.failed == 0 && sum.passed > 0;
+    let suite_ok = sum.failed == 0 && sum.passed > 0 && own.failed == 0;
     let bench_ok = opts.nobench || bench::run(&mut space, &mach, ram, kvm, opts.nobench_list);
     // No table frame may leak: every frame still allocated must belong to
     // the kernel's own tables.
@@ -428,14 +535,14 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, opts: &Options) -> bool {
         Frames.peak(),
         if frames_ok { "" } else { " -- LEAKED FRAMES" }
     );
-    // The xtask judges the last `N passed, N failed` line: repeat the
-    // suite's after the benchmarks, counting a failed benchmark run and a
-    // leak as one more failure each.
+    // The xtask judges the last `N passed, N failed` line: the suite's
+    // and the `space_` cases' counts after the benchmarks, counting a
+    // failed benchmark run and a leak as one more failure each.
     println!();
     println!(
         "{} passed, {} failed",
-        sum.passed,
-        sum.failed + u32::from(!bench_ok) + u32::from(!frames_ok)
+        sum.passed + own.passed,
+        sum.failed + own.failed + u32::from(!bench_ok) + u32::from(!frames_ok)
     );
     // The live space is never torn down: the CPU walks its tables until the
     // machine exits, right after this. `into_parts` keeps them allocated.

@@ -1,13 +1,29 @@
-//! Physical memory: the RAM map and the table-frame allocator (the
-//! kernel's identity map itself is built by `kernel_space` in `main.rs`).
+//! Memory: the kernel's virtual layout, the RAM map and the table-frame
+//! allocator (the kernel's address space itself is built by
+//! `kernel_space` in `main.rs`).
 //!
-//! Layout (physical = virtual everywhere; the kernel runs identity-mapped):
+//! Virtual layout once the kernel runs on its own tables: everything the
+//! kernel maps lies in the upper half (PML4 entries 256–511; with 5-level
+//! paging PML5 entry 511), so every address space can share it by copying
+//! those top-level entries. The lower half holds only what the suite, the
+//! benchmarks and the `space_` cases map there themselves.
+//!
+//! | virtual range | maps | rights |
+//! |---|---|---|
+//! | [`LINEAR_BASE`] + RAM (PML4 entry 273) | all RAM, by the GiB (linear map, [`phys_to_virt`]) | RW, NX, global |
+//! | [`KERNEL_VMA`] + 1 MiB… (PML4 511, PDPT 510) | the image: `.text` / `.rodata` / `.data` + `.bss` (stack) | RX / R NX / RW NX, global |
+//! | 0x10_0000_0000 + 16 GiB (lower half) | the suite's window ([`crate::machine`]) | the suite's |
+//! | [`crate::space::USER_BASE`] (lower half) | the ring-3 test pages | user |
+//!
+//! Physical layout:
 //!
 //! | range | use |
 //! |---|---|
 //! | 0 – 1 MiB | firmware, PVH start info, command line |
-//! | 1 MiB – `__kernel_end` | kernel image, stack, boot tables |
+//! | 1 MiB – `__boot_end` | 32-bit entry, boot GDT, boot tables (identity-mapped while booting only) |
+//! | … – `__kernel_end` − [`KERNEL_VMA`] | kernel image, stack |
 //! | [`TABLES_START`] – [`TABLES_END`] | page-table frames ([`Frames`]) |
+//! | [`USER_FRAMES`] – +64 KiB | frames of the ring-3 test pages |
 //! | [`POOL_START`] – end of RAM | the test pool the suite and benchmarks map |
 
 use core::cell::Cell;
@@ -21,8 +37,36 @@ use crate::boot::{MemmapEntry, StartInfo};
 pub const TABLES_START: u64 = 16 << 20;
 /// One past the table-frame region (64 MiB of frames: 16384 tables).
 pub const TABLES_END: u64 = 80 << 20;
+/// First byte of the frames the ring-3 test pages use (16 frames).
+pub const USER_FRAMES: u64 = 96 << 20;
 /// First byte of the test pool.
 pub const POOL_START: u64 = 256 << 20;
+
+/// Virtual minus physical address of the kernel image: the image is linked
+/// in the top 2 GiB (the kernel code model's region, `linker.ld`).
+pub const KERNEL_VMA: u64 = 0xffff_ffff_8000_0000;
+/// Where the linear map of all RAM starts: virtual = physical +
+/// `LINEAR_BASE` (PML4 entry 273, the slot Linux uses for its direct map
+/// with 4-level paging; with 5-level paging it lies in PML5 entry 511).
+pub const LINEAR_BASE: u64 = 0xffff_8880_0000_0000;
+/// How much physical memory the linear map may cover (64 TiB, the rest
+/// of the PML4 entries up to the next kernel region).
+pub const LINEAR_MAX: u64 = 1 << 46;
+
+/// The linear-map address of physical address `pa` (Linux `__va`). Valid
+/// for RAM (the boot tables cover the first 4 GiB, the kernel's tables all
+/// RAM).
+#[inline]
+pub const fn phys_to_virt(pa: u64) -> u64 {
+    pa + LINEAR_BASE
+}
+
+/// The physical address of `va` in the kernel image (Linux
+/// `__pa_symbol`).
+#[inline]
+pub const fn image_phys(va: u64) -> u64 {
+    va - KERNEL_VMA
+}
 
 /// A RAM region.
 #[derive(Clone, Copy, Debug, Default)]
@@ -55,14 +99,14 @@ impl RamMap {
     ///
     /// `info` is the start info the loader passed: with version 1 and a
     /// non-zero `memmap_paddr`, that address holds `memmap_entries`
-    /// entries in identity-mapped memory.
+    /// entries in linearly mapped memory.
     pub unsafe fn from_start_info(info: &StartInfo, fallback_end: u64) -> RamMap {
         let mut map = RamMap::default();
         if info.version >= 1 && info.memmap_paddr != 0 {
-            let base = info.memmap_paddr as *const MemmapEntry;
+            let base = phys_to_virt(info.memmap_paddr) as *const MemmapEntry;
             for i in 0..info.memmap_entries as usize {
                 // SAFETY: `memmap_entries` entries at `memmap_paddr`, in
-                // identity-mapped memory (our caller's promise).
+                // linearly mapped memory (our caller's promise).
                 let e = unsafe { base.add(i).read_unaligned() };
                 if e.kind == 1 && map.len < map.regions.len() {
                     map.regions[map.len] = Region {
@@ -137,8 +181,9 @@ impl Frames {
 // SAFETY: frames come from `TABLES_START..TABLES_END`, a RAM range that
 // nothing but this allocator uses; each is 4 KiB aligned, zeroed before it
 // is handed out, handed out once until freed, and the pool is a static
-// (dropping a handle frees nothing); phys == virt (identity map), so
-// `phys_to_virt` points at the frame itself.
+// (dropping a handle frees nothing); `phys_to_virt` is the frame's address
+// in the linear map, which the boot tables and the kernel's tables both
+// hold (read-write).
 unsafe impl TableAlloc for Frames {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let p = &POOL.0;
@@ -152,13 +197,16 @@ unsafe impl TableAlloc for Frames {
                 pa
             }
             pa => {
-                // SAFETY: a free frame of ours; its first word links the list.
-                p.free.set(unsafe { (pa as *const u64).read() });
+                // SAFETY: a free frame of ours (linearly mapped); its first
+                // word links the list.
+                p.free
+                    .set(unsafe { (phys_to_virt(pa) as *const u64).read() });
                 pa
             }
         };
-        // SAFETY: the frame is ours and unused; zero all 4 KiB.
-        unsafe { (pa as *mut Table).write_bytes(0, 1) };
+        // SAFETY: the frame is ours and unused (linearly mapped); zero all
+        // 4 KiB.
+        unsafe { (phys_to_virt(pa) as *mut Table).write_bytes(0, 1) };
         p.live.set(p.live.get() + 1);
         p.peak.set(p.peak.get().max(p.live.get()));
         Some(PhysAddr(pa))
@@ -167,17 +215,17 @@ unsafe impl TableAlloc for Frames {
     unsafe fn free_table(&mut self, pa: PhysAddr) {
         let p = &POOL.0;
         // SAFETY: the caller returns a frame of ours that nothing uses any
-        // more; we store the free-list link in its first word.
-        unsafe { (pa.0 as *mut u64).write(p.free.get()) };
+        // more; we store the free-list link in its first word (through the
+        // linear map).
+        unsafe { (phys_to_virt(pa.0) as *mut u64).write(p.free.get()) };
         p.free.set(pa.0);
         p.live.set(p.live.get() - 1);
     }
 
     #[inline]
     unsafe fn phys_to_virt(&self, pa: PhysAddr) -> NonNull<Table> {
-        // SAFETY: the caller passes one of our frames, whose address is at
-        // least `TABLES_START`, so not null; the kernel's identity map makes
-        // a physical address usable as-is.
-        unsafe { NonNull::new_unchecked(pa.0 as *mut Table) }
+        // SAFETY: the caller passes one of our frames; its linear-map
+        // address lies in the upper half, so is not null.
+        unsafe { NonNull::new_unchecked(phys_to_virt(pa.0) as *mut Table) }
     }
 }

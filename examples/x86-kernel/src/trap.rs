@@ -1,8 +1,9 @@
 //! Exceptions: the IDT, the entry stubs, and the memory probes.
 //!
-//! Every exception vector 0–31 enters a `global_asm!` stub that pushes a
-//! dummy error code where the CPU pushes none (Intel SDM vol. 3 §6.13,
-//! table 6-1), the vector number and the general registers, then calls
+//! Every exception vector 0–31 and the system-call vector 0x80 enter a
+//! `global_asm!` stub that pushes a dummy error code where the CPU pushes
+//! none (Intel SDM vol. 3 §6.13, table 6-1), the vector number and the
+//! general registers, then calls
 //! [`trap_dispatch`] with a pointer to that [`TrapFrame`]. The handler may
 //! edit the frame; the stub restores it and returns with `iretq`.
 //!
@@ -10,7 +11,9 @@
 //! store inside [`read_u64`] / [`write_u64`], or the instruction fetch at
 //! the target of [`exec`]'s call) is an expected outcome: the handler
 //! records CR2 and the error code, sets the probe's fault flag and resumes
-//! after the instruction (after the call, for a fetch). Any other
+//! after the instruction (after the call, for a fetch). Any trap from
+//! ring 3 (the `int 0x80` gate of DPL 3, a page fault, anything) ends the
+//! [`run_user`] call that entered ring 3 and becomes its result. Any other
 //! exception prints the vector, error code, RIP (and CR2 for a page fault)
 //! and ends the run as failed.
 
@@ -21,7 +24,7 @@ use x86_64::instructions::tables::lidt;
 use x86_64::registers::control::Cr2;
 use x86_64::structures::idt::InterruptDescriptorTable;
 use x86_64::structures::DescriptorTablePointer;
-use x86_64::VirtAddr;
+use x86_64::{PrivilegeLevel, VirtAddr};
 
 /// The registers the stubs save, lowest address first.
 #[repr(C)]
@@ -65,6 +68,13 @@ isr_\n:
     push \n
     jmp isr_common
     .endr
+
+    /* The system-call gate (DPL 3): ring 3 returns to the kernel with
+       `int 0x80`. */
+isr_128:
+    push 0
+    push 128
+    jmp isr_common
 
 isr_common:
     push rax
@@ -129,6 +139,70 @@ isr_table:
     .p2align 3
 irq_ignore_addr:
     .quad irq_ignore
+    .global syscall_addr
+syscall_addr:
+    .quad isr_128
+
+    /* enter_user(rip, rsp, rdi, rsi, rdx), sysv64: saves the callee-saved
+       registers and the stack pointer, then `iretq`s to CPL 3 at `rip`
+       with `rsp` and the user's rdi, rsi, rdx from the last three
+       arguments (interrupts stay off: RFLAGS = 2). It returns when the
+       handler of a trap from CPL 3 jumps to leave_user. */
+    .section .text.user_entry, "ax"
+    .global enter_user
+enter_user:
+    push rbx
+    push rbp
+    push r12
+    push r13
+    push r14
+    push r15
+    mov qword ptr [rip + user_kernel_rsp], rsp
+    push {user_ds}
+    push rsi
+    push 2
+    push {user_cs}
+    push rdi
+    mov rdi, rdx
+    mov rsi, rcx
+    mov rdx, r8
+    xor eax, eax
+    xor ebx, ebx
+    xor ecx, ecx
+    xor ebp, ebp
+    xor r8d, r8d
+    xor r9d, r9d
+    xor r10d, r10d
+    xor r11d, r11d
+    xor r12d, r12d
+    xor r13d, r13d
+    xor r14d, r14d
+    xor r15d, r15d
+    iretq
+
+    /* Back to enter_user's caller, from the trap handler (on the RSP0
+       stack, which is abandoned): the kernel data segments again (a trap
+       from CPL 3 loads SS with a null selector, an iretq to CPL 3 nulls
+       DS and ES), the saved stack and registers. */
+    .global leave_user
+leave_user:
+    mov ax, {kernel_ds}
+    mov ds, ax
+    mov es, ax
+    mov ss, ax
+    mov rsp, qword ptr [rip + user_kernel_rsp]
+    pop r15
+    pop r14
+    pop r13
+    pop r12
+    pop rbp
+    pop rbx
+    ret
+
+    .section .data.user_kernel_rsp, "aw"
+    .p2align 3
+user_kernel_rsp:
+    .quad 0
 
     /* Probes: sysv64, address in rdi (value in rsi); return the loaded
        value in rax and 0 (no fault) / 1 (fault) in rdx. */
@@ -167,7 +241,10 @@ probe_addrs:
     .quad probe_read64_insn, probe_read64_resume
     .quad probe_write64_insn, probe_write64_resume
     .quad probe_exec_resume
-"#
+"#,
+    user_ds = const crate::gdt::USER_DS,
+    user_cs = const crate::gdt::USER_CS,
+    kernel_ds = const crate::gdt::KERNEL_DS,
 );
 
 /// What a probe returns (in rax:rdx, as sysv64 returns a two-word struct).
@@ -181,9 +258,12 @@ extern "sysv64" {
     fn probe_read64(va: u64) -> ProbeResult;
     fn probe_write64(va: u64, value: u64) -> ProbeResult;
     fn probe_exec(va: u64) -> ProbeResult;
+    fn enter_user(rip: u64, rsp: u64, rdi: u64, rsi: u64, rdx: u64);
 }
 
 extern "C" {
+    fn leave_user() -> !;
+    static syscall_addr: u64;
     static irq_ignore_addr: u64;
     static isr_table: [u64; 32];
     static probe_addrs: [u64; 5];
@@ -256,6 +336,55 @@ pub unsafe fn exec(va: u64) -> Result<(), PageFault> {
     }
 }
 
+/// How a run in ring 3 ended: the trap that brought the CPU back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserTrap {
+    /// The vector (0x80: the system-call gate; 14: a page fault).
+    pub vector: u64,
+    /// The error code (0 for a vector that pushes none).
+    pub error: u64,
+    /// CR2 for a page fault, else 0.
+    pub cr2: u64,
+    /// The user's RIP at the trap (after `int 0x80`; the faulting
+    /// instruction for a fault).
+    pub rip: u64,
+    /// The user's CS (its low two bits are the CPL it ran at).
+    pub cs: u64,
+    /// The user's RAX.
+    pub rax: u64,
+}
+
+/// The trap that ended the last ring-3 run (single CPU, written by the
+/// handler before it jumps back into [`run_user`]).
+static mut USER_TRAP: UserTrap = UserTrap {
+    vector: 0,
+    error: 0,
+    cr2: 0,
+    rip: 0,
+    cs: 0,
+    rax: 0,
+};
+
+/// Runs user code at CPL 3: `iretq` to `rip` with stack `rsp` and the
+/// user's `rdi`, `rsi`, `rdx` = `args`, until its first interrupt or
+/// exception (an `int 0x80`, a page fault, anything), which comes back
+/// here as the result.
+///
+/// # Safety
+///
+/// The installed tables map the user code at `rip` (user, executable) and
+/// the kernel half (the image, whose TSS gives the RSP0 stack, and the
+/// IDT and GDT); whatever the code may touch is user memory it may
+/// change.
+pub unsafe fn run_user(rip: u64, rsp: u64, args: [u64; 3]) -> UserTrap {
+    // SAFETY: `enter_user` saves what sysv64 makes callee-saved and
+    // returns through `leave_user`, which restores it (our caller's
+    // promise covers what the user code can reach).
+    unsafe { enter_user(rip, rsp, args[0], args[1], args[2]) };
+    // SAFETY: single CPU; the handler wrote it before jumping back.
+    unsafe { core::ptr::read_volatile(&raw const USER_TRAP) }
+}
+
 /// The IDT, written once by [`init`].
 struct IdtCell(UnsafeCell<InterruptDescriptorTable>);
 
@@ -291,7 +420,9 @@ pub unsafe fn init() {
         idt.bound_range_exceeded.set_handler_addr(addr(5));
         idt.invalid_opcode.set_handler_addr(addr(6));
         idt.device_not_available.set_handler_addr(addr(7));
-        idt.double_fault.set_handler_addr(addr(8));
+        idt.double_fault
+            .set_handler_addr(addr(8))
+            .set_stack_index(crate::gdt::DOUBLE_FAULT_IST);
         idt.invalid_tss.set_handler_addr(addr(10));
         idt.segment_not_present.set_handler_addr(addr(11));
         idt.stack_segment_fault.set_handler_addr(addr(12));
@@ -307,6 +438,10 @@ pub unsafe fn init() {
         for v in 32..=255u8 {
             idt[v].set_handler_addr(irq);
         }
+        // The one gate ring 3 may use (`int 0x80`): DPL 3.
+        idt[0x80]
+            .set_handler_addr(VirtAddr::new(syscall_addr))
+            .set_privilege_level(PrivilegeLevel::Ring3);
     }
     let ptr = DescriptorTablePointer {
         limit: (core::mem::size_of::<InterruptDescriptorTable>() - 1) as u16,
@@ -319,6 +454,27 @@ pub unsafe fn init() {
 /// Called by the stubs with the saved state.
 #[no_mangle]
 extern "C" fn trap_dispatch(frame: &mut TrapFrame) {
+    if frame.cs & 3 == 3 {
+        // From ring 3: whatever it is ends the run; back to `run_user`.
+        let trap = UserTrap {
+            vector: frame.vector,
+            error: frame.error,
+            cr2: if frame.vector == 14 {
+                Cr2::read_raw()
+            } else {
+                0
+            },
+            rip: frame.rip,
+            cs: frame.cs,
+            rax: frame.rax,
+        };
+        // SAFETY: single CPU; `run_user` reads it after `leave_user`.
+        unsafe { core::ptr::write_volatile(&raw mut USER_TRAP, trap) };
+        // SAFETY: a trap from CPL 3 only happens inside `enter_user`,
+        // which saved the stack `leave_user` returns on; this handler's
+        // frame on the RSP0 stack is abandoned (it owns nothing).
+        unsafe { leave_user() }
+    }
     if frame.vector == 14 {
         let cr2 = Cr2::read_raw();
         // SAFETY: `probe_addrs` is a static array defined above.
