@@ -35,6 +35,13 @@ pub enum Error {
     OutOfMemory,
     /// The change needs break-before-make and the caller did not allow it.
     BreakBeforeMake(VirtAddr),
+    /// An [`MmuGather`](crate::MmuGather) was handed to an address space
+    /// other than the one it was started on (Linux `tlb_gather_mmu`
+    /// binds a gather to one `mm`).
+    ForeignGather,
+    /// Nothing is mapped at this address (an operation on one present
+    /// leaf, e.g. [`ptep_set_access_flags`](crate::AddressSpace::ptep_set_access_flags)).
+    NotMapped(VirtAddr),
 }
 
 /// The broad class of an [`Error`], for callers that only branch on it.
@@ -59,8 +66,11 @@ impl Error {
             | Error::ZeroLength
             | Error::OutOfRange(_)
             | Error::PhysOutOfRange(_)
-            | Error::Overlap => ErrorKind::InvalidInput,
-            Error::AlreadyMapped(_) | Error::BreakBeforeMake(_) => ErrorKind::Conflict,
+            | Error::Overlap
+            | Error::ForeignGather => ErrorKind::InvalidInput,
+            Error::AlreadyMapped(_) | Error::BreakBeforeMake(_) | Error::NotMapped(_) => {
+                ErrorKind::Conflict
+            }
             Error::OutOfMemory => ErrorKind::OutOfMemory,
         }
     }
@@ -81,6 +91,10 @@ impl fmt::Display for Error {
             Error::BreakBeforeMake(a) => {
                 write!(f, "changing the live entry at {a} needs break-before-make")
             }
+            Error::ForeignGather => {
+                write!(f, "the TLB gather belongs to another address space")
+            }
+            Error::NotMapped(a) => write!(f, "nothing is mapped at {a}"),
         }
     }
 }

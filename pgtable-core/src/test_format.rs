@@ -74,7 +74,8 @@ fn prot_bits(prot: Prot) -> u64 {
 // TABLE_OR_PAGE set at a height above 0, and decodes to the address it was
 // built from (bits 12-47, and `PA_BITS` is 48); leaves above height 0 never
 // get TABLE_OR_PAGE (`leaf_template` leaves it clear, `modify_prot` and
-// `hw_access` keep it, `split_leaf` sets it only for height-0 children);
+// `hw_access` and the `mk*` methods keep it, `split_leaf` sets it only for
+// height-0 children);
 // height 0 never decodes as a table. Every method is pure.
 unsafe impl<const L: u32> Format for TestFormat<L> {
     const NAME: &'static str = "test";
@@ -167,6 +168,24 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
             return Err(AccessFault::Exec);
         }
         Ok(raw | ACCESSED | if access.write { DIRTY } else { 0 })
+    }
+
+    fn mkold(raw: u64, _height: u32) -> u64 {
+        raw & !ACCESSED
+    }
+
+    fn mkyoung(raw: u64, _height: u32) -> u64 {
+        raw | ACCESSED
+    }
+
+    /// The hardware sets DIRTY on a store through a writable leaf, so a
+    /// clean leaf stays writable.
+    fn mkclean(raw: u64, _height: u32) -> u64 {
+        raw & !DIRTY
+    }
+
+    fn mkdirty(raw: u64, _height: u32) -> u64 {
+        raw | DIRTY
     }
 }
 
