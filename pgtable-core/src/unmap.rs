@@ -263,6 +263,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// cleared (the allocator takes frames back with any contents); the
     /// others are taken with the atomic get-and-clear. Returns whether the
     /// table is now empty (or about to be unlinked).
+    ///
+    /// Entries are taken a chunk at a time into a small local buffer and
+    /// reported from it: the report loop then holds no atomic access and
+    /// no condition, so the compiler can keep the caller's accumulators in
+    /// registers instead of reloading them around every entry.
     fn zap_ptes<Z: Zap<A>>(
         &mut self,
         t: &Table,
@@ -271,30 +276,46 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         gather: &mut TlbGather,
         z: &mut Z,
     ) -> bool {
+        const CHUNK: usize = 64;
         let whole = covers(va, end, 1);
         let trust = z.trust_settled();
         let i = index(va, 0);
         let n = (end.wrapping_sub(va) >> shift(0)) as usize;
         let mut written = 0u64;
-        for (k, slot) in t.entries[i..i + n].iter().enumerate() {
-            // Relaxed: we hold the address space exclusively; an entry the
-            // hardware may still update is re-read by the atomic swap.
-            let raw = slot.load(Relaxed);
-            if raw == 0 {
-                continue;
-            }
-            let old = if trust && A::is_settled(raw, 0) {
-                // Nothing can change it any more: the load is exact.
-                if !whole {
-                    A::set_pte_nosync(&self.mmu, slot, 0);
+        // The removed entries of a chunk and their indices, packed.
+        let mut old = [0u64; CHUNK];
+        let mut at = [0u16; CHUNK];
+        for (c, chunk) in t.entries[i..i + n].chunks(CHUNK).enumerate() {
+            let mut m = 0;
+            for (k, slot) in chunk.iter().enumerate() {
+                // Relaxed: we hold the address space exclusively; an entry
+                // the hardware may still update is re-read by the swap.
+                let raw = slot.load(Relaxed);
+                let taken = if raw == 0 {
+                    0
+                } else if trust && A::is_settled(raw, 0) {
+                    // Nothing can change it any more: the load is exact.
+                    if !whole {
+                        A::set_pte_nosync(&self.mmu, slot, 0);
+                        written += 1;
+                    }
+                    raw
+                } else {
                     written += 1;
-                }
-                raw
-            } else {
-                written += 1;
-                A::ptep_get_and_clear(&self.mmu, slot)
-            };
-            z.removed(va + ((k as u64) << shift(0)), 0, old);
+                    A::ptep_get_and_clear(&self.mmu, slot)
+                };
+                // `m <= k < CHUNK`: packed without a branch (the mask only
+                // spares the bounds check).
+                old[m & (CHUNK - 1)] = taken;
+                at[m & (CHUNK - 1)] = k as u16;
+                m += usize::from(raw != 0);
+            }
+            let base = va + (((c * CHUNK) as u64) << shift(0));
+            // Every iteration reports, so the compiler may keep what the
+            // callback accumulates in registers for the whole loop.
+            for (&raw, &k) in old[..m].iter().zip(&at[..m]) {
+                z.removed(base + (u64::from(k) << shift(0)), 0, raw);
+            }
         }
         if written > 0 || whole {
             gather.add_range(VirtAddr(va), end.wrapping_sub(va), 0);
