@@ -7,6 +7,15 @@
 //! [`unmap`], [`change_protection`], [`move_page_tables`], [`translate`]
 //! and [`walk`] on an [`AddressSpace`].
 //!
+//! For a kernel's memory manager there is more, under Linux's names: a
+//! caller-owned flush batch ([`MmuGather`], Linux `tlb_gather_mmu` /
+//! `tlb_finish_mmu`) that the `*_gathered` forms of the operations take,
+//! [`unmap_with`] reporting every removed page with its final
+//! accessed/dirty state, accessed/dirty harvesting ([`clear_refs`],
+//! [`test_and_clear_young`]) and the fault-time single-entry operations
+//! [`install_pte`] and [`ptep_set_access_flags`], with [`ptep_get`] to read
+//! one entry safely.
+//!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
 //! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
 //! kernel or a host test picks one arch, one [`Mmu`] (the real one or a
@@ -37,6 +46,12 @@
 //! [`move_page_tables`]: AddressSpace::move_page_tables
 //! [`translate`]: AddressSpace::translate
 //! [`walk`]: AddressSpace::walk
+//! [`unmap_with`]: AddressSpace::unmap_with
+//! [`clear_refs`]: AddressSpace::clear_refs
+//! [`test_and_clear_young`]: AddressSpace::test_and_clear_young
+//! [`install_pte`]: AddressSpace::install_pte
+//! [`ptep_set_access_flags`]: AddressSpace::ptep_set_access_flags
+//! [`ptep_get`]: AddressSpace::ptep_get
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

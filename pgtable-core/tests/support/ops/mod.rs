@@ -128,7 +128,7 @@ pub fn unmap_with_reports_each_removed_entry<A: Arch>() {
     let mut want = Vec::new();
     // The first block, split: its pages from `start` on.
     for a in (start..VA + M2).step_by(K4 as usize) {
-        want.push((a, K4, Some(PA + a - VA), blocks || false));
+        want.push((a, K4, Some(PA + a - VA), true));
     }
     if blocks {
         want.push((VA + M2, M2, Some(PA + M2), true));
