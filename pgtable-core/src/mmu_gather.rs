@@ -27,8 +27,35 @@ use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGathe
 /// clean) must not be reused, written back or treated as clean before
 /// [`tlb_finish_mmu`](AddressSpace::tlb_finish_mmu) returns.
 ///
+/// ```
+/// # #[cfg(feature = "alloc")] {
+/// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+/// use pgtable_core::test_format::TestFormat;
+///
+/// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let va = VirtAddr(1 << 30);
+/// space.map(va, PhysAddr(0x8000_0000), 8 << 20, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+/// let mut tlb = space.tlb_gather_mmu();
+/// space.unmap_gathered(&mut tlb, va, 2 << 20).unwrap();
+/// let mut pages = Vec::new();
+/// space.unmap_with_gathered(&mut tlb, va.add(4 << 20), 2 << 20, |r| pages.push(r.pa())).unwrap();
+/// space.tlb_finish_mmu(tlb).unwrap(); // one flush; the emptied tables are freed now
+/// // Only now may `pages` be reused.
+/// assert_eq!(pages.len(), 512);
+/// # }
+/// ```
+///
 /// A gather must be finished. Forgetting to is caught twice: the type is
 /// `#[must_use]`, and dropping one that holds work panics in debug builds.
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// use pgtable_core::{AddressSpace, Arena, NoopMmu};
+/// use pgtable_core::test_format::TestFormat;
+///
+/// let space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// space.tlb_gather_mmu(); // error: unused `MmuGather` that must be used
+/// ```
 /// In release builds such a drop flushes nothing and leaks the queued
 /// table frames (they are never freed, so no walker can reach a reused
 /// frame); the stale translations stay until some later flush, which is
