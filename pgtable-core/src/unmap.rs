@@ -282,16 +282,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let i = index(va, 0);
         let n = (end.wrapping_sub(va) >> shift(0)) as usize;
         let mut written = 0u64;
-        // The removed entries of a chunk and their indices, packed.
+        // The removed entries of a chunk, and which slots held one.
         let mut old = [0u64; CHUNK];
-        let mut at = [0u16; CHUNK];
         for (c, chunk) in t.entries[i..i + n].chunks(CHUNK).enumerate() {
-            let mut m = 0;
-            for (k, slot) in chunk.iter().enumerate() {
+            let mut used = 0u64;
+            for ((k, slot), out) in chunk.iter().enumerate().zip(old.iter_mut()) {
                 // Relaxed: we hold the address space exclusively; an entry
                 // the hardware may still update is re-read by the swap.
                 let raw = slot.load(Relaxed);
-                let taken = if raw == 0 {
+                *out = if raw == 0 {
                     0
                 } else if trust && A::is_settled(raw, 0) {
                     // Nothing can change it any more: the load is exact.
@@ -304,17 +303,21 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     written += 1;
                     A::ptep_get_and_clear(&self.mmu, slot)
                 };
-                // `m <= k < CHUNK`: packed without a branch (the mask only
-                // spares the bounds check).
-                old[m & (CHUNK - 1)] = taken;
-                at[m & (CHUNK - 1)] = k as u16;
-                m += usize::from(raw != 0);
+                used |= u64::from(raw != 0) << k;
             }
             let base = va + (((c * CHUNK) as u64) << shift(0));
-            // Every iteration reports, so the compiler may keep what the
-            // callback accumulates in registers for the whole loop.
-            for (&raw, &k) in old[..m].iter().zip(&at[..m]) {
-                z.removed(base + (u64::from(k) << shift(0)), 0, raw);
+            // Every iteration of either loop reports, so the compiler may
+            // keep what the callback accumulates in registers throughout.
+            if used == u64::MAX >> (CHUNK - chunk.len()) {
+                for (k, &raw) in old[..chunk.len()].iter().enumerate() {
+                    z.removed(base + ((k as u64) << shift(0)), 0, raw);
+                }
+            } else {
+                while used != 0 {
+                    let k = used.trailing_zeros() as usize;
+                    used &= used - 1;
+                    z.removed(base + ((k as u64) << shift(0)), 0, old[k % CHUNK]);
+                }
             }
         }
         if written > 0 || whole {
