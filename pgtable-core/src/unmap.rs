@@ -282,11 +282,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let i = index(va, 0);
         let n = (end.wrapping_sub(va) >> shift(0)) as usize;
         let mut written = 0u64;
-        // The removed entries of a chunk, and which slots held one.
+        // The removed entries of a chunk (0 where there was none).
         let mut old = [0u64; CHUNK];
         for (c, chunk) in t.entries[i..i + n].chunks(CHUNK).enumerate() {
-            let mut used = 0u64;
-            for ((k, slot), out) in chunk.iter().enumerate().zip(old.iter_mut()) {
+            let mut full = true;
+            for (slot, out) in chunk.iter().zip(old.iter_mut()) {
                 // Relaxed: we hold the address space exclusively; an entry
                 // the hardware may still update is re-read by the swap.
                 let raw = slot.load(Relaxed);
@@ -303,20 +303,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     written += 1;
                     A::ptep_get_and_clear(&self.mmu, slot)
                 };
-                used |= u64::from(raw != 0) << k;
+                full &= raw != 0;
             }
             let base = va + (((c * CHUNK) as u64) << shift(0));
-            // Every iteration of either loop reports, so the compiler may
-            // keep what the callback accumulates in registers throughout.
-            if used == u64::MAX >> (CHUNK - chunk.len()) {
-                for (k, &raw) in old[..chunk.len()].iter().enumerate() {
+            // A full chunk (the common case) is reported by a loop whose
+            // every iteration reports, so the compiler may keep what the
+            // callback accumulates in registers throughout.
+            let chunk_old = &old[..chunk.len()];
+            if full {
+                for (k, &raw) in chunk_old.iter().enumerate() {
                     z.removed(base + ((k as u64) << shift(0)), 0, raw);
                 }
             } else {
-                while used != 0 {
-                    let k = used.trailing_zeros() as usize;
-                    used &= used - 1;
-                    z.removed(base + ((k as u64) << shift(0)), 0, old[k % CHUNK]);
+                for (k, &raw) in chunk_old.iter().enumerate() {
+                    if raw != 0 {
+                        z.removed(base + ((k as u64) << shift(0)), 0, raw);
+                    }
                 }
             }
         }
