@@ -406,6 +406,28 @@ pub fn clear_refs_cleans_and_the_next_store_redirties<A: Arch>() {
     m.check().unwrap();
 }
 
+/// Bad input: nothing cleared, nothing reported.
+pub fn clear_refs_errors_change_nothing<A: Arch>() {
+    let (m, mut s) = setup::<A>();
+    map(&mut s, 0, 4 * K4, URW, MapOptions::PAGES);
+    m.write_u64(VirtAddr(VA), 1).unwrap();
+    let before = snapshot(&s, VA, 4 * K4);
+    let mut n = 0;
+    for (va, len, e) in [
+        (VA, 0, Error::ZeroLength),
+        (VA + 8, K4, Error::MisalignedVirt(VirtAddr(VA + 8))),
+        (VA, K4 + 1, Error::MisalignedLength(K4 + 1)),
+    ] {
+        assert_eq!(
+            s.clear_refs(VirtAddr(va), len, ClearRefs::ALL, |_| n += 1),
+            Err(e)
+        );
+    }
+    assert_eq!(n, 0);
+    assert_eq!(snapshot(&s, VA, 4 * K4), before);
+    m.check().unwrap();
+}
+
 /// A block is harvested whole and reported once.
 pub fn clear_refs_harvests_blocks_whole<A: Arch>() {
     if !A::leaf_allowed(1) {
@@ -502,6 +524,14 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
     unsafe { s.slot(VirtAddr(VA + K4), 0).unwrap().store(SWAP, Relaxed) };
     let before = snapshot(&s, VA, 4 * K4);
     let live = m.alloc().live();
+    // `ptep_get` shows the software entry as a non-present leaf entry.
+    let e = s.ptep_get(VirtAddr(VA + K4)).unwrap();
+    assert_eq!(
+        (e.raw(), e.is_present(), e.pa(), e.dirty()),
+        (SWAP, false, None, false)
+    );
+    assert!(s.ptep_get(VirtAddr(VA)).unwrap().is_present());
+    assert!(s.ptep_get(VirtAddr(VA + 2 * K4)).is_none());
     for v in [VA, VA + K4] {
         assert_eq!(
             s.install_pte(VirtAddr(v), PhysAddr(PA), URW),
@@ -615,6 +645,10 @@ macro_rules! ops_tests {
             #[test]
             fn clear_refs_cleans_and_the_next_store_redirties() {
                 super::ops::clear_refs_cleans_and_the_next_store_redirties::<A>();
+            }
+            #[test]
+            fn clear_refs_errors_change_nothing() {
+                super::ops::clear_refs_errors_change_nothing::<A>();
             }
             #[test]
             fn clear_refs_harvests_blocks_whole() {
