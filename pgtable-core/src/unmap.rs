@@ -13,7 +13,11 @@
 //!
 //! [`unmap_with`](AddressSpace::unmap_with) reports every entry it removes
 //! instead (Linux `zap_pte_range` handing each page to `tlb_remove_page`),
-//! so it visits every entry, also in tables it then unlinks whole.
+//! so it visits every entry, also in tables it then unlinks whole. A PTE
+//! table the range covers whole is unlinked first and its entries read
+//! after the TLB flush, with plain loads: from then on no walker can write
+//! them, so each read is the entry's final value, accessed and dirty state
+//! included, without an atomic swap per page.
 
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -36,6 +40,21 @@ pub(crate) trait Zap<A: Format> {
     fn trust_settled(&self) -> bool;
     /// The entry `raw` at `height` covering `va` was removed.
     fn removed(&mut self, va: u64, height: u32, raw: u64);
+    /// Where PTE tables unlinked whole wait to be read after the flush
+    /// (`None`: report every entry before the flush).
+    #[inline]
+    fn deferred(&mut self) -> Option<&mut Deferred> {
+        None
+    }
+}
+
+/// PTE tables a report unlinked whole, linked through their first entry
+/// (the second holds the table's virtual address): their remaining
+/// entries are read and reported after the TLB flush, when no walker can
+/// write them any more, with plain loads.
+pub(crate) struct Deferred {
+    head: u64,
+    count: usize,
 }
 
 /// Discards the removed entries (plain [`AddressSpace::unmap`]).
@@ -55,11 +74,26 @@ impl<A: Format> Zap<A> for NoReport {
 pub(crate) struct Report<F> {
     f: F,
     trust_settled: bool,
+    deferred: Option<Deferred>,
 }
 
 impl<F> Report<F> {
     pub(crate) fn new(f: F, trust_settled: bool) -> Self {
-        Report { f, trust_settled }
+        Report {
+            f,
+            trust_settled,
+            deferred: None,
+        }
+    }
+
+    /// A report that reads the PTE tables it unlinks whole after the
+    /// flush ([`AddressSpace::report_deferred`]).
+    fn deferring(f: F) -> Self {
+        Report {
+            f,
+            trust_settled: true,
+            deferred: Some(Deferred { head: 0, count: 0 }),
+        }
     }
 }
 
@@ -72,6 +106,10 @@ impl<A: Format, F: FnMut(Removed<A>)> Zap<A> for Report<F> {
     #[inline(always)]
     fn removed(&mut self, va: u64, height: u32, raw: u64) {
         (self.f)(Removed::new(va, height, raw))
+    }
+    #[inline]
+    fn deferred(&mut self) -> Option<&mut Deferred> {
+        self.deferred.as_mut()
     }
 }
 
@@ -109,10 +147,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// read-only). So a store the hardware made before the removal always
     /// shows as [`dirty`](crate::LeafEntry::dirty).
     ///
-    /// `f` runs before the TLB flush: a CPU may still reach the pages
-    /// through a stale translation until this call returns. Do not reuse
-    /// or free a reported page before then (Linux frees the gathered pages
-    /// only after the flush, in `tlb_finish_mmu`). With
+    /// Reports are not in address order: the pages of a page table the
+    /// range covers whole are reported after the TLB flush (their table is
+    /// unlinked first and read once no walker can reach it), the others
+    /// before it. A CPU may still reach the pages reported before the
+    /// flush through a stale translation until this call returns, so do
+    /// not reuse or free a reported page before then (Linux frees the
+    /// gathered pages only after the flush, in `tlb_finish_mmu`). With
     /// [`unmap_with_gathered`](Self::unmap_with_gathered) that point is
     /// [`tlb_finish_mmu`](Self::tlb_finish_mmu).
     ///
@@ -143,10 +184,96 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> Result<(), Error> {
         let mut gather = TlbGather::new();
         let mut q = FreeQueue::new();
-        let mut z = Report::new(f, true);
+        let mut z = Report::deferring(f);
         let r = self.unmap_into(va, len, &mut z, &mut gather, &mut q);
         self.finish(gather, q);
+        self.report_deferred(&mut z);
         r
+    }
+
+    /// Reports the entries of the PTE tables `z` deferred, now that the
+    /// flush is done, and frees those tables.
+    fn report_deferred<F: FnMut(Removed<A>)>(&mut self, z: &mut Report<F>) {
+        let Some(d) = z.deferred.take() else {
+            return;
+        };
+        let mut head = d.head;
+        for _ in 0..d.count {
+            let pa = PhysAddr(head);
+            // SAFETY: a PTE table this call unlinked; the flush is done, so
+            // no walker reaches it and nothing but this loop reads it.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            // Relaxed: private to this thread (see above).
+            head = t.entries[0].load(Relaxed);
+            let va = t.entries[1].load(Relaxed);
+            for (k, e) in t.entries.iter().enumerate().skip(2) {
+                let raw = e.load(Relaxed);
+                if raw != 0 {
+                    (z.f)(Removed::new(va + ((k as u64) << shift(0)), 0, raw));
+                }
+            }
+            // SAFETY: unlinked, and the TLB flush has completed.
+            unsafe { self.alloc.free_table(pa) };
+        }
+        self.mmu.stats.add_tables_freed(d.count as u64);
+    }
+
+    /// Takes the subtree at `pa` (height `height`, covering from `va`)
+    /// that a report unlinked whole: reports its blocks and software
+    /// entries now, queues its upper tables for freeing, and defers its
+    /// PTE tables to [`report_deferred`](Self::report_deferred) after
+    /// taking their first two entries (which become the link).
+    fn defer_subtree<Z: Zap<A>>(
+        &self,
+        q: &mut FreeQueue,
+        pa: PhysAddr,
+        height: u32,
+        va: u64,
+        z: &mut Z,
+    ) {
+        // SAFETY: the subtree is ours; it was reachable until unlinked.
+        let t = unsafe { table_at(&self.alloc, pa) };
+        if height == 0 {
+            for k in 0..2 {
+                let slot = &t.entries[k];
+                // Relaxed: exclusive access; the swap re-reads exactly.
+                if slot.load(Relaxed) != 0 {
+                    // Until the flush the hardware may still write it.
+                    let old = A::ptep_get_and_clear(&self.mmu, slot);
+                    z.removed(va + ((k as u64) << shift(0)), 0, old);
+                }
+            }
+            if let Some(d) = z.deferred() {
+                // Relaxed: only this thread follows the link. Both values
+                // have their low 12 bits clear, so a walker that still
+                // uses a cached pointer to the table reads them as
+                // invalid entries.
+                t.entries[0].store(d.head, Relaxed);
+                t.entries[1].store(va, Relaxed);
+                d.head = pa.0;
+                d.count += 1;
+            }
+            return;
+        }
+        for (i, slot) in t.entries.iter().enumerate() {
+            // Relaxed: exclusive access; leaves are taken atomically.
+            let raw = slot.load(Relaxed);
+            let eva = va + ((i as u64) << shift(height));
+            match A::decode(raw, height) {
+                Decoded::None => {}
+                Decoded::Table(c) => self.defer_subtree(q, c, height - 1, eva, z),
+                Decoded::Leaf(_) => {
+                    let old = if A::is_settled(raw, height) {
+                        raw
+                    } else {
+                        A::pmdp_huge_get_and_clear(&self.mmu, slot)
+                    };
+                    z.removed(eva, height, old);
+                }
+                Decoded::Invalid => z.removed(eva, height, raw),
+            }
+        }
+        self.queue_free(q, pa);
     }
 
     /// The three phases of unmap, leaving the flush and the frees to the
@@ -241,7 +368,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // whole (and so always finds it empty afterwards).
                     let keep = self.pinned(height, va);
                     let whole = covers(va, next, height) && !keep;
-                    if ((whole && !Z::REPORT)
+                    if Z::REPORT && whole && z.deferred().is_some() {
+                        A::set_pte_nosync(&self.mmu, slot, 0);
+                        written += 1;
+                        gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
+                        self.defer_subtree(q, c, height - 1, va, z);
+                    } else if ((whole && !Z::REPORT)
                         || self.unmap_clear(height - 1, c, va, next, stash, gather, q, z))
                         && !keep
                     {
