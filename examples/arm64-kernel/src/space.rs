@@ -275,9 +275,9 @@ fn expect_user_abort(what: &str, e: UserExit, class: u64, far: u64) -> R {
 /// The EL0 cases. `test` is the suite's test space, installed in
 /// TTBR0_EL1; a user space takes its place while they run and it is
 /// installed again at the end. `frames` are two free pool frames.
-pub fn user_cases(t: &mut Tally, test: &mut KernelSpace, frames: u64) {
+pub fn user_cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, frames: u64) {
     let (live_before, _) = memory::tables_live();
-    let mut us = match UserSpace::new(frames) {
+    let mut us = match UserSpace::new(kernel, frames) {
         Ok(us) => us,
         Err(e) => {
             t.case("space_user_roundtrip", || {

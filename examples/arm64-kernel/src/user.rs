@@ -145,8 +145,10 @@ fn sync_code(va: u64, len: u64) {
 impl UserSpace {
     /// Builds the user space over the two pool frames at `frames` (8 KiB,
     /// 4 KiB aligned, used by nothing else while it lives): copies the
-    /// program, zeroes the data page and maps both.
-    pub fn new(frames: u64) -> Result<UserSpace, Error> {
+    /// program, zeroes the data page and maps both, in a new user space of
+    /// `kernel` (`new_user`: the lower half, TTBR0_EL1, with the user table
+    /// attributes).
+    pub fn new(kernel: &KernelSpace, frames: u64) -> Result<UserSpace, Error> {
         let (code_pa, data_pa) = (frames, frames + 4096);
         let (src, layout) = program();
         // SAFETY: both frames are pool memory given to us (caller's
@@ -161,7 +163,9 @@ impl UserSpace {
             );
         }
         sync_code(phys_to_virt(code_pa), layout.len);
-        let mut space = KernelSpace::new(lower_mmu(), KernelTables)?;
+        // SAFETY: the kernel space lives until the run ends (kernel_main
+        // never returns).
+        let mut space = unsafe { KernelSpace::new_user(kernel, lower_mmu(), KernelTables) }?;
         space.map(
             VirtAddr(USER_CODE),
             PhysAddr(code_pa),
