@@ -38,9 +38,9 @@ pub type KernelSpace = AddressSpace<Arm64, Mmu, KernelTables>;
 /// Kernel text: read and execute, global.
 const TEXT: Prot = Prot::new(Prot::EXEC | Prot::GLOBAL);
 /// Kernel rodata (and the linear alias of the image's code): read-only.
-const RODATA: Prot = Prot::new(Prot::GLOBAL);
+pub(crate) const RODATA: Prot = Prot::new(Prot::GLOBAL);
 /// Kernel data, bss, stack, the linear map: read-write, never executable.
-const DATA: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
+pub(crate) const DATA: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
 /// The PL011 registers.
 const DEVICE: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL).with_mem(MemType::Device);
 

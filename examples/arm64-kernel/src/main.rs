@@ -1,11 +1,13 @@
 //! A tiny arm64 kernel for QEMU `virt` that runs pgtable's conformance
 //! suite on the real (emulated) MMU, then the arm64 benchmarks.
 //!
-//! It is split like Linux: the kernel lives in the upper half, translated
-//! through TTBR1_EL1 by a kernel space built with pgtable (a W^X map of the
-//! image, a linear map of all RAM at `PAGE_OFFSET`, the UART); the lower
-//! half (TTBR0_EL1) holds the suite's test space and, for the EL0 cases,
-//! a user space. After boot no identity map is left.
+//! It is split like Linux: two 48-bit halves (T0SZ = T1SZ = 16), each with
+//! its own root. The kernel lives in the upper half, translated through
+//! TTBR1_EL1 by a kernel space built with pgtable (`new_kernel`: a W^X map
+//! of the image, a linear map of all RAM at `PAGE_OFFSET`, the UART); the
+//! lower half (TTBR0_EL1) holds the suite's test space and, for the EL0
+//! and ASID cases, user spaces (`new_user`) switched by ASID. After boot
+//! no identity map is left.
 //!
 //! Boot sequence (details in `boot.rs`):
 //! 1. `_start`, at its physical address with the MMU off: EL2→EL1, FP on,
@@ -18,8 +20,8 @@
 //!    value, TTBR1_EL1 switched to the kernel map from the identity map,
 //!    then the empty test space installed in TTBR0_EL1 (the identity map
 //!    is gone);
-//! 4. the `space_` cases ([`space`]): W^X of the kernel map and EL0
-//!    isolation, judged by the MMU;
+//! 4. the `space_` cases ([`space`], [`space_mm`]): W^X of the kernel map,
+//!    EL0 isolation, user spaces switched by ASID, judged by the MMU;
 //! 5. the suite on the test space (every case but those at the end of
 //!    the upper half), then the upper-half cases on the live kernel space;
 //! 6. the benchmarks, on the test space and on spaces of their own that
@@ -35,8 +37,13 @@
 //! - `memory.rs`: the virtual and physical layout, the table allocator;
 //! - `kmap.rs`: the kernel's own address space, built with pgtable;
 //! - `user.rs`: a user space, the user program, running it at EL0;
-//! - `space.rs`: the `space_` cases;
-//! - `platform.rs`: the names used from `pgtable-arm64`;
+//! - `space.rs`: the `space_` cases of the kernel map and of EL0;
+//! - `asids.rs`: switching user spaces by ASID;
+//! - `space_mm.rs`: the `space_` cases of user spaces switched by ASID
+//!   (isolation, stale translations, roll-over, fork, swap entries, live
+//!   kernel protection) and the table of switches and flushes;
+//! - `platform.rs`: the names used from `pgtable-arm64`, the MMU handle
+//!   that counts its TLB flushes;
 //! - `machine.rs`: the suite's `Machine` on this hardware;
 //! - `bench.rs`: the benchmark tables.
 //!
@@ -51,6 +58,7 @@
 #![no_std]
 #![no_main]
 
+mod asids;
 mod bench;
 mod boot;
 mod console;
@@ -62,6 +70,7 @@ mod platform;
 mod probe;
 mod semihost;
 mod space;
+mod space_mm;
 mod timer;
 mod user;
 
@@ -250,6 +259,7 @@ extern "C" fn kernel_main() -> ! {
     let mut tally = space::Tally::default();
     space::kernel_cases(&mut tally, &img);
     space::user_cases(&mut tally, &kspace, &mut test, layout.pool.0);
+    space_mm::cases(&mut tally, &mut kspace, &mut test, &img, layout.pool);
 
     let cfg = Config {
         seed: opts.seed,
