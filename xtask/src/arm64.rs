@@ -26,8 +26,8 @@ const MEMORY: &str = "3G";
 /// `ok <name>`: the kernel runs from TTBR1 with no identity map left, its
 /// map is W^X, EL0 is isolated from it, and user spaces switched by ASID
 /// (no full flush) see only their own memory, also across ASID roll-overs,
-/// unmaps in other spaces, fork, moves of swap entries and live
-/// protection changes of the kernel map.
+/// unmaps in other spaces, fork, moves of swap entries, live protection
+/// changes of the kernel map and unmaps that report what they removed.
 pub const SPACE_CASES: &[&str] = &[
     "space_no_identity_map",
     "space_kernel_text_executes_and_data_takes_stores",
@@ -53,6 +53,7 @@ pub const SPACE_CASES: &[&str] = &[
     "space_fork_cow_write_faults",
     "space_swap_entry_survives_move",
     "space_live_kernel_protect",
+    "space_unmap_reports",
     "space_asid_spaces_free_their_tables",
 ];
 

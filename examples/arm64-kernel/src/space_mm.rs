@@ -26,6 +26,11 @@
 //! - `space_live_kernel_protect`: `change_protection_live` of a kernel data
 //!   page RW -> RO -> RW, and a change that needs break-before-make is
 //!   refused with nothing changed;
+//! - `space_unmap_reports`: `unmap_with` reports every removed leaf (pa,
+//!   size, dirty after EL1 stores to some of them through clean writable
+//!   leaves, which the hardware marks dirty) and the swap entry, with one
+//!   flush; the same through one `MmuGather` for two ranges (a 2 MiB
+//!   block and pages), flushed once by `tlb_finish_mmu`;
 //! - `space_asid_spaces_free_their_tables`: every table frame came back.
 //!
 //! Every case ends by installing the suite's test space again (untagged:
@@ -41,12 +46,14 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use pgtable_arm64::desc::{AP_TABLE_NO_EL0, PXN_TABLE, UXN_TABLE};
 use pgtable_arm64::mmu::asid_bits;
 use pgtable_core::asid::AsidContext;
-use pgtable_core::{CopyMode, Error, LiveOptions, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{
+    CopyMode, Error, Format, LiveOptions, MapOptions, PhysAddr, Prot, Removed, VirtAddr,
+};
 
 use crate::asids::{Proc, Switcher};
 use crate::kmap::{Image, KernelSpace, DATA, RODATA};
 use crate::memory::{self, phys_to_virt, KernelTables, PAGE_OFFSET};
-use crate::platform::{lower_mmu, FlushCounts};
+use crate::platform::{lower_mmu, Arm64, FlushCounts};
 use crate::println;
 use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_CUR, EC_DABT_LOWER, EC_SVC64};
 use crate::space::{ensure, expect_user_abort, fail, store_faults, Tally, Why, R};
@@ -120,7 +127,7 @@ struct Ctx<'a> {
     main: Switcher<WORDS16>,
     /// A deliberately small one, for the roll-over case.
     small: Switcher<1>,
-    rows: [Row; 8],
+    rows: [Row; 10],
     nrows: usize,
 }
 
@@ -670,6 +677,187 @@ fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
     Ok(())
 }
 
+/// One report of `unmap_with`: va, pa (0: none), size, dirty, and the
+/// software entry's value (if it was one).
+#[derive(Clone, Copy, Default, Debug)]
+struct Rep {
+    va: u64,
+    pa: u64,
+    size: u64,
+    dirty: bool,
+    swp: Option<u64>,
+}
+
+/// Up to 16 reports.
+#[derive(Default)]
+struct Reports {
+    r: [Rep; 16],
+    n: usize,
+}
+
+impl Reports {
+    fn push(&mut self, x: Removed<Arm64>) {
+        let rep = Rep {
+            va: x.va().0,
+            pa: x.pa().map_or(0, |p| p.0),
+            size: x.size(),
+            dirty: x.dirty(),
+            swp: if x.is_present() {
+                None
+            } else {
+                <Arm64 as Format>::swp_value(x.raw())
+            },
+        };
+        if let Some(slot) = self.r.get_mut(self.n) {
+            *slot = rep;
+        }
+        self.n += 1;
+    }
+
+    fn get(&self) -> &[Rep] {
+        &self.r[..self.n.min(16)]
+    }
+}
+
+fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64, u64)) -> R {
+    use aarch64_cpu::registers::TCR_EL1;
+    use tock_registers::interfaces::Readable;
+
+    const BASE: u64 = 0x0300_0000;
+    const PAGES: u64 = 8;
+    const SWP_VA: u64 = BASE + PAGES * 4096;
+    const SWP: u64 = 0x77;
+    const DIRTY: [u64; 3] = [1, 3, 6];
+    const BLK_VA: u64 = 0x0600_0000;
+    const BASE2: u64 = 0x0a00_0000;
+    ensure!(
+        TCR_EL1.get() & (1 << 40) != 0,
+        "needs hardware dirty-state updates (TCR_EL1.HD)"
+    );
+    let mut p = cx.new_proc()?;
+    let mut fr = [0u64; PAGES as usize];
+    for (i, f) in fr.iter_mut().enumerate() {
+        *f = cx.frames.take(marker(i))?;
+        map(&mut p.space, BASE + 4096 * i as u64, *f)?;
+    }
+    p.space
+        .set_swap_entry(VirtAddr(SWP_VA), SWP)
+        .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
+    // A 2 MiB block of pool memory (past the frames the cases take).
+    let blk_pa = (pool.0 + (2 << 20)).next_multiple_of(2 << 20);
+    ensure!(
+        blk_pa + (2 << 20) <= pool.1,
+        "no room for a 2 MiB block in the pool"
+    );
+    p.space
+        .map(
+            VirtAddr(BLK_VA),
+            PhysAddr(blk_pa),
+            2 << 20,
+            USER_RW,
+            MapOptions::PMD_BLOCKS,
+        )
+        .map_err(|e| Why::new(format_args!("map the block: {e}")))?;
+    let fr2 = [cx.frames.take(marker(20))?, cx.frames.take(marker(21))?];
+    for (i, &f) in fr2.iter().enumerate() {
+        map(&mut p.space, BASE2 + 4096 * i as u64, f)?;
+    }
+    ps[0] = Some(p);
+    let p = at(ps, 0)?;
+    cx.switch(p)?;
+    // Loads from every page, stores to some: only those become dirty.
+    for i in 0..PAGES {
+        load_is("a page", BASE + 4096 * i, marker(i as usize))?;
+    }
+    for i in DIRTY {
+        store_ok("a page", BASE + 4096 * i + 8, 1)?;
+    }
+    store_ok("the block", BLK_VA + 0x1008, 1)?;
+    load_is("a page", BASE2, marker(20))?;
+
+    // unmap_with: the pages and the swap entry, one flush.
+    let f0 = FlushCounts::now();
+    let mut got = Reports::default();
+    p.space
+        .unmap_with(VirtAddr(BASE), (PAGES + 1) * 4096, |x| got.push(x))
+        .map_err(|e| Why::new(format_args!("unmap_with: {e}")))?;
+    let d = FlushCounts::now().since(f0);
+    ensure!(
+        got.n == PAGES as usize + 1,
+        "{} reports for {PAGES} pages and a swap entry",
+        got.n
+    );
+    for r in got.get() {
+        if r.va == SWP_VA {
+            ensure!(
+                r.swp == Some(SWP) && r.pa == 0,
+                "the swap entry was reported as {r:x?}"
+            );
+            continue;
+        }
+        let i = (r.va - BASE) / 4096;
+        ensure!(
+            r.va >= BASE && i < PAGES && r.pa == fr[i as usize] && r.size == 4096,
+            "a report {r:x?} that does not match a mapped page"
+        );
+        ensure!(
+            r.dirty == DIRTY.contains(&i),
+            "page {i}: reported dirty = {}, but it was {}stored to",
+            r.dirty,
+            if DIRTY.contains(&i) { "" } else { "not " }
+        );
+    }
+    ensure!(
+        d.range + d.asid + d.all == 1 && d.all == 0,
+        "unmap_with flushed {} ranges, {} ASIDs, {} all: expected one flush",
+        d.range,
+        d.asid,
+        d.all
+    );
+    for i in 0..=PAGES {
+        load_faults("an unmapped page", BASE + 4096 * i)?;
+    }
+
+    // One gather for the block and two pages: one flush at the end.
+    let f0 = FlushCounts::now();
+    let mut tlb = p.space.tlb_gather_mmu();
+    let mut got = Reports::default();
+    let r1 = p
+        .space
+        .unmap_with_gathered(&mut tlb, VirtAddr(BLK_VA), 2 << 20, |x| got.push(x));
+    let r2 = p
+        .space
+        .unmap_with_gathered(&mut tlb, VirtAddr(BASE2), 2 * 4096, |x| got.push(x));
+    let before_finish = FlushCounts::now().since(f0);
+    if p.space.tlb_finish_mmu(tlb).is_err() {
+        fail!("tlb_finish_mmu refused the space's own gather");
+    }
+    let d = FlushCounts::now().since(f0);
+    r1.map_err(|e| Why::new(format_args!("unmap_with_gathered (block): {e}")))?;
+    r2.map_err(|e| Why::new(format_args!("unmap_with_gathered (pages): {e}")))?;
+    let g = got.get();
+    ensure!(
+        g.len() == 3
+            && g[0].va == BLK_VA
+            && g[0].pa == blk_pa
+            && g[0].size == 2 << 20
+            && g[0].dirty,
+        "gathered reports {g:x?}: expected the dirty 2 MiB block at {blk_pa:#x} first"
+    );
+    for (k, r) in g[1..].iter().enumerate() {
+        ensure!(
+            r.va == BASE2 + 4096 * k as u64 && r.pa == fr2[k] && r.size == 4096 && !r.dirty,
+            "gathered report {r:x?} does not match clean page {k}"
+        );
+    }
+    ensure!(
+        before_finish == FlushCounts::default() && d.range + d.asid + d.all == 1,
+        "the gather flushed {before_finish:?} before tlb_finish_mmu and {d:?} in all: expected one flush, at the end"
+    );
+    load_faults("the unmapped block", BLK_VA + 0x1000)?;
+    load_faults("an unmapped page", BASE2)
+}
+
 /// Runs the cases on user spaces of `kernel`; `test` is the suite's test
 /// space, installed in TTBR0_EL1 before and after; `pool` the test pool.
 pub fn cases(
@@ -711,7 +899,7 @@ pub fn cases(
         layout,
         main,
         small,
-        rows: [Row::default(); 8],
+        rows: [Row::default(); 10],
         nrows: 0,
     };
     println!(
@@ -744,6 +932,9 @@ pub fn cases(
         "space_live_kernel_protect",
         |cx, _: &mut [Option<Proc>; 0]| live_kernel_protect(cx, pool),
     );
+    cx.run(t, "space_unmap_reports", |cx, ps| {
+        unmap_reports(cx, ps, pool)
+    });
     let small_name = "space_no_stale_after_asid_rollover";
     println!();
     println!("ASID switches and TLB flushes per case (flushes: range / by ASID / all / local after a roll-over)");
