@@ -1,6 +1,9 @@
 //! The `space_` cases on switching user spaces by ASID (see the parent
 //! module's docs).
 
+use aarch64_cpu::registers::TTBR0_EL1;
+use tock_registers::interfaces::Readable;
+
 use super::*;
 
 pub(super) fn table_attrs(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
@@ -39,6 +42,12 @@ pub(super) fn isolation(cx: &mut Ctx, ps: &mut [Option<Proc>; 4]) -> R {
                 a == *asid,
                 "space {i} went from ASID {} to {a} without a roll-over",
                 *asid
+            );
+            let ttbr0 = TTBR0_EL1.get();
+            ensure!(
+                ttbr0 >> 48 == u64::from(a)
+                    && ttbr0 & 0xffff_ffff_f000 == at(ps, i)?.space.root().0,
+                "TTBR0_EL1 is {ttbr0:#x}: expected space {i}'s root with ASID {a}"
             );
             load_is("EL1", SHARED_VA, marker(i))?;
             store_ok("EL1", SHARED_VA + 16, round << 32 | i as u64)?;
