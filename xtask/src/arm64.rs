@@ -24,7 +24,10 @@ const EXIT_SUCCESS: i32 = 33;
 const MEMORY: &str = "3G";
 /// The kernel's `space_` cases (src/space.rs), each of which must print
 /// `ok <name>`: the kernel runs from TTBR1 with no identity map left, its
-/// map is W^X, and EL0 is isolated from it.
+/// map is W^X, EL0 is isolated from it, and user spaces switched by ASID
+/// (no full flush) see only their own memory, also across ASID roll-overs,
+/// unmaps in other spaces, fork, moves of swap entries, live protection
+/// changes of the kernel map and unmaps that report what they removed.
 pub const SPACE_CASES: &[&str] = &[
     "space_no_identity_map",
     "space_kernel_text_executes_and_data_takes_stores",
@@ -42,6 +45,16 @@ pub const SPACE_CASES: &[&str] = &[
     "space_user_data_exec_faults",
     "space_kernel_cannot_execute_user_memory",
     "space_user_space_frees_its_tables",
+    "space_table_attrs_kernel_and_user",
+    "space_isolation_by_asid",
+    "space_no_stale_after_switch",
+    "space_no_stale_after_unmap_in_other_space",
+    "space_no_stale_after_asid_rollover",
+    "space_fork_cow_write_faults",
+    "space_swap_entry_survives_move",
+    "space_live_kernel_protect",
+    "space_unmap_reports",
+    "space_asid_spaces_free_their_tables",
 ];
 
 /// Ok if every case of `cases` printed exactly `ok <name>`.

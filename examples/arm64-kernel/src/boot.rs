@@ -11,14 +11,15 @@
 //!    holding the device tree, the image and the table pool, as Normal
 //!    memory, EL1 read-write-execute). Root entry 0 (the identity map,
 //!    TTBR0_EL1) and the root entries of the linear map, the image and the
-//!    devices (TTBR1_EL1, see `memory.rs`) all point at that level-1 table.
+//!    devices (TTBR1_EL1, see `memory.rs`) all point at that level-1 table
+//!    (the identity map and the linear map share root entry 0: both map
+//!    physical GiB `i` at GiB `i` of their half).
 //! 3. It sets MAIR_EL1 to the format's [`MAIR_VALUE`], TCR_EL1 to
-//!    [`EARLY_TCR`] (47-bit halves for both TTBRs, as the 48-bit format's
-//!    canonical addresses) plus the CPU's PARange, TTBR0_EL1 to the root
-//!    and TTBR1_EL1 to its upper half (root + 2 KiB, the 256-entry TTBR1
-//!    table of 47-bit halves), and turns the MMU on. It keeps running
-//!    through the identity map and jumps to `pgk_kernel_entry` in the upper
-//!    half.
+//!    [`EARLY_TCR`] (48-bit halves for both TTBRs, each through a whole
+//!    512-entry root, as Linux configures arm64) plus the CPU's PARange,
+//!    TTBR0_EL1 and TTBR1_EL1 to the same root, and turns the MMU on. It
+//!    keeps running through the identity map and jumps to
+//!    `pgk_kernel_entry` in the upper half.
 //! 4. `pgk_kernel_entry` (upper half, through TTBR1_EL1) sets the stack,
 //!    clears `.bss`, installs the vectors and calls `kernel_main`, which
 //!    builds the real kernel map with pgtable and switches TTBR1_EL1 to it
@@ -66,16 +67,16 @@ const TABLE: u64 = VALID | TABLE_OR_PAGE;
 ///
 /// | field | value |
 /// |---|---|
-/// | T0SZ, T1SZ | 17: 47-bit halves, as the 48-bit format's canonical addresses |
+/// | T0SZ, T1SZ | 16: 48-bit halves, each with its own 512-entry root (Linux `TCR_T0SZ(48)`, `TCR_T1SZ(48)`) |
 /// | IRGN0/1, ORGN0/1 | 0b01: walks Write-Back Read/Write-Allocate |
 /// | SH0/1 | 0b11: Inner Shareable |
 /// | TG0 / TG1 | 0b00 / 0b10: 4 KiB granule |
 /// | EPD0, EPD1 | 0: both halves are walked |
-pub const EARLY_TCR: u64 = 17
+pub const EARLY_TCR: u64 = 16
     | 0b01 << 8
     | 0b01 << 10
     | 0b11 << 12
-    | 17 << 16
+    | 16 << 16
     | 0b01 << 24
     | 0b01 << 26
     | 0b11 << 28
@@ -177,8 +178,7 @@ _start:
     orr     x2, x2, x3, lsl #32
     msr     tcr_el1, x2
     msr     ttbr0_el1, x0
-    add     x2, x0, #2048
-    msr     ttbr1_el1, x2
+    msr     ttbr1_el1, x0
     // The register writes take effect, then no stale translation is left.
     isb
     tlbi    vmalle1
@@ -510,8 +510,8 @@ pub fn linked_kimage_offset() -> u64 {
     unsafe { pgk_kimage_offset }
 }
 
-/// Makes `ttbr1` (a table base, see `pgtable_arm64::regs::ttbr1_base`)
-/// the upper half's translation, through `pgk_replace_ttbr1`.
+/// Makes `ttbr1` (the root of a `VaRange::Upper` space) the upper half's
+/// translation, through `pgk_replace_ttbr1`.
 ///
 /// # Safety
 ///
