@@ -229,6 +229,8 @@ pgk_boot_tables:
 pgk_kernel_entry:
     ldr     x1, =__stack_top
     mov     sp, x1
+    // TPIDR_EL1 = 0 marks the boot CPU for pgk_unexpected (smp.rs).
+    msr     tpidr_el1, xzr
 
     ldr     x1, =__bss_start
     ldr     x2, =__bss_end
@@ -365,12 +367,16 @@ pgk_sync_spx:
     eret
 
 pgk_unexpected:
-    // x0 = vector index. Never returns: a fresh stack is fine.
+    // x0 = vector index. Never returns: a fresh stack is fine. A
+    // secondary CPU keeps its own stack top in TPIDR_EL1 (smp.rs); the
+    // boot CPU's is 0 and takes the boot stack.
     mrs     x1, esr_el1
     mrs     x2, far_el1
     mrs     x3, elr_el1
+    mrs     x4, tpidr_el1
+    cbnz    x4, 13f
     ldr     x4, =__stack_top
-    mov     sp, x4
+13: mov     sp, x4
     bl      unexpected_exception
 11: wfe
     b       11b

@@ -60,7 +60,10 @@ mod machine;
 mod memory;
 mod platform;
 mod probe;
+mod psci;
 mod semihost;
+mod smp;
+mod smp_cases;
 mod space;
 mod timer;
 mod user;
@@ -206,6 +209,9 @@ extern "C" fn kernel_main() -> ! {
 
     let mut kspace =
         kmap::build(&layout, &img).unwrap_or_else(|e| fail(format_args!("FAIL: kernel map: {e}")));
+    // The secondaries' stack guard pages (smp.rs), before the map is live.
+    smp::unmap_stack_guards(&mut kspace)
+        .unwrap_or_else(|e| fail(format_args!("FAIL: smp stack guards: {e}")));
     let tcr = set_tcr().unwrap_or_else(|(now, want)| {
         fail(format_args!(
             "FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {want:#x} (without HA/HD)"
@@ -239,6 +245,11 @@ extern "C" fn kernel_main() -> ! {
         ));
     }
 
+    // SMP (smp.rs, smp_cases.rs): every CPU QEMU gives comes up, the
+    // `smp_` cases and the shootdown benchmark run, then the secondaries
+    // are turned off for the rest of the run.
+    let (smp_passed, smp_failed) = smp_cases::phase(layout.pool, test.root());
+
     let mut tally = space::Tally::default();
     space::kernel_cases(&mut tally, &img);
     space::user_cases(&mut tally, &mut test, layout.pool.0);
@@ -270,8 +281,8 @@ extern "C" fn kernel_main() -> ! {
         "suite on the emulated MMU: {} probe accesses, {} faults caught, {} EMULATED ticks; table frames live {live} (before {live_before}), peak {peak}",
         mach.accesses, mach.faults, t
     );
-    let passed = low.passed + high.passed + tally.passed;
-    let mut failed = low.failed + high.failed + tally.failed;
+    let passed = low.passed + high.passed + tally.passed + smp_passed;
+    let mut failed = low.failed + high.failed + tally.failed + smp_failed;
     if live != live_before {
         println!(
             "FAIL suite_frees_its_tables: {live_before} table frames live before, {live} after"
@@ -293,6 +304,7 @@ extern "C" fn kernel_main() -> ! {
         "space cases: {} passed, {} failed; suite: {} + {} passed, {} + {} failed",
         tally.passed, tally.failed, low.passed, high.passed, low.failed, high.failed
     );
+    println!("smp cases: {smp_passed} passed, {smp_failed} failed");
     println!("{passed} passed, {failed} failed");
     if failed == 0 && passed > 0 {
         semihost::exit(semihost::EXIT_SUCCESS)
