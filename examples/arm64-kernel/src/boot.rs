@@ -3,7 +3,9 @@
 //! # Boot sequence
 //!
 //! 1. `_start` (section `.text.boot`, linked and run at its physical
-//!    address with the MMU off) parks every core but the boot core, drops
+//!    address with the MMU off) parks every core but the boot core (the
+//!    others are started later through PSCI at `pgk_secondary_entry`,
+//!    see `smp.rs`), drops
 //!    from EL2 to EL1 if it started there and enables FP/SIMD.
 //! 2. It builds the early tables in `.boot.tables`: one root and one
 //!    level-1 table whose entry `i` maps physical GiB `i` (GiB 0, the

@@ -18,11 +18,15 @@
 //!    value, TTBR1_EL1 switched to the kernel map from the identity map,
 //!    then the empty test space installed in TTBR0_EL1 (the identity map
 //!    is gone);
-//! 4. the `space_` cases ([`space`]): W^X of the kernel map and EL0
+//! 4. SMP ([`smp`], [`smp_cases`]): every CPU QEMU gives is started
+//!    through PSCI (`smp: <N> CPUs online`), the `smp_` cases check that
+//!    every CPU sees a change once pgtable returns, the shootdown
+//!    benchmark runs, and the secondaries are turned off again;
+//! 5. the `space_` cases ([`space`]): W^X of the kernel map and EL0
 //!    isolation, judged by the MMU;
-//! 5. the suite on the test space (every case but those at the end of
+//! 6. the suite on the test space (every case but those at the end of
 //!    the upper half), then the upper-half cases on the live kernel space;
-//! 6. the benchmarks, on the test space and on spaces of their own that
+//! 7. the benchmarks, on the test space and on spaces of their own that
 //!    take TTBR0_EL1 in turn.
 //!
 //! Orientation:
@@ -36,6 +40,10 @@
 //! - `kmap.rs`: the kernel's own address space, built with pgtable;
 //! - `user.rs`: a user space, the user program, running it at EL0;
 //! - `space.rs`: the `space_` cases;
+//! - `psci.rs`: PSCI calls, the conduit and the CPUs from the device tree;
+//! - `smp.rs`: secondary bring-up, per-CPU stacks and records, the
+//!   command loop;
+//! - `smp_cases.rs`: the `smp_` cases and the shootdown benchmark;
 //! - `platform.rs`: the names used from `pgtable-arm64`;
 //! - `machine.rs`: the suite's `Machine` on this hardware;
 //! - `bench.rs`: the benchmark tables.

@@ -37,6 +37,7 @@
 
 use core::arch::{asm, global_asm};
 use core::cell::UnsafeCell;
+use core::mem::ManuallyDrop;
 use core::sync::atomic::{
     AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
@@ -247,6 +248,8 @@ pub struct PerCpu {
     pub vbar: AtomicU64,
     /// Its TCR_EL1.
     pub tcr: AtomicU64,
+    /// Its exception level (CurrentEL).
+    pub el: AtomicU64,
     /// The last command it finished.
     pub ack: AtomicU64,
     /// Loop iterations before / after the epoch in the current hammer.
@@ -269,6 +272,7 @@ impl PerCpu {
             sp: AtomicU64::new(0),
             vbar: AtomicU64::new(0),
             tcr: AtomicU64::new(0),
+            el: AtomicU64::new(0),
             ack: AtomicU64::new(0),
             iters: [const { AtomicU64::new(0) }; 2],
             counts: [const { AtomicU64::new(0) }; SLOTS],
@@ -321,9 +325,9 @@ pub struct Smp {
     pub mpidr: [u64; MAX_CPUS],
     /// CPUs online (CPU 0 included).
     pub online: usize,
-    /// The empty lower-half space the secondaries idle on (kept alive
-    /// while they may have it installed).
-    _idle: SmpSpace,
+    /// The empty lower-half space the secondaries idle on (freed when
+    /// they are all off, see `Drop`).
+    idle: ManuallyDrop<SmpSpace>,
 }
 
 /// The MPIDR_EL1 affinity fields (Aff3, Aff2..Aff0).
@@ -392,7 +396,7 @@ pub fn bring_up(cpus: &Cpus) -> Result<Smp, &'static str> {
             n += 1;
         }
     }
-    let mut idle =
+    let idle =
         SmpSpace::new(ttbr0_mmu(), KernelTables).map_err(|_| "no table for the idle space")?;
     // The identity map of the secondary entry: the page holding it and
     // the next (the code may cross a page boundary).
@@ -428,29 +432,42 @@ pub fn bring_up(cpus: &Cpus) -> Result<Smp, &'static str> {
         let va = p as *const BootParams as u64;
         clean_to_poc(va, core::mem::size_of::<BootParams>() as u64);
         let r = psci::cpu_on(conduit, target, entry, kimage_to_phys(va));
-        if r != 0 {
-            crate::println!("smp: CPU_ON of MPIDR {target:#x} returned {r}");
-            return Err("CPU_ON failed");
-        }
         // Acquire: the record the CPU wrote before going online.
-        if !wait_for(10, || CPUS[cpu].online.load(Acquire) == 1) {
+        if r != 0 || !wait_for(10, || CPUS[cpu].online.load(Acquire) == 1) {
+            // A CPU may be running on (or booting into) these tables:
+            // they are never freed.
+            core::mem::forget(idmap);
+            core::mem::forget(idle);
+            if r != 0 {
+                crate::println!("smp: CPU_ON of MPIDR {target:#x} returned {r}");
+                return Err("CPU_ON failed");
+            }
             return Err("a secondary CPU did not report in");
         }
     }
-    // Every secondary left the identity map (and flushed its TLB) before
-    // it reported in; CPU 0 never installed it.
-    // SAFETY: see above.
-    unsafe { idmap.deactivate() };
+    // Every secondary left the identity map (and flushed its own TLB)
+    // before it reported in, and CPU 0 never installed it (the space was
+    // never active): its tables can go.
     drop(idmap);
-    // SAFETY: the idle space stays installed on the secondaries until they
-    // are off; `park` deactivates it.
-    unsafe { idle.deactivate() };
     Ok(Smp {
         conduit,
         mpidr,
         online: n,
-        _idle: idle,
+        idle: ManuallyDrop::new(idle),
     })
+}
+
+impl Drop for Smp {
+    /// Turns the secondaries off, then frees the idle space; if a
+    /// secondary does not turn off, the idle space is never freed.
+    fn drop(&mut self) {
+        if self.park_from(1).is_ok() {
+            // SAFETY: no CPU runs on the idle space any more (every
+            // secondary is off; CPU 0 never installed it), and it is not
+            // used after this.
+            unsafe { ManuallyDrop::drop(&mut self.idle) };
+        }
+    }
 }
 
 impl Smp {
@@ -500,8 +517,7 @@ impl Smp {
     }
 
     /// Turns secondaries `from..online` off (PSCI `CPU_OFF` on each,
-    /// checked with `AFFINITY_INFO`); `online` becomes `from`. When none is
-    /// left, the idle space is freed.
+    /// checked with `AFFINITY_INFO`); `online` becomes `from`.
     pub fn park_from(&mut self, from: usize) -> Result<(), &'static str> {
         let from = from.max(1);
         if from >= self.online {
@@ -579,7 +595,7 @@ extern "C" fn secondary_main(cpu: u64) -> ! {
     me.sp.store(sp, Relaxed);
     me.vbar.store(VBAR_EL1.get(), Relaxed);
     me.tcr.store(TCR_EL1.get(), Relaxed);
-    debug_assert_eq!(CurrentEL.get() >> 2, 1);
+    me.el.store(CurrentEL.get() >> 2, Relaxed);
     // Release: the record before the CPU counts as online.
     me.online.store(1, Release);
     let mut done = 0;
