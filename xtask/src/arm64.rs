@@ -70,7 +70,9 @@ pub const CPUS: u32 = 4;
 
 /// The kernel's `smp_` cases (src/smp_cases.rs), each of which must print
 /// `ok <name>`: after a pgtable operation returns, every other CPU sees
-/// the change (and a local-only flush is caught not doing so).
+/// the change (and a local-only flush is caught not doing so); at the
+/// end every secondary turned off (PSCI `CPU_OFF`, checked with
+/// `AFFINITY_INFO`) before the suite runs.
 pub const SMP_CASES: &[&str] = &[
     "smp_unmap_faults_everywhere",
     "smp_move_readers_follow",
@@ -78,6 +80,7 @@ pub const SMP_CASES: &[&str] = &[
     "smp_protect_readonly_everywhere",
     "smp_space_live_elsewhere",
     "smp_local_flush_misses_others",
+    "smp_secondaries_off",
 ];
 
 /// Ok if the kernel printed `smp: <cpus> CPUs online` (at the start of a
