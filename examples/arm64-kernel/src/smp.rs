@@ -444,6 +444,13 @@ pub fn bring_up(cpus: &Cpus) -> Result<Smp, &'static str> {
             }
             return Err("a secondary CPU did not report in");
         }
+        // Relaxed: published by the CPU's release of `online`, read above
+        // with acquire.
+        if CPUS[cpu].mpidr.load(Relaxed) != target {
+            core::mem::forget(idmap);
+            core::mem::forget(idle);
+            return Err("a secondary CPU reported in with another MPIDR than the one started");
+        }
     }
     // Every secondary left the identity map (and flushed its own TLB)
     // before it reported in, and CPU 0 never installed it (the space was
