@@ -43,7 +43,8 @@
 //! - `psci.rs`: PSCI calls, the conduit and the CPUs from the device tree;
 //! - `smp.rs`: secondary bring-up, per-CPU stacks and records, the
 //!   command loop;
-//! - `smp_cases.rs`: the `smp_` cases and the shootdown benchmark;
+//! - `smp_cases/`: the `smp_` cases, the secondaries' access loop and the
+//!   shootdown benchmark;
 //! - `platform.rs`: the names used from `pgtable-arm64`;
 //! - `machine.rs`: the suite's `Machine` on this hardware;
 //! - `bench.rs`: the benchmark tables.
@@ -253,7 +254,7 @@ extern "C" fn kernel_main() -> ! {
         ));
     }
 
-    // SMP (smp.rs, smp_cases.rs): every CPU QEMU gives comes up, the
+    // SMP (smp.rs, smp_cases/): every CPU QEMU gives comes up, the
     // `smp_` cases and the shootdown benchmark run, then the secondaries
     // are turned off for the rest of the run.
     let (smp_passed, smp_failed) = smp_cases::phase(layout.pool, test.root());

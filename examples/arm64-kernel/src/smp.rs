@@ -1,5 +1,5 @@
 //! Secondary CPUs: bring-up through PSCI, a per-CPU record, and a small
-//! command loop that the `smp_` cases drive (see `smp_cases.rs`).
+//! command loop that the `smp_` cases drive (see `smp_cases/`).
 //!
 //! # Bring-up
 //!
