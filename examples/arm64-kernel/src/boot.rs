@@ -3,7 +3,9 @@
 //! # Boot sequence
 //!
 //! 1. `_start` (section `.text.boot`, linked and run at its physical
-//!    address with the MMU off) parks every core but the boot core, drops
+//!    address with the MMU off) parks every core but the boot core (the
+//!    others are started later through PSCI at `pgk_secondary_entry`,
+//!    see `smp.rs`), drops
 //!    from EL2 to EL1 if it started there and enables FP/SIMD.
 //! 2. It builds the early tables in `.boot.tables`: one root and one
 //!    level-1 table whose entry `i` maps physical GiB `i` (GiB 0, the
@@ -229,6 +231,8 @@ pgk_boot_tables:
 pgk_kernel_entry:
     ldr     x1, =__stack_top
     mov     sp, x1
+    // TPIDR_EL1 = 0 marks the boot CPU for pgk_unexpected (smp.rs).
+    msr     tpidr_el1, xzr
 
     ldr     x1, =__bss_start
     ldr     x2, =__bss_end
@@ -365,12 +369,16 @@ pgk_sync_spx:
     eret
 
 pgk_unexpected:
-    // x0 = vector index. Never returns: a fresh stack is fine.
+    // x0 = vector index. Never returns: a fresh stack is fine. A
+    // secondary CPU keeps its own stack top in TPIDR_EL1 (smp.rs); the
+    // boot CPU's is 0 and takes the boot stack.
     mrs     x1, esr_el1
     mrs     x2, far_el1
     mrs     x3, elr_el1
+    mrs     x4, tpidr_el1
+    cbnz    x4, 13f
     ldr     x4, =__stack_top
-    mov     sp, x4
+13: mov     sp, x4
     bl      unexpected_exception
 11: wfe
     b       11b

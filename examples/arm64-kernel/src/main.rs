@@ -20,11 +20,15 @@
 //!    value, TTBR1_EL1 switched to the kernel map from the identity map,
 //!    then the empty test space installed in TTBR0_EL1 (the identity map
 //!    is gone);
-//! 4. the `space_` cases ([`space`], [`space_mm`]): W^X of the kernel map,
+//! 4. SMP ([`smp`], [`smp_cases`]): every CPU QEMU gives is started
+//!    through PSCI (`smp: <N> CPUs online`), the `smp_` cases check that
+//!    every CPU sees a change once pgtable returns, the shootdown
+//!    benchmark runs, and the secondaries are turned off again;
+//! 5. the `space_` cases ([`space`], [`space_mm`]): W^X of the kernel map,
 //!    EL0 isolation, user spaces switched by ASID, judged by the MMU;
-//! 5. the suite on the test space (every case but those at the end of
+//! 6. the suite on the test space (every case but those at the end of
 //!    the upper half), then the upper-half cases on the live kernel space;
-//! 6. the benchmarks, on the test space and on spaces of their own that
+//! 7. the benchmarks, on the test space and on spaces of their own that
 //!    take TTBR0_EL1 in turn.
 //!
 //! Orientation:
@@ -42,6 +46,11 @@
 //! - `space_mm.rs`: the `space_` cases of user spaces switched by ASID
 //!   (isolation, stale translations, roll-over, fork, swap entries, live
 //!   kernel protection) and the table of switches and flushes;
+//! - `psci.rs`: PSCI calls, the conduit and the CPUs from the device tree;
+//! - `smp.rs`: secondary bring-up, per-CPU stacks and records, the
+//!   command loop;
+//! - `smp_cases/`: the `smp_` cases, the secondaries' access loop and the
+//!   shootdown benchmark;
 //! - `platform.rs`: the names used from `pgtable-arm64`, the MMU handle
 //!   that counts its TLB flushes;
 //! - `machine.rs`: the suite's `Machine` on this hardware;
@@ -68,7 +77,10 @@ mod machine;
 mod memory;
 mod platform;
 mod probe;
+mod psci;
 mod semihost;
+mod smp;
+mod smp_cases;
 mod space;
 mod space_mm;
 mod timer;
@@ -219,6 +231,9 @@ extern "C" fn kernel_main() -> ! {
 
     let mut kspace =
         kmap::build(&layout, &img).unwrap_or_else(|e| fail(format_args!("FAIL: kernel map: {e}")));
+    // The secondaries' stack guard pages (smp.rs), before the map is live.
+    smp::unmap_stack_guards(&mut kspace)
+        .unwrap_or_else(|e| fail(format_args!("FAIL: smp stack guards: {e}")));
     let tcr = set_tcr().unwrap_or_else(|(now, want)| {
         fail(format_args!(
             "FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {want:#x} (without HA/HD)"
@@ -256,6 +271,11 @@ extern "C" fn kernel_main() -> ! {
         ));
     }
 
+    // SMP (smp.rs, smp_cases/): every CPU QEMU gives comes up, the
+    // `smp_` cases and the shootdown benchmark run, then the secondaries
+    // are turned off for the rest of the run.
+    let (smp_passed, smp_failed) = smp_cases::phase(layout.pool, test.root());
+
     let mut tally = space::Tally::default();
     space::kernel_cases(&mut tally, &img);
     space::user_cases(&mut tally, &kspace, &mut test, layout.pool.0);
@@ -288,8 +308,8 @@ extern "C" fn kernel_main() -> ! {
         "suite on the emulated MMU: {} probe accesses, {} faults caught, {} EMULATED ticks; table frames live {live} (before {live_before}), peak {peak}",
         mach.accesses, mach.faults, t
     );
-    let passed = low.passed + high.passed + tally.passed;
-    let mut failed = low.failed + high.failed + tally.failed;
+    let passed = low.passed + high.passed + tally.passed + smp_passed;
+    let mut failed = low.failed + high.failed + tally.failed + smp_failed;
     if live != live_before {
         println!(
             "FAIL suite_frees_its_tables: {live_before} table frames live before, {live} after"
@@ -311,6 +331,7 @@ extern "C" fn kernel_main() -> ! {
         "space cases: {} passed, {} failed; suite: {} + {} passed, {} + {} failed",
         tally.passed, tally.failed, low.passed, high.passed, low.failed, high.failed
     );
+    println!("smp cases: {smp_passed} passed, {smp_failed} failed");
     println!("{passed} passed, {failed} failed");
     if failed == 0 && passed > 0 {
         semihost::exit(semihost::EXIT_SUCCESS)
