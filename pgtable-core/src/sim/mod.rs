@@ -114,10 +114,47 @@
 //!   an entry write that links a table written since the last publish
 //!   point is a [`CheckError::Unordered`].
 //!
-//! Not modelled: multiple CPUs' TLBs (one shared TLB stands for
-//! all, which is what broadcast invalidation gives), memory attributes,
-//! x86's invalidation of a faulting translation, and the hardware setting
-//! accessed bits in table (non-leaf) entries.
+//! # Several CPUs
+//!
+//! [`SimMachine::with_cpus`] builds a machine with several CPUs sharing
+//! memory and the tables; each has its own TLB and walk cache, its own
+//! root registers and current ASID, fills them from the shared tables and
+//! keeps them until a flush that *reaches it* removes them. Everything
+//! else (walker visibility, publication order, break-before-make, which
+//! looks at every CPU's cached entries) is machine-wide.
+//!
+//! - **Which CPU.** [`SimMachine::new`] has one CPU, and every handle runs
+//!   on CPU 0 unless made otherwise, so a single-CPU test never names a
+//!   CPU. [`SimMachine::cpu`] gives the machine as seen from another CPU
+//!   (its loads, stores, agents, TLB queries and MMU handles);
+//!   [`SimMmu::on_cpu`] moves an MMU handle, and [`SimMmu::on_thread_cpu`]
+//!   makes it follow the calling thread's [`set_thread_cpu`], for tests
+//!   whose threads play CPUs.
+//! - **Reach of a flush.** A [`SimMmu`] is *broadcast* by default: its
+//!   flushes reach every CPU, as arm64 `tlbi …is` followed by `dsb ish`
+//!   (Arm ARM D8.14, "broadcast" TLB maintenance to the Inner Shareable
+//!   domain). [`SimMmu::local_only`] makes them reach the executing CPU
+//!   only, as x86 `invlpg`, MOV to CR3 and INVPCID (Intel SDM Vol. 3A
+//!   §4.10.5, "Propagation of Paging-Structure Changes to Multiple
+//!   Processors") and arm64 `tlbi` without `is` do; on its own that breaks
+//!   the [`Mmu`] shootdown rule, and an IPI layer on top must make up for
+//!   it (Linux `flush_tlb_multi`). Installing a root writes the executing
+//!   CPU's root register; an untagged install flushes that CPU only.
+//! - **Checks.** [`check`](SimMachine::check) and
+//!   [`check_tlb`](SimMachine::check_tlb) look at every CPU and name the
+//!   CPU of the stale entry ([`StaleTlb::cpu`]);
+//!   [`check_cpu`](SimMachine::check_cpu) looks at one.
+//!
+//! The machine is one lock: CPUs interleave at the granularity of one
+//! access or one maintenance operation, which is enough to show a stale
+//! translation on one CPU being used after another CPU's operation
+//! returned (CVE-2018-18281, a TLB flush after mremap's page-table lock
+//! was dropped: `tests/sim_broken.rs` races a writer CPU against a move).
+//!
+//! Not modelled: memory attributes, x86's invalidation of a faulting
+//! translation, the hardware setting accessed bits in table (non-leaf)
+//! entries, and speculative TLB fills (a CPU fills its TLB only by its own
+//! accesses).
 //!
 //! # For OS authors: your arch port on the simulator
 //!
