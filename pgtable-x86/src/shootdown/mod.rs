@@ -39,7 +39,7 @@
 //!   the acknowledgement.
 //! - **INVLPGB.** On AMD processors with INVLPGB ([`invlpgb`]), one
 //!   broadcast invalidation plus TLBSYNC replaces the IPI round
-//!   ([`Shootdown::use_invlpgb`], bare metal only).
+//!   (`Shootdown::use_invlpgb`, bare metal only).
 //!
 //! # For kernel authors
 //!
@@ -469,11 +469,11 @@ impl<I: IpiSender> Shootdown<I> {
 
     /// The flush IPI's handler: run it on `cpu` (interrupts disabled, as
     /// in an interrupt handler) with the CPU's local MMU, whose flushes
-    /// act on this CPU's current address space (an [`X86Mmu`]). Handles
-    /// every request addressed to `cpu` and acknowledges each. Calling it
-    /// with nothing pending does nothing.
-    ///
-    /// [`X86Mmu`]: crate::X86Mmu
+    /// act on this CPU's current address space: an untagged `X86Mmu`
+    /// (`X86Mmu::new()`, kept in a static), whose `INVLPG` and CR3 reload
+    /// act on the current PCID, which is the space's when the request is
+    /// carried out. Handles every request addressed to `cpu` and
+    /// acknowledges each. Calling it with nothing pending does nothing.
     pub fn handle_flush_ipi<M: Mmu>(&self, cpu: usize, local: &M) {
         let me = self.cpu(cpu);
         // Acquire: the requests' fields were written before their bits.
@@ -717,7 +717,7 @@ pub struct SmpMmu<'a, M: Mmu, I: IpiSender> {
 
 impl<'a, M: Mmu, I: IpiSender> SmpMmu<'a, M, I> {
     /// The MMU of the address space whose CPU set is `mm`, flushing
-    /// locally with `local` (an [`X86Mmu`](crate::X86Mmu), which acts on
+    /// locally with `local` (an `X86Mmu`, tagged or not, which acts on
     /// the executing CPU) and remotely through `sd`.
     pub fn new(local: M, sd: &'a Shootdown<I>, mm: &'a MmCpus) -> Self {
         SmpMmu { local, sd, mm }
