@@ -454,6 +454,7 @@ pub unsafe fn enable_mmu_separate_halves<F: Format>(lower: PhysAddr, upper: Phys
         pa_range,
         hw_access_flag: hafdbs >= 1,
         hw_dirty: hafdbs >= 2,
+        asid16: AsidBits::from_mmfr0(ID_AA64MMFR0_EL1.get()) == AsidBits::Bits16,
     });
     MAIR_EL1.set(MAIR_VALUE);
     TCR_EL1.set(tcr);
