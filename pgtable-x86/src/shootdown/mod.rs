@@ -43,21 +43,33 @@
 //!
 //! # For kernel authors
 //!
-//! ```ignore
-//! static SHOOTDOWN: Shootdown<MyIpi> = Shootdown::new(MyIpi);
-//! // at boot, on each CPU:
-//! SHOOTDOWN.set_online(cpu);
-//! // per process:
-//! let cpus: &'static MmCpus = ...;               // MmCpus::new(), lives as long as the space
-//! let space = AddressSpace::<X86_64, _, _>::new(SmpMmu::new(X86Mmu::new(), &SHOOTDOWN, cpus), alloc)?;
-//! // context switch to `space` on this CPU (interrupts disabled):
+//! ```
+//! use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+//! use pgtable_x86::{CpuMask, IpiSender, MmCpus, Shootdown, SmpMmu, X86_64};
+//!
+//! // The kernel's part: the CPU number and the IPI (x2APIC ICR writes).
+//! struct Ipi;
+//! impl IpiSender for Ipi {
+//!     fn this_cpu(&self) -> usize { 0 }
+//!     fn send_flush_ipi(&self, _cpus: CpuMask) { /* write the ICR */ }
+//! }
+//! static SHOOTDOWN: Shootdown<Ipi> = Shootdown::new(Ipi);
+//! static CPUS: MmCpus = MmCpus::new(); // one per address space
+//!
+//! SHOOTDOWN.set_online(0); // at boot, on each CPU
+//! // `NoopMmu` stands for `X86Mmu::new()` (bare metal) here.
+//! let mmu = SmpMmu::new(NoopMmu, &SHOOTDOWN, &CPUS);
+//! let mut space = AddressSpace::<X86_64, _, _>::new(mmu, Arena::new()).unwrap();
+//! // A context switch to the space on this CPU (interrupts disabled):
+//! // `switch_mm`, the CR3 load, and the catch-up flush if one is due.
 //! unsafe { space.mmu().switch_to(space.root()) };
-//! // switching to a kernel thread (keep CR3):
-//! SHOOTDOWN.enter_lazy(cpu);
-//! // the flush IPI vector:
-//! SHOOTDOWN.handle_flush_ipi(cpu, &LOCAL_X86_MMU);  // then EOI
-//! // counters for a status line:
-//! let st = SHOOTDOWN.stats();
+//! space.map(VirtAddr(0x40_0000), PhysAddr(0x20_0000), 0x1000, Prot::READ_WRITE,
+//!           MapOptions::PAGES).unwrap();
+//! space.unmap(VirtAddr(0x40_0000), 0x1000).unwrap(); // live on CPU 0 only: no IPI
+//! assert_eq!(SHOOTDOWN.stats().ipi_rounds, 0);
+//! // A kernel thread keeps the space loaded: `SHOOTDOWN.enter_lazy(cpu)`.
+//! // The flush IPI vector: `SHOOTDOWN.handle_flush_ipi(cpu, &LOCAL_X86MMU)`, then EOI.
+//! # unsafe { space.deactivate() };
 //! ```
 //!
 //! The kernel's own address space (the upper half every CPU maps) uses
