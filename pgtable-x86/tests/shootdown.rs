@@ -255,10 +255,13 @@ unsafe impl Mmu for NoWait {
         self.0.publish_barrier()
     }
     fn flush_tlb_range(&self, range: TlbRange) {
-        let p =
+        // SAFETY: deliberately broken: the pending flush is forgotten;
+        // the `MmCpus` is leaked, so the targets' reads stay valid.
+        let p = unsafe {
             self.0
                 .shootdown()
-                .flush_start(self.0.mm(), FlushKind::Range(range), self.0.local());
+                .flush_start(self.0.mm(), FlushKind::Range(range), self.0.local())
+        };
         std::mem::forget(p);
     }
     fn flush_tlb_all(&self) {

@@ -917,7 +917,9 @@ impl<A: Arch> SimMmu<A> {
 
     /// The same MMU, executing on CPU `i`: [`install_root`](Mmu::install_root)
     /// writes CPU `i`'s root registers, and a
-    /// [`local_only`](Self::local_only) flush reaches CPU `i`.
+    /// [`local_only`](Self::local_only) flush reaches CPU `i`. Its
+    /// operations panic if `i` is not below the machine's
+    /// [`cpus`](SimMachine::cpus).
     pub fn on_cpu(mut self, i: usize) -> Self {
         self.cpu = Some(i);
         self
@@ -926,6 +928,10 @@ impl<A: Arch> SimMmu<A> {
     /// The same MMU, executing on whichever CPU the calling thread plays
     /// ([`set_thread_cpu`]; CPU 0 unless set): for a test in which
     /// threads stand for CPUs and an operation may start on any of them.
+    ///
+    /// Its operations panic if that CPU is not below the machine's
+    /// [`cpus`](SimMachine::cpus) (a test set-up error, like a bad slice
+    /// index).
     pub fn on_thread_cpu(mut self) -> Self {
         self.cpu = None;
         self

@@ -156,7 +156,10 @@ pub trait IpiSender {
 
 /// Where an address space may be live, and how far each CPU has caught
 /// up with its flushes (Linux `mm_cpumask` and `context.tlb_gen`). One per
-/// address space; it must outlive every CPU's use of the space.
+/// address space; it must outlive every CPU's use of the space: switch
+/// every CPU away from a space (and let lazy ones switch too) before its
+/// `MmCpus` goes, as Linux does before it frees an mm (the CPUs compare
+/// its address).
 #[derive(Debug)]
 pub struct MmCpus {
     /// CPUs that switched to the space and have not dropped their bit.
@@ -577,7 +580,13 @@ impl<I: IpiSender> Shootdown<I> {
     /// returned [`PendingFlush`] waits for the acknowledgements; the
     /// [`Mmu`] contract is met only once it has ([`PendingFlush::wait`],
     /// or its drop). [`SmpMmu`] calls this and waits at once.
-    pub fn flush_start<'s, M: Mmu>(
+    ///
+    /// # Safety
+    ///
+    /// The [`PendingFlush`] is waited for or dropped, never forgotten
+    /// (`mem::forget`), while `mm` is alive: the targets read `mm` until
+    /// they acknowledge.
+    pub unsafe fn flush_start<'s, M: Mmu>(
         &'s self,
         mm: &MmCpus,
         kind: FlushKind,
@@ -750,6 +759,12 @@ impl<'a, M: Mmu, I: IpiSender> SmpMmu<'a, M, I> {
         self.sd
     }
 
+    /// Flushes `kind` on every CPU the space may be live on and waits.
+    fn flush(&self, kind: FlushKind) {
+        // SAFETY: waited for at once.
+        unsafe { self.sd.flush_start(self.mm, kind, &self.local) }.wait();
+    }
+
     /// Switches the executing CPU to this space: [`Shootdown::switch_mm`],
     /// the install, and the flush it asks for. What a context switch
     /// calls (interrupts disabled), with the space's root.
@@ -785,21 +800,15 @@ unsafe impl<M: Mmu, I: IpiSender> Mmu for SmpMmu<'_, M, I> {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
-        self.sd
-            .flush_start(self.mm, FlushKind::Range(range), &self.local)
-            .wait();
+        self.flush(FlushKind::Range(range));
     }
 
     fn flush_tlb_all(&self) {
-        self.sd
-            .flush_start(self.mm, FlushKind::All, &self.local)
-            .wait();
+        self.flush(FlushKind::All);
     }
 
     fn flush_tlb_mm(&self) {
-        self.sd
-            .flush_start(self.mm, FlushKind::Mm, &self.local)
-            .wait();
+        self.flush(FlushKind::Mm);
     }
 
     /// [`switch_to`](SmpMmu::switch_to).
