@@ -89,7 +89,7 @@ fn local_only_tlbis_are_caught_when_another_cpu_cached_the_translation() {
             }
             // The new entry was written while CPU 3 still cached the old
             // one: break-before-make broken on CPU 3.
-            Err(CheckError::Conflict(c)) if op == "remap" => assert_eq!(c.va, VA),
+            Err(CheckError::Conflict(c)) if op == "remap" => assert_eq!((c.cpu, c.va), (3, VA)),
             other => panic!("{op}: not caught: {other:?}"),
         }
         // CPU 3 still reaches the old frame.

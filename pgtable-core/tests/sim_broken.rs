@@ -1186,3 +1186,44 @@ fn a_local_only_flush_lets_a_writer_cpu_store_into_a_moved_and_reused_frame() {
     let (frame, landed) = writer_races_a_move(true);
     assert_eq!((frame, landed), (0xfeed, 0));
 }
+
+#[test]
+fn hardware_agents_on_two_cpus_race_protection_changes_and_unmaps() {
+    let (m, mut s) = two_cpus(true);
+    let len = 8 * K4;
+    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // CPU 0 and CPU 1 each run a hardware agent on the range.
+    let agents = [
+        m.spawn_agent(VA, len, stop.clone()),
+        m.cpu(1).spawn_agent(VA, len, stop.clone()),
+    ];
+    // Only the agents fill the TLBs: go on until each CPU's has been seen
+    // holding something (its walk cache).
+    let (mut round, mut seen) = (0, [false; 2]);
+    while round < 50 || (!(seen[0] && seen[1]) && round < 1_000_000) {
+        round += 1;
+        for (c, seen) in seen.iter_mut().enumerate() {
+            *seen |= m.cpu(c).tlb_len() > 0;
+        }
+        let prot = if round % 2 == 0 {
+            Prot::READ_ONLY
+        } else {
+            Prot::READ_WRITE
+        };
+        s.change_protection(VA, len, prot).unwrap();
+        m.check().unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    s.unmap(VA, len).unwrap();
+    m.check().unwrap();
+    stop.store(true, Relaxed);
+    for a in agents {
+        let r = a.join().unwrap();
+        assert!(r.touches > 0);
+    }
+    m.check().unwrap();
+    for c in 0..2 {
+        assert!(m.cpu(c).read_u64(VA).is_err(), "CPU {c}");
+    }
+}

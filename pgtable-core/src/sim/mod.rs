@@ -344,6 +344,8 @@ pub struct PendingWrite {
 /// and a TLB invalidation in between.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct BbmConflict {
+    /// The CPU whose TLB held the translation.
+    pub cpu: usize,
     /// First address of the region the cached entry covers.
     pub va: VirtAddr,
     /// Height of the entry.
@@ -390,8 +392,8 @@ impl fmt::Display for CheckError {
             ),
             CheckError::Conflict(c) => write!(
                 f,
-                "break-before-make violated at {} (height {}): {:#x} written while {:#x} was cached",
-                c.va, c.height, c.new, c.cached
+                "break-before-make violated at {} (height {}): {:#x} written while CPU {} cached {:#x}",
+                c.va, c.height, c.new, c.cpu, c.cached
             ),
             CheckError::Unordered(u) => write!(
                 f,

@@ -587,6 +587,7 @@ impl State {
                 let Some(c) = cpu.tlb.get(k) else { continue };
                 if c.slot == addr && !A::change_is_safe(c.raw, new, k.1) {
                     self.conflict = Some(BbmConflict {
+                        cpu: i,
                         va: VirtAddr(k.0),
                         height: k.1,
                         cached: c.raw,
