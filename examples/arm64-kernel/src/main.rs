@@ -43,7 +43,7 @@
 //! - `user.rs`: a user space, the user program, running it at EL0;
 //! - `space.rs`: the `space_` cases of the kernel map and of EL0;
 //! - `asids.rs`: switching user spaces by ASID;
-//! - `space_mm.rs`: the `space_` cases of user spaces switched by ASID
+//! - `space_mm/`: the `space_` cases of user spaces switched by ASID
 //!   (isolation, stale translations, roll-over, fork, swap entries, live
 //!   kernel protection) and the table of switches and flushes;
 //! - `psci.rs`: PSCI calls, the conduit and the CPUs from the device tree;
