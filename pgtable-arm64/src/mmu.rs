@@ -459,33 +459,51 @@ unsafe impl Mmu for Arm64Mmu {
 /// the code executing this function and everything the CPU touches next,
 /// and must stay alive while installed.
 pub unsafe fn enable_mmu_for<F: Format>(root: PhysAddr) -> u64 {
-    let pa_range = ID_AA64MMFR0_EL1.get() & 0xf;
+    let tcr = tcr_value(this_cpu_tcr_config::<F>());
+    // SAFETY: our caller's contract; TTBR1_EL1 walks the root's high half.
+    unsafe { turn_mmu_on(tcr, root, PhysAddr(ttbr1_base(root.0))) };
+    tcr
+}
+
+/// The TCR settings for format `F` on this CPU: its PARange, HA/HD per
+/// ID_AA64MMFR1_EL1.HAFDBS and 16-bit ASIDs per ID_AA64MMFR0_EL1.ASIDBits.
+fn this_cpu_tcr_config<F: Format>() -> TcrConfig {
+    let mmfr0 = ID_AA64MMFR0_EL1.get();
     let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
-    let tcr = tcr_value(TcrConfig {
+    TcrConfig {
         va_bits: F::VA_BITS,
         ttbr1: true,
-        pa_range,
+        pa_range: mmfr0 & 0xf,
         hw_access_flag: hafdbs >= 1,
         hw_dirty: hafdbs >= 2,
-        asid16: AsidBits::from_mmfr0(ID_AA64MMFR0_EL1.get()) == AsidBits::Bits16,
-    });
+        asid16: AsidBits::from_mmfr0(mmfr0) == AsidBits::Bits16,
+    }
+}
+
+/// Writes MAIR_EL1, TCR_EL1 = `tcr` and both TTBRs, invalidates the
+/// local TLB and sets SCTLR_EL1.M (with C and I; A and WXN clear).
+///
+/// # Safety
+///
+/// As [`enable_mmu_for`], for the roots `ttbr0` and `ttbr1`.
+unsafe fn turn_mmu_on(tcr: u64, ttbr0: PhysAddr, ttbr1: PhysAddr) {
     MAIR_EL1.set(MAIR_VALUE);
     TCR_EL1.set(tcr);
-    TTBR0_EL1.set(root.0);
-    TTBR1_EL1.set(ttbr1_base(root.0));
-    // Table writes and the register writes are complete…
+    TTBR0_EL1.set(ttbr0.0);
+    TTBR1_EL1.set(ttbr1.0);
+    // Table writes and the register writes are complete before the TLB
+    // invalidation and the enable.
     dsb(ISH);
     isb(SY);
     // SAFETY: local TLB invalidation; stale entries from before are gone.
     unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
-    // The local invalidation completed…
+    // The local invalidation completed before the enable.
     dsb(NSH);
     isb(SY);
     let sctlr = (SCTLR_EL1.get() | SCTLR_MMU_BITS) & !SCTLR_MMU_CLEAR;
     SCTLR_EL1.set(sctlr);
     // Instructions after this one are translated.
     isb(SY);
-    tcr
 }
 
 /// [`enable_mmu_for`] with the 48-bit [`Arm64`] format.
@@ -516,32 +534,8 @@ pub unsafe fn enable_mmu(root: PhysAddr) -> u64 {
 /// executing this function and everything the CPU touches next, and both
 /// must stay alive while installed.
 pub unsafe fn enable_mmu_separate_halves<F: Format>(lower: PhysAddr, upper: PhysAddr) -> u64 {
-    let pa_range = ID_AA64MMFR0_EL1.get() & 0xf;
-    let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
-    let tcr = tcr_value_separate_halves(TcrConfig {
-        va_bits: F::VA_BITS,
-        ttbr1: true,
-        pa_range,
-        hw_access_flag: hafdbs >= 1,
-        hw_dirty: hafdbs >= 2,
-        asid16: AsidBits::from_mmfr0(ID_AA64MMFR0_EL1.get()) == AsidBits::Bits16,
-    });
-    MAIR_EL1.set(MAIR_VALUE);
-    TCR_EL1.set(tcr);
-    TTBR0_EL1.set(lower.0);
-    TTBR1_EL1.set(upper.0);
-    // Table writes and the register writes are complete before the TLB
-    // invalidation and the enable.
-    dsb(ISH);
-    isb(SY);
-    // SAFETY: local TLB invalidation; stale entries from before are gone.
-    unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
-    // The local invalidation completed before the enable.
-    dsb(NSH);
-    isb(SY);
-    let sctlr = (SCTLR_EL1.get() | SCTLR_MMU_BITS) & !SCTLR_MMU_CLEAR;
-    SCTLR_EL1.set(sctlr);
-    // Instructions after this one are translated.
-    isb(SY);
+    let tcr = tcr_value_separate_halves(this_cpu_tcr_config::<F>());
+    // SAFETY: our caller's contract.
+    unsafe { turn_mmu_on(tcr, lower, upper) };
     tcr
 }
