@@ -244,8 +244,8 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
 /// stale translation after address-space switches, an unmap in a space
 /// that is not installed and PCID roll-overs, fork with copy-on-write
 /// (stores fault in parent and child), swap entries moved with their
-/// table, and live protection changes of kernel pages (plus one of
-/// [`ISOLATION`]).
+/// table, live protection changes of kernel pages, and the reports of a
+/// gathered unmap (plus one of [`ISOLATION`]).
 const ALWAYS: &[&str] = &[
     "protect_execute_never",
     "space_lower_half_is_empty",
@@ -265,6 +265,7 @@ const ALWAYS: &[&str] = &[
     "space_fork_cow_write_faults",
     "space_swap_entry_survives_move",
     "space_live_kernel_protect",
+    "space_unmap_reports",
 ];
 
 /// The isolation case of several address spaces: named after what

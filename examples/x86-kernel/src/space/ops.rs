@@ -11,11 +11,17 @@
 //!   faults, and `swap_in` makes the page present;
 //! - `change_protection_live` of a kernel data page and of a page of the
 //!   linear map inside a block (split in place) RW → RO: a CPL-0 store
-//!   faults (CR0.WP), then RW again.
+//!   faults (CR0.WP), then RW again;
+//! - `unmap_with_gathered` into one `MmuGather`: every removed page is
+//!   reported with the accessed and dirty state the MMU set, the swap
+//!   entry with its value, one TLB flush at `tlb_finish_mmu`, after which
+//!   the pages fault.
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::{AddressSpace, Arch, CopyMode, Decoded, LiveOptions, Prot, VirtAddr, PAGE_SIZE};
+use pgtable_core::{
+    AddressSpace, Arch, CopyMode, Decoded, LiveOptions, Prot, Removed, VirtAddr, PAGE_SIZE,
+};
 use pgtable_x86::X86Mmu;
 
 use super::multi::{frame, load_faults, loads, map_page, set_word, word};
@@ -38,6 +44,9 @@ const COW_VA: u64 = 0x32_0000_0000;
 const SWAP_OLD: u64 = 0x33_0000_0000;
 const SWAP_NEW: u64 = 0x33_4000_0000;
 
+/// Where the unmap-report case maps its pages (lower half, 208 GiB).
+const ZAP_VA: u64 = 0x34_0000_0000;
+
 const MAGIC: u64 = 0x0c0e_0000_0000;
 
 /// Runs the cases.
@@ -48,6 +57,7 @@ pub fn run<A: Arch>(kernel: &mut Kernel<A>, t: &mut Tally) {
         swap_entry_survives_move(kernel),
     );
     t.case("space_live_kernel_protect", live_kernel_protect(kernel));
+    t.case("space_unmap_reports", unmap_reports(kernel));
 }
 
 /// A CPL-3 store to `va` (the user program's load-add-store on it) faults
@@ -277,4 +287,100 @@ fn live_kernel_protect<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         block.unwrap_or(0)
     );
     Ok(())
+}
+
+/// What one report of `unmap_with` said: `(va, present, pa, young, dirty,
+/// swap value)`.
+type Report = (u64, bool, Option<u64>, bool, bool, Option<u64>);
+
+fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
+    const SWAP: u64 = 0x5_0a93;
+    // Accessed and dirty (Intel SDM vol. 3A §4.8).
+    const ACCESSED: u64 = 1 << 5;
+    const DIRTY: u64 = 1 << 6;
+    let p = |i: u64| ZAP_VA + i * PAGE_SIZE;
+    for i in 0..4 {
+        set_word(frame(60 + i), MAGIC + 60 + i);
+    }
+    with_users::<A, 1>(kernel, |_, [u]| {
+        for i in 0..4 {
+            map_page(&mut u.space, p(i), frame(60 + i), Prot::USER | Prot::WRITE)?;
+        }
+        if let Err(e) = u.space.set_swap_entry(VirtAddr(p(5)), SWAP) {
+            bail!("set_swap_entry: {e}");
+        }
+        let fresh: [u64; 3] =
+            core::array::from_fn(|i| u.space.entry(VirtAddr(p(i as u64)), 0).unwrap_or(0));
+        let mut sw = Switcher::new(12)?;
+        sw.switch_user(u)?;
+        // Page 0 loaded, page 1 stored to, page 2 untouched: the MMU sets
+        // the accessed and dirty bits, which the reports must carry.
+        loads("page 0", p(0), MAGIC + 60)?;
+        // SAFETY: page 1 of ZAP_VA maps a SPACE_FRAMES frame of this case.
+        if let Err(f) = unsafe { trap::write_u64(p(1), MAGIC + 0x100) } {
+            bail!("store to {:#x} faulted: error {:#x}", p(1), f.error);
+        }
+        loads("page 3", p(3), MAGIC + 63)?;
+        let s = &mut u.space;
+        let mut rep: [Report; 8] = [(0, false, None, false, false, None); 8];
+        let mut n = 0;
+        let mut note = |r: Removed<A>| {
+            if n < rep.len() {
+                rep[n] = (
+                    r.va().0,
+                    r.is_present(),
+                    r.pa().map(|a| a.0),
+                    r.young(),
+                    r.dirty(),
+                    A::swp_value(r.raw()),
+                );
+            }
+            n += 1;
+        };
+        let flushes = s.stats().flushes();
+        let mut tlb = s.tlb_gather_mmu();
+        let r = s
+            .unmap_with_gathered(&mut tlb, VirtAddr(p(0)), 3 * PAGE_SIZE, &mut note)
+            .and_then(|()| {
+                s.unmap_with_gathered(&mut tlb, VirtAddr(p(4)), 2 * PAGE_SIZE, &mut note)
+            });
+        let flushes_before_finish = s.stats().flushes() - flushes;
+        if s.tlb_finish_mmu(tlb).is_err() {
+            bail!("tlb_finish_mmu refused the space's own gather");
+        }
+        if let Err(e) = r {
+            bail!("unmap_with_gathered: {e}");
+        }
+        let flushed = s.stats().flushes() - flushes;
+        ensure!(
+            flushes_before_finish == 0 && flushed == 1,
+            "{flushes_before_finish} flushes before tlb_finish_mmu, {flushed} in all (expected 0 and 1)"
+        );
+        for i in [0, 1, 2, 4, 5] {
+            load_faults("after the unmap", p(i))?;
+        }
+        loads("page 3 (not unmapped)", p(3), MAGIC + 63)?;
+        let a_fresh = fresh.iter().all(|&e| e & (ACCESSED | DIRTY) == 0);
+        let want: [Report; 4] = [
+            (p(0), true, Some(frame(60)), true, false, None),
+            (p(1), true, Some(frame(61)), true, true, None),
+            (p(2), true, Some(frame(62)), !a_fresh, false, None),
+            (p(5), false, None, false, false, Some(SWAP)),
+        ];
+        ensure!(
+            n == 4 && rep[..4] == want,
+            "{n} reports {:x?}, expected {want:x?}",
+            &rep[..n.min(8)]
+        );
+        ensure!(
+            word(frame(61)) == MAGIC + 0x100,
+            "the store to page 1 did not reach its frame"
+        );
+        println!(
+            "  unmap_with_gathered of 3 pages and a swap entry, one flush at tlb_finish_mmu: reports {} (accessed/dirty as the MMU set them{}), then every page faults",
+            "page 0 accessed, page 1 accessed+dirty, page 2 clean, swap entry 0x50a93",
+            if a_fresh { ", from clear entries" } else { "" }
+        );
+        Ok(())
+    })
 }
