@@ -604,9 +604,32 @@ fn kernel_cannot_execute_user_memory(smep: bool) -> Result<(), Why> {
 /// with U/S clear (supervisor-only: Intel SDM vol. 3A §4.6.1, a clear U/S
 /// bit anywhere on the walk makes the page supervisor-only), and its
 /// lower half holds one entry (the table of the user pages) with U/S set.
+/// Below the root, every table entry on the paths to the image and the
+/// linear map has U/S clear too.
 fn shares_kernel_half(user: PhysAddr, kernel: PhysAddr) -> Result<(), Why> {
     const P: u64 = 1 << 0;
     const US: u64 = 1 << 2;
+    const PS: u64 = 1 << 7;
+    const ADDR: u64 = 0x000f_ffff_ffff_f000;
+    let levels = if X86Mmu::la57_enabled() { 5 } else { 4 };
+    let image = &raw const KERNEL_WORD as u64;
+    let mut tables = 0;
+    for va in [image, phys_to_virt(image_phys(image))] {
+        let mut table = kernel.0;
+        for h in (1..levels).rev() {
+            let e =
+                root_entries(PhysAddr(table))[((va >> (12 + 9 * h)) & 511) as usize].load(Relaxed);
+            if e & P == 0 || (h <= 2 && e & PS != 0) {
+                break;
+            }
+            ensure!(
+                e & US == 0,
+                "the table entry at height {h} on the path to {va:#x} is {e:#x}: U/S set"
+            );
+            tables += 1;
+            table = e & ADDR;
+        }
+    }
     let (u, k) = (root_entries(user), root_entries(kernel));
     for i in 256..512 {
         let (ue, ke) = (u[i].load(Relaxed), k[i].load(Relaxed));
@@ -624,7 +647,7 @@ fn shares_kernel_half(user: PhysAddr, kernel: PhysAddr) -> Result<(), Why> {
         "{used} lower-half entries (expected 1), all with U/S set: {user_ok}"
     );
     println!(
-        "  user root: the 256 upper-half entries are the kernel root's (present, U/S clear), {used} of its own (U/S set)"
+        "  user root: the 256 upper-half entries are the kernel root's (present, U/S clear), {used} of its own (U/S set); {tables} table entries on the paths to the image and the linear map: U/S clear"
     );
     Ok(())
 }
