@@ -144,7 +144,7 @@ pub fn print_counts() {
     );
     println!(
         "    {:<48}{:>8}",
-        "local flushes of every PCID (roll-overs)",
+        "local flushes of every PCID (roll-overs, PCIDs only)",
         g(&c.local_flushes)
     );
     println!(
