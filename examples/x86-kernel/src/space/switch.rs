@@ -118,42 +118,42 @@ pub fn print_counts() {
         }
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "to a user space, PCID kept (no-flush bit)",
         g(&c.tagged_keep)
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "to a user space, PCID flushed (owed a flush)",
         g(&c.tagged_flush)
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "to a user space, plain CR3 (flushes)",
         g(&c.plain)
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "to the kernel's space (PCID 0, flushes)",
         g(&c.kernel)
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "PCID allocator roll-overs",
         g(&c.rollovers)
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "local flushes of every PCID (roll-overs, PCIDs only)",
         g(&c.local_flushes)
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "library range TLB flushes (user spaces)",
         g(&c.flush_range)
     );
     println!(
-        "    {:<48}{:>8}",
+        "    {:<52}{:>8}",
         "library full TLB flushes (user spaces)",
         g(&c.flush_all)
     );
