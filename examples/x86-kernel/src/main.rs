@@ -36,7 +36,9 @@ use core::arch::x86_64::{__cpuid, __cpuid_count};
 use core::cell::UnsafeCell;
 
 use pgtable_core::suite::{self, Config};
-use pgtable_core::{AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{
+    AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, TableAttrs, VaRange, VirtAddr,
+};
 use pgtable_x86::{X86Mmu, X86_64La57, X86_64};
 
 use crate::machine::KernelMachine;
@@ -397,7 +399,9 @@ fn image_sections() -> [(u64, u64, Prot); 3] {
 }
 
 /// A new address space in format `A` with the kernel's mappings, all in
-/// the upper half, global and supervisor-only (not installed):
+/// the upper half, global and supervisor-only (not installed), whose upper
+/// half is shared with user spaces (its 256 root entries link pinned
+/// tables, U/S clear in every table entry of the half):
 ///
 /// - the linear map: every GiB that holds RAM at [`LINEAR_BASE`] + its
 ///   physical address, read-write and not executable, with the largest
@@ -408,7 +412,14 @@ fn image_sections() -> [(u64, u64, Prot); 3] {
 ///   data and bss (the stacks) read-write, the last two not executable.
 pub fn kernel_space<A: Arch>(ram: &RamMap) -> Result<AddressSpace<A, X86Mmu, Frames>, Error> {
     const G: u64 = 1 << 30;
-    let mut space = AddressSpace::<A, X86Mmu, Frames>::new(X86Mmu::new(), Frames)?;
+    // Both halves: the suite and the benchmarks map in the lower half of
+    // the kernel's own root. The upper half is the kernel half user spaces
+    // share (`AddressSpace::new_user`): its tables are preallocated and
+    // pinned, and every table of it is linked supervisor-only.
+    let mut space =
+        AddressSpace::<A, X86Mmu, Frames>::new_in(VaRange::Both, X86Mmu::new(), Frames)?;
+    space.set_table_attrs(TableAttrs::KERNEL);
+    space.share_kernel_half()?;
     let end = ram.iter().map(|r| r.end).max().unwrap_or(0);
     let opts = if has_1g_pages() {
         MapOptions::BLOCKS
@@ -470,6 +481,9 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
     // on. The space lives until `run_on` returns, and before that we never
     // return to code that needs the boot tables (`kmain` exits).
     unsafe { space.install() };
+    // SAFETY: the kernel's root was just installed by an untagged handle:
+    // CR3[11:0] = 0.
+    let pcids = unsafe { space::switch::init() };
     println!(
         "running on pgtable tables: format {}, root {:#x}, {} tables, INVPCID {}",
         A::NAME,
@@ -520,7 +534,7 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
         skip: opts.skip,
         ..Config::DEFAULT
     };
-    let own = space::run(&mut space, smep);
+    let own = space::run(&mut space, smep, pcids);
     println!();
     let sum = suite::run(&mut space, &mut mach, &cfg);
     let suite_ok = sum.failed == 0 && sum.passed > 0 && own.failed == 0;

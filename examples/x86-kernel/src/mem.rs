@@ -5,7 +5,9 @@
 //! Virtual layout once the kernel runs on its own tables: everything the
 //! kernel maps lies in the upper half (PML4 entries 256–511; with 5-level
 //! paging PML5 entry 511), so every address space can share it by copying
-//! those top-level entries. The lower half holds only what the suite, the
+//! those top-level entries: `share_kernel_half` links a pinned table under
+//! each of them (supervisor-only) and `AddressSpace::new_user` copies them
+//! into each user root. The lower half holds only what the suite, the
 //! benchmarks and the `space_` cases map there themselves.
 //!
 //! | virtual range | maps | rights |
@@ -24,6 +26,7 @@
 //! | … – `__kernel_end` − [`KERNEL_VMA`] | kernel image, stack |
 //! | [`TABLES_START`] – [`TABLES_END`] | page-table frames ([`Frames`]) |
 //! | [`USER_FRAMES`] – +64 KiB | frames of the ring-3 test pages |
+//! | [`SPACE_FRAMES`] – +1 MiB | frames the multi-space `space_` cases map |
 //! | [`POOL_START`] – end of RAM | the test pool the suite and benchmarks map |
 
 use core::cell::Cell;
@@ -39,6 +42,11 @@ pub const TABLES_START: u64 = 16 << 20;
 pub const TABLES_END: u64 = 80 << 20;
 /// First byte of the frames the ring-3 test pages use (16 frames).
 pub const USER_FRAMES: u64 = 96 << 20;
+/// First byte of the frames the multi-space `space_` cases map
+/// ([`SPACE_FRAME_COUNT`] frames).
+pub const SPACE_FRAMES: u64 = 112 << 20;
+/// Number of frames at [`SPACE_FRAMES`].
+pub const SPACE_FRAME_COUNT: u64 = 256;
 /// First byte of the test pool.
 pub const POOL_START: u64 = 256 << 20;
 

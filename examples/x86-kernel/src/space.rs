@@ -6,13 +6,21 @@
 //!   the linear map's alias of its text page-faults (P = 1, W = 1), an
 //!   instruction fetch from its data and from the linear map faults
 //!   (I/D = 1);
-//! - ring 3: a user address space that shares the kernel half (its root's
-//!   upper-half entries are the kernel root's), code and stack at
-//!   [`USER_BASE`] with [`Prot::USER`]; the CPU enters CPL 3 with `iretq`
-//!   and comes back through `int 0x80` (a DPL-3 gate) or a page fault. A
-//!   CPL-3 load from a kernel address faults with U = 1; with CR4.SMEP the
-//!   kernel cannot fetch from user memory, and user code cannot fetch
-//!   from the kernel's text.
+//! - ring 3: a user address space made by `AddressSpace::new_user`, which
+//!   shares the kernel half (its root's upper-half entries are the kernel
+//!   root's, linking the kernel's pinned, supervisor-only tables), code
+//!   and stack at [`USER_BASE`] with [`Prot::USER`]; the CPU enters CPL 3
+//!   with `iretq` and comes back through `int 0x80` (a DPL-3 gate) or a
+//!   page fault. A CPL-3 load from a kernel address faults with U = 1;
+//!   with CR4.SMEP the kernel cannot fetch from user memory, and user code
+//!   cannot fetch from the kernel's text;
+//! - several address spaces ([`multi`]): isolation between the kernel's
+//!   space and user spaces, switched by PCID when the CPU has PCIDs and by
+//!   CR3 otherwise ([`switch`]), and no stale translation after a switch,
+//!   an unmap in a space that is not installed, or PCID roll-overs;
+//! - operations on live spaces ([`ops`]): fork with copy-on-write, swap
+//!   entries moved with their table, live protection changes of kernel
+//!   pages.
 //!
 //! Each case prints `ok <name>` or `FAIL <name>: <why>` like the suite.
 
@@ -162,6 +170,11 @@ mod heapless_str {
     }
 
     impl Msg {
+        /// The text.
+        pub fn as_str(&self) -> &str {
+            core::str::from_utf8(&self.buf[..self.len]).unwrap_or("?")
+        }
+
         pub fn new(args: fmt::Arguments) -> Msg {
             let mut m = Msg {
                 buf: [0; 200],
@@ -208,6 +221,13 @@ macro_rules! sym {
         (&raw const $s) as u64
     };
 }
+
+// After the macros, which they use.
+mod multi;
+mod ops;
+pub mod switch;
+
+use switch::{Switcher, User};
 
 /// Whether the CPU has SMEP (CPUID.(EAX=7,ECX=0):EBX[7]).
 pub fn has_smep() -> bool {
@@ -263,8 +283,13 @@ fn expect_fault(f: PageFault, va: u64, set: u64, clear: u64) -> Result<(), Why> 
     Ok(())
 }
 
-/// Runs the `space_` cases on the kernel's installed address space.
-pub fn run<A: Arch>(kernel: &mut AddressSpace<A, X86Mmu, Frames>, smep: bool) -> Tally {
+/// Runs the `space_` cases on the kernel's installed address space
+/// (`pcids`: CR4.PCIDE is on).
+pub fn run<A: Arch>(
+    kernel: &mut AddressSpace<A, X86Mmu, Frames>,
+    smep: bool,
+    pcids: bool,
+) -> Tally {
     let mut t = Tally::default();
     println!();
     println!("== the kernel's address space ==");
@@ -310,6 +335,9 @@ pub fn run<A: Arch>(kernel: &mut AddressSpace<A, X86Mmu, Frames>, smep: bool) ->
     if let Err(why) = r {
         t.case("space_user_space", Err(why));
     }
+    multi::run(kernel, pcids, &mut t);
+    ops::run(kernel, &mut t);
+    switch::print_counts();
     t
 }
 
@@ -349,39 +377,40 @@ fn data_word(va: u64) -> Result<u64, Why> {
     Ok(va)
 }
 
-/// The user space: the kernel half of `kernel` shared, the user pages
-/// mapped; installed while `body` runs, then the kernel's space again.
-fn with_user_space<A: Arch>(
-    kernel: &mut AddressSpace<A, X86Mmu, Frames>,
-    body: impl FnOnce(PhysAddr, PhysAddr),
+/// Writes the user program into the user code frame: the program at its
+/// start, a `ret` at [`USER_RET_OFFSET`] for the kernel's fetch, `int3`
+/// everywhere else.
+fn load_user_program() {
+    let start = sym!(user_program_start);
+    let len = sym!(user_program_end) - start;
+    // SAFETY: the user code frame is RAM nothing else uses (mem.rs),
+    // reached through the linear map; the program bytes are in .rodata.
+    unsafe {
+        let code = phys_to_virt(USER_FRAMES) as *mut u8;
+        code.write_bytes(0xcc, PAGE_SIZE as usize);
+        core::ptr::copy_nonoverlapping(start as *const u8, code, len as usize);
+        code.add(USER_RET_OFFSET as usize).write(0xc3);
+    }
+}
+
+/// Maps the user code page and the user stack page (the shared frames of
+/// [`USER_FRAMES`]) into `user`, so the user program can run there.
+fn map_user_program<A: Arch>(
+    user: &mut AddressSpace<A, X86Mmu, Frames>,
+    with_data: bool,
 ) -> Result<(), Why> {
-    let mut user = match AddressSpace::<A, X86Mmu, Frames>::new(X86Mmu::new(), Frames) {
-        Ok(s) => s,
-        Err(e) => bail!("user space: {e}"),
-    };
     let (code_pa, data_pa, stack_pa) = (
         USER_FRAMES,
         USER_FRAMES + PAGE_SIZE,
         USER_FRAMES + 2 * PAGE_SIZE,
     );
-    // The program, a `ret` for the kernel's fetch, a zeroed data page.
-    let start = sym!(user_program_start);
-    let len = sym!(user_program_end) - start;
-    // SAFETY: the user frames are RAM nothing else uses (mem.rs), reached
-    // through the linear map; the program bytes are in .rodata.
-    unsafe {
-        let code = phys_to_virt(code_pa) as *mut u8;
-        code.write_bytes(0xcc, PAGE_SIZE as usize); // int3 everywhere else
-        core::ptr::copy_nonoverlapping(start as *const u8, code, len as usize);
-        code.add(USER_RET_OFFSET as usize).write(0xc3);
-        (phys_to_virt(data_pa) as *mut u8).write_bytes(0, 2 * PAGE_SIZE as usize);
-    }
     let maps = [
         (USER_CODE, code_pa, Prot::new(Prot::USER | Prot::EXEC)),
-        (USER_DATA, data_pa, Prot::new(Prot::USER | Prot::WRITE)),
         (USER_STACK, stack_pa, Prot::new(Prot::USER | Prot::WRITE)),
+        (USER_DATA, data_pa, Prot::new(Prot::USER | Prot::WRITE)),
     ];
-    for (va, pa, prot) in maps {
+    let n = if with_data { 3 } else { 2 };
+    for (va, pa, prot) in maps.into_iter().take(n) {
         if let Err(e) = user.map(
             VirtAddr(va),
             PhysAddr(pa),
@@ -392,32 +421,32 @@ fn with_user_space<A: Arch>(
             bail!("map user page {va:#x}: {e}");
         }
     }
-    let kroot = root_entries(kernel.root());
-    let uroot = root_entries(user.root());
-    // Share the kernel half: the user root's upper-half entries point at
-    // the kernel's own tables. pgtable has no API for borrowed tables, so
-    // they are written raw and cleared again before `user` is dropped
-    // (which would otherwise free the kernel's tables).
-    for i in 256..512 {
-        uroot[i].store(kroot[i].load(Relaxed), Relaxed);
-    }
-    // SAFETY: `user` maps the kernel half exactly as the kernel's space
-    // does (the same tables) and the user pages; the kernel's space is
-    // reinstalled before `user` goes.
-    unsafe { user.install() };
-    body(user.root(), kernel.root());
-    // SAFETY: the kernel's space maps everything the kernel uses.
-    unsafe { kernel.install() };
-    // SAFETY: the only CPU left `user`'s root with that MOV to CR3, which
-    // dropped every non-global translation and paging-structure cache
-    // entry of PCID 0; `user`'s own mappings are not global, and the
-    // global ones come from the kernel's tables, which stay.
-    unsafe { user.deactivate() };
-    for e in &uroot[256..] {
-        e.store(0, Relaxed);
-    }
-    drop(user);
     Ok(())
+}
+
+/// The user space: the kernel half of `kernel` shared
+/// ([`AddressSpace::new_user`]), the user pages mapped; installed while
+/// `body` runs, then the kernel's space again.
+fn with_user_space<A: Arch>(
+    kernel: &mut AddressSpace<A, X86Mmu, Frames>,
+    body: impl FnOnce(PhysAddr, PhysAddr),
+) -> Result<(), Why> {
+    let mut user = User::new(kernel)?;
+    load_user_program();
+    // SAFETY: the user data and stack frames are RAM nothing else uses
+    // (mem.rs), reached through the linear map.
+    unsafe {
+        (phys_to_virt(USER_FRAMES + PAGE_SIZE) as *mut u8).write_bytes(0, 2 * PAGE_SIZE as usize)
+    };
+    let r = map_user_program(&mut user.space, true);
+    if r.is_ok() {
+        let mut sw = Switcher::new(12)?;
+        sw.switch_user(&mut user)?;
+        body(user.space.root(), kernel.root());
+        sw.switch_kernel(kernel);
+    }
+    user.retire();
+    r
 }
 
 /// The 512 entries of the root table at `root`, through the linear map.
@@ -430,14 +459,21 @@ fn root_entries(root: PhysAddr) -> &'static [AtomicU64; 512] {
 
 /// Runs the user program in `mode` with `target` in `rsi`.
 fn user_run(mode: Mode, target: u64) -> UserTrap {
-    // SAFETY: the user space is installed (`with_user_space`): the program
-    // at USER_CODE touches only the user data and stack pages, and `target`
-    // (a load or a jump) only faults or is user memory.
+    user_run_on(USER_DATA, mode, target)
+}
+
+/// Runs the user program on the data word at `data` (its `rdi`), in
+/// `mode` with `target` in `rsi`.
+fn user_run_on(data: u64, mode: Mode, target: u64) -> UserTrap {
+    // SAFETY: a user space with the user code and stack pages
+    // (`map_user_program`) is installed: the program at USER_CODE touches
+    // only `data` and the stack page, and `target` (a load or a jump) only
+    // faults or is user memory.
     unsafe {
         trap::run_user(
             USER_CODE,
             USER_STACK + PAGE_SIZE,
-            [USER_DATA, target, mode as u64],
+            [data, target, mode as u64],
         )
     }
 }
@@ -563,21 +599,55 @@ fn kernel_cannot_execute_user_memory(smep: bool) -> Result<(), Why> {
     fetch_faults(va)
 }
 
-/// The user root's upper half is the kernel root's, entry for entry, and
-/// its lower half holds one entry (the table of the user pages).
+/// The user root's upper half is the kernel root's, entry for entry (the
+/// copy `new_user` made), every one of those 256 entries links a table
+/// with U/S clear (supervisor-only: Intel SDM vol. 3A §4.6.1, a clear U/S
+/// bit anywhere on the walk makes the page supervisor-only), and its
+/// lower half holds one entry (the table of the user pages) with U/S set.
+/// Below the root, every table entry on the paths to the image and the
+/// linear map has U/S clear too.
 fn shares_kernel_half(user: PhysAddr, kernel: PhysAddr) -> Result<(), Why> {
+    const P: u64 = 1 << 0;
+    const US: u64 = 1 << 2;
+    const PS: u64 = 1 << 7;
+    const ADDR: u64 = 0x000f_ffff_ffff_f000;
+    let levels = if X86Mmu::la57_enabled() { 5 } else { 4 };
+    let image = &raw const KERNEL_WORD as u64;
+    let mut tables = 0;
+    for va in [image, phys_to_virt(image_phys(image))] {
+        let mut table = kernel.0;
+        for h in (1..levels).rev() {
+            let e =
+                root_entries(PhysAddr(table))[((va >> (12 + 9 * h)) & 511) as usize].load(Relaxed);
+            if e & P == 0 || (h <= 2 && e & PS != 0) {
+                break;
+            }
+            ensure!(
+                e & US == 0,
+                "the table entry at height {h} on the path to {va:#x} is {e:#x}: U/S set"
+            );
+            tables += 1;
+            table = e & ADDR;
+        }
+    }
     let (u, k) = (root_entries(user), root_entries(kernel));
-    let mut shared = 0;
     for i in 256..512 {
         let (ue, ke) = (u[i].load(Relaxed), k[i].load(Relaxed));
         ensure!(ue == ke, "root entry {i}: user {ue:#x}, kernel {ke:#x}");
-        shared += u64::from(ke != 0);
+        ensure!(
+            ke & P != 0 && ke & US == 0,
+            "kernel root entry {i} is {ke:#x}: not a present supervisor-only table entry"
+        );
     }
-    let lower = u[..256].iter().filter(|e| e.load(Relaxed) != 0).count();
+    let lower: [u64; 256] = core::array::from_fn(|i| u[i].load(Relaxed));
+    let used = lower.iter().filter(|&&e| e != 0).count();
+    let user_ok = lower.iter().all(|&e| e == 0 || e & (P | US) == P | US);
     ensure!(
-        shared > 0 && lower == 1,
-        "{shared} shared upper-half entries, {lower} lower-half entries (expected 1)"
+        used == 1 && user_ok,
+        "{used} lower-half entries (expected 1), all with U/S set: {user_ok}"
     );
-    println!("  user root: {shared} upper-half entries shared with the kernel's root, {lower} of its own");
+    println!(
+        "  user root: the 256 upper-half entries are the kernel root's (present, U/S clear), {used} of its own (U/S set); {tables} table entries on the paths to the image and the linear map: U/S clear"
+    );
     Ok(())
 }
