@@ -41,10 +41,11 @@
 //! also downgrades writable migration entries, which this crate does not
 //! have).
 //!
-//! Linux also makes the child's leaves old (`pte_mkold`) and, for shared
-//! mappings, clean (`pte_mkclean`). [`Format`] has no such operation here,
-//! so the child keeps the source's accessed and dirty state: a reclaim
-//! scan of the child then sees the pages as recently used, which is safe.
+//! As Linux's `copy_present_pte` does, the child's leaves are old
+//! ([`Format::mkold`]: the child has not used them yet) and, for shared
+//! mappings, clean ([`Format::mkclean`]: the dirty state stays with the
+//! source, which writes the page back); a private copy keeps the dirty
+//! state, since the page's contents differ from what backs it.
 //!
 //! [`Format`]: crate::Format
 //! [`Format::modify_prot`]: crate::Format::modify_prot
@@ -88,9 +89,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// ([`Format::swp_entry`](crate::Format::swp_entry)) as they are, and
     /// `dst` gets tables only where the range maps something. `self` is
     /// flushed once at the end, if anything was write-protected or split;
-    /// `dst` needs no flush. The child keeps the accessed and dirty state
-    /// (Linux makes it old, `pte_mkold`, for which [`Format`](crate::Format)
-    /// has no operation here).
+    /// `dst` needs no flush. The child's leaves are old, and with
+    /// [`CopyMode::Shared`] clean (Linux `copy_present_pte`).
     ///
     /// A block the range covers only in part is split in the source first
     /// (as Linux splits a huge page at a VMA boundary), so that only the
@@ -353,7 +353,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         memo = (attrs, Wp::decide::<A>(raw, 0));
                     }
                     match memo.1 {
-                        Wp::Keep => raw,
+                        Wp::Keep => A::mkold(raw, 0),
                         Wp::Plain(delta) => {
                             // Settled: the hardware never writes this entry
                             // again, so a plain store cannot lose an
@@ -361,17 +361,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                             generic::set_entry_nosync(&self.mmu, s, raw ^ delta);
                             self.mmu.stats.add_entries_written(1);
                             wp = (wp.0.min(k), k);
-                            raw ^ delta
+                            A::mkold(raw ^ delta, 0)
                         }
                         Wp::Atomic => {
                             wp = (wp.0.min(k), k);
                             let v = VirtAddr(va + k as u64 * crate::PAGE_SIZE);
-                            self.wrprotect(s, raw, v, 0)
+                            A::mkold(self.wrprotect(s, raw, v, 0), 0)
                         }
                     }
                 }
-                // Shared leaves and software entries are copied as they
-                // are (a PTE never decodes as a table).
+                // Shared: old and clean in the child.
+                Decoded::Leaf(_) => A::mkclean(A::mkold(raw, 0), 0),
+                // Software entries are copied as they are (a PTE never
+                // decodes as a table).
                 _ => raw,
             };
             A::set_pte_nosync(&dst.mmu, d, pte);
@@ -392,8 +394,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         copied > 0
     }
 
-    /// The child's copy of the leaf `raw` at `h` in `slot`: for a COW copy
-    /// of a writable leaf, the source leaf write-protected.
+    /// The child's copy of the leaf `raw` at `h` in `slot`, old (and clean
+    /// when shared): for a COW copy of a writable leaf, the source leaf
+    /// write-protected.
     fn copy_leaf(
         &mut self,
         slot: &Slot,
@@ -402,12 +405,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         h: u32,
         c: &mut CopyState<'_>,
     ) -> u64 {
-        if c.cow && A::leaf_prot(raw, h).writable() {
+        if !c.cow {
+            A::mkclean(A::mkold(raw, h), h)
+        } else if A::leaf_prot(raw, h).writable() {
             let new = self.wrprotect(slot, raw, va, h);
             c.gather.add_leaf(va, h);
-            new
+            A::mkold(new, h)
         } else {
-            raw
+            A::mkold(raw, h)
         }
     }
 

@@ -396,7 +396,11 @@ pub fn fork_cow<A: Arch>() {
     for ((p, c), b) in ps.iter().zip(&cs).zip(&before) {
         assert_eq!((p.va, p.pa, p.size), (b.va, b.pa, b.size));
         assert_eq!((c.va, c.pa, c.size), (b.va, b.pa, b.size));
-        assert_eq!(c.entry, p.entry, "the child gets the write-protected leaf");
+        // The child gets the write-protected leaf, made old (Linux
+        // `copy_present_pte`); the dirty state of a private copy stays.
+        assert_eq!(c.entry, A::mkold(p.entry, p.height), "{:?}", c.va);
+        assert!(!A::is_young(c.entry), "{:?}", c.va);
+        assert_eq!(A::is_dirty(c.entry), A::is_dirty(p.entry), "{:?}", c.va);
         let (bp, pp) = (
             A::leaf_prot(b.entry, b.height),
             A::leaf_prot(p.entry, p.height),
@@ -461,13 +465,33 @@ pub fn fork_shared<A: Arch>() {
     let (m, mut src) = machine::<A>();
     let (cm, mut child) = machine::<A>();
     let swp = fork_source(&mut src);
+    // Used: accessed and dirty state the child must not inherit.
+    m.write_u64(VirtAddr(G1 + 5 * K4), 7).unwrap();
     let before = listing(&src, G1, 2 * G1);
     let f0 = flushes(&m);
     src.copy_page_range(&mut child, VirtAddr(G1), 2 * G1, CopyMode::Shared)
         .unwrap();
     assert_eq!(flushes(&m), f0);
     assert_eq!(listing(&src, G1, 2 * G1), before);
-    assert_eq!(listing(&child, G1, 2 * G1), before);
+    // The child's leaves are old and clean (the source keeps the dirty
+    // state and writes the page back).
+    let old_clean = |e: &Mapping| {
+        (
+            e.va,
+            e.pa,
+            e.size,
+            A::mkclean(A::mkold(e.entry, e.height), e.height),
+        )
+    };
+    let want: Vec<_> = before.iter().map(old_clean).collect();
+    let got: Vec<_> = listing(&child, G1, 2 * G1)
+        .iter()
+        .map(|e| (e.va, e.pa, e.size, e.entry))
+        .collect();
+    assert_eq!(got, want);
+    assert!(before
+        .iter()
+        .any(|e| A::is_dirty(e.entry) || A::is_young(e.entry)));
     expect_swp(&child, G1, &swp);
     // Still writable on both sides.
     cm.write_u64(VirtAddr(G1 + 5 * K4), 9).unwrap();
@@ -505,7 +529,7 @@ pub fn fork_partial_blocks<A: Arch>() {
         );
         let c = child.translate(VirtAddr(G1 + off)).unwrap();
         assert_eq!(c.pa, t.pa);
-        assert_eq!(c.entry, t.entry);
+        assert_eq!(c.entry, A::mkold(t.entry, t.height));
     }
     assert_eq!(child.translate(VirtAddr(G1 + M2 + 3 * K4)), None);
     assert_eq!(child.translate(VirtAddr(G1 + K4)), None);
@@ -539,7 +563,8 @@ pub fn fork_partial_blocks<A: Arch>() {
     for off in [0, K4, len / 2, len - K4] {
         let t = src.translate(VirtAddr(va + off)).unwrap();
         let c = child.translate(VirtAddr(va + off)).unwrap();
-        assert_eq!((c.pa, c.entry, c.height), (t.pa, t.entry, t.height));
+        let old = A::mkold(t.entry, t.height);
+        assert_eq!((c.pa, c.entry, c.height), (t.pa, old, t.height));
         assert!(!A::leaf_prot(t.entry, t.height).writable());
     }
     for a in [va - K4, va + len, 4 * G1] {
