@@ -4,7 +4,7 @@
 //! (which uses the test format). Criterion reports one whole operation;
 //! divide by 262,144 pages (or 512 blocks) for the per-entry figure.
 //!
-//! `linear-map/*` is seed 004 on the host: the walker barrier is played by
+//! `linear-map/*` is Linux "arm64: mm: Batch dsb and isb when populating pgtables" on the host: the walker barrier is played by
 //! a sequentially consistent fence (`mfence` on x86_64), a stand-in for
 //! `dsb ishst; isb` whose cost on real arm64 hardware is larger.
 // criterion's macros generate undocumented public functions.

@@ -334,7 +334,11 @@ fn change_protection_of_blocks_flushes_once_not_per_block() {
     .unwrap();
     s.change_protection(VirtAddr(GIB), len, Prot::READ_ONLY)
         .unwrap();
-    assert_eq!(s.mmu().flushes.get(), 1, "seed 003: one deferred flush");
+    assert_eq!(
+        s.mmu().flushes.get(),
+        1,
+        "pmdp_modify_prot_start: one deferred flush"
+    );
     assert_eq!(
         s.translate(VirtAddr(GIB + 0x1234)).unwrap().prot,
         Prot::READ_ONLY

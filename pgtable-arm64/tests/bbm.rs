@@ -225,7 +225,7 @@ fn get_and_clear_returns_hardware_updates_and_pmd_start_does_not_flush() {
     assert_eq!(
         mmu.take(),
         vec![Event::Write { old: got, new: 0 }],
-        "seed 003: no flush at start"
+        "pmdp_modify_prot_start: no flush at start"
     );
     let slot = Slot::new(clean);
     assert_eq!(Arm64::ptep_get_and_clear(&mmu, &slot), clean);

@@ -1,4 +1,4 @@
-//! Host benchmarks of the generic engine (DESIGN §7): map 4 KiB pages, unmap
+//! Host benchmarks of the generic engine: map 4 KiB pages, unmap
 //! 4 KiB pages (freeing the emptied tables), and map 2 MiB blocks, each over
 //! 1 GiB of address space, tables in the [`Arena`], no TLB work
 //! ([`NoopMmu`]). Criterion reports the time of one whole 1 GiB operation;

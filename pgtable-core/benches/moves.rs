@@ -1,11 +1,11 @@
-//! Host benchmark of `move_page_tables` (DESIGN §6–7, seeds 000–002).
+//! Host benchmark of `move_page_tables` (Linux's mremap speed-ups: `HAVE_MOVE_PMD`, and "mm: Speedup mremap on 1GB or larger regions" for `HAVE_MOVE_PUD`).
 //!
 //! 1 GiB of 4 KiB pages moves back and forth between two PUD-aligned
 //! ranges, one timed move per iteration (no setup is timed), on every path
 //! in one run, chosen with the runtime [`MoveOptions`] switches:
 //!
-//! - `pud`: one PUD entry (seed 000/002, `HAVE_MOVE_PUD`);
-//! - `pmd`: 512 PMD entries (`HAVE_MOVE_PMD`, the arm64 state before seed 000);
+//! - `pud`: one PUD entry (`HAVE_MOVE_PUD`, Linux "arm64: mremap speedup - Enable HAVE_MOVE_PUD");
+//! - `pmd`: 512 PMD entries (`HAVE_MOVE_PMD`, the arm64 state before `HAVE_MOVE_PUD`);
 //! - `pte-fresh` / `pte-settled`: the control variant, 262,144 PTEs stored
 //!   one by one at the destination; `fresh` pages have neither accessed nor
 //!   dirty state, `settled` ones are accessed and dirty. Both take the

@@ -1,4 +1,4 @@
-//! Host benchmarks of `change_protection` (DESIGN §6–7, seed 003).
+//! Host benchmarks of `change_protection` (Linux "arm64: mm: rework the pmd protect changing flow").
 //!
 //! - `protect-4K-1GiB`: change the protection of 1 GiB of 4 KiB pages,
 //!   toggling between read-write and read-only so every iteration rewrites
@@ -11,7 +11,7 @@
 //!   be read as a ratio to the hardware's floor.
 //! - `protect-2M`: 64–512 MiB of 2 MiB blocks on both block paths:
 //!   `generic` (Linux's `pmdp_invalidate`: clear and flush each block at
-//!   once, [`GenericBlockProt`]) and `deferred` (seed 003's atomic
+//!   once, [`GenericBlockProt`]) and `deferred` (that change's atomic
 //!   get-and-clear with one flush at the end, [`DeferredBlockProt`]).
 //!
 //! The MMU does no TLB work (like [`NoopMmu`]) but counts flushes, which

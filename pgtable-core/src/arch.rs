@@ -153,8 +153,8 @@ pub unsafe trait Arch: Format {
     /// Linux `pmdp_modify_prot_start` for a block at `height` (PMD or PUD).
     ///
     /// The generic fallback is Linux's `pmdp_invalidate`: clear the entry
-    /// and flush its TLB range at once — the first of the two flushes seed
-    /// 003 removes on arm64. An arch whose hardware updates are made safe by
+    /// and flush its TLB range at once — the first of the two flushes Linux
+    /// "arm64: mm: rework the pmd protect changing flow" removes. An arch whose hardware updates are made safe by
     /// the atomic clear alone overrides this with
     /// [`generic::pmdp_modify_prot_start_deferred`], leaving one flush at the
     /// end of the operation.

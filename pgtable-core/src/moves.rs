@@ -1,4 +1,4 @@
-//! `move_page_tables`: mremap for page tables (seeds 000–002).
+//! `move_page_tables`: mremap for page tables (Linux `move_page_tables` with `HAVE_MOVE_PMD` / `HAVE_MOVE_PUD`).
 //!
 //! Moves the mappings of one virtual range to another of the same length,
 //! the way Linux's `mm/mremap.c` does, in three phases so that an error

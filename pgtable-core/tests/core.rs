@@ -635,7 +635,7 @@ fn mapping_1gib_of_pages_issues_one_barrier_per_table_not_per_entry() {
     s.unmap(VirtAddr(G1), G1).unwrap();
     assert_eq!(st_tables(&s), 1);
 
-    // The control variant (before seed 004): a barrier per entry.
+    // The control variant (before Linux "arm64: mm: Batch dsb and isb when populating pgtables"): a barrier per entry.
     let mut c = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
     c.map(
         VirtAddr(G1),

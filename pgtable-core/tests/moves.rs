@@ -1,4 +1,4 @@
-//! Tests of `move_page_tables` (mremap for page tables, seeds 000–002).
+//! Tests of `move_page_tables` (mremap for page tables, with `HAVE_MOVE_PMD` / `HAVE_MOVE_PUD`).
 //!
 //! Run with `--features alloc,stats` (the counters are part of what is
 //! checked), and with `--no-default-features --features alloc,stats` for

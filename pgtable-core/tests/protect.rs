@@ -1,4 +1,4 @@
-//! Tests of `change_protection` (mprotect for page tables, seed 003).
+//! Tests of `change_protection` (mprotect for page tables, Linux "arm64: mm: rework the pmd protect changing flow").
 //!
 //! Run with `--features alloc,stats`: the counters are part of what is
 //! checked.
@@ -525,7 +525,7 @@ fn memory_type_change_breaks_before_making_each_entry() {
     assert_eq!(s.mmu().flushes(), 1);
 }
 
-// ----- the block paths: deferred (seed 003) versus generic -----
+// ----- the block paths: deferred (pmdp_modify_prot_start) versus generic -----
 
 /// Maps `blocks` 2 MiB blocks, changes them all, returns (flushes, TLB
 /// flush calls during the change) and checks the result.

@@ -4,7 +4,7 @@
 //! execution, so the tables give counts (entries written, barriers, TLB
 //! flushes, which are exact) and ratios; the ticks are labelled EMULATED.
 //!
-//! - 1 GiB move (seeds 000–002): PTE, PMD and PUD paths selected at run
+//! - 1 GiB move (`HAVE_MOVE_PMD` / `HAVE_MOVE_PUD`): PTE, PMD and PUD paths selected at run
 //!   time with `MoveOptions`, 10 moves each (alternating direction), mean;
 //! - mprotect of 64–512 MiB of 2 MiB blocks (Linux "arm64: mm: rework the pmd protect changing
 //!   flow"): the generic

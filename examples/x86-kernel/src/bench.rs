@@ -1,6 +1,6 @@
 //! In-kernel benchmarks, timed with the TSC, printed as the seeds' tables:
 //!
-//! 1. 1 GiB move (`move_page_tables`, seeds 000–002) through the PUD, PMD
+//! 1. 1 GiB move (`move_page_tables`, `HAVE_MOVE_PMD` / `HAVE_MOVE_PUD`) through the PUD, PMD
 //!    and PTE paths (runtime [`MoveOptions`]), 10 iterations each and the
 //!    mean, in ns, the TLB flush included; the data is validated.
 //! 2. mprotect (`change_protection`) of 64–512 MiB of 2 MiB blocks

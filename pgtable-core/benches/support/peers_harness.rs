@@ -1,5 +1,5 @@
 //! The harness shared by the two peer benchmarks, `pgtable-x86/benches/peers.rs`
-//! and `pgtable-arm64/benches/peers.rs` (DESIGN §6–§7). Each includes this
+//! and `pgtable-arm64/benches/peers.rs`. Each includes this
 //! file as its module `harness` (`#[path]`); it sits in a subdirectory of
 //! `pgtable-core/benches` so that cargo does not take it for a bench of its
 //! own. Each bench supplies its peer subjects and its architecture (`A`, and
