@@ -1,0 +1,679 @@
+//! The `smp_` cases: every CPU sees the change.
+//!
+//! Each case builds a test address space whose MMU is [`SmpMmu`] (local
+//! flush plus shootdown of the CPUs the space is live on), with the
+//! kernel half shared, switches the APs onto it and lets them hammer a
+//! range with fault-tolerant probes ([`crate::trap`]) while CPU 0 changes
+//! the range through pgtable. When the operation returns, CPU 0 bumps an
+//! *epoch*; an AP reads the epoch before each probe, so a probe that
+//! began after the operation returned is judged against the new state:
+//! an access that should fault and did not is a violation.
+//!
+//! The APs are driven by one command block ([`Cmd`]): CPU 0 writes the
+//! command, bumps its sequence number and wakes them with an IPI; each AP
+//! runs it until told to stop and acknowledges the sequence number.
+
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+
+use crate::mem::{phys_to_virt, Frames};
+use crate::smp::{self, SmpMmu, MAX_CPUS};
+use crate::{println, trap, tsc};
+
+/// Pages in a hammered range.
+const PAGES: u64 = 16;
+/// Where the cases map (lower half, 192 GiB: clear of the suite's window
+/// and of the ring-3 pages).
+const BASE: u64 = 0x30_0000_0000;
+/// Where moves go (another PMD table, so the move may take the PMD path).
+const MOVED: u64 = BASE + (1 << 30);
+/// The word at offset 0 of page `i` (the readers' pattern; writers use the
+/// word at `cpu * 8`, so CPU 0's slot is the pattern's).
+fn pattern(i: u64) -> u64 {
+    0x5a5a_0000_0000_0000 | i
+}
+
+/// Commands.
+const OP_SWITCH: u64 = 1;
+const OP_READ: u64 = 2;
+const OP_WRITE: u64 = 3;
+
+/// The command block.
+struct Cmd {
+    seq: AtomicU64,
+    op: AtomicU64,
+    a: AtomicU64,
+    b: AtomicU64,
+    c: AtomicU64,
+    /// The epoch from which the new state must be seen.
+    target: AtomicU64,
+}
+
+static CMD: Cmd = Cmd {
+    seq: AtomicU64::new(0),
+    op: AtomicU64::new(0),
+    a: AtomicU64::new(0),
+    b: AtomicU64::new(0),
+    c: AtomicU64::new(0),
+    target: AtomicU64::new(u64::MAX),
+};
+static STOP: AtomicBool = AtomicBool::new(false);
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// What each AP saw.
+struct Res {
+    done: AtomicU64,
+    passes: AtomicU64,
+    /// Probes that began after the operation returned and saw the old
+    /// state (an access that should have faulted succeeded, or one that
+    /// should have succeeded faulted).
+    stale: AtomicU64,
+    /// Loads that returned a wrong value.
+    bad: AtomicU64,
+    /// Faults seen after the operation returned.
+    faults_after: AtomicU64,
+    /// Pages with at least one successful write (bit per page).
+    pages_written: AtomicU64,
+    /// The last value this CPU wrote successfully into each page.
+    last: [AtomicU64; PAGES as usize],
+}
+
+static RES: [Res; MAX_CPUS] = [const {
+    Res {
+        done: AtomicU64::new(0),
+        passes: AtomicU64::new(0),
+        stale: AtomicU64::new(0),
+        bad: AtomicU64::new(0),
+        faults_after: AtomicU64::new(0),
+        pages_written: AtomicU64::new(0),
+        last: [const { AtomicU64::new(0) }; PAGES as usize],
+    }
+}; MAX_CPUS];
+
+/// The APs' loop: idle in `sti; hlt` until a new command, run it, ack.
+pub fn ap_loop(cpu: usize) -> ! {
+    let mut last = 0;
+    loop {
+        x86_64::instructions::interrupts::disable();
+        // Acquire: pairs with `post`'s Release; the arguments are visible.
+        let seq = CMD.seq.load(Acquire);
+        if seq == last {
+            // `sti; hlt`: an IPI that arrives after the check wakes the hlt.
+            x86_64::instructions::interrupts::enable_and_hlt();
+            continue;
+        }
+        x86_64::instructions::interrupts::enable();
+        last = seq;
+        run_command(cpu);
+        // Release: the results are visible to CPU 0 once it sees the ack.
+        RES[cpu].done.store(seq, Release);
+    }
+}
+
+fn run_command(cpu: usize) {
+    let (a, b, c) = (
+        CMD.a.load(Relaxed),
+        CMD.b.load(Relaxed),
+        CMD.c.load(Relaxed),
+    );
+    match CMD.op.load(Relaxed) {
+        OP_SWITCH => {
+            // a: the root (0: the kernel's), b: the space's CPU mask.
+            // SAFETY: CPU 0 passes the address of the mask of a space that
+            // outlives this command (it switches every AP back first).
+            let mask = unsafe { (b as *const AtomicU64).as_ref() };
+            if a != 0 {
+                // SAFETY: the test space shares the kernel half and lives
+                // until CPU 0 switched this CPU back.
+                unsafe { smp::switch_to(a, mask) };
+            } else {
+                // SAFETY: the kernel's root maps everything.
+                unsafe { smp::switch_to(smp::kernel_root(), None) };
+                if let Some(m) = mask {
+                    // After the MOV to CR3 left the space: no flush of it
+                    // need reach this CPU any more.
+                    m.fetch_and(!(1 << cpu), SeqCst);
+                }
+            }
+        }
+        OP_READ | OP_WRITE => hammer(cpu, CMD.op.load(Relaxed) == OP_WRITE, a, c),
+        _ => {}
+    }
+}
+
+/// Probes the `PAGES` pages at `va` until told to stop: loads of the
+/// pattern, or stores into this CPU's slot. With `alt != 0` (a move), an
+/// access that faults at `va` is retried at `alt`; after the epoch `va`
+/// must fault and `alt` must not. With `alt == 0`, after the epoch the
+/// access must fault.
+fn hammer(cpu: usize, write: bool, va: u64, alt: u64) {
+    let r = &RES[cpu];
+    let target = CMD.target.load(Relaxed);
+    let mut seq = 0u64;
+    while !STOP.load(Relaxed) {
+        for i in 0..PAGES {
+            // Acquire: pairs with CPU 0's Release bump after the operation
+            // returned: a probe after this load began after the return.
+            let after = EPOCH.load(Acquire) >= target;
+            let off = i * PAGE_SIZE + if write { cpu as u64 * 8 } else { 0 };
+            seq += 1;
+            let value = (cpu as u64) << 56 | seq;
+            let access = |at: u64| -> Result<u64, trap::PageFault> {
+                if write {
+                    // SAFETY: the test space maps only frames of the
+                    // suite's RAM pool at these addresses (or nothing).
+                    unsafe { trap::write_u64(at + off, value) }.map(|()| value)
+                } else {
+                    trap::read_u64(at + off)
+                }
+            };
+            let first = access(va);
+            let (ok, stale) = match (first, alt) {
+                (Ok(v), _) => (Some(v), after),
+                (Err(_), 0) => (None, false),
+                (Err(_), alt) => match access(alt) {
+                    Ok(v) => (Some(v), false),
+                    Err(_) => (None, after),
+                },
+            };
+            if stale {
+                r.stale.fetch_add(1, Relaxed);
+            }
+            match ok {
+                Some(v) => {
+                    if write {
+                        r.last[i as usize].store(v, Relaxed);
+                        r.pages_written.fetch_or(1 << i, Relaxed);
+                    } else if v != pattern(i) {
+                        r.bad.fetch_add(1, Relaxed);
+                    }
+                }
+                None if after => {
+                    r.faults_after.fetch_add(1, Relaxed);
+                }
+                None => {}
+            }
+        }
+        r.passes.fetch_add(1, Release);
+    }
+}
+
+/// Posts a command to the CPUs of `mask` and wakes them.
+fn post(mask: u64, op: u64, a: u64, b: u64, c: u64) -> u64 {
+    // A switch keeps the results of the hammering before it.
+    for cpu in smp::cpus(if op == OP_SWITCH { 0 } else { mask }) {
+        let r = &RES[cpu];
+        r.passes.store(0, Relaxed);
+        r.stale.store(0, Relaxed);
+        r.bad.store(0, Relaxed);
+        r.faults_after.store(0, Relaxed);
+        r.pages_written.store(0, Relaxed);
+        for l in &r.last {
+            l.store(0, Relaxed);
+        }
+    }
+    STOP.store(false, Relaxed);
+    CMD.op.store(op, Relaxed);
+    CMD.a.store(a, Relaxed);
+    CMD.b.store(b, Relaxed);
+    CMD.c.store(c, Relaxed);
+    CMD.target.store(EPOCH.load(Relaxed) + 1, Relaxed);
+    // Release: the arguments and the reset results before the new seq.
+    let seq = CMD.seq.fetch_add(1, Release) + 1;
+    smp::kick(mask);
+    seq
+}
+
+/// Waits for every CPU of `mask` to finish command `seq` (after `stop`).
+fn wait_done(mask: u64, seq: u64) {
+    for cpu in smp::cpus(mask) {
+        // Acquire: pairs with the AP's Release of its ack.
+        while RES[cpu].done.load(Acquire) != seq {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+/// Waits until every CPU of `mask` has completed `n` more passes.
+fn wait_passes(mask: u64, n: u64) {
+    for cpu in smp::cpus(mask) {
+        let start = RES[cpu].passes.load(Acquire);
+        while RES[cpu].passes.load(Acquire) < start + n {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+/// Stops the hammering command `seq`.
+fn stop(mask: u64, seq: u64) {
+    STOP.store(true, Relaxed);
+    wait_done(mask, seq);
+}
+
+/// The CPU index of the kernel root, for the APs.
+type Space<A> = AddressSpace<A, SmpMmu, Frames>;
+
+/// A test space: the kernel half shared with `kernel`'s root.
+fn new_space<A: Arch>(kernel: PhysAddr) -> Result<Space<A>, Why> {
+    let s = Space::<A>::new(SmpMmu::new(), Frames).map_err(|e| why("new space", e))?;
+    let (k, u) = (root_entries(kernel), root_entries(s.root()));
+    for i in 256..512 {
+        u[i].store(k[i].load(Relaxed), Relaxed);
+    }
+    Ok(s)
+}
+
+/// Drops a test space that no CPU has installed: its upper-half root
+/// entries (the kernel's tables) are cleared first.
+fn drop_space<A: Arch>(s: Space<A>) {
+    for e in &root_entries(s.root())[256..] {
+        e.store(0, Relaxed);
+    }
+    drop(s);
+}
+
+fn root_entries(root: PhysAddr) -> &'static [AtomicU64; 512] {
+    // SAFETY: a root table frame, linearly mapped; its entries are only
+    // accessed atomically.
+    unsafe { &*(phys_to_virt(root.0) as *const [AtomicU64; 512]) }
+}
+
+/// Switches the CPUs of `mask` onto `s` (or back to the kernel root).
+fn switch<A: Arch>(mask: u64, s: &Space<A>, on: bool) {
+    let root = if on { s.root().0 } else { 0 };
+    let seq = post(mask, OP_SWITCH, root, &s.mmu().cpus as *const _ as u64, 0);
+    wait_done(mask, seq);
+}
+
+/// Why a case failed: up to 200 bytes of text (no allocator here).
+pub struct Why {
+    buf: [u8; 200],
+    len: usize,
+}
+
+impl Why {
+    fn new(args: core::fmt::Arguments) -> Why {
+        let mut m = Why {
+            buf: [0; 200],
+            len: 0,
+        };
+        let _ = core::fmt::write(&mut m, args);
+        m
+    }
+}
+
+impl core::fmt::Write for Why {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+impl core::fmt::Display for Why {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(core::str::from_utf8(&self.buf[..self.len]).unwrap_or("?"))
+    }
+}
+
+fn why(what: &str, e: impl core::fmt::Display) -> Why {
+    Why::new(format_args!("{what}: {e}"))
+}
+
+macro_rules! fail {
+    ($($t:tt)*) => { return Err(Why::new(format_args!($($t)*))) };
+}
+
+/// Frames for the data pages: the first of the RAM pool, `PAGES` for the
+/// range plus `PAGES` of scratch.
+struct Data {
+    pa: u64,
+}
+
+impl Data {
+    fn fill(&self) {
+        for i in 0..2 * PAGES {
+            let p = phys_to_virt(self.pa + i * PAGE_SIZE) as *mut u64;
+            // SAFETY: pool frames, nothing else uses them now (the suite
+            // runs later); linearly mapped.
+            unsafe {
+                p.write_bytes(0, (PAGE_SIZE / 8) as usize);
+                if i < PAGES {
+                    p.write_volatile(pattern(i));
+                }
+            }
+        }
+    }
+
+    fn word(&self, page: u64, slot: u64) -> u64 {
+        // SAFETY: as in `fill`.
+        unsafe { (phys_to_virt(self.pa + page * PAGE_SIZE + slot * 8) as *const u64).read_volatile() }
+    }
+}
+
+/// Shootdown counters around an operation.
+#[derive(Clone, Copy)]
+struct Count {
+    rounds: u64,
+    ipis: u64,
+}
+
+fn count() -> Count {
+    Count {
+        rounds: smp::ROUNDS.load(Relaxed),
+        ipis: smp::IPIS.load(Relaxed),
+    }
+}
+
+fn since(c: Count) -> Count {
+    let n = count();
+    Count {
+        rounds: n.rounds - c.rounds,
+        ipis: n.ipis - c.ipis,
+    }
+}
+
+/// What one hammering case runs on the test space.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Unmap,
+    Move,
+    Protect,
+}
+
+/// One hammered operation: maps the range in a fresh space, puts the APs
+/// of `live` on it (and CPU 0 if `bsp_live`), lets them hammer (`write`:
+/// stores, else loads), runs `op`, bumps the epoch, lets every AP do two
+/// more passes, stops them and checks what they saw.
+fn hammered<A: Arch>(
+    kernel: PhysAddr,
+    data: &Data,
+    live: u64,
+    write: bool,
+    op: Op,
+) -> Result<Count, Why> {
+    data.fill();
+    let mut s = new_space::<A>(kernel)?;
+    let r = (|| -> Result<Count, Why> {
+        s.map(
+            VirtAddr(BASE),
+            PhysAddr(data.pa),
+            PAGES * PAGE_SIZE,
+            Prot::new(Prot::WRITE),
+            MapOptions::PAGES,
+        )
+        .map_err(|e| why("map", e))?;
+        switch(live, &s, true);
+        let alt = if op == Op::Move { MOVED } else { 0 };
+        let seq = post(live, if write { OP_WRITE } else { OP_READ }, BASE, 0, alt);
+        wait_passes(live, 2);
+        let before = count();
+        let res = match op {
+            Op::Unmap => s.unmap(VirtAddr(BASE), PAGES * PAGE_SIZE),
+            Op::Move => s.move_page_tables(VirtAddr(BASE), VirtAddr(MOVED), PAGES * PAGE_SIZE),
+            Op::Protect => s.change_protection(VirtAddr(BASE), PAGES * PAGE_SIZE, Prot::new(0)),
+        };
+        // Release: everything the operation did happens before an AP
+        // that reads the new epoch starts its next probe.
+        EPOCH.fetch_add(1, Release);
+        let n = since(before);
+        let scratch_ok = if op == Op::Move && write {
+            // Reuse what the move freed (the old PTE table) while the
+            // writers run: map scratch pages, zeroed, elsewhere.
+            s.map(
+                VirtAddr(BASE + (2 << 30)),
+                PhysAddr(data.pa + PAGES * PAGE_SIZE),
+                PAGES * PAGE_SIZE,
+                Prot::new(Prot::WRITE),
+                MapOptions::PAGES,
+            )
+            .map_err(|e| why("map scratch", e))?;
+            true
+        } else {
+            false
+        };
+        wait_passes(live, 2);
+        stop(live, seq);
+        switch(live, &s, false);
+        res.map_err(|e| why("operation", e))?;
+        for cpu in smp::cpus(live) {
+            let r = &RES[cpu];
+            let (stale, bad, fa) = (
+                r.stale.load(Acquire),
+                r.bad.load(Relaxed),
+                r.faults_after.load(Relaxed),
+            );
+            if stale != 0 || bad != 0 {
+                fail!("CPU {cpu}: {stale} probes saw the old state after the operation returned, {bad} wrong values");
+            }
+            if op != Op::Move && fa == 0 {
+                fail!("CPU {cpu}: no fault after the operation returned");
+            }
+        }
+        if op == Op::Move {
+            // The data followed and the old address faults for CPU 0 too
+            // (it is not on the space: checked through its tables).
+            if s.translate(VirtAddr(BASE)).is_some() || s.translate(VirtAddr(MOVED)).is_none() {
+                fail!("the tables do not show the move");
+            }
+        }
+        if write {
+            // No write lost: each slot holds the last value its CPU
+            // stored successfully (stores that faulted did not land).
+            for cpu in smp::cpus(live) {
+                for i in 0..PAGES {
+                    let want = RES[cpu].last[i as usize].load(Relaxed);
+                    let got = data.word(i, cpu as u64);
+                    if want != got {
+                        fail!("CPU {cpu} page {i}: last store {want:#x}, memory holds {got:#x}");
+                    }
+                }
+            }
+        }
+        if scratch_ok {
+            for i in PAGES..2 * PAGES {
+                for slot in 0..MAX_CPUS as u64 {
+                    if data.word(i, slot) != 0 {
+                        fail!("a store landed in scratch page {} (reused after the move)", i - PAGES);
+                    }
+                }
+            }
+        }
+        if op == Op::Protect && write {
+            // Every page a CPU wrote is dirty: no D bit the hardware set
+            // during the change was lost.
+            let written = smp::cpus(live).fold(0, |m, c| m | RES[c].pages_written.load(Relaxed));
+            for i in 0..PAGES {
+                let e = s.entry(VirtAddr(BASE + i * PAGE_SIZE), 0).unwrap_or(0);
+                if written & (1 << i) != 0 && e & (1 << 6) == 0 {
+                    fail!("page {i} was written but its PTE {e:#x} has no D bit");
+                }
+                if e & 2 != 0 {
+                    fail!("page {i} still writable: {e:#x}");
+                }
+            }
+        }
+        Ok(n)
+    })();
+    // Every AP is back on the kernel's root (or never left it when an
+    // early step failed before `switch`).
+    let _ = s.unmap(VirtAddr(BASE), 4 << 30);
+    drop_space(s);
+    r
+}
+
+/// Counts the cases.
+#[derive(Default)]
+pub struct Tally {
+    /// Cases that printed `ok`.
+    pub passed: u32,
+    /// Cases that printed `FAIL`.
+    pub failed: u32,
+}
+
+impl Tally {
+    fn case(&mut self, name: &str, r: Result<(), Why>) {
+        match r {
+            Ok(()) => {
+                println!("ok {name}");
+                self.passed += 1;
+            }
+            Err(w) => {
+                println!("FAIL {name}: {w}");
+                self.failed += 1;
+            }
+        }
+    }
+}
+
+fn one_round(n: Count, live: u64) -> Result<(), Why> {
+    let others = (live & !1).count_ones() as u64;
+    if n.rounds != 1 || n.ipis != others {
+        fail!("{} IPI rounds and {} IPIs for one operation on a space live on {} other CPUs (want 1 and {others})", n.rounds, n.ipis, others);
+    }
+    Ok(())
+}
+
+/// Runs the `smp_` cases. `kernel` is the kernel's root; `pool` the first
+/// frame of the RAM pool (32 frames are used).
+pub fn run<A: Arch>(kernel: PhysAddr, pool: u64) -> Tally {
+    let mut t = Tally::default();
+    let n = smp::ncpus();
+    println!("== every CPU sees the change ({n} CPUs) ==");
+    if n < 2 {
+        t.case("smp_bring_up", Err(Why::new(format_args!("only one CPU online"))));
+        return t;
+    }
+    let aps = smp::online() & !1;
+    let data = Data { pa: pool };
+    t.case(
+        "smp_unmap_faults_everywhere",
+        hammered::<A>(kernel, &data, aps, false, Op::Unmap).and_then(|c| one_round(c, aps)),
+    );
+    t.case(
+        "smp_move_readers_follow",
+        hammered::<A>(kernel, &data, aps, false, Op::Move).and_then(|c| one_round(c, aps)),
+    );
+    t.case(
+        "smp_writer_races_move",
+        hammered::<A>(kernel, &data, aps, true, Op::Move).map(|_| ()),
+    );
+    t.case(
+        "smp_protect_readonly_everywhere",
+        hammered::<A>(kernel, &data, aps, true, Op::Protect).and_then(|c| one_round(c, aps)),
+    );
+    t.case("smp_space_live_elsewhere", live_elsewhere::<A>(kernel, &data, aps));
+    t.case("smp_shootdown_counted", counted::<A>(kernel, &data));
+    t
+}
+
+/// A space live on the APs only (CPU 0 stays on the kernel's root, so it
+/// is not in the space's mask): changed from CPU 0, still flushed there.
+fn live_elsewhere<A: Arch>(kernel: PhysAddr, data: &Data, aps: u64) -> Result<(), Why> {
+    let before: [u64; MAX_CPUS] = core::array::from_fn(|c| smp::HANDLED[c].load(Relaxed));
+    let c = hammered::<A>(kernel, data, aps, false, Op::Unmap)?;
+    one_round(c, aps)?;
+    for cpu in smp::cpus(aps) {
+        if smp::HANDLED[cpu].load(Relaxed) == before[cpu] {
+            fail!("CPU {cpu} handled no flush");
+        }
+    }
+    if smp::HANDLED[0].load(Relaxed) != before[0] {
+        fail!("CPU 0 handled a flush IPI");
+    }
+    Ok(())
+}
+
+/// One IPI round per flushing operation, reaching exactly the CPUs the
+/// space is live on; a table of operation × live CPUs.
+fn counted<A: Arch>(kernel: PhysAddr, data: &Data) -> Result<(), Why> {
+    println!("  {:<10} {:<10} {:>6} {:>5} {:>8}", "operation", "live on", "rounds", "IPIs", "ticks");
+    let n = smp::ncpus();
+    let mut err = None;
+    for k in [1usize, 2, n - 1] {
+        let live: u64 = ((1u64 << k) - 1) << 1;
+        data.fill();
+        let mut s = new_space::<A>(kernel)?;
+        switch(live, &s, true);
+        let va = VirtAddr(BASE);
+        let len = PAGES * PAGE_SIZE;
+        let ops: [(&str, bool); 4] = [("map", false), ("protect", true), ("move", true), ("unmap", true)];
+        for (name, flushes) in ops {
+            let c = count();
+            let t0 = tsc::now();
+            let r = match name {
+                "map" => s.map(va, PhysAddr(data.pa), len, Prot::new(Prot::WRITE), MapOptions::PAGES),
+                "protect" => s.change_protection(va, len, Prot::new(0)),
+                "move" => s.move_page_tables(va, VirtAddr(MOVED), len),
+                _ => s.unmap(VirtAddr(MOVED), len),
+            };
+            let dt = tsc::now() - t0;
+            let d = since(c);
+            println!("  {:<10} CPUs 1-{:<4} {:>6} {:>5} {:>8}", name, k, d.rounds, d.ipis, dt);
+            if let Err(e) = r {
+                err.get_or_insert(why(name, e));
+            } else if (flushes && (d.rounds != 1 || d.ipis != k as u64)) || (!flushes && d.rounds != 0) {
+                err.get_or_insert(Why::new(format_args!(
+                    "{name} on CPUs 1-{k}: {} rounds, {} IPIs",
+                    d.rounds, d.ipis
+                )));
+            }
+        }
+        switch(live, &s, false);
+        let _ = s.unmap(VirtAddr(BASE), 4 << 30);
+        drop_space(s);
+    }
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The shootdown benchmark: a one-page protection change (one flush) on a
+/// space live on 1, 2 and 4 CPUs, mean TSC ticks per operation, and the
+/// bare IPI round.
+pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
+    const ITERS: u64 = 20;
+    let n = smp::ncpus();
+    println!();
+    println!("== shootdown cost ({n} CPUs; TSC ticks per operation, mean of {ITERS}) ==");
+    println!("  {:<8} {:>12} {:>12} {:>8} {:>8}", "CPUs", "protect 1p", "IPI round", "rounds", "IPIs");
+    let data = Data { pa: pool };
+    data.fill();
+    for cpus in [1usize, 2, 4] {
+        if cpus > n {
+            continue;
+        }
+        let live: u64 = ((1u64 << (cpus - 1)) - 1) << 1;
+        let Ok(mut s) = new_space::<A>(kernel) else {
+            return false;
+        };
+        if s
+            .map(VirtAddr(BASE), PhysAddr(data.pa), PAGE_SIZE, Prot::new(Prot::WRITE), MapOptions::PAGES)
+            .is_err()
+        {
+            return false;
+        }
+        switch(live, &s, true);
+        let c = count();
+        let t0 = tsc::now();
+        for i in 0..ITERS {
+            let p = if i % 2 == 0 { Prot::new(0) } else { Prot::new(Prot::WRITE) };
+            let _ = s.change_protection(VirtAddr(BASE), PAGE_SIZE, p);
+        }
+        let prot = (tsc::now() - t0) / ITERS;
+        let t0 = tsc::now();
+        for _ in 0..ITERS {
+            smp::shootdown(live, smp::FlushReq::Range { start: BASE, end: BASE + PAGE_SIZE });
+        }
+        let round = (tsc::now() - t0) / ITERS;
+        let d = since(c);
+        println!("  {:<8} {:>12} {:>12} {:>8} {:>8}", cpus, prot, round, d.rounds, d.ipis);
+        switch(live, &s, false);
+        let _ = s.unmap(VirtAddr(BASE), PAGE_SIZE);
+        drop_space(s);
+    }
+    true
+}
