@@ -18,7 +18,8 @@
 //!
 //! Command line (`-append`): `[la57] [seed=N] [threshold_mb=M] [nobench]
 //! [nobench=move,mprotect,linear] [nobig] [only=prefix,..] [skip=prefix,..]
-//! [verbose] [accel=kvm|kvm-pvm|tcg]`.
+//! [verbose] [accel=kvm|kvm-pvm|tcg] [noshootdown]` (`noshootdown`: flushes
+//! reach the executing CPU only, to see the `smp_` cases fail).
 #![no_std]
 #![no_main]
 
@@ -190,6 +191,7 @@ unsafe fn parse_cmdline(cmdline: &'static str) -> Options {
             None if word == "nobench" => o.nobench = true,
             None if word == "verbose" => o.verbose = true,
             None if word == "nobig" => o.nobig = true,
+            None if word == "noshootdown" => smp::disable_shootdown(),
             _ => println!("ignoring unknown option {word}"),
         }
     }
