@@ -54,7 +54,9 @@ static BASE: AtomicU64 = AtomicU64::new(0);
 /// Maps the BSP's APIC page (uncacheable, read-write, global, not
 /// executable) into `space`, the kernel's address space, and remembers
 /// where. Returns its physical address.
-pub fn map<A: Arch>(space: &mut AddressSpace<A, X86Mmu, Frames>) -> Result<u64, pgtable_core::Error> {
+pub fn map<A: Arch>(
+    space: &mut AddressSpace<A, X86Mmu, Frames>,
+) -> Result<u64, pgtable_core::Error> {
     // SAFETY: reading IA32_APIC_BASE has no side effect; every x86-64 CPU
     // has it.
     let msr = unsafe { x86_64::registers::model_specific::Msr::new(IA32_APIC_BASE).read() };

@@ -33,8 +33,8 @@ mod serial;
 mod smp;
 mod smp_cases;
 mod space;
-mod trap;
 mod trampoline;
+mod trap;
 mod tsc;
 
 use core::arch::x86_64::{__cpuid, __cpuid_count};
@@ -265,8 +265,14 @@ extern "C" fn kmain(start_info: u64) -> ! {
     // SAFETY: the loader's start info (magic checked).
     let line = unsafe { cmdline(&info) };
     smp::set_boot_data([
-        (start_info, start_info + core::mem::size_of::<boot::StartInfo>() as u64),
-        (info.cmdline_paddr, info.cmdline_paddr + line.len() as u64 + 1),
+        (
+            start_info,
+            start_info + core::mem::size_of::<boot::StartInfo>() as u64,
+        ),
+        (
+            info.cmdline_paddr,
+            info.cmdline_paddr + line.len() as u64 + 1,
+        ),
         (
             info.memmap_paddr,
             info.memmap_paddr

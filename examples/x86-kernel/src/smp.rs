@@ -37,8 +37,9 @@ use core::arch::{asm, global_asm};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
-
-use pgtable_core::{AddressSpace, Arch, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr, PAGE_SIZE};
+use pgtable_core::{
+    AddressSpace, Arch, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr, PAGE_SIZE,
+};
 use pgtable_x86::X86Mmu;
 use x86_64::instructions::port::Port;
 use x86_64::instructions::segmentation::{Segment, CS, DS, ES, SS};
@@ -236,10 +237,8 @@ unsafe fn load_gdt(cpu: usize) {
     let top = |p: *const u8, n: usize| x86_64::VirtAddr::from_ptr(p) + n as u64;
     // SAFETY: only addresses are taken.
     unsafe {
-        tss.privilege_stack_table[0] = top(
-            (&raw const AP_RING0_STACKS[cpu]).cast(),
-            AP_TRAP_STACK_SIZE,
-        );
+        tss.privilege_stack_table[0] =
+            top((&raw const AP_RING0_STACKS[cpu]).cast(), AP_TRAP_STACK_SIZE);
         tss.interrupt_stack_table[gdt::DOUBLE_FAULT_IST as usize] =
             top((&raw const AP_DF_STACKS[cpu]).cast(), AP_TRAP_STACK_SIZE);
     }
@@ -306,14 +305,18 @@ pub fn init<A: Arch>(
     }
     let tpage = (TRAMPOLINE_PA, TRAMPOLINE_PA + PAGE_SIZE);
     for i in 0..3 {
-        let (s, e) = (BOOT_DATA[2 * i].load(Relaxed), BOOT_DATA[2 * i + 1].load(Relaxed));
+        let (s, e) = (
+            BOOT_DATA[2 * i].load(Relaxed),
+            BOOT_DATA[2 * i + 1].load(Relaxed),
+        );
         if s < tpage.1 && tpage.0 < e {
             return Err(BringUpError("the trampoline page overlaps boot data at", s));
         }
     }
     // The boot root: the kernel's mappings and the trampoline page at its
     // physical address, read-execute (the trampoline writes nothing).
-    let mut boot = crate::kernel_space::<A>(ram).map_err(|_| BringUpError("build the boot root", 0))?;
+    let mut boot =
+        crate::kernel_space::<A>(ram).map_err(|_| BringUpError("build the boot root", 0))?;
     boot.map(
         VirtAddr(TRAMPOLINE_PA),
         PhysAddr(TRAMPOLINE_PA),

@@ -13,6 +13,10 @@
 //! command, bumps its sequence number and wakes them with an IPI; each AP
 //! runs it until told to stop and acknowledges the sequence number.
 
+// A failure carries its message (200 bytes, no allocator here); only the
+// failing path moves it.
+#![allow(clippy::result_large_err)]
+
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
@@ -349,7 +353,9 @@ impl Data {
 
     fn word(&self, page: u64, slot: u64) -> u64 {
         // SAFETY: as in `fill`.
-        unsafe { (phys_to_virt(self.pa + page * PAGE_SIZE + slot * 8) as *const u64).read_volatile() }
+        unsafe {
+            (phys_to_virt(self.pa + page * PAGE_SIZE + slot * 8) as *const u64).read_volatile()
+        }
     }
 }
 
@@ -476,7 +482,10 @@ fn hammered<A: Arch>(
             for i in PAGES..2 * PAGES {
                 for slot in 0..MAX_CPUS as u64 {
                     if data.word(i, slot) != 0 {
-                        fail!("a store landed in scratch page {} (reused after the move)", i - PAGES);
+                        fail!(
+                            "a store landed in scratch page {} (reused after the move)",
+                            i - PAGES
+                        );
                     }
                 }
             }
@@ -543,7 +552,10 @@ pub fn run<A: Arch>(kernel: PhysAddr, pool: u64) -> Tally {
     let n = smp::ncpus();
     println!("== every CPU sees the change ({n} CPUs) ==");
     if n < 2 {
-        t.case("smp_bring_up", Err(Why::new(format_args!("only one CPU online"))));
+        t.case(
+            "smp_bring_up",
+            Err(Why::new(format_args!("only one CPU online"))),
+        );
         return t;
     }
     let aps = smp::online() & !1;
@@ -564,7 +576,10 @@ pub fn run<A: Arch>(kernel: PhysAddr, pool: u64) -> Tally {
         "smp_protect_readonly_everywhere",
         hammered::<A>(kernel, &data, aps, true, Op::Protect).and_then(|c| one_round(c, aps)),
     );
-    t.case("smp_space_live_elsewhere", live_elsewhere::<A>(kernel, &data, aps));
+    t.case(
+        "smp_space_live_elsewhere",
+        live_elsewhere::<A>(kernel, &data, aps),
+    );
     t.case("smp_shootdown_counted", counted::<A>(kernel, &data));
     t
 }
@@ -589,7 +604,10 @@ fn live_elsewhere<A: Arch>(kernel: PhysAddr, data: &Data, aps: u64) -> Result<()
 /// One IPI round per flushing operation, reaching exactly the CPUs the
 /// space is live on; a table of operation × live CPUs.
 fn counted<A: Arch>(kernel: PhysAddr, data: &Data) -> Result<(), Why> {
-    println!("  {:<10} {:<10} {:>6} {:>5} {:>8}", "operation", "live on", "rounds", "IPIs", "ticks");
+    println!(
+        "  {:<10} {:<10} {:>6} {:>5} {:>8}",
+        "operation", "live on", "rounds", "IPIs", "ticks"
+    );
     let n = smp::ncpus();
     let mut err = None;
     for k in [1usize, 2, n - 1] {
@@ -599,22 +617,38 @@ fn counted<A: Arch>(kernel: PhysAddr, data: &Data) -> Result<(), Why> {
         switch(live, &s, true);
         let va = VirtAddr(BASE);
         let len = PAGES * PAGE_SIZE;
-        let ops: [(&str, bool); 4] = [("map", false), ("protect", true), ("move", true), ("unmap", true)];
+        let ops: [(&str, bool); 4] = [
+            ("map", false),
+            ("protect", true),
+            ("move", true),
+            ("unmap", true),
+        ];
         for (name, flushes) in ops {
             let c = count();
             let t0 = tsc::now();
             let r = match name {
-                "map" => s.map(va, PhysAddr(data.pa), len, Prot::new(Prot::WRITE), MapOptions::PAGES),
+                "map" => s.map(
+                    va,
+                    PhysAddr(data.pa),
+                    len,
+                    Prot::new(Prot::WRITE),
+                    MapOptions::PAGES,
+                ),
                 "protect" => s.change_protection(va, len, Prot::new(0)),
                 "move" => s.move_page_tables(va, VirtAddr(MOVED), len),
                 _ => s.unmap(VirtAddr(MOVED), len),
             };
             let dt = tsc::now() - t0;
             let d = since(c);
-            println!("  {:<10} CPUs 1-{:<4} {:>6} {:>5} {:>8}", name, k, d.rounds, d.ipis, dt);
+            println!(
+                "  {:<10} CPUs 1-{:<4} {:>6} {:>5} {:>8}",
+                name, k, d.rounds, d.ipis, dt
+            );
             if let Err(e) = r {
                 err.get_or_insert(why(name, e));
-            } else if (flushes && (d.rounds != 1 || d.ipis != k as u64)) || (!flushes && d.rounds != 0) {
+            } else if (flushes && (d.rounds != 1 || d.ipis != k as u64))
+                || (!flushes && d.rounds != 0)
+            {
                 err.get_or_insert(Why::new(format_args!(
                     "{name} on CPUs 1-{k}: {} rounds, {} IPIs",
                     d.rounds, d.ipis
@@ -639,7 +673,10 @@ pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
     let n = smp::ncpus();
     println!();
     println!("== shootdown cost ({n} CPUs; TSC ticks per operation, mean of {ITERS}) ==");
-    println!("  {:<8} {:>12} {:>12} {:>8} {:>8}", "CPUs", "protect 1p", "IPI round", "rounds", "IPIs");
+    println!(
+        "  {:<8} {:>12} {:>12} {:>8} {:>8}",
+        "CPUs", "protect 1p", "IPI round", "rounds", "IPIs"
+    );
     let data = Data { pa: pool };
     data.fill();
     for cpus in [1usize, 2, 4] {
@@ -650,9 +687,14 @@ pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
         let Ok(mut s) = new_space::<A>(kernel) else {
             return false;
         };
-        if s
-            .map(VirtAddr(BASE), PhysAddr(data.pa), PAGE_SIZE, Prot::new(Prot::WRITE), MapOptions::PAGES)
-            .is_err()
+        if s.map(
+            VirtAddr(BASE),
+            PhysAddr(data.pa),
+            PAGE_SIZE,
+            Prot::new(Prot::WRITE),
+            MapOptions::PAGES,
+        )
+        .is_err()
         {
             return false;
         }
@@ -660,17 +702,30 @@ pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
         let c = count();
         let t0 = tsc::now();
         for i in 0..ITERS {
-            let p = if i % 2 == 0 { Prot::new(0) } else { Prot::new(Prot::WRITE) };
+            let p = if i % 2 == 0 {
+                Prot::new(0)
+            } else {
+                Prot::new(Prot::WRITE)
+            };
             let _ = s.change_protection(VirtAddr(BASE), PAGE_SIZE, p);
         }
         let prot = (tsc::now() - t0) / ITERS;
         let t0 = tsc::now();
         for _ in 0..ITERS {
-            smp::shootdown(live, smp::FlushReq::Range { start: BASE, end: BASE + PAGE_SIZE });
+            smp::shootdown(
+                live,
+                smp::FlushReq::Range {
+                    start: BASE,
+                    end: BASE + PAGE_SIZE,
+                },
+            );
         }
         let round = (tsc::now() - t0) / ITERS;
         let d = since(c);
-        println!("  {:<8} {:>12} {:>12} {:>8} {:>8}", cpus, prot, round, d.rounds, d.ipis);
+        println!(
+            "  {:<8} {:>12} {:>12} {:>8} {:>8}",
+            cpus, prot, round, d.rounds, d.ipis
+        );
         switch(live, &s, false);
         let _ = s.unmap(VirtAddr(BASE), PAGE_SIZE);
         drop_space(s);
