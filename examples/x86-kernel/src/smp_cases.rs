@@ -390,7 +390,7 @@ enum Op {
 }
 
 /// One hammered operation: maps the range in a fresh space, puts the APs
-/// of `live` on it (and CPU 0 if `bsp_live`), lets them hammer (`write`:
+/// of `live` on it (and CPU 0 if `bsp`, which then probes the old and new addresses itself), lets them hammer (`write`:
 /// stores, else loads), runs `op`, bumps the epoch, lets every AP do two
 /// more passes, stops them and checks what they saw.
 fn hammered<A: Arch>(
@@ -399,6 +399,7 @@ fn hammered<A: Arch>(
     live: u64,
     write: bool,
     op: Op,
+    bsp: bool,
 ) -> Result<Count, Why> {
     data.fill();
     let mut s = new_space::<A>(kernel)?;
@@ -411,7 +412,21 @@ fn hammered<A: Arch>(
             MapOptions::PAGES,
         )
         .map_err(|e| why("map", e))?;
+        // From here to the switch back nothing returns early: the APs run
+        // on `s`.
         switch(live, &s, true);
+        let mut bsp_err = None;
+        if bsp {
+            // SAFETY: `s` shares the kernel half and outlives the switch
+            // back below.
+            unsafe { smp::switch_to(s.root().0, Some(&s.mmu().cpus)) };
+            // A load caches the translation on CPU 0 too.
+            if trap::read_u64(BASE) != Ok(pattern(0)) {
+                bsp_err = Some(Why::new(format_args!(
+                    "CPU 0: load before the operation failed"
+                )));
+            }
+        }
         let alt = if op == Op::Move { MOVED } else { 0 };
         let seq = post(live, if write { OP_WRITE } else { OP_READ }, BASE, 0, alt);
         wait_passes(live, 2);
@@ -425,25 +440,59 @@ fn hammered<A: Arch>(
         // that reads the new epoch starts its next probe.
         EPOCH.fetch_add(1, Release);
         let n = since(before);
-        let scratch_ok = if op == Op::Move && write {
+        if bsp {
+            // CPU 0 sees the change too: the old address faults (a load,
+            // or for a protection change a store of the value there), the
+            // moved data is at the new one.
+            let old = match op {
+                // SAFETY: a pool frame of the test space (or nothing):
+                // the store writes back the pattern word it holds.
+                Op::Protect => unsafe { trap::write_u64(BASE, pattern(0)) }.map(|()| 0),
+                _ => trap::read_u64(BASE),
+            };
+            if old.is_ok() {
+                bsp_err.get_or_insert(Why::new(format_args!(
+                    "CPU 0: the old address still works after the operation"
+                )));
+            }
+            if op == Op::Move && trap::read_u64(MOVED) != Ok(pattern(0)) {
+                bsp_err.get_or_insert(Why::new(format_args!(
+                    "CPU 0: the new address does not hold the data"
+                )));
+            }
+        }
+        let scratch = if op == Op::Move && write {
             // Reuse what the move freed (the old PTE table) while the
             // writers run: map scratch pages, zeroed, elsewhere.
-            s.map(
+            Some(s.map(
                 VirtAddr(BASE + (2 << 30)),
                 PhysAddr(data.pa + PAGES * PAGE_SIZE),
                 PAGES * PAGE_SIZE,
                 Prot::new(Prot::WRITE),
                 MapOptions::PAGES,
-            )
-            .map_err(|e| why("map scratch", e))?;
-            true
+            ))
         } else {
-            false
+            None
         };
         wait_passes(live, 2);
         stop(live, seq);
         switch(live, &s, false);
+        if bsp {
+            // SAFETY: the kernel's root maps everything.
+            unsafe { smp::switch_to(smp::kernel_root(), None) };
+            s.mmu().cpus.fetch_and(!1, SeqCst);
+        }
         res.map_err(|e| why("operation", e))?;
+        if let Some(e) = bsp_err {
+            return Err(e);
+        }
+        let scratch_ok = match scratch {
+            Some(r) => {
+                r.map_err(|e| why("map scratch", e))?;
+                true
+            }
+            None => false,
+        };
         for cpu in smp::cpus(live) {
             let r = &RES[cpu];
             let (stale, bad, fa) = (
@@ -459,8 +508,7 @@ fn hammered<A: Arch>(
             }
         }
         if op == Op::Move {
-            // The data followed and the old address faults for CPU 0 too
-            // (it is not on the space: checked through its tables).
+            // The tables show the move.
             if s.translate(VirtAddr(BASE)).is_some() || s.translate(VirtAddr(MOVED)).is_none() {
                 fail!("the tables do not show the move");
             }
@@ -562,19 +610,19 @@ pub fn run<A: Arch>(kernel: PhysAddr, pool: u64) -> Tally {
     let data = Data { pa: pool };
     t.case(
         "smp_unmap_faults_everywhere",
-        hammered::<A>(kernel, &data, aps, false, Op::Unmap).and_then(|c| one_round(c, aps)),
+        hammered::<A>(kernel, &data, aps, false, Op::Unmap, true).and_then(|c| one_round(c, aps)),
     );
     t.case(
         "smp_move_readers_follow",
-        hammered::<A>(kernel, &data, aps, false, Op::Move).and_then(|c| one_round(c, aps)),
+        hammered::<A>(kernel, &data, aps, false, Op::Move, true).and_then(|c| one_round(c, aps)),
     );
     t.case(
         "smp_writer_races_move",
-        hammered::<A>(kernel, &data, aps, true, Op::Move).map(|_| ()),
+        hammered::<A>(kernel, &data, aps, true, Op::Move, false).map(|_| ()),
     );
     t.case(
         "smp_protect_readonly_everywhere",
-        hammered::<A>(kernel, &data, aps, true, Op::Protect).and_then(|c| one_round(c, aps)),
+        hammered::<A>(kernel, &data, aps, true, Op::Protect, true).and_then(|c| one_round(c, aps)),
     );
     t.case(
         "smp_space_live_elsewhere",
@@ -588,7 +636,7 @@ pub fn run<A: Arch>(kernel: PhysAddr, pool: u64) -> Tally {
 /// is not in the space's mask): changed from CPU 0, still flushed there.
 fn live_elsewhere<A: Arch>(kernel: PhysAddr, data: &Data, aps: u64) -> Result<(), Why> {
     let before: [u64; MAX_CPUS] = core::array::from_fn(|c| smp::HANDLED[c].load(Relaxed));
-    let c = hammered::<A>(kernel, data, aps, false, Op::Unmap)?;
+    let c = hammered::<A>(kernel, data, aps, false, Op::Unmap, false)?;
     one_round(c, aps)?;
     for cpu in smp::cpus(aps) {
         if smp::HANDLED[cpu].load(Relaxed) == before[cpu] {
