@@ -603,9 +603,11 @@ pub fn print_online(n: usize) {
     for (i, id) in ids.iter_mut().enumerate().take(n) {
         *id = APIC_IDS[i].load(Relaxed);
     }
+    let x2apic = core::arch::x86_64::__cpuid(1).ecx & (1 << 21) != 0;
     println!(
-        "smp: APIC IDs {:?} (count from fw_cfg FW_CFG_NB_CPUS, IDs 0..N-1 as QEMU numbers them, each confirmed by its AP)",
-        &ids[..n]
+        "smp: APIC IDs {:?} (count from fw_cfg FW_CFG_NB_CPUS, IDs 0..N-1 as QEMU numbers them, each confirmed by its AP); xAPIC MMIO (x2APIC, CPUID.01H:ECX[21], {})",
+        &ids[..n],
+        if x2apic { "present, not used" } else { "absent" }
     );
     println!("smp: {n} CPUs online");
 }

@@ -393,8 +393,8 @@ pub unsafe fn run_user(rip: u64, rsp: u64, args: [u64; 3]) -> UserTrap {
 /// The IDT, written once by [`init`].
 struct IdtCell(UnsafeCell<InterruptDescriptorTable>);
 
-// SAFETY: one CPU; the IDT is written only by `init`, before it is loaded,
-// and read only by the processor afterwards.
+// SAFETY: written by `init` before it is loaded and by `set_gate` (CPU 0,
+// before any CPU can take that vector); read only by the processors.
 unsafe impl Sync for IdtCell {}
 
 static IDT: IdtCell = IdtCell(UnsafeCell::new(InterruptDescriptorTable::new()));
