@@ -30,6 +30,7 @@ mod gdt;
 mod machine;
 mod mem;
 mod serial;
+mod shootdown;
 mod smp;
 mod smp_cases;
 mod space;
@@ -191,7 +192,7 @@ unsafe fn parse_cmdline(cmdline: &'static str) -> Options {
             None if word == "nobench" => o.nobench = true,
             None if word == "verbose" => o.verbose = true,
             None if word == "nobig" => o.nobig = true,
-            None if word == "noshootdown" => smp::disable_shootdown(),
+            None if word == "noshootdown" => shootdown::disable_shootdown(),
             _ => println!("ignoring unknown option {word}"),
         }
     }

@@ -17,244 +17,29 @@
 // failing path moves it.
 #![allow(clippy::result_large_err)]
 
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+mod bench;
+mod hammer;
+
+pub use bench::bench;
+pub use hammer::ap_loop;
+
+use core::sync::atomic::{AtomicU64, Ordering::*};
 
 use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
 
 use crate::mem::{phys_to_virt, Frames};
-use crate::smp::{self, SmpMmu, MAX_CPUS};
+use crate::shootdown::{self, SmpMmu};
+use crate::smp::{self, MAX_CPUS};
 use crate::{println, trap, tsc};
+use hammer::{
+    pattern, post, stop, wait_done, wait_passes, EPOCH, OP_READ, OP_SWITCH, OP_WRITE, PAGES, RES,
+};
 
-/// Pages in a hammered range.
-const PAGES: u64 = 16;
 /// Where the cases map (lower half, 192 GiB: clear of the suite's window
 /// and of the ring-3 pages).
 const BASE: u64 = 0x30_0000_0000;
 /// Where moves go (another PMD table, so the move may take the PMD path).
 const MOVED: u64 = BASE + (1 << 30);
-/// The word at offset 0 of page `i` (the readers' pattern; writers use the
-/// word at `cpu * 8`, so CPU 0's slot is the pattern's).
-fn pattern(i: u64) -> u64 {
-    0x5a5a_0000_0000_0000 | i
-}
-
-/// Commands.
-const OP_SWITCH: u64 = 1;
-const OP_READ: u64 = 2;
-const OP_WRITE: u64 = 3;
-
-/// The command block.
-struct Cmd {
-    seq: AtomicU64,
-    op: AtomicU64,
-    a: AtomicU64,
-    b: AtomicU64,
-    c: AtomicU64,
-    /// The epoch from which the new state must be seen.
-    target: AtomicU64,
-}
-
-static CMD: Cmd = Cmd {
-    seq: AtomicU64::new(0),
-    op: AtomicU64::new(0),
-    a: AtomicU64::new(0),
-    b: AtomicU64::new(0),
-    c: AtomicU64::new(0),
-    target: AtomicU64::new(u64::MAX),
-};
-static STOP: AtomicBool = AtomicBool::new(false);
-static EPOCH: AtomicU64 = AtomicU64::new(0);
-
-/// What each AP saw.
-struct Res {
-    done: AtomicU64,
-    passes: AtomicU64,
-    /// Probes that began after the operation returned and saw the old
-    /// state (an access that should have faulted succeeded, or one that
-    /// should have succeeded faulted).
-    stale: AtomicU64,
-    /// Loads that returned a wrong value.
-    bad: AtomicU64,
-    /// Faults seen after the operation returned.
-    faults_after: AtomicU64,
-    /// Pages with at least one successful write (bit per page).
-    pages_written: AtomicU64,
-    /// The last value this CPU wrote successfully into each page.
-    last: [AtomicU64; PAGES as usize],
-}
-
-static RES: [Res; MAX_CPUS] = [const {
-    Res {
-        done: AtomicU64::new(0),
-        passes: AtomicU64::new(0),
-        stale: AtomicU64::new(0),
-        bad: AtomicU64::new(0),
-        faults_after: AtomicU64::new(0),
-        pages_written: AtomicU64::new(0),
-        last: [const { AtomicU64::new(0) }; PAGES as usize],
-    }
-}; MAX_CPUS];
-
-/// The APs' loop: idle in `sti; hlt` until a new command, run it, ack.
-pub fn ap_loop(cpu: usize) -> ! {
-    let mut last = 0;
-    loop {
-        x86_64::instructions::interrupts::disable();
-        // Acquire: pairs with `post`'s Release; the arguments are visible.
-        let seq = CMD.seq.load(Acquire);
-        if seq == last {
-            // `sti; hlt`: an IPI that arrives after the check wakes the hlt.
-            x86_64::instructions::interrupts::enable_and_hlt();
-            continue;
-        }
-        x86_64::instructions::interrupts::enable();
-        last = seq;
-        run_command(cpu);
-        // Release: the results are visible to CPU 0 once it sees the ack.
-        RES[cpu].done.store(seq, Release);
-    }
-}
-
-fn run_command(cpu: usize) {
-    let (a, b, c) = (
-        CMD.a.load(Relaxed),
-        CMD.b.load(Relaxed),
-        CMD.c.load(Relaxed),
-    );
-    match CMD.op.load(Relaxed) {
-        OP_SWITCH => {
-            // a: the root (0: the kernel's), b: the space's CPU mask.
-            // SAFETY: CPU 0 passes the address of the mask of a space that
-            // outlives this command (it switches every AP back first).
-            let mask = unsafe { (b as *const AtomicU64).as_ref() };
-            if a != 0 {
-                // SAFETY: the test space shares the kernel half and lives
-                // until CPU 0 switched this CPU back.
-                unsafe { smp::switch_to(a, mask) };
-            } else {
-                // SAFETY: the kernel's root maps everything.
-                unsafe { smp::switch_to(smp::kernel_root(), None) };
-                if let Some(m) = mask {
-                    // After the MOV to CR3 left the space: no flush of it
-                    // need reach this CPU any more.
-                    m.fetch_and(!(1 << cpu), SeqCst);
-                }
-            }
-        }
-        OP_READ | OP_WRITE => hammer(cpu, CMD.op.load(Relaxed) == OP_WRITE, a, c),
-        _ => {}
-    }
-}
-
-/// Probes the `PAGES` pages at `va` until told to stop: loads of the
-/// pattern, or stores into this CPU's slot. With `alt != 0` (a move), an
-/// access that faults at `va` is retried at `alt`; after the epoch `va`
-/// must fault and `alt` must not. With `alt == 0`, after the epoch the
-/// access must fault.
-fn hammer(cpu: usize, write: bool, va: u64, alt: u64) {
-    let r = &RES[cpu];
-    let target = CMD.target.load(Relaxed);
-    let mut seq = 0u64;
-    while !STOP.load(Relaxed) {
-        for i in 0..PAGES {
-            // Acquire: pairs with CPU 0's Release bump after the operation
-            // returned: a probe after this load began after the return.
-            let after = EPOCH.load(Acquire) >= target;
-            let off = i * PAGE_SIZE + if write { cpu as u64 * 8 } else { 0 };
-            seq += 1;
-            let value = (cpu as u64) << 56 | seq;
-            let access = |at: u64| -> Result<u64, trap::PageFault> {
-                if write {
-                    // SAFETY: the test space maps only frames of the
-                    // suite's RAM pool at these addresses (or nothing).
-                    unsafe { trap::write_u64(at + off, value) }.map(|()| value)
-                } else {
-                    trap::read_u64(at + off)
-                }
-            };
-            let first = access(va);
-            let (ok, stale) = match (first, alt) {
-                (Ok(v), _) => (Some(v), after),
-                (Err(_), 0) => (None, false),
-                (Err(_), alt) => match access(alt) {
-                    Ok(v) => (Some(v), false),
-                    Err(_) => (None, after),
-                },
-            };
-            if stale {
-                r.stale.fetch_add(1, Relaxed);
-            }
-            match ok {
-                Some(v) => {
-                    if write {
-                        r.last[i as usize].store(v, Relaxed);
-                        r.pages_written.fetch_or(1 << i, Relaxed);
-                    } else if v != pattern(i) {
-                        r.bad.fetch_add(1, Relaxed);
-                    }
-                }
-                None if after => {
-                    r.faults_after.fetch_add(1, Relaxed);
-                }
-                None => {}
-            }
-        }
-        r.passes.fetch_add(1, Release);
-    }
-}
-
-/// Posts a command to the CPUs of `mask` and wakes them.
-fn post(mask: u64, op: u64, a: u64, b: u64, c: u64) -> u64 {
-    // A switch keeps the results of the hammering before it.
-    for cpu in smp::cpus(if op == OP_SWITCH { 0 } else { mask }) {
-        let r = &RES[cpu];
-        r.passes.store(0, Relaxed);
-        r.stale.store(0, Relaxed);
-        r.bad.store(0, Relaxed);
-        r.faults_after.store(0, Relaxed);
-        r.pages_written.store(0, Relaxed);
-        for l in &r.last {
-            l.store(0, Relaxed);
-        }
-    }
-    STOP.store(false, Relaxed);
-    CMD.op.store(op, Relaxed);
-    CMD.a.store(a, Relaxed);
-    CMD.b.store(b, Relaxed);
-    CMD.c.store(c, Relaxed);
-    CMD.target.store(EPOCH.load(Relaxed) + 1, Relaxed);
-    // Release: the arguments and the reset results before the new seq.
-    let seq = CMD.seq.fetch_add(1, Release) + 1;
-    smp::kick(mask);
-    seq
-}
-
-/// Waits for every CPU of `mask` to finish command `seq` (after `stop`).
-fn wait_done(mask: u64, seq: u64) {
-    for cpu in smp::cpus(mask) {
-        // Acquire: pairs with the AP's Release of its ack.
-        while RES[cpu].done.load(Acquire) != seq {
-            core::hint::spin_loop();
-        }
-    }
-}
-
-/// Waits until every CPU of `mask` has completed `n` more passes.
-fn wait_passes(mask: u64, n: u64) {
-    for cpu in smp::cpus(mask) {
-        let start = RES[cpu].passes.load(Acquire);
-        while RES[cpu].passes.load(Acquire) < start + n {
-            core::hint::spin_loop();
-        }
-    }
-}
-
-/// Stops the hammering command `seq`.
-fn stop(mask: u64, seq: u64) {
-    STOP.store(true, Relaxed);
-    wait_done(mask, seq);
-}
-
 /// The CPU index of the kernel root, for the APs.
 type Space<A> = AddressSpace<A, SmpMmu, Frames>;
 
@@ -368,8 +153,8 @@ struct Count {
 
 fn count() -> Count {
     Count {
-        rounds: smp::ROUNDS.load(Relaxed),
-        ipis: smp::IPIS.load(Relaxed),
+        rounds: shootdown::ROUNDS.load(Relaxed),
+        ipis: shootdown::IPIS.load(Relaxed),
     }
 }
 
@@ -635,15 +420,15 @@ pub fn run<A: Arch>(kernel: PhysAddr, pool: u64) -> Tally {
 /// A space live on the APs only (CPU 0 stays on the kernel's root, so it
 /// is not in the space's mask): changed from CPU 0, still flushed there.
 fn live_elsewhere<A: Arch>(kernel: PhysAddr, data: &Data, aps: u64) -> Result<(), Why> {
-    let before: [u64; MAX_CPUS] = core::array::from_fn(|c| smp::HANDLED[c].load(Relaxed));
+    let before: [u64; MAX_CPUS] = core::array::from_fn(|c| shootdown::HANDLED[c].load(Relaxed));
     let c = hammered::<A>(kernel, data, aps, false, Op::Unmap, false)?;
     one_round(c, aps)?;
     for cpu in smp::cpus(aps) {
-        if smp::HANDLED[cpu].load(Relaxed) == before[cpu] {
+        if shootdown::HANDLED[cpu].load(Relaxed) == before[cpu] {
             fail!("CPU {cpu} handled no flush");
         }
     }
-    if smp::HANDLED[0].load(Relaxed) != before[0] {
+    if shootdown::HANDLED[0].load(Relaxed) != before[0] {
         fail!("CPU 0 handled a flush IPI");
     }
     Ok(())
@@ -711,72 +496,4 @@ fn counted<A: Arch>(kernel: PhysAddr, data: &Data) -> Result<(), Why> {
         Some(e) => Err(e),
         None => Ok(()),
     }
-}
-
-/// The shootdown benchmark: a one-page protection change (one flush) on a
-/// space live on 1, 2 and 4 CPUs, mean TSC ticks per operation, and the
-/// bare IPI round.
-pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
-    const ITERS: u64 = 20;
-    let n = smp::ncpus();
-    println!();
-    println!("== shootdown cost ({n} CPUs; TSC ticks per operation, mean of {ITERS}) ==");
-    println!(
-        "  {:<8} {:>12} {:>12} {:>8} {:>8}",
-        "CPUs", "protect 1p", "IPI round", "rounds", "IPIs"
-    );
-    let data = Data { pa: pool };
-    data.fill();
-    for cpus in [1usize, 2, 4] {
-        if cpus > n {
-            continue;
-        }
-        let live: u64 = ((1u64 << (cpus - 1)) - 1) << 1;
-        let Ok(mut s) = new_space::<A>(kernel) else {
-            return false;
-        };
-        if s.map(
-            VirtAddr(BASE),
-            PhysAddr(data.pa),
-            PAGE_SIZE,
-            Prot::new(Prot::WRITE),
-            MapOptions::PAGES,
-        )
-        .is_err()
-        {
-            return false;
-        }
-        switch(live, &s, true);
-        let c = count();
-        let t0 = tsc::now();
-        for i in 0..ITERS {
-            let p = if i % 2 == 0 {
-                Prot::new(0)
-            } else {
-                Prot::new(Prot::WRITE)
-            };
-            let _ = s.change_protection(VirtAddr(BASE), PAGE_SIZE, p);
-        }
-        let prot = (tsc::now() - t0) / ITERS;
-        let t0 = tsc::now();
-        for _ in 0..ITERS {
-            smp::shootdown(
-                live,
-                smp::FlushReq::Range {
-                    start: BASE,
-                    end: BASE + PAGE_SIZE,
-                },
-            );
-        }
-        let round = (tsc::now() - t0) / ITERS;
-        let d = since(c);
-        println!(
-            "  {:<8} {:>12} {:>12} {:>8} {:>8}",
-            cpus, prot, round, d.rounds, d.ipis
-        );
-        switch(live, &s, false);
-        let _ = s.unmap(VirtAddr(BASE), PAGE_SIZE);
-        drop_space(s);
-    }
-    true
 }
