@@ -98,6 +98,22 @@ static AP_BOOT_INDEX: AtomicUsize = AtomicUsize::new(0);
 static ONLINE: AtomicU64 = AtomicU64::new(1);
 /// Number of CPUs online.
 static NCPUS: AtomicUsize = AtomicUsize::new(1);
+/// The control registers each AP reported: CR0, CR4, EFER.
+static AP_REGS: [[AtomicU64; 3]; MAX_CPUS] = [const { [const { AtomicU64::new(0) }; 3] }; MAX_CPUS];
+
+/// The bits every CPU must have as CPU 0 has them: CR0 PG, WP, PE;
+/// CR4 PAE, PGE, SMEP, LA57; EFER LME, LMA, NXE.
+const REG_BITS: [u64; 3] = [
+    (1 << 31) | (1 << 16) | 1,
+    (1 << 5) | (1 << 7) | (1 << 20) | (1 << 12),
+    (1 << 8) | (1 << 10) | (1 << 11),
+];
+
+/// CR0, CR4 and EFER of the executing CPU.
+fn control_regs() -> [u64; 3] {
+    [Cr0::read_raw(), Cr4::read_raw(), Efer::read_raw()]
+}
+
 /// APIC ID of each CPU index.
 static APIC_IDS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 
@@ -267,6 +283,9 @@ extern "C" fn ap_main() -> ! {
     trap::load_idt();
     apic::enable();
     APIC_IDS[cpu].store(u64::from(apic::id()), Relaxed);
+    for (slot, v) in AP_REGS[cpu].iter().zip(control_regs()) {
+        slot.store(v, Relaxed);
+    }
     // Release: the BSP's Acquire load of the mask sees the APIC ID and
     // everything this AP set up.
     ONLINE.fetch_or(1 << cpu, Release);
@@ -353,6 +372,16 @@ pub fn init<A: Arch>(
         if id != cpu as u64 {
             return Err(BringUpError("AP reported an unexpected APIC ID", id));
         }
+        let mine = control_regs();
+        for (i, what) in ["AP's CR0 differs", "AP's CR4 differs", "AP's EFER differs"]
+            .into_iter()
+            .enumerate()
+        {
+            let its = AP_REGS[cpu][i].load(Relaxed);
+            if (its ^ mine[i]) & REG_BITS[i] != 0 {
+                return Err(BringUpError(what, its));
+            }
+        }
         NCPUS.store(cpu + 1, Release);
     }
     // Every AP left the boot root for the kernel's (its MOV to CR3 dropped
@@ -420,6 +449,13 @@ pub fn print_online(n: usize) {
         "smp: APIC IDs {:?} (count from fw_cfg FW_CFG_NB_CPUS, IDs 0..N-1 as QEMU numbers them, each confirmed by its AP); xAPIC MMIO (x2APIC, CPUID.01H:ECX[21], {})",
         &ids[..n],
         if x2apic { "present, not used" } else { "absent" }
+    );
+    let r = control_regs();
+    println!(
+        "smp: every AP has CPU 0's CR0 {:#x}, CR4 {:#x}, EFER {:#x} in PG WP PE / PAE PGE SMEP LA57 / LME LMA NXE",
+        r[0] & REG_BITS[0],
+        r[1] & REG_BITS[1],
+        r[2] & REG_BITS[2]
     );
     println!("smp: {n} CPUs online");
 }
