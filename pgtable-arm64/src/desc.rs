@@ -455,9 +455,11 @@ impl<const L: u32> Arm64Format<L> {
 // never have bit 1: `leaf_template` sets it at height 0 only,
 // `modify_prot` rebuilds from the template and keeps only the address,
 // AF, CONT and software bits (55-58), `split_leaf` sets it only for
-// height-0 children, and `hw_access` sets AF and clears AP[2] (bits 10
-// and 7). Height 0 never decodes as a table. Software entries have VALID
-// clear, so they decode as invalid at every height. Every method is pure.
+// height-0 children, `hw_access` sets AF and clears AP[2] (bits 10
+// and 7), and the `mk*` methods change only AF, AP[2] and the software
+// dirty bit (55). Height 0 never decodes as a table. Software entries have
+// VALID clear, so they decode as invalid at every height. Every method is
+// pure.
 unsafe impl<const L: u32> Format for Arm64Format<L> {
     const NAME: &'static str = if L == 4 {
         "arm64-4K-48bit"
@@ -671,6 +673,43 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
             b |= TableAttrs::PXN;
         }
         TableAttrs::new(b)
+    }
+
+    /// Linux arm64 `pte_mkold`: AF clear. With FEAT_HAFDBS the next access
+    /// sets it again; without, it raises an Access flag fault.
+    #[inline]
+    fn mkold(raw: u64, _height: u32) -> u64 {
+        raw & !AF
+    }
+
+    /// Linux arm64 `pte_mkyoung`: AF set.
+    #[inline]
+    fn mkyoung(raw: u64, _height: u32) -> u64 {
+        raw | AF
+    }
+
+    /// Linux arm64 `pte_mkclean`: the software dirty bit clear and AP\[2\]
+    /// (read-only) set. A writable leaf keeps DBM, so it stays writable:
+    /// the next store clears AP\[2\] again in hardware (FEAT_HAFDBS,
+    /// TCR_EL1.HD; Arm ARM D8.5 "Hardware updates of the translation
+    /// table"), or faults where that is off and the fault handler marks it
+    /// dirty ([`mkdirty`](Format::mkdirty)).
+    #[inline]
+    fn mkclean(raw: u64, _height: u32) -> u64 {
+        (raw & !SW_DIRTY) | AP_RDONLY
+    }
+
+    /// Linux arm64 `pte_mkdirty`: the software dirty bit set, and AP\[2\]
+    /// cleared if the leaf is writable (DBM set). A read-only leaf stays
+    /// read-only.
+    #[inline]
+    fn mkdirty(raw: u64, _height: u32) -> u64 {
+        let d = raw | SW_DIRTY;
+        if d & DBM != 0 {
+            d & !AP_RDONLY
+        } else {
+            d
+        }
     }
 }
 

@@ -205,7 +205,9 @@ pub enum AccessFault {
 ///   [`split_leaf`](Format::split_leaf) of a leaf with its address
 ///   advanced) or that the hardware makes of one
 ///   ([`hw_access`](Format::hw_access), which must describe every change
-///   the hardware makes to an entry);
+///   the hardware makes to an entry), nor for a leaf changed by
+///   [`mkold`](Format::mkold), [`mkyoung`](Format::mkyoung),
+///   [`mkclean`](Format::mkclean) or [`mkdirty`](Format::mkdirty);
 /// - every value [`swp_entry`](Format::swp_entry) returns decodes as
 ///   [`Decoded::Invalid`] at every height: never as a table (the
 ///   algorithms copy software entries into tables of any height, e.g. a
@@ -349,5 +351,46 @@ pub unsafe trait Format: Sized + 'static {
     fn table_limits(raw: u64, height: u32) -> TableAttrs {
         let _ = (raw, height);
         TableAttrs::NONE
+    }
+
+    /// Linux `pte_mkold`: the leaf `raw` at `height` with its accessed
+    /// (young) state clear, everything else kept. Harvesting
+    /// ([`AddressSpace::clear_refs`]) stores it with a compare-exchange.
+    ///
+    /// The default returns `raw` unchanged, which is right only for a
+    /// format without an accessed state; every format whose
+    /// [`is_young`](Format::is_young) can be true must override it.
+    ///
+    /// [`AddressSpace::clear_refs`]: crate::AddressSpace::clear_refs
+    #[inline]
+    fn mkold(raw: u64, _height: u32) -> u64 {
+        raw
+    }
+
+    /// Linux `pte_mkyoung`: the leaf with its accessed state set (what a
+    /// fault handler does where the hardware does not set it). Default:
+    /// `raw` (see [`mkold`](Format::mkold)).
+    #[inline]
+    fn mkyoung(raw: u64, _height: u32) -> u64 {
+        raw
+    }
+
+    /// Linux `pte_mkclean`: the leaf with its dirty state clear. Where the
+    /// hardware manages the dirty state the leaf stays writable, so the
+    /// next store marks it dirty again without a fault (arm64: AP\[2\]
+    /// set with DBM kept, the software dirty bit cleared; x86: D clear).
+    /// Default: `raw` (see [`mkold`](Format::mkold)).
+    #[inline]
+    fn mkclean(raw: u64, _height: u32) -> u64 {
+        raw
+    }
+
+    /// Linux `pte_mkdirty`: the leaf with its dirty state set (arm64: the
+    /// software dirty bit, and AP\[2\] cleared if DBM says it is
+    /// writable). It never makes a read-only leaf writable. Default: `raw`
+    /// (see [`mkold`](Format::mkold)).
+    #[inline]
+    fn mkdirty(raw: u64, _height: u32) -> u64 {
+        raw
     }
 }

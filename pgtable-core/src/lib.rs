@@ -9,6 +9,15 @@
 //! ([`set_swap_entry`], [`swap_in`]) and fork's copy-on-write copy
 //! ([`copy_page_range`]).
 //!
+//! For a kernel's memory manager there is more, under Linux's names: a
+//! caller-owned flush batch ([`MmuGather`], Linux `tlb_gather_mmu` /
+//! `tlb_finish_mmu`) that the `*_gathered` forms of the operations take,
+//! [`unmap_with`] reporting every removed page with its final
+//! accessed/dirty state, accessed/dirty harvesting ([`clear_refs`],
+//! [`test_and_clear_young`]) and the fault-time single-entry operations
+//! [`install_pte`] and [`ptep_set_access_flags`], with [`ptep_get`] to read
+//! one entry safely.
+//!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
 //! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
 //! kernel or a host test picks one arch, one [`Mmu`] (the real one or a
@@ -42,6 +51,12 @@
 //! [`set_swap_entry`]: AddressSpace::set_swap_entry
 //! [`swap_in`]: AddressSpace::swap_in
 //! [`copy_page_range`]: AddressSpace::copy_page_range
+//! [`unmap_with`]: AddressSpace::unmap_with
+//! [`clear_refs`]: AddressSpace::clear_refs
+//! [`test_and_clear_young`]: AddressSpace::test_and_clear_young
+//! [`install_pte`]: AddressSpace::install_pte
+//! [`ptep_set_access_flags`]: AddressSpace::ptep_set_access_flags
+//! [`ptep_get`]: AddressSpace::ptep_get
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -54,16 +69,20 @@ extern crate std;
 mod addr;
 mod arch;
 mod aspace;
+mod entry;
 mod error;
+mod fault;
 mod fork;
 mod format;
 mod gather;
 mod half;
+mod harvest;
 mod kernel_half;
 mod level;
 mod live;
 mod map;
 mod mmu;
+mod mmu_gather;
 mod moves;
 mod protect;
 mod stats;
@@ -84,14 +103,18 @@ pub mod test_format;
 pub use addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 pub use arch::Arch;
 pub use aspace::{AddressSpace, MapOptions};
+pub use entry::{LeafEntry, Removed};
 pub use error::{Error, ErrorKind};
+pub use fault::FaultFlags;
 pub use fork::CopyMode;
 pub use format::{Access, AccessFault, Decoded, Format, MemType, Prot};
 pub use gather::TlbGather;
 pub use half::VaRange;
+pub use harvest::ClearRefs;
 pub use level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
 pub use live::LiveOptions;
 pub use mmu::{Mmu, NoopMmu, TlbRange};
+pub use mmu_gather::MmuGather;
 pub use moves::MoveOptions;
 pub use protect::{DeferredBlockProt, GenericBlockProt};
 pub use stats::Stats;

@@ -146,7 +146,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Phase 3: changes `[va, end)` in the table `tpa` at `height`.
     #[allow(clippy::too_many_arguments)]
-    fn protect_change(
+    pub(crate) fn protect_change(
         &mut self,
         height: u32,
         tpa: PhysAddr,

@@ -93,7 +93,8 @@ fn prot_bits(prot: Prot) -> u64 {
 // built from (bits 12-47, and `PA_BITS` is 48; `table_entry_attrs` adds
 // only bits 8-11); leaves above height 0 never
 // get TABLE_OR_PAGE (`leaf_template` leaves it clear, `modify_prot` and
-// `hw_access` keep it, `split_leaf` sets it only for height-0 children);
+// `hw_access` and the `mk*` methods keep it, `split_leaf` sets it only for
+// height-0 children);
 // height 0 never decodes as a table. Software entries have VALID clear,
 // so they decode as invalid at every height. Every method is pure.
 unsafe impl<const L: u32> Format for TestFormat<L> {
@@ -206,6 +207,24 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
 
     fn table_limits(raw: u64, _height: u32) -> TableAttrs {
         TableAttrs::new(((raw >> 8) & 0xf) as u8)
+    }
+
+    fn mkold(raw: u64, _height: u32) -> u64 {
+        raw & !ACCESSED
+    }
+
+    fn mkyoung(raw: u64, _height: u32) -> u64 {
+        raw | ACCESSED
+    }
+
+    /// The hardware sets DIRTY on a store through a writable leaf, so a
+    /// clean leaf stays writable.
+    fn mkclean(raw: u64, _height: u32) -> u64 {
+        raw & !DIRTY
+    }
+
+    fn mkdirty(raw: u64, _height: u32) -> u64 {
+        raw | DIRTY
     }
 }
 

@@ -9,13 +9,109 @@
 //! A table whose whole span is unmapped is unlinked without clearing its
 //! entries one by one: after the flush no walker can reach it, and the
 //! allocator takes frames back with any contents. The accessed/dirty state
-//! of unmapped entries is discarded (this crate keeps no per-page state).
+//! of unmapped entries is discarded by [`unmap`](AddressSpace::unmap).
+//!
+//! [`unmap_with`](AddressSpace::unmap_with) reports every entry it removes
+//! instead (Linux `zap_pte_range` handing each page to `tlb_remove_page`),
+//! so it visits every entry, also in tables it then unlinks whole. A PTE
+//! table the range covers whole is unlinked first and its entries read
+//! after the TLB flush, with plain loads: from then on no walker can write
+//! them, so each read is the entry's final value, accessed and dirty state
+//! included, without an atomic swap per page.
 
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{covers, table_at, FreeQueue, Stash};
-use crate::level::{entry_end, index};
-use crate::{AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, TableAlloc, TlbGather, VirtAddr};
+use crate::level::{entry_end, index, shift};
+use crate::{
+    AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Table, TableAlloc,
+    TlbGather, VirtAddr,
+};
+
+/// What unmap does with each entry it removes: nothing ([`NoReport`]) or
+/// hand it to the caller ([`Report`]).
+pub(crate) trait Zap<A: Format> {
+    /// Whether entries are reported (then every entry is visited and
+    /// taken out with an exact read of its final value).
+    const REPORT: bool;
+    /// Whether a settled entry ([`Format::is_settled`]) may be read with a
+    /// plain load: only when no unflushed change of the range is pending,
+    /// so no TLB holds a writable entry the tables no longer grant.
+    fn trust_settled(&self) -> bool;
+    /// The entry `raw` at `height` covering `va` was removed.
+    fn removed(&mut self, va: u64, height: u32, raw: u64);
+    /// Where PTE tables unlinked whole wait to be read after the flush
+    /// (`None`: report every entry before the flush).
+    #[inline]
+    fn deferred(&mut self) -> Option<&mut Deferred> {
+        None
+    }
+}
+
+/// PTE tables a report unlinked whole, linked through their first entry
+/// (the second holds the table's virtual address): their remaining
+/// entries are read and reported after the TLB flush, when no walker can
+/// write them any more, with plain loads.
+pub(crate) struct Deferred {
+    head: u64,
+    count: usize,
+}
+
+/// Discards the removed entries (plain [`AddressSpace::unmap`]).
+pub(crate) struct NoReport;
+
+impl<A: Format> Zap<A> for NoReport {
+    const REPORT: bool = false;
+    #[inline]
+    fn trust_settled(&self) -> bool {
+        true
+    }
+    #[inline]
+    fn removed(&mut self, _va: u64, _height: u32, _raw: u64) {}
+}
+
+/// Hands every removed entry to a callback.
+pub(crate) struct Report<F> {
+    f: F,
+    trust_settled: bool,
+    deferred: Option<Deferred>,
+}
+
+impl<F> Report<F> {
+    pub(crate) fn new(f: F, trust_settled: bool) -> Self {
+        Report {
+            f,
+            trust_settled,
+            deferred: None,
+        }
+    }
+
+    /// A report that reads the PTE tables it unlinks whole after the
+    /// flush ([`AddressSpace::report_deferred`]).
+    fn deferring(f: F) -> Self {
+        Report {
+            f,
+            trust_settled: true,
+            deferred: Some(Deferred { head: 0, count: 0 }),
+        }
+    }
+}
+
+impl<A: Format, F: FnMut(Removed<A>)> Zap<A> for Report<F> {
+    const REPORT: bool = true;
+    #[inline]
+    fn trust_settled(&self) -> bool {
+        self.trust_settled
+    }
+    #[inline(always)]
+    fn removed(&mut self, va: u64, height: u32, raw: u64) {
+        (self.f)(Removed::new(va, height, raw))
+    }
+    #[inline]
+    fn deferred(&mut self) -> Option<&mut Deferred> {
+        self.deferred.as_mut()
+    }
+}
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Unmaps `[va, va + len)`: clears its entries, splits blocks the range
@@ -28,18 +124,177 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::OutOfMemory`] when a partly covered block cannot be split.
     /// On error nothing was changed.
     pub fn unmap(&mut self, va: VirtAddr, len: u64) -> Result<(), Error> {
+        let mut gather = TlbGather::new();
+        let mut q = FreeQueue::new();
+        let r = self.unmap_into(va, len, &mut NoReport, &mut gather, &mut q);
+        self.finish(gather, q);
+        r
+    }
+
+    /// [`unmap`](Self::unmap), reporting every entry it removes to `f`
+    /// (Linux `zap_pte_range` and `tlb_remove_page`): each present leaf,
+    /// with its final accessed and dirty state, and each non-present
+    /// non-zero entry (a software entry such as a swap entry, whose slot
+    /// the caller must release). A block removed whole is one report of
+    /// its size; a block the range covers in part is split first and the
+    /// removed part reported page by page (or block by block). Entries of
+    /// tables that are unlinked whole are reported too.
+    ///
+    /// The report is the value the entry held when it was taken out: an
+    /// atomic get-and-clear (Linux `ptep_get_and_clear`) where the
+    /// hardware could still set accessed or dirty state, a plain read
+    /// where it cannot ([`Format::is_settled`]: accessed, and dirty or
+    /// read-only). So a store the hardware made before the removal always
+    /// shows as [`dirty`](crate::LeafEntry::dirty).
+    ///
+    /// Reports are not in address order: the pages of a page table the
+    /// range covers whole are reported after the TLB flush (their table is
+    /// unlinked first and read once no walker can reach it), the others
+    /// before it. A CPU may still reach the pages reported before the
+    /// flush through a stale translation until this call returns, so do
+    /// not reuse or free a reported page before then (Linux frees the
+    /// gathered pages only after the flush, in `tlb_finish_mmu`). With
+    /// [`unmap_with_gathered`](Self::unmap_with_gathered) that point is
+    /// [`tlb_finish_mmu`](Self::tlb_finish_mmu).
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::test_format::TestFormat;
+    ///
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let va = VirtAddr(1 << 30);
+    /// space.map(va, PhysAddr(0x8000_0000), 3 << 12, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    /// let mut freed = Vec::new();
+    /// space.unmap_with(va, 3 << 12, |r| freed.push((r.pa().unwrap(), r.dirty()))).unwrap();
+    /// assert_eq!(freed.len(), 3);
+    /// assert_eq!(freed[2].0, PhysAddr(0x8000_2000));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`unmap`](Self::unmap); on error nothing was changed and nothing
+    /// reported.
+    pub fn unmap_with(
+        &mut self,
+        va: VirtAddr,
+        len: u64,
+        f: impl FnMut(Removed<A>),
+    ) -> Result<(), Error> {
+        let mut gather = TlbGather::new();
+        let mut q = FreeQueue::new();
+        let mut z = Report::deferring(f);
+        let r = self.unmap_into(va, len, &mut z, &mut gather, &mut q);
+        self.finish(gather, q);
+        self.report_deferred(&mut z);
+        r
+    }
+
+    /// Reports the entries of the PTE tables `z` deferred, now that the
+    /// flush is done, and frees those tables.
+    fn report_deferred<F: FnMut(Removed<A>)>(&mut self, z: &mut Report<F>) {
+        let Some(d) = z.deferred.take() else {
+            return;
+        };
+        let mut head = d.head;
+        for _ in 0..d.count {
+            let pa = PhysAddr(head);
+            // SAFETY: a PTE table this call unlinked; the flush is done, so
+            // no walker reaches it and nothing but this loop reads it.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            // Relaxed: private to this thread (see above).
+            head = t.entries[0].load(Relaxed);
+            let va = t.entries[1].load(Relaxed);
+            for (k, e) in t.entries.iter().enumerate().skip(2) {
+                let raw = e.load(Relaxed);
+                if raw != 0 {
+                    (z.f)(Removed::new(va + ((k as u64) << shift(0)), 0, raw));
+                }
+            }
+            // SAFETY: unlinked, and the TLB flush has completed.
+            unsafe { self.alloc.free_table(pa) };
+        }
+        self.mmu.stats.add_tables_freed(d.count as u64);
+    }
+
+    /// Takes the subtree at `pa` (height `height`, covering from `va`)
+    /// that a report unlinked whole: reports its blocks and software
+    /// entries now, queues its upper tables for freeing, and defers its
+    /// PTE tables to [`report_deferred`](Self::report_deferred) after
+    /// taking their first two entries (which become the link).
+    fn defer_subtree<Z: Zap<A>>(
+        &self,
+        q: &mut FreeQueue,
+        pa: PhysAddr,
+        height: u32,
+        va: u64,
+        z: &mut Z,
+    ) {
+        // SAFETY: the subtree is ours; it was reachable until unlinked.
+        let t = unsafe { table_at(&self.alloc, pa) };
+        if height == 0 {
+            for k in 0..2 {
+                let slot = &t.entries[k];
+                // Relaxed: exclusive access; the swap re-reads exactly.
+                if slot.load(Relaxed) != 0 {
+                    // Until the flush the hardware may still write it.
+                    let old = A::ptep_get_and_clear(&self.mmu, slot);
+                    z.removed(va + ((k as u64) << shift(0)), 0, old);
+                }
+            }
+            if let Some(d) = z.deferred() {
+                // Relaxed: only this thread follows the link. Both values
+                // have their low 12 bits clear, so a walker that still
+                // uses a cached pointer to the table reads them as
+                // invalid entries.
+                t.entries[0].store(d.head, Relaxed);
+                t.entries[1].store(va, Relaxed);
+                d.head = pa.0;
+                d.count += 1;
+            }
+            return;
+        }
+        for (i, slot) in t.entries.iter().enumerate() {
+            // Relaxed: exclusive access; leaves are taken atomically.
+            let raw = slot.load(Relaxed);
+            let eva = va + ((i as u64) << shift(height));
+            match A::decode(raw, height) {
+                Decoded::None => {}
+                Decoded::Table(c) => self.defer_subtree(q, c, height - 1, eva, z),
+                Decoded::Leaf(_) => {
+                    let old = if A::is_settled(raw, height) {
+                        raw
+                    } else {
+                        A::pmdp_huge_get_and_clear(&self.mmu, slot)
+                    };
+                    z.removed(eva, height, old);
+                }
+                Decoded::Invalid => z.removed(eva, height, raw),
+            }
+        }
+        self.queue_free(q, pa);
+    }
+
+    /// The three phases of unmap, leaving the flush and the frees to the
+    /// caller (`gather`, `q`).
+    pub(crate) fn unmap_into<Z: Zap<A>>(
+        &mut self,
+        va: VirtAddr,
+        len: u64,
+        z: &mut Z,
+        gather: &mut TlbGather,
+        q: &mut FreeQueue,
+    ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
         let top = A::LEVELS - 1;
         let need = self.split_check(top, self.root, va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
-        let mut gather = TlbGather::new();
-        let mut q = FreeQueue::new();
-        self.unmap_clear(top, self.root, va.0, end, &mut stash, &mut gather, &mut q);
+        self.unmap_clear(top, self.root, va.0, end, &mut stash, gather, q, z);
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
         let short = stash.short;
         self.release(stash);
-        self.finish(gather, q);
         if short {
             return Err(Error::OutOfMemory);
         }
@@ -49,7 +304,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Clears `[va, end)` in the table `tpa` at `height`; returns whether
     /// the table is now empty.
     #[allow(clippy::too_many_arguments)]
-    fn unmap_clear(
+    fn unmap_clear<Z: Zap<A>>(
         &mut self,
         height: u32,
         tpa: PhysAddr,
@@ -58,31 +313,45 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         stash: &mut Stash,
         gather: &mut TlbGather,
         q: &mut FreeQueue,
+        z: &mut Z,
     ) -> bool {
         let start = va;
         // SAFETY: reached from the root (or just linked by a split).
         let t = unsafe { table_at(&self.alloc, tpa) };
+        if Z::REPORT && height == 0 {
+            return self.zap_ptes(t, va, end, gather, z);
+        }
         let mut written = 0u64;
         let mut invalid_cleared = false;
         loop {
             let next = entry_end(va, height, end);
             let slot = &t.entries[index(va, height)];
-            // Relaxed: we hold the address space exclusively; a hardware
-            // A/D update racing the clear below is discarded on purpose.
+            // Relaxed: we hold the address space exclusively; without a
+            // report, a hardware A/D update racing the clear below is
+            // discarded on purpose (a report takes the entry atomically).
             let raw = slot.load(Relaxed);
             match A::decode(raw, height) {
                 Decoded::None => {}
                 Decoded::Invalid => {
-                    // A software entry: nothing to flush, but the clear
-                    // still wants this table's walker barrier (below).
+                    // A software entry: the hardware never writes it and
+                    // nothing is flushed for it, but the clear still wants
+                    // this table's walker barrier (below).
                     A::set_pte_nosync(&self.mmu, slot, 0);
                     written += 1;
                     invalid_cleared = true;
+                    z.removed(va, height, raw);
                 }
                 Decoded::Leaf(_) if height == 0 || covers(va, next, height) => {
-                    A::set_pte_nosync(&self.mmu, slot, 0);
+                    let old = if Z::REPORT && !(z.trust_settled() && A::is_settled(raw, height)) {
+                        // The exact final value, A/D included.
+                        A::pmdp_huge_get_and_clear(&self.mmu, slot)
+                    } else {
+                        A::set_pte_nosync(&self.mmu, slot, 0);
+                        raw
+                    };
                     written += 1;
                     gather.add_leaf(VirtAddr(va), height);
+                    z.removed(va, height, old);
                 }
                 Decoded::Leaf(_) => {
                     // (No table: the count was short, see `take`; the block
@@ -90,14 +359,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if let Some(c) =
                         self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
                     {
-                        self.unmap_clear(height - 1, c, va, next, stash, gather, q);
+                        self.unmap_clear(height - 1, c, va, next, stash, gather, q, z);
                     }
                 }
                 Decoded::Table(c) => {
                     // A pinned kernel-half table is emptied, never unlinked.
+                    // A report visits the entries of a table it unlinks
+                    // whole (and so always finds it empty afterwards).
                     let keep = self.pinned(height, va);
                     let whole = covers(va, next, height) && !keep;
-                    if (whole || self.unmap_clear(height - 1, c, va, next, stash, gather, q))
+                    if Z::REPORT && whole && z.deferred().is_some() {
+                        A::set_pte_nosync(&self.mmu, slot, 0);
+                        written += 1;
+                        gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
+                        self.defer_subtree(q, c, height - 1, va, z);
+                    } else if ((whole && !Z::REPORT)
+                        || self.unmap_clear(height - 1, c, va, next, stash, gather, q, z))
                         && !keep
                     {
                         A::set_pte_nosync(&self.mmu, slot, 0);
@@ -119,5 +396,78 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // The caller only frees a table it does not cover whole when it is
         // empty, so scan unless this call covered every entry.
         covers(start, end, height + 1) || t.entries.iter().all(|e| e.load(Relaxed) == 0)
+    }
+
+    /// The reporting form of the PTE level: every non-zero entry of
+    /// `[va, end)` in the PTE table `t` is taken out and reported. A table
+    /// covered whole is about to be unlinked and freed after the flush, so
+    /// entries the hardware can no longer change are only read there, not
+    /// cleared (the allocator takes frames back with any contents); the
+    /// others are taken with the atomic get-and-clear. Returns whether the
+    /// table is now empty (or about to be unlinked).
+    ///
+    /// Entries are taken a chunk at a time into a small local buffer and
+    /// reported from it: the report loop then holds no atomic access and
+    /// no condition, so the compiler can keep the caller's accumulators in
+    /// registers instead of reloading them around every entry.
+    fn zap_ptes<Z: Zap<A>>(
+        &mut self,
+        t: &Table,
+        va: u64,
+        end: u64,
+        gather: &mut TlbGather,
+        z: &mut Z,
+    ) -> bool {
+        const CHUNK: usize = 64;
+        let whole = covers(va, end, 1);
+        let trust = z.trust_settled();
+        let i = index(va, 0);
+        let n = (end.wrapping_sub(va) >> shift(0)) as usize;
+        let mut written = 0u64;
+        // The removed entries of a chunk (0 where there was none).
+        let mut old = [0u64; CHUNK];
+        for (c, chunk) in t.entries[i..i + n].chunks(CHUNK).enumerate() {
+            let mut full = true;
+            for (slot, out) in chunk.iter().zip(old.iter_mut()) {
+                // Relaxed: we hold the address space exclusively; an entry
+                // the hardware may still update is re-read by the swap.
+                let raw = slot.load(Relaxed);
+                *out = if raw == 0 {
+                    0
+                } else if trust && A::is_settled(raw, 0) {
+                    // Nothing can change it any more: the load is exact.
+                    if !whole {
+                        A::set_pte_nosync(&self.mmu, slot, 0);
+                        written += 1;
+                    }
+                    raw
+                } else {
+                    written += 1;
+                    A::ptep_get_and_clear(&self.mmu, slot)
+                };
+                full &= raw != 0;
+            }
+            let base = va + (((c * CHUNK) as u64) << shift(0));
+            // A full chunk (the common case) is reported by a loop whose
+            // every iteration reports, so the compiler may keep what the
+            // callback accumulates in registers throughout.
+            let chunk_old = &old[..chunk.len()];
+            if full {
+                for (k, &raw) in chunk_old.iter().enumerate() {
+                    z.removed(base + ((k as u64) << shift(0)), 0, raw);
+                }
+            } else {
+                for (k, &raw) in chunk_old.iter().enumerate() {
+                    if raw != 0 {
+                        z.removed(base + ((k as u64) << shift(0)), 0, raw);
+                    }
+                }
+            }
+        }
+        if written > 0 || whole {
+            gather.add_range(VirtAddr(va), end.wrapping_sub(va), 0);
+        }
+        self.mmu.stats.add_entries_written(written);
+        whole || t.entries.iter().all(|e| e.load(Relaxed) == 0)
     }
 }

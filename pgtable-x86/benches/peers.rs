@@ -113,14 +113,14 @@ mod x86_64_crate {
             }
         }
 
-        fn mapper(&mut self) -> OffsetPageTable<'_> {
+        pub fn mapper(&mut self) -> OffsetPageTable<'_> {
             // SAFETY: the root is ours and every table below it is a host
             // frame whose address is its "physical" address (offset 0);
             // `&mut self` makes the borrow exclusive.
             unsafe { OffsetPageTable::new(self.root.as_mut(), VirtAddr::zero()) }
         }
 
-        fn pages() -> impl Iterator<Item = (Page<Size4KiB>, PhysFrame<Size4KiB>)> {
+        pub fn pages() -> impl Iterator<Item = (Page<Size4KiB>, PhysFrame<Size4KiB>)> {
             let p0 = Page::containing_address(VirtAddr::new(VA));
             let f0 = PhysFrame::containing_address(PhysAddr::new(PA));
             Page::range(p0, p0 + G1 / PAGE).zip(PhysFrame::range(f0, f0 + G1 / PAGE))
@@ -132,7 +132,7 @@ mod x86_64_crate {
             Page::range(p0, p0 + BLOCKS).zip(PhysFrame::range(f0, f0 + BLOCKS))
         }
 
-        fn clean_up(&mut self) {
+        pub fn clean_up(&mut self) {
             let first = Page::<Size4KiB>::containing_address(VirtAddr::new(VA));
             let last = Page::containing_address(VirtAddr::new(VA + G1 - 1));
             // SAFETY: nothing is mapped in the range any more and no CPU
@@ -141,6 +141,46 @@ mod x86_64_crate {
                 self.mapper()
                     .clean_up_addr_range(Page::range_inclusive(first, last), &mut Frames)
             };
+        }
+    }
+
+    impl X86_64Crate {
+        /// Unmaps the 1 GiB of pages one `unmap` each, summing the frames
+        /// it returns (what a kernel needs to free them), then frees the
+        /// emptied tables as pgtable's unmap does.
+        pub fn unmap_pages_summing(&mut self) -> u64 {
+            let mut sum = 0u64;
+            let mut m = self.mapper();
+            for (page, _) in Self::pages() {
+                let (frame, flush) = Mapper::<Size4KiB>::unmap(&mut m, page).unwrap();
+                flush.ignore();
+                sum = sum.wrapping_add(frame.start_address().as_u64());
+            }
+            self.clean_up();
+            sum
+        }
+
+        /// `map_to` of the pages `[VA + first * 4K, VA + end * 4K)`, one
+        /// call each; their tables exist.
+        pub fn map_range(&mut self, first: u64, end: u64) {
+            let mut m = self.mapper();
+            for i in first..end {
+                let page = Page::<Size4KiB>::containing_address(VirtAddr::new(VA + i * PAGE));
+                let frame = PhysFrame::containing_address(PhysAddr::new(PA + i * PAGE));
+                // SAFETY: the frames are never accessed; the tables are not live.
+                unsafe { m.map_to(page, frame, RW, &mut Frames) }
+                    .unwrap()
+                    .ignore();
+            }
+        }
+
+        /// `unmap` of the pages `[VA + first * 4K, VA + end * 4K)`.
+        pub fn unmap_range(&mut self, first: u64, end: u64) {
+            let mut m = self.mapper();
+            for i in first..end {
+                let page = Page::<Size4KiB>::containing_address(VirtAddr::new(VA + i * PAGE));
+                Mapper::<Size4KiB>::unmap(&mut m, page).unwrap().1.ignore();
+            }
         }
     }
 
@@ -252,5 +292,260 @@ fn peers(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, peers);
+// ----- unmap with a report per page, and the fault-time install -----
+
+/// `x86-unmap-report-4K`: unmap 1 GiB of 4 KiB pages and hand every
+/// removed page to the caller, who sums its physical address and dirty
+/// state (so nothing is optimised away); median / 262,144 per page.
+///
+/// - `pgtable`: `unmap_with` of kernel pages (created accessed and dirty:
+///   settled, so each entry is read with a plain load).
+/// - `pgtable-user`: `unmap_with` of user pages (A/D clean: the hardware
+///   could still write them, so each is taken with the atomic
+///   get-and-clear, `xchg`).
+/// - `pgtable-noreport`: plain `unmap` for reference (unlinks whole tables
+///   without visiting their entries).
+/// - `x86_64`: the x86_64 crate's `unmap` per page, which returns the
+///   frame (no dirty state), summing the frames, then
+///   `clean_up_addr_range` to free the emptied tables as pgtable does.
+///
+/// `x86-fault-4K`: install one 4 KiB page where its tables exist (a page
+/// fault's `set_pte_at`), 511 in a row per timed batch; median / 511.
+/// `pgtable`: `install_pte`; `x86_64`: `map_to`.
+fn report_and_fault(c: &mut Criterion) {
+    use std::hint::black_box;
+    use std::time::Duration;
+
+    use harness::{clock, G1, PA, PAGE, PAGES, VA};
+    use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+
+    fn space(prot: Prot) -> AddressSpace<X86_64, NoopMmu, Arena> {
+        let mut s = AddressSpace::new(NoopMmu, Arena::new()).unwrap();
+        s.map(VirtAddr(VA), PhysAddr(PA), G1, prot, MapOptions::PAGES)
+            .unwrap();
+        s.unmap(VirtAddr(VA), G1).unwrap();
+        s
+    }
+
+    let mut g = c.benchmark_group("x86-unmap-report-4K");
+    g.sample_size(20);
+    g.throughput(criterion::Throughput::Elements(PAGES));
+    let user = Prot::new(Prot::WRITE | Prot::USER);
+    for (name, prot, report) in [
+        ("pgtable", Prot::READ_WRITE, true),
+        ("pgtable-user", user, true),
+        ("pgtable-noreport", Prot::READ_WRITE, false),
+    ] {
+        let mut s = space(prot);
+        // Check once: every page is reported with its frame.
+        s.map(VirtAddr(VA), PhysAddr(PA), G1, prot, MapOptions::PAGES)
+            .unwrap();
+        let (mut n, mut sum) = (0u64, 0u64);
+        s.unmap_with(VirtAddr(VA), G1, |r| {
+            n += 1;
+            sum = sum.wrapping_add(r.pa().unwrap().0 - PA);
+        })
+        .unwrap();
+        assert_eq!((n, sum), (PAGES, (0..PAGES).map(|i| i * PAGE).sum()));
+        assert!(s.translate(VirtAddr(VA)).is_none());
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut t = Duration::ZERO;
+                for _ in 0..iters {
+                    s.map(VirtAddr(VA), PhysAddr(PA), G1, prot, MapOptions::PAGES)
+                        .unwrap();
+                    let t0 = clock::now();
+                    if report {
+                        let mut acc = 0u64;
+                        s.unmap_with(VirtAddr(VA), G1, |r| {
+                            acc = acc
+                                .wrapping_add(r.pa().map_or(0, |p| p.0))
+                                .wrapping_add(u64::from(r.dirty()));
+                        })
+                        .unwrap();
+                        black_box(acc);
+                    } else {
+                        s.unmap(VirtAddr(VA), G1).unwrap();
+                    }
+                    t += clock::now() - t0;
+                }
+                t
+            })
+        });
+    }
+    let mut x = x86_64_crate::X86_64Crate::new(false);
+    harness::Subject::map_pages(&mut x);
+    let sum = x.unmap_pages_summing();
+    assert_eq!(sum, (0..PAGES).map(|i| PA + i * PAGE).sum::<u64>());
+    g.bench_function("x86_64", |b| {
+        b.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                harness::Subject::map_pages(&mut x);
+                let t0 = clock::now();
+                black_box(x.unmap_pages_summing());
+                t += clock::now() - t0;
+            }
+            t
+        })
+    });
+    g.finish();
+
+    // Install one page at a time into an existing PTE table: page 0 stays
+    // mapped (so the table stays), pages 1..512 come and go.
+    const N: u64 = 511;
+    let mut g = c.benchmark_group("x86-fault-4K");
+    g.sample_size(20);
+    g.throughput(criterion::Throughput::Elements(N));
+    let mut s = space(Prot::READ_WRITE);
+    s.map(
+        VirtAddr(VA),
+        PhysAddr(PA),
+        PAGE,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    let install = |s: &mut AddressSpace<X86_64, NoopMmu, Arena>| {
+        for i in 1..=N {
+            s.install_pte(
+                VirtAddr(VA + i * PAGE),
+                PhysAddr(PA + i * PAGE),
+                Prot::READ_WRITE,
+            )
+            .unwrap();
+        }
+    };
+    install(&mut s);
+    assert_eq!(
+        s.translate(VirtAddr(VA + N * PAGE)).unwrap().pa,
+        PhysAddr(PA + N * PAGE)
+    );
+    s.unmap(VirtAddr(VA + PAGE), N * PAGE).unwrap();
+    assert_eq!(s.count_tables(), 4);
+    g.bench_function("pgtable", |b| {
+        b.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                let t0 = clock::now();
+                install(&mut s);
+                t += clock::now() - t0;
+                s.unmap(VirtAddr(VA + PAGE), N * PAGE).unwrap();
+            }
+            t
+        })
+    });
+    let mut x = x86_64_crate::X86_64Crate::new(false);
+    x.map_range(0, 1);
+    x.map_range(1, N + 1);
+    assert_eq!(
+        harness::Subject::translate(&x, VA + N * PAGE).map(|t| t.0),
+        Some(PA + N * PAGE)
+    );
+    x.unmap_range(1, N + 1);
+    g.bench_function("x86_64", |b| {
+        b.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                let t0 = clock::now();
+                x.map_range(1, N + 1);
+                t += clock::now() - t0;
+                x.unmap_range(1, N + 1);
+            }
+            t
+        })
+    });
+    x.unmap_range(0, 1);
+    g.finish();
+}
+
+/// `x86-fork-4K`: fork's page-table copy of 1 GiB of 4 KiB user pages
+/// into a new address space (`copy_page_range`), median / 262,144 per
+/// page. `pgtable-cow` write-protects every page in the parent with a
+/// compare-exchange and copies it read-only (a private writable mapping);
+/// `pgtable-shared` copies as is (a shared mapping). No peer has a fork
+/// or a range copy; the closest operation is building the same child
+/// tables by mapping the range, shown as `pgtable-map` and `x86_64` (the
+/// x86_64 crate's `map_to` per page). The child is dropped untimed.
+fn fork(c: &mut Criterion) {
+    use std::hint::black_box;
+    use std::time::Duration;
+
+    use harness::{clock, G1, PA, PAGES, VA};
+    use pgtable_core::{
+        AddressSpace, Arena, CopyMode, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
+    };
+
+    let user = Prot::new(Prot::WRITE | Prot::USER);
+    let mut g = c.benchmark_group("x86-fork-4K");
+    g.sample_size(20);
+    g.throughput(criterion::Throughput::Elements(PAGES));
+    for (name, mode) in [
+        ("pgtable-cow", CopyMode::Cow),
+        ("pgtable-shared", CopyMode::Shared),
+    ] {
+        let mut parent = AddressSpace::<X86_64, _, _>::new(NoopMmu, Arena::new()).unwrap();
+        parent
+            .map(VirtAddr(VA), PhysAddr(PA), G1, user, MapOptions::PAGES)
+            .unwrap();
+        // Check once: the child translates like the parent.
+        let mut child = AddressSpace::<X86_64, _, _>::new(NoopMmu, Arena::new()).unwrap();
+        parent
+            .copy_page_range(&mut child, VirtAddr(VA), G1, mode)
+            .unwrap();
+        let t = child.translate(VirtAddr(VA + G1 - 4096)).unwrap();
+        assert_eq!(t.pa, PhysAddr(PA + G1 - 4096));
+        drop(child);
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut t = Duration::ZERO;
+                for _ in 0..iters {
+                    // COW made the parent read-only: writable again, untimed.
+                    parent.change_protection(VirtAddr(VA), G1, user).unwrap();
+                    let mut child =
+                        AddressSpace::<X86_64, _, _>::new(NoopMmu, Arena::new()).unwrap();
+                    let t0 = clock::now();
+                    parent
+                        .copy_page_range(&mut child, VirtAddr(VA), G1, mode)
+                        .unwrap();
+                    t += clock::now() - t0;
+                    black_box(child.root());
+                }
+                t
+            })
+        });
+    }
+    g.bench_function("pgtable-map", |b| {
+        b.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                let mut child = AddressSpace::<X86_64, _, _>::new(NoopMmu, Arena::new()).unwrap();
+                let t0 = clock::now();
+                child
+                    .map(VirtAddr(VA), PhysAddr(PA), G1, user, MapOptions::PAGES)
+                    .unwrap();
+                t += clock::now() - t0;
+                black_box(child.root());
+            }
+            t
+        })
+    });
+    let mut x = x86_64_crate::X86_64Crate::new(true);
+    g.bench_function("x86_64", |b| {
+        b.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                let t0 = clock::now();
+                harness::Subject::map_pages(&mut x);
+                t += clock::now() - t0;
+                harness::Subject::unmap_pages(&mut x);
+                harness::Subject::reset(&mut x);
+            }
+            t
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, peers, report_and_fault, fork);
 criterion_main!(benches);

@@ -280,9 +280,10 @@ impl<const L: u32, const M: u32> X86Paging<L, M> {
 // same address. Leaves above height 0 always have PS:
 // `leaf_template` sets it, `modify_prot` clears only RW, US, XD, G and the
 // memory-type bits (PAT is bit 12 in a huge leaf), `split_leaf` clears it
-// only for height-0 children and `hw_access` only sets A and D. Height 0
-// never decodes as a table. Software entries have P clear, so they decode
-// as invalid at every height. Every method is pure.
+// only for height-0 children, and `hw_access` and the `mk*` methods only
+// set or clear A and D. Height 0 never decodes as a table. Software
+// entries have P clear, so they decode as invalid at every height. Every
+// method is pure.
 unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
     const NAME: &'static str = if L == 5 {
         "x86_64-5level-la57"
@@ -479,6 +480,32 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
             b |= TableAttrs::UXN | TableAttrs::PXN;
         }
         TableAttrs::new(b)
+    }
+
+    /// Linux x86 `pte_mkold`: A (bit 5, the same in every leaf) clear.
+    #[inline]
+    fn mkold(raw: u64, _height: u32) -> u64 {
+        raw & !A
+    }
+
+    /// Linux x86 `pte_mkyoung`: A set.
+    #[inline]
+    fn mkyoung(raw: u64, _height: u32) -> u64 {
+        raw | A
+    }
+
+    /// Linux x86 `pte_mkclean`: D (bit 6 of every leaf) clear; R/W is
+    /// kept, since the processor sets D on the next write (SDM Vol. 3A
+    /// §4.8).
+    #[inline]
+    fn mkclean(raw: u64, _height: u32) -> u64 {
+        raw & !D
+    }
+
+    /// Linux x86 `pte_mkdirty`: D set.
+    #[inline]
+    fn mkdirty(raw: u64, _height: u32) -> u64 {
+        raw | D
     }
 }
 

@@ -1,0 +1,204 @@
+//! Fault-time operations on one entry: install one page with the least
+//! work (Linux `set_pte_at` in `do_anonymous_page` / `finish_fault`), and
+//! update one present leaf's accessed/dirty state and write permission
+//! (Linux `ptep_set_access_flags`).
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::{needs_bbm, table_at, FreeQueue};
+use crate::level::index;
+use crate::{
+    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGather, VirtAddr,
+    PAGE_SIZE,
+};
+
+/// What [`AddressSpace::ptep_set_access_flags`] sets in a leaf.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct FaultFlags {
+    dirty: bool,
+    write: bool,
+}
+
+impl FaultFlags {
+    /// The accessed state only (Linux `pte_mkyoung`): an Access flag fault
+    /// (arm64 without FEAT_HAFDBS) or a read fault on an old page.
+    pub const ACCESS: FaultFlags = FaultFlags {
+        dirty: false,
+        write: false,
+    };
+    /// Accessed and dirty (Linux `pte_mkdirty`): a write fault on a
+    /// writable but clean leaf where the hardware does not manage the
+    /// dirty state.
+    pub const DIRTY: FaultFlags = FaultFlags {
+        dirty: true,
+        write: false,
+    };
+    /// Accessed, dirty and writable (Linux `maybe_mkwrite(pte_mkdirty())`
+    /// in `wp_page_reuse`): a write fault on a write-protected page the
+    /// faulting task may write in place, e.g. a copy-on-write page it
+    /// turned out to be the only user of.
+    pub const WRITE: FaultFlags = FaultFlags {
+        dirty: true,
+        write: true,
+    };
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Installs one 4 KiB page at `va` (a faulting address, page aligned)
+    /// with the least work (Linux `do_anonymous_page` / `finish_fault`
+    /// ending in `set_pte_at`): walks down once, allocates only the
+    /// missing tables (reserved first, so a failure changes nothing), links
+    /// them, writes the PTE, and issues one walker barrier for all of it
+    /// (deferred to the end of a [`lazy_mmu`](Self::lazy_mmu) scope). No
+    /// TLB flush: the entry goes from not present to present, and a
+    /// not-present entry is never cached (Arm ARM D8.16: a change from an
+    /// invalid entry needs no break-before-make nor invalidation; Intel SDM
+    /// Vol. 3A §4.10.4.3: a change of P from 0 to 1 needs no
+    /// invalidation).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MisalignedVirt`] / [`Error::MisalignedPhys`],
+    /// [`Error::OutOfRange`] / [`Error::PhysOutOfRange`],
+    /// [`Error::AlreadyMapped`] when a page, a block or a non-present
+    /// entry is already there, [`Error::OutOfMemory`] when a missing table
+    /// cannot be allocated. On error nothing was changed and no table
+    /// frame stays allocated.
+    pub fn install_pte(&mut self, va: VirtAddr, pa: PhysAddr, prot: Prot) -> Result<(), Error> {
+        self.check_range(va, PAGE_SIZE)?;
+        Self::check_phys(pa, PAGE_SIZE)?;
+        // Check: how far the tables reach.
+        let mut tpa = self.root;
+        let mut h = A::LEVELS - 1;
+        loop {
+            // SAFETY: the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, tpa) };
+            // Relaxed: we hold the address space exclusively.
+            let raw = t.entries[index(va.0, h)].load(Relaxed);
+            if h == 0 {
+                if raw != 0 {
+                    return Err(Error::AlreadyMapped(va));
+                }
+                break;
+            }
+            match A::decode(raw, h) {
+                Decoded::Table(c) => {
+                    tpa = c;
+                    h -= 1;
+                }
+                Decoded::None => break,
+                Decoded::Leaf(_) | Decoded::Invalid => return Err(Error::AlreadyMapped(va)),
+            }
+        }
+        // Reserve: one table for each missing level below `h`.
+        let mut stash = self.reserve(h as usize)?;
+        // Write: link the missing tables top-down (each `populate` orders
+        // the zeroed table before its link), then the PTE.
+        while h > 0 {
+            // SAFETY: the last table reached, or one just linked.
+            let t = unsafe { table_at(&self.alloc, tpa) };
+            let Some(c) = self.take(&mut stash) else {
+                // Unreachable: the reservation counted `h` tables.
+                self.release(stash);
+                return Err(Error::OutOfMemory);
+            };
+            A::populate_attrs(
+                &self.mmu,
+                &t.entries[index(va.0, h)],
+                c,
+                h,
+                self.table_attrs,
+            );
+            tpa = c;
+            h -= 1;
+        }
+        self.release(stash);
+        // SAFETY: the PTE table reached or just linked.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        A::set_pte_nosync(&self.mmu, &t.entries[index(va.0, 0)], A::leaf(pa, prot, 0));
+        self.may_hold_global |= prot.global();
+        self.mmu.stats.add_entries_written(1);
+        // The one walker barrier for the links and the PTE.
+        self.table_done();
+        Ok(())
+    }
+
+    /// Linux `ptep_set_access_flags` (and `pmdp_set_access_flags` for a
+    /// block): sets the state `flags` names in the present leaf covering
+    /// `va`, as a fault handler does where the hardware does not (arm64
+    /// without FEAT_HAFDBS, or any software-managed dirty tracking), and
+    /// with [`FaultFlags::WRITE`] makes it writable. Returns whether the
+    /// entry changed (`false`: nothing to do, e.g. the hardware or another
+    /// fault already set it; a spurious fault).
+    ///
+    /// Only relaxing changes are made, with a compare-exchange loop, so an
+    /// accessed/dirty update the hardware makes meanwhile is kept. The
+    /// flush rule: a change of the accessed state alone is not flushed, as
+    /// an entry whose access faults is never cached (Arm ARM D8.5: entries
+    /// that generate an Access flag fault are not held in a TLB; x86 caches
+    /// only entries whose A is set, SDM Vol. 3A §4.10.2.3). When the dirty
+    /// state or the write permission changes, the one page is flushed, as
+    /// Linux arm64 `__ptep_set_access_flags` does for a write fault: a TLB
+    /// may still hold the read-only entry that faulted, and the store would
+    /// fault again. (x86 Linux skips that flush because a page fault itself
+    /// invalidates the faulting address, SDM Vol. 3A §4.10.4.1; this crate
+    /// flushes on both, one page.)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfRange`] outside the address space,
+    /// [`Error::NotMapped`] when no present leaf covers `va`,
+    /// [`Error::BreakBeforeMake`] when the arch cannot make the change in
+    /// place. On error nothing was changed.
+    pub fn ptep_set_access_flags(
+        &mut self,
+        va: VirtAddr,
+        flags: FaultFlags,
+    ) -> Result<bool, Error> {
+        if !A::va_ok(va.0) {
+            return Err(Error::OutOfRange(va));
+        }
+        let (slot, h) = self.find_leaf(va).ok_or(Error::NotMapped(va))?;
+        // Relaxed: the compare-exchange below re-checks it.
+        let mut cur = slot.load(Relaxed);
+        let (old, new) = loop {
+            if !matches!(A::decode(cur, h), Decoded::Leaf(_)) {
+                return Err(Error::NotMapped(va));
+            }
+            let mut new = A::mkyoung(cur, h);
+            if flags.write {
+                let p = A::leaf_prot(new, h);
+                if !p.writable() {
+                    let w = Prot::new(p.bits() | Prot::WRITE).with_mem(p.mem);
+                    new = A::modify_prot(new, w, h);
+                }
+            }
+            if flags.dirty {
+                new = A::mkdirty(new, h);
+            }
+            if new == cur {
+                return Ok(false);
+            }
+            if needs_bbm::<A>(cur, new, h) {
+                return Err(Error::BreakBeforeMake(va));
+            }
+            // Relaxed: atomic against the hardware's A/D update; the walker
+            // is ordered by the barrier below.
+            match slot.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
+                Ok(_) => break (cur, new),
+                Err(now) => cur = now,
+            }
+        };
+        if M::OBSERVES_WRITES {
+            self.mmu.entry_written(slot, old);
+        }
+        self.mmu.stats.add_entries_written(1);
+        self.table_done();
+        if A::mkyoung(old, h) != A::mkyoung(new, h) {
+            let mut gather = TlbGather::new();
+            gather.add_leaf(va, h);
+            self.finish(gather, FreeQueue::new());
+        }
+        Ok(true)
+    }
+}

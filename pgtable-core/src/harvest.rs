@@ -1,0 +1,293 @@
+//! Accessed/dirty harvesting: Linux `ptep_test_and_clear_young`,
+//! `pmdp_test_and_clear_young`, `ptep_clear_flush_young` and the page
+//! walk of `/proc/PID/clear_refs` (`clear_refs_pte_range`).
+//!
+//! Every clear is a compare-exchange loop on the live entry, so an
+//! accessed or dirty update the hardware makes at the same time is either
+//! seen (and reported) or made after the clear (and kept): none is lost.
+//! Changed leaves are flushed through one gathered flush at the end (or by
+//! the caller's [`MmuGather`]): a TLB entry that still holds the old state
+//! would let the hardware skip setting it again.
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::{table_at, FreeQueue};
+use crate::level::{entry_end, index};
+use crate::{
+    AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, MmuGather, PhysAddr, Slot, TableAlloc,
+    TlbGather, VirtAddr,
+};
+
+/// What [`AddressSpace::clear_refs`] clears in each leaf.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ClearRefs {
+    young: bool,
+    dirty: bool,
+}
+
+impl ClearRefs {
+    /// The accessed (young) state ([`Format::mkold`]; Linux
+    /// `CLEAR_REFS_ALL` / `ptep_test_and_clear_young`), for reclaim and
+    /// working-set estimation.
+    ///
+    /// [`Format::mkold`]: crate::Format::mkold
+    pub const YOUNG: ClearRefs = ClearRefs {
+        young: true,
+        dirty: false,
+    };
+    /// The dirty state ([`Format::mkclean`]; Linux `pte_mkclean` as page
+    /// writeback's `page_mkclean_one` applies it). The leaf stays writable
+    /// where the hardware manages the dirty state: the next store marks it
+    /// dirty again. Treat the page as clean only after the flush.
+    ///
+    /// [`Format::mkclean`]: crate::Format::mkclean
+    pub const DIRTY: ClearRefs = ClearRefs {
+        young: false,
+        dirty: true,
+    };
+    /// Both.
+    pub const ALL: ClearRefs = ClearRefs {
+        young: true,
+        dirty: true,
+    };
+
+    /// Whether the accessed state is cleared.
+    pub const fn young(self) -> bool {
+        self.young
+    }
+
+    /// Whether the dirty state is cleared.
+    pub const fn dirty(self) -> bool {
+        self.dirty
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// The leaf covering `va` (a page, a block, or a non-present non-zero
+    /// entry) and its height, if there is one.
+    pub(crate) fn find_leaf(&self, va: VirtAddr) -> Option<(&Slot, u32)> {
+        if !A::va_ok(va.0) {
+            return None;
+        }
+        let mut pa = self.root;
+        let mut h = A::LEVELS - 1;
+        loop {
+            // SAFETY: `pa` is the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            let slot = &t.entries[index(va.0, h)];
+            // Relaxed: we hold the address space; the hardware changes
+            // accessed/dirty state only, never the kind of entry.
+            match A::decode(slot.load(Relaxed), h) {
+                Decoded::Table(c) => pa = c,
+                Decoded::None => return None,
+                Decoded::Leaf(_) | Decoded::Invalid => return Some((slot, h)),
+            }
+            // A table entry is never found at height 0 (`Format` rules).
+            h = h.checked_sub(1)?;
+        }
+    }
+
+    /// Linux `ptep_get` (and `pmdp_get` / `pudp_get` for a block): the
+    /// leaf-level entry covering `va` — a page, a block or a non-present
+    /// software entry — as a [`LeafEntry`], or `None` when nothing is
+    /// there (or `va` is outside the address space). A snapshot: the
+    /// hardware may set accessed/dirty state in the entry right after.
+    pub fn ptep_get(&self, va: VirtAddr) -> Option<LeafEntry<A>> {
+        let (slot, h) = self.find_leaf(va)?;
+        // Relaxed: a snapshot of one entry.
+        Some(LeafEntry::new(va.0, h, slot.load(Relaxed)))
+    }
+
+    /// Linux `ptep_clear_flush_young` (`pmdp_clear_flush_young` for a
+    /// block): clears the accessed state of the leaf covering `va` and
+    /// returns whether it was set. When it was, the leaf's translation is
+    /// flushed, so the next access sets it again in the tables.
+    ///
+    /// Unmapped addresses are not young (`Ok(false)`), as in Linux.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfRange`] for an address outside the address space.
+    pub fn test_and_clear_young(&mut self, va: VirtAddr) -> Result<bool, Error> {
+        if !A::va_ok(va.0) {
+            return Err(Error::OutOfRange(va));
+        }
+        let Some((slot, h)) = self.find_leaf(va) else {
+            return Ok(false);
+        };
+        let Some((old, changed)) = clear_leaf::<A, _>(&self.mmu, slot, h, ClearRefs::YOUNG) else {
+            return Ok(false);
+        };
+        if changed {
+            self.table_done();
+            let mut gather = TlbGather::new();
+            gather.add_leaf(va, h);
+            self.finish(gather, FreeQueue::new());
+        }
+        Ok(A::is_young(old))
+    }
+
+    /// Clears the state `what` names in every present leaf of
+    /// `[va, va + len)` and calls `f` with each leaf as it was just before
+    /// the clear (its [`young`](LeafEntry::young) and
+    /// [`dirty`](LeafEntry::dirty) tell what the hardware had set), then
+    /// flushes the changed leaves once. A block the range covers in part
+    /// is cleared whole (and reported once, with its own address), as
+    /// Linux's `clear_refs` does for a huge page. Holes and non-present
+    /// entries are skipped.
+    ///
+    /// Each clear is a compare-exchange loop, never a load and a store, so
+    /// a concurrent hardware update is never lost. A page whose dirty
+    /// state was cleared may be treated as clean (written back) once this
+    /// returns: the flush has removed the TLB entries that could let a
+    /// store through without marking it dirty again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZeroLength`], [`Error::MisalignedVirt`] /
+    /// [`Error::MisalignedLength`], [`Error::OutOfRange`]; on error nothing
+    /// was changed and nothing reported.
+    pub fn clear_refs(
+        &mut self,
+        va: VirtAddr,
+        len: u64,
+        what: ClearRefs,
+        f: impl FnMut(LeafEntry<A>),
+    ) -> Result<(), Error> {
+        let end = self.check_range(va, len)?;
+        let mut gather = TlbGather::new();
+        let mut f = f;
+        self.harvest(
+            A::LEVELS - 1,
+            self.root,
+            va.0,
+            end,
+            what,
+            &mut gather,
+            &mut f,
+        );
+        self.finish(gather, FreeQueue::new());
+        Ok(())
+    }
+
+    /// [`clear_refs`](Self::clear_refs) into the caller's gather: the flush
+    /// waits for [`tlb_finish_mmu`](Self::tlb_finish_mmu), and pages whose
+    /// dirty state was cleared must not be treated as clean before it
+    /// returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`clear_refs`](Self::clear_refs), and [`Error::ForeignGather`];
+    /// on error nothing was changed.
+    pub fn clear_refs_gathered(
+        &mut self,
+        tlb: &mut MmuGather,
+        va: VirtAddr,
+        len: u64,
+        what: ClearRefs,
+        f: impl FnMut(LeafEntry<A>),
+    ) -> Result<(), Error> {
+        self.check_gather(tlb)?;
+        let end = self.check_range(va, len)?;
+        let mut f = f;
+        self.harvest(
+            A::LEVELS - 1,
+            self.root,
+            va.0,
+            end,
+            what,
+            &mut tlb.tlb,
+            &mut f,
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn harvest(
+        &mut self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+        what: ClearRefs,
+        gather: &mut TlbGather,
+        f: &mut impl FnMut(LeafEntry<A>),
+    ) {
+        // SAFETY: the root or a table reached from it.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        let mut changed = 0u64;
+        loop {
+            let next = entry_end(va, height, end);
+            let slot = &t.entries[index(va, height)];
+            // Relaxed: the kind of entry does not change under us; the
+            // clear re-reads the value in its compare-exchange.
+            let raw = slot.load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::Table(c) if height > 0 => {
+                    self.harvest(height - 1, c, va, next, what, gather, f);
+                }
+                Decoded::Leaf(_) => {
+                    if let Some((old, ch)) = clear_leaf::<A, _>(&self.mmu, slot, height, what) {
+                        let leaf = LeafEntry::new(va, height, old);
+                        if ch {
+                            changed += 1;
+                            gather.add_leaf(leaf.va(), height);
+                        }
+                        f(leaf);
+                    }
+                }
+                _ => {}
+            }
+            va = next;
+            if va == end {
+                break;
+            }
+        }
+        if changed > 0 {
+            self.mmu.stats.add_entries_written(changed);
+            self.table_done();
+        }
+    }
+}
+
+/// Clears `what` in the leaf at `height` in `slot` with a compare-exchange
+/// loop. Returns the value it held just before (the one the exchange
+/// replaced) and whether it changed; `None` if it is no longer a present
+/// leaf.
+#[inline]
+fn clear_leaf<A: Arch, M: Mmu>(
+    mmu: &M,
+    slot: &Slot,
+    height: u32,
+    what: ClearRefs,
+) -> Option<(u64, bool)> {
+    // Relaxed: the compare-exchange below re-checks it.
+    let mut cur = slot.load(Relaxed);
+    loop {
+        if !matches!(A::decode(cur, height), Decoded::Leaf(_)) {
+            return None;
+        }
+        let mut new = cur;
+        if what.young {
+            new = A::mkold(new, height);
+        }
+        if what.dirty {
+            new = A::mkclean(new, height);
+        }
+        if new == cur {
+            return Some((cur, false));
+        }
+        // Relaxed: atomicity against the hardware's own locked A/D update
+        // is what matters; the walker is ordered by the walker barrier and
+        // the flush that follow.
+        match slot.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
+            Ok(_) => {
+                if M::OBSERVES_WRITES {
+                    mmu.entry_written(slot, cur);
+                }
+                return Some((cur, true));
+            }
+            Err(now) => cur = now,
+        }
+    }
+}
