@@ -196,6 +196,14 @@ pub fn this_cpu() -> usize {
     }
 }
 
+/// The TSC frequency (set by [`init`]), for timeouts.
+static TSC_HZ: AtomicU64 = AtomicU64::new(1_000_000_000);
+
+/// The TSC frequency in Hz.
+pub fn tsc_hz() -> u64 {
+    TSC_HZ.load(Relaxed)
+}
+
 /// The kernel's root (what an AP loads at its 64-bit entry).
 pub fn kernel_root() -> u64 {
     AP_BOOT_CR3.load(Relaxed)
@@ -302,6 +310,7 @@ pub fn init<A: Arch>(
     ram: &RamMap,
     tsc_hz: u64,
 ) -> Result<usize, BringUpError> {
+    TSC_HZ.store(tsc_hz, Relaxed);
     apic::map(space).map_err(|_| BringUpError("map the local APIC", 0))?;
     apic::enable();
     APIC_IDS[0].store(u64::from(apic::id()), Relaxed);

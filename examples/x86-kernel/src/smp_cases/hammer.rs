@@ -6,7 +6,7 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use pgtable_core::PAGE_SIZE;
 
 use crate::smp::{self, MAX_CPUS};
-use crate::trap;
+use crate::{trap, tsc};
 
 /// Pages in a hammered range.
 pub(super) const PAGES: u64 = 16;
@@ -210,9 +210,31 @@ pub(super) fn post(mask: u64, op: u64, a: u64, b: u64, c: u64) -> u64 {
 /// Waits for every CPU of `mask` to finish command `seq` (after `stop`).
 pub(super) fn wait_done(mask: u64, seq: u64) {
     for cpu in smp::cpus(mask) {
+        let deadline = Deadline::new();
         // Acquire: pairs with the AP's Release of its ack.
         while RES[cpu].done.load(Acquire) != seq {
+            deadline.check(cpu, "to finish its command");
             core::hint::spin_loop();
+        }
+    }
+}
+
+/// How long CPU 0 waits for an AP before it ends the run: 60 s of TSC
+/// (real time, also under emulation), far beyond any case's needs.
+struct Deadline(u64);
+
+impl Deadline {
+    fn new() -> Deadline {
+        Deadline(tsc::now() + 60 * smp::tsc_hz())
+    }
+
+    /// Ends the run as failed once the deadline has passed: an AP that
+    /// stopped answering leaves no state a later case could trust.
+    fn check(&self, cpu: usize, what: &str) {
+        if tsc::now() > self.0 {
+            crate::println!("FAIL smp: CPU {cpu} did not answer within 60 s ({what})");
+            crate::println!("0 passed, 1 failed");
+            crate::exit(false);
         }
     }
 }
@@ -221,7 +243,9 @@ pub(super) fn wait_done(mask: u64, seq: u64) {
 pub(super) fn wait_passes(mask: u64, n: u64) {
     for cpu in smp::cpus(mask) {
         let start = RES[cpu].passes.load(Acquire);
+        let deadline = Deadline::new();
         while RES[cpu].passes.load(Acquire) < start + n {
+            deadline.check(cpu, "to complete its probe passes");
             core::hint::spin_loop();
         }
     }
