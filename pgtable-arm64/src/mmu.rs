@@ -138,6 +138,8 @@ pub struct Arm64Mmu {
     /// The ASID, or [`UNTAGGED`].
     asid: AtomicU32,
     ttbr: Ttbr,
+    /// Flushes use the non-broadcast TLBIs ([`Arm64Mmu::local_only`]).
+    local: bool,
 }
 
 impl Clone for Arm64Mmu {
@@ -148,6 +150,7 @@ impl Clone for Arm64Mmu {
             // serialised by the caller's ASID lock.
             asid: AtomicU32::new(self.asid.load(Relaxed)),
             ttbr: self.ttbr,
+            local: self.local,
         }
     }
 }
@@ -159,6 +162,7 @@ impl Arm64Mmu {
         Arm64Mmu {
             asid: AtomicU32::new(UNTAGGED),
             ttbr: Ttbr::Both,
+            local: false,
         }
     }
 
@@ -176,12 +180,72 @@ impl Arm64Mmu {
         Arm64Mmu {
             asid: AtomicU32::new(asid.get() as u32),
             ttbr: Ttbr::Ttbr0,
+            local: false,
         }
     }
 
     /// The same MMU installing roots into `ttbr`.
     pub const fn installing_into(self, ttbr: Ttbr) -> Arm64Mmu {
         Arm64Mmu { ttbr, ..self }
+    }
+
+    /// The same MMU, flushing the executing CPU only: the TLBIs without
+    /// the Inner Shareable `is` suffix (`tlbi vae1`, `vale1`, `aside1`,
+    /// `vmalle1`), framed by `dsb nshst` / `dsb nsh` instead of the `ish`
+    /// barriers, as Linux `local_flush_tlb_all` does. Range TLBIs
+    /// (FEAT_TLBIRANGE) are not used: a range is flushed per stride up to
+    /// the ceiling, then fully.
+    ///
+    /// Opt-in, for an address space known to be live on this CPU alone
+    /// (one never installed elsewhere: a per-CPU space, early boot before
+    /// the secondary CPUs start). Anywhere else it breaks the [`Mmu`]
+    /// rule that a flush reaches every CPU (Arm ARM D8.14: only the
+    /// broadcast forms affect other PEs of the Inner Shareable domain),
+    /// and a translation another CPU cached stays usable after the
+    /// operation returns. The barriers after table writes stay `ish`:
+    /// the walkers of other CPUs still read the tables.
+    pub const fn local_only(self) -> Arm64Mmu {
+        Arm64Mmu {
+            local: true,
+            ..self
+        }
+    }
+
+    /// Whether flushes reach the executing CPU only.
+    pub const fn is_local_only(&self) -> bool {
+        self.local
+    }
+
+    /// Before a TLBI: the entry writes are visible to the walkers the
+    /// TLBI reaches (every CPU, or this one).
+    fn pre_tlbi(&self) {
+        if self.local {
+            dsb(NSHST);
+        } else {
+            dsb(ISHST);
+        }
+    }
+
+    /// After the TLBIs: they completed where they reach, and this CPU uses
+    /// no translation fetched before.
+    fn post_tlbi(&self) {
+        if self.local {
+            dsb(NSH);
+        } else {
+            dsb(ISH);
+        }
+        isb(SY);
+    }
+
+    /// `tlbi vmalle1is`, or `vmalle1` when local.
+    fn tlbi_all(&self) {
+        if self.local {
+            // SAFETY: TLB invalidation has no memory effects Rust can see.
+            unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
+        } else {
+            // SAFETY: as above.
+            unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) };
+        }
     }
 
     /// The ASID the flushes name (`None`: untagged, ASID 0 and full
@@ -212,7 +276,15 @@ impl Arm64Mmu {
 
     fn tlbi_page(&self, va: u64, last_level: bool) {
         let x = tlbi_va_operand(va, self.asid16());
-        if last_level {
+        if self.local {
+            if last_level {
+                // SAFETY: TLB invalidation has no memory effects Rust can see.
+                unsafe { asm!("tlbi vale1, {}", in(reg) x, options(nostack, preserves_flags)) };
+            } else {
+                // SAFETY: as above.
+                unsafe { asm!("tlbi vae1, {}", in(reg) x, options(nostack, preserves_flags)) };
+            }
+        } else if last_level {
             // SAFETY: TLB invalidation has no memory effects Rust can see.
             unsafe { asm!("tlbi vale1is, {}", in(reg) x, options(nostack, preserves_flags)) };
         } else {
@@ -247,13 +319,18 @@ impl Arm64Mmu {
     /// Invalidates this address space's entries: its ASID's (global ones
     /// stay), or everything for an untagged space.
     fn tlbi_mm(&self) {
-        if let Some(asid) = self.asid() {
-            let x = tlbi_asid_operand(asid.get());
-            // SAFETY: as above.
-            unsafe { asm!("tlbi aside1is, {}", in(reg) x, options(nostack, preserves_flags)) };
-        } else {
-            // SAFETY: as above.
-            unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) };
+        match self.asid() {
+            Some(asid) if self.local => {
+                let x = tlbi_asid_operand(asid.get());
+                // SAFETY: as above.
+                unsafe { asm!("tlbi aside1, {}", in(reg) x, options(nostack, preserves_flags)) };
+            }
+            Some(asid) => {
+                let x = tlbi_asid_operand(asid.get());
+                // SAFETY: as above.
+                unsafe { asm!("tlbi aside1is, {}", in(reg) x, options(nostack, preserves_flags)) };
+            }
+            None => self.tlbi_all(),
         }
     }
 }
@@ -267,7 +344,9 @@ impl Default for Arm64Mmu {
 // SAFETY: barriers are `dsb ishst; isb`; every invalidation is the
 // inner-shareable broadcast form (`…is`) completed by `dsb ish`, so it has
 // reached every CPU of the inner-shareable domain when the flush returns;
-// `flush_tlb_all` is `vmalle1is` (global entries included).
+// `flush_tlb_all` is `vmalle1is` (global entries included). A `local_only`
+// handle reaches the executing CPU only, which meets the contract for the
+// spaces it is documented for (live on that CPU alone).
 unsafe impl Mmu for Arm64Mmu {
     #[inline]
     fn walker_barrier(&self) {
@@ -286,16 +365,14 @@ unsafe impl Mmu for Arm64Mmu {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
-        let plan = plan_flush(range, has_tlb_range());
-        // Entry writes reach every walker before the invalidation.
-        dsb(ISHST);
+        // Local handles have no non-broadcast range TLBIs here.
+        let plan = plan_flush(range, has_tlb_range() && !self.local);
+        // Entry writes reach every walker the TLBIs reach before them.
+        self.pre_tlbi();
         match plan {
             // A range flush must drop global entries in the range too, so
             // its full-flush fallback is the one that includes them.
-            FlushPlan::All => {
-                // SAFETY: TLB invalidation has no memory effects Rust can see.
-                unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) }
-            }
+            FlushPlan::All => self.tlbi_all(),
             FlushPlan::PerStride {
                 start,
                 count,
@@ -316,31 +393,24 @@ unsafe impl Mmu for Arm64Mmu {
                 }
             }
         }
-        // The broadcast invalidation completed on every CPU…
-        dsb(ISH);
-        // …and this CPU uses no translation fetched before that.
-        isb(SY);
+        // The invalidation completed on every CPU it reaches (all of them
+        // for the broadcast form), and this CPU uses no translation
+        // fetched before that.
+        self.post_tlbi();
     }
 
     fn flush_tlb_all(&self) {
         // As in `flush_tlb_range`.
-        dsb(ISHST);
-        // SAFETY: TLB invalidation has no memory effects Rust can see.
-        unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) };
-        // As in `flush_tlb_range`.
-        dsb(ISH);
-        // As in `flush_tlb_range`.
-        isb(SY);
+        self.pre_tlbi();
+        self.tlbi_all();
+        self.post_tlbi();
     }
 
     fn flush_tlb_mm(&self) {
         // As in `flush_tlb_range`.
-        dsb(ISHST);
+        self.pre_tlbi();
         self.tlbi_mm();
-        // As in `flush_tlb_range`.
-        dsb(ISH);
-        // As in `flush_tlb_range`.
-        isb(SY);
+        self.post_tlbi();
     }
 
     /// Writes the TTBRs. Tagged: TTBR0_EL1 gets the root and the ASID in
@@ -389,33 +459,51 @@ unsafe impl Mmu for Arm64Mmu {
 /// the code executing this function and everything the CPU touches next,
 /// and must stay alive while installed.
 pub unsafe fn enable_mmu_for<F: Format>(root: PhysAddr) -> u64 {
-    let pa_range = ID_AA64MMFR0_EL1.get() & 0xf;
+    let tcr = tcr_value(this_cpu_tcr_config::<F>());
+    // SAFETY: our caller's contract; TTBR1_EL1 walks the root's high half.
+    unsafe { turn_mmu_on(tcr, root, PhysAddr(ttbr1_base(root.0))) };
+    tcr
+}
+
+/// The TCR settings for format `F` on this CPU: its PARange, HA/HD per
+/// ID_AA64MMFR1_EL1.HAFDBS and 16-bit ASIDs per ID_AA64MMFR0_EL1.ASIDBits.
+fn this_cpu_tcr_config<F: Format>() -> TcrConfig {
+    let mmfr0 = ID_AA64MMFR0_EL1.get();
     let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
-    let tcr = tcr_value(TcrConfig {
+    TcrConfig {
         va_bits: F::VA_BITS,
         ttbr1: true,
-        pa_range,
+        pa_range: mmfr0 & 0xf,
         hw_access_flag: hafdbs >= 1,
         hw_dirty: hafdbs >= 2,
-        asid16: AsidBits::from_mmfr0(ID_AA64MMFR0_EL1.get()) == AsidBits::Bits16,
-    });
+        asid16: AsidBits::from_mmfr0(mmfr0) == AsidBits::Bits16,
+    }
+}
+
+/// Writes MAIR_EL1, TCR_EL1 = `tcr` and both TTBRs, invalidates the
+/// local TLB and sets SCTLR_EL1.M (with C and I; A and WXN clear).
+///
+/// # Safety
+///
+/// As [`enable_mmu_for`], for the roots `ttbr0` and `ttbr1`.
+unsafe fn turn_mmu_on(tcr: u64, ttbr0: PhysAddr, ttbr1: PhysAddr) {
     MAIR_EL1.set(MAIR_VALUE);
     TCR_EL1.set(tcr);
-    TTBR0_EL1.set(root.0);
-    TTBR1_EL1.set(ttbr1_base(root.0));
-    // Table writes and the register writes are complete…
+    TTBR0_EL1.set(ttbr0.0);
+    TTBR1_EL1.set(ttbr1.0);
+    // Table writes and the register writes are complete before the TLB
+    // invalidation and the enable.
     dsb(ISH);
     isb(SY);
     // SAFETY: local TLB invalidation; stale entries from before are gone.
     unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
-    // The local invalidation completed…
+    // The local invalidation completed before the enable.
     dsb(NSH);
     isb(SY);
     let sctlr = (SCTLR_EL1.get() | SCTLR_MMU_BITS) & !SCTLR_MMU_CLEAR;
     SCTLR_EL1.set(sctlr);
     // Instructions after this one are translated.
     isb(SY);
-    tcr
 }
 
 /// [`enable_mmu_for`] with the 48-bit [`Arm64`] format.
@@ -446,31 +534,8 @@ pub unsafe fn enable_mmu(root: PhysAddr) -> u64 {
 /// executing this function and everything the CPU touches next, and both
 /// must stay alive while installed.
 pub unsafe fn enable_mmu_separate_halves<F: Format>(lower: PhysAddr, upper: PhysAddr) -> u64 {
-    let pa_range = ID_AA64MMFR0_EL1.get() & 0xf;
-    let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
-    let tcr = tcr_value_separate_halves(TcrConfig {
-        va_bits: F::VA_BITS,
-        ttbr1: true,
-        pa_range,
-        hw_access_flag: hafdbs >= 1,
-        hw_dirty: hafdbs >= 2,
-    });
-    MAIR_EL1.set(MAIR_VALUE);
-    TCR_EL1.set(tcr);
-    TTBR0_EL1.set(lower.0);
-    TTBR1_EL1.set(upper.0);
-    // Table writes and the register writes are complete before the TLB
-    // invalidation and the enable.
-    dsb(ISH);
-    isb(SY);
-    // SAFETY: local TLB invalidation; stale entries from before are gone.
-    unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
-    // The local invalidation completed before the enable.
-    dsb(NSH);
-    isb(SY);
-    let sctlr = (SCTLR_EL1.get() | SCTLR_MMU_BITS) & !SCTLR_MMU_CLEAR;
-    SCTLR_EL1.set(sctlr);
-    // Instructions after this one are translated.
-    isb(SY);
+    let tcr = tcr_value_separate_halves(this_cpu_tcr_config::<F>());
+    // SAFETY: our caller's contract.
+    unsafe { turn_mmu_on(tcr, lower, upper) };
     tcr
 }

@@ -3,8 +3,10 @@
 //! freed, a missing walker barrier (the walker still sees the old entry),
 //! and a non-atomic read-modify-write of an entry racing the hardware (a
 //! lost dirty bit), table entries without their hierarchical attributes
-//! (user tables without PXNTable, kernel tables open to user mode) — with
-//! the correct variant beside each one passing.
+//! (user tables without PXNTable, kernel tables open to user mode), a
+//! flush that reaches only the executing CPU on a machine with two (with
+//! the CVE-2018-18281 race: a writer CPU storing into a moved and reused
+//! frame) — with the correct variant beside each one passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 #[macro_use]
@@ -1029,4 +1031,199 @@ fn a_live_kernel_change_through_clear_then_commit_is_caught() {
     // changed with a plain store there, as the agents made them.)
     let o = live::change_under_agents::<T4>(live::Way::ClearThenCommit, 2);
     assert!(o.gaps >= 2, "the block in each change: {}", o.gaps);
+}
+
+// ----- several CPUs: a flush must reach every CPU -----
+
+/// A machine with two CPUs and an address space installed on both, whose
+/// MMU executes on CPU 0 and flushes every CPU (`broadcast`) or CPU 0
+/// only (the x86 `invlpg` / arm64 non-IS `tlbi` reach, without a
+/// shootdown).
+fn two_cpus(broadcast: bool) -> (SimMachine<T4>, Space) {
+    let m = SimMachine::<T4>::with_cpus(2);
+    let mmu = if broadcast {
+        m.mmu()
+    } else {
+        m.mmu().local_only()
+    };
+    let s = AddressSpace::new(mmu, m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let s = unsafe { Installed::new(s) };
+    // SAFETY: the same complete hierarchy, on the simulated CPU 1.
+    unsafe { m.cpu(1).mmu().install_root(s.root()) };
+    (m, s)
+}
+
+/// What the other CPU sees after `op` changed `VA` on CPU 0: the check's
+/// error, and whether CPU 1 could still store through its cached entry.
+fn other_cpu_after(broadcast: bool, op: &str) -> (Result<(), CheckError>, bool) {
+    let (m, mut s) = two_cpus(broadcast);
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    // CPU 1 caches a dirty translation; CPU 0 never touches the page.
+    m.cpu(1).write_u64(VA, 7).unwrap();
+    assert!(m.cpu(1).tlb_holds(VA) && !m.tlb_holds(VA));
+    m.check().unwrap();
+    match op {
+        "unmap" => s.unmap(VA, K4).unwrap(),
+        "protect" => s.change_protection(VA, K4, Prot::READ_ONLY).unwrap(),
+        "move" => s.move_page_tables(VA, VirtAddr(3 * G1), K4).unwrap(),
+        _ => unreachable!(),
+    }
+    let checked = m.check();
+    let stored = m.cpu(1).write_u64(VA, 8).is_ok();
+    (checked, stored)
+}
+
+#[test]
+fn a_flush_that_reaches_only_the_local_cpu_is_caught_on_the_other_cpu() {
+    for op in ["unmap", "protect", "move"] {
+        let (checked, stored) = other_cpu_after(false, op);
+        let Err(CheckError::Stale(stale)) = checked else {
+            panic!("{op}: a local-only flush passed the check: {checked:?}");
+        };
+        assert_eq!((stale.cpu, stale.va, stale.leaf), (1, VA, true), "{op}");
+        assert!(stored, "{op}: CPU 1 stores through its stale entry");
+        assert!(stale.to_string().starts_with("CPU 1: "), "{stale}");
+
+        // A broadcast flush (arm64 `tlbi …is` + `dsb ish`) reaches CPU 1.
+        let (checked, stored) = other_cpu_after(true, op);
+        assert_eq!(checked, Ok(()), "{op}");
+        assert!(!stored, "{op}: CPU 1 faults after the change");
+    }
+}
+
+#[test]
+fn each_cpu_fills_its_own_tlb_and_a_local_flush_leaves_the_others() {
+    let (m, mut s) = two_cpus(true);
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.read_u64(VA).unwrap();
+    assert!(m.tlb_holds(VA) && !m.cpu(1).tlb_holds(VA));
+    m.cpu(1).read_u64(VA).unwrap();
+    assert!(m.cpu(1).tlb_holds(VA));
+    // A local flush on CPU 1 empties CPU 1's entry only.
+    m.cpu(1).mmu().local_only().flush_tlb_range(TlbRange {
+        start: VA,
+        end: VA.add(K4),
+        stride_shift: 12,
+        last_level: false,
+    });
+    assert!(m.tlb_holds(VA) && !m.cpu(1).tlb_holds(VA));
+    m.check().unwrap();
+    assert_eq!((m.cpus(), m.cpu(1).cpu_id()), (2, 1));
+    assert_eq!(m.cpu(1).root(), Some(s.root()));
+}
+
+/// CVE-2018-18281 as a race: a writer CPU keeps storing through its cached
+/// translation of `old` while CPU 0 moves the range away (mremap), then
+/// frees the frame and reuses it. Returns the value the reused frame holds
+/// once the writer has made several stores after the move returned, and
+/// how many of those stores went through.
+fn writer_races_a_move(broadcast: bool) -> (u64, u64) {
+    use std::sync::atomic::AtomicU64;
+    let (m, mut s) = two_cpus(broadcast);
+    let old = VA;
+    let new = VirtAddr(3 * G1);
+    s.map(old, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let moved = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (before, after, landed) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writer = {
+        let cpu1 = m.cpu(1);
+        let (moved, stop) = (moved.clone(), stop.clone());
+        let (before, after, landed) = (before.clone(), after.clone(), landed.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            // Acquire: pairs with the Release stores below, so a store
+            // counted as "after" was issued after the move returned.
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                let was_moved = moved.load(std::sync::atomic::Ordering::Acquire);
+                let ok = cpu1.write_u64(old, 0xbad0_0000 + i).is_ok();
+                if was_moved {
+                    landed.fetch_add(u64::from(ok), Relaxed);
+                    after.fetch_add(1, Relaxed);
+                } else {
+                    before.fetch_add(u64::from(ok), Relaxed);
+                }
+                i += 1;
+                std::thread::yield_now();
+            }
+        })
+    };
+    // The writer has a cached translation before the move starts.
+    while before.load(Relaxed) == 0 {
+        std::thread::yield_now();
+    }
+    s.move_page_tables(old, new, K4).unwrap();
+    // Release: the move's table writes happen before the writer sees it.
+    moved.store(true, std::sync::atomic::Ordering::Release);
+    // The frame leaves the address space and is reused for other data.
+    s.unmap(new, K4).unwrap();
+    m.phys_write_u64(PA, 0xfeed);
+    let seen = after.load(Relaxed);
+    while after.load(Relaxed) < seen + 8 {
+        std::thread::yield_now();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    writer.join().unwrap();
+    (m.phys_read_u64(PA), landed.load(Relaxed))
+}
+
+#[test]
+fn a_local_only_flush_lets_a_writer_cpu_store_into_a_moved_and_reused_frame() {
+    // CVE-2018-18281: the move's flush did not reach the writer's CPU.
+    let (frame, landed) = writer_races_a_move(false);
+    assert_ne!(frame, 0xfeed, "the reused frame was overwritten");
+    assert!(landed > 0);
+
+    // A broadcast flush: once the move returns no store lands anywhere.
+    let (frame, landed) = writer_races_a_move(true);
+    assert_eq!((frame, landed), (0xfeed, 0));
+}
+
+#[test]
+fn hardware_agents_on_two_cpus_race_protection_changes_and_unmaps() {
+    let (m, mut s) = two_cpus(true);
+    let len = 8 * K4;
+    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // CPU 0 and CPU 1 each run a hardware agent on the range.
+    let agents = [
+        m.spawn_agent(VA, len, stop.clone()),
+        m.cpu(1).spawn_agent(VA, len, stop.clone()),
+    ];
+    // Only the agents fill the TLBs: go on until each CPU's has been seen
+    // holding something (its walk cache).
+    let (mut round, mut seen) = (0, [false; 2]);
+    while round < 50 || (!(seen[0] && seen[1]) && round < 1_000_000) {
+        round += 1;
+        for (c, seen) in seen.iter_mut().enumerate() {
+            *seen |= m.cpu(c).tlb_len() > 0;
+        }
+        let prot = if round % 2 == 0 {
+            Prot::READ_ONLY
+        } else {
+            Prot::READ_WRITE
+        };
+        s.change_protection(VA, len, prot).unwrap();
+        m.check().unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    s.unmap(VA, len).unwrap();
+    m.check().unwrap();
+    stop.store(true, Relaxed);
+    for a in agents {
+        let r = a.join().unwrap();
+        assert!(r.touches > 0);
+    }
+    m.check().unwrap();
+    for c in 0..2 {
+        assert!(m.cpu(c).read_u64(VA).is_err(), "CPU {c}");
+    }
 }

@@ -14,6 +14,10 @@
 //!   `target_os = "none"`): [`pgtable_core::Mmu`] with `INVLPG`, CR3,
 //!   INVPCID and CR4.PGE, through the `x86_64` crate; optionally tagged
 //!   with a [`Pcid`] (switches without a flush).
+//! - [`shootdown`]: TLB shootdown for SMP kernels ([`SmpMmu`]: local
+//!   flush, one IPI round to the CPUs the space may be live on, the wait
+//!   for acknowledgements; lazy CPUs; INVLPGB + TLBSYNC where AMD
+//!   processors have it).
 //! - [`X86Entry`], [`ReservedBits`], [`EntryError`]: checked construction of
 //!   entries from raw bits.
 //!
@@ -62,6 +66,7 @@ pub mod flush;
 mod format;
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
 mod mmu;
+pub mod shootdown;
 
 pub use entry::X86Entry;
 pub use error::{EntryError, ReservedBits};
@@ -72,3 +77,4 @@ pub use flush::{
 pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
 pub use mmu::{cpu_has_pcid, enable_pcids, X86Mmu};
+pub use shootdown::{CpuMask, IpiSender, MmCpus, Shootdown, ShootdownStats, SmpMmu, SwitchAction};

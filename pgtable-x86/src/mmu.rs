@@ -7,8 +7,9 @@
 //! [`X86Mmu::flush_page`]).
 //!
 //! These operations act on the executing CPU only. An SMP kernel wraps
-//! them in its own shootdown (IPIs to the CPUs that use the address space)
-//! to meet the "every CPU" rule of [`Mmu`].
+//! them in a shootdown (IPIs to the CPUs that use the address space) to
+//! meet the "every CPU" rule of [`Mmu`]: [`SmpMmu`](crate::SmpMmu) of
+//! [`crate::shootdown`] is one, with the IPI vector left to the kernel.
 //!
 //! # PCIDs
 //!
@@ -50,7 +51,10 @@ const UNTAGGED: u32 = u32::MAX;
 /// [`crate::flush`]).
 ///
 /// These act on the executing CPU only: with more than one CPU, the
-/// kernel must wrap them in a shootdown to meet [`Mmu`]'s contract.
+/// kernel must wrap them in a shootdown to meet [`Mmu`]'s contract
+/// ([`SmpMmu`](crate::SmpMmu)`::new(X86Mmu::new(), &SHOOTDOWN, cpus)`), and
+/// its flush IPI handler passes an untagged `X86Mmu` to
+/// [`Shootdown::handle_flush_ipi`](crate::Shootdown::handle_flush_ipi).
 ///
 /// A handle is untagged ([`new`](X86Mmu::new): PCID 0, every install
 /// flushes the non-global entries) or tagged with a PCID

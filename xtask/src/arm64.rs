@@ -3,10 +3,11 @@
 //! Builds the kernel (release, `aarch64-unknown-none`, its own workspace
 //! and lock file), boots it on QEMU `virt` with semihosting under a
 //! timeout, streams the console, and succeeds only on exit code 33, a
-//! final `N passed, 0 failed` line and an `ok` line for every case of
-//! [`SPACE_CASES`] (the kernel's own checks of its address-space split,
-//! which the suite's summary would not miss if the kernel stopped running
-//! them).
+//! final `N passed, 0 failed` line, an `ok` line for every case of
+//! [`SPACE_CASES`] and [`SMP_CASES`] (the kernel's own checks of its
+//! address-space split and of TLB shootdown across CPUs, which the
+//! suite's summary would not miss if the kernel stopped running them),
+//! and the kernel's report that all [`CPUS`] CPUs came up.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,7 +25,10 @@ const EXIT_SUCCESS: i32 = 33;
 const MEMORY: &str = "3G";
 /// The kernel's `space_` cases (src/space.rs), each of which must print
 /// `ok <name>`: the kernel runs from TTBR1 with no identity map left, its
-/// map is W^X, and EL0 is isolated from it.
+/// map is W^X, EL0 is isolated from it, and user spaces switched by ASID
+/// (no full flush) see only their own memory, also across ASID roll-overs,
+/// unmaps in other spaces, fork, moves of swap entries, live protection
+/// changes of the kernel map and unmaps that report what they removed.
 pub const SPACE_CASES: &[&str] = &[
     "space_no_identity_map",
     "space_kernel_text_executes_and_data_takes_stores",
@@ -42,6 +46,16 @@ pub const SPACE_CASES: &[&str] = &[
     "space_user_data_exec_faults",
     "space_kernel_cannot_execute_user_memory",
     "space_user_space_frees_its_tables",
+    "space_table_attrs_kernel_and_user",
+    "space_isolation_by_asid",
+    "space_no_stale_after_switch",
+    "space_no_stale_after_unmap_in_other_space",
+    "space_no_stale_after_asid_rollover",
+    "space_fork_cow_write_faults",
+    "space_swap_entry_survives_move",
+    "space_live_kernel_protect",
+    "space_unmap_reports",
+    "space_asid_spaces_free_their_tables",
 ];
 
 /// Ok if every case of `cases` printed exactly `ok <name>`.
@@ -60,6 +74,39 @@ fn require_ok(outcome: &Outcome, cases: &[&str]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("no `ok` line for: {}", missing.join(", ")))
+    }
+}
+
+/// CPUs QEMU gives the guest (`-smp`); the kernel starts them all
+/// through PSCI and must report `smp: <CPUS> CPUs online`.
+pub const CPUS: u32 = 4;
+
+/// The kernel's `smp_` cases (src/smp_cases.rs), each of which must print
+/// `ok <name>`: after a pgtable operation returns, every other CPU sees
+/// the change (and a local-only flush is caught not doing so); at the
+/// end every secondary turned off (PSCI `CPU_OFF`, checked with
+/// `AFFINITY_INFO`) before the suite runs.
+pub const SMP_CASES: &[&str] = &[
+    "smp_unmap_faults_everywhere",
+    "smp_move_readers_follow",
+    "smp_writer_races_move",
+    "smp_protect_readonly_everywhere",
+    "smp_space_live_elsewhere",
+    "smp_local_flush_misses_others",
+    "smp_secondaries_off",
+];
+
+/// Ok if the kernel printed `smp: <cpus> CPUs online` (at the start of a
+/// line).
+fn require_online(outcome: &Outcome, cpus: u32) -> Result<(), String> {
+    let want = format!("smp: {cpus} CPUs online");
+    if outcome.lines.iter().any(|l| {
+        l.strip_prefix(want.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+    }) {
+        Ok(())
+    } else {
+        Err(format!("no `{want}` line: not every CPU came up"))
     }
 }
 
@@ -86,8 +133,6 @@ fn qemu_args(kernel: &std::path::Path, append: &str) -> Vec<String> {
         "virt",
         "-cpu",
         "max",
-        "-smp",
-        "1",
         "-m",
         MEMORY,
         "-nographic",
@@ -99,6 +144,9 @@ fn qemu_args(kernel: &std::path::Path, append: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    // After "-machine virt -cpu max": every CPU QEMU gives, started by
+    // the kernel through PSCI.
+    args.splice(4..4, ["-smp".to_string(), CPUS.to_string()]);
     args.push(kernel.display().to_string());
     if !append.is_empty() {
         args.push("-append".into());
@@ -119,7 +167,9 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         "arm64| ",
     )?;
     judge(&outcome, EXIT_SUCCESS)?;
-    require_ok(&outcome, SPACE_CASES)
+    require_ok(&outcome, SPACE_CASES)?;
+    require_online(&outcome, CPUS)?;
+    require_ok(&outcome, SMP_CASES)
 }
 
 #[cfg(test)]
@@ -134,6 +184,7 @@ mod tests {
         assert!(joined.contains("-semihosting"));
         assert!(joined.contains("-kernel /k.elf"));
         assert!(joined.ends_with("-append seed=1"));
+        assert!(joined.contains("-smp 4 "), "{joined}");
         assert!(!qemu_args(std::path::Path::new("/k"), "").contains(&"-append".to_string()));
     }
 
@@ -159,5 +210,23 @@ mod tests {
             &["space_user_roundtrip"]
         )
         .is_err());
+    }
+
+    #[test]
+    fn every_cpu_must_come_up() {
+        let o = |lines: &[&str]| Outcome {
+            code: Some(EXIT_SUCCESS),
+            lines: lines.iter().map(|s| s.to_string()).collect(),
+            timed_out: false,
+        };
+        assert!(require_online(&o(&["smp: 4 CPUs online (device tree: 4 CPUs)"]), 4).is_ok());
+        assert!(require_online(&o(&["smp: 4 CPUs online"]), 4).is_ok());
+        assert!(require_online(&o(&["smp: 1 CPUs online"]), 4).is_err());
+        assert!(require_online(&o(&["smp: 40 CPUs online"]), 4).is_err());
+        assert!(require_online(&o(&["FAIL smp_bring_up: CPU_ON failed"]), 4).is_err());
+        let all: Vec<String> = SMP_CASES.iter().map(|c| format!("ok {c}")).collect();
+        let all: Vec<&str> = all.iter().map(|s| s.as_str()).collect();
+        assert!(require_ok(&o(&all), SMP_CASES).is_ok());
+        assert!(require_ok(&o(&all[..5]), SMP_CASES).is_err());
     }
 }

@@ -3,7 +3,9 @@
 //! # Boot sequence
 //!
 //! 1. `_start` (section `.text.boot`, linked and run at its physical
-//!    address with the MMU off) parks every core but the boot core, drops
+//!    address with the MMU off) parks every core but the boot core (the
+//!    others are started later through PSCI at `pgk_secondary_entry`,
+//!    see `smp.rs`), drops
 //!    from EL2 to EL1 if it started there and enables FP/SIMD.
 //! 2. It builds the early tables in `.boot.tables`: one root and one
 //!    level-1 table whose entry `i` maps physical GiB `i` (GiB 0, the
@@ -11,14 +13,15 @@
 //!    holding the device tree, the image and the table pool, as Normal
 //!    memory, EL1 read-write-execute). Root entry 0 (the identity map,
 //!    TTBR0_EL1) and the root entries of the linear map, the image and the
-//!    devices (TTBR1_EL1, see `memory.rs`) all point at that level-1 table.
+//!    devices (TTBR1_EL1, see `memory.rs`) all point at that level-1 table
+//!    (the identity map and the linear map share root entry 0: both map
+//!    physical GiB `i` at GiB `i` of their half).
 //! 3. It sets MAIR_EL1 to the format's [`MAIR_VALUE`], TCR_EL1 to
-//!    [`EARLY_TCR`] (47-bit halves for both TTBRs, as the 48-bit format's
-//!    canonical addresses) plus the CPU's PARange, TTBR0_EL1 to the root
-//!    and TTBR1_EL1 to its upper half (root + 2 KiB, the 256-entry TTBR1
-//!    table of 47-bit halves), and turns the MMU on. It keeps running
-//!    through the identity map and jumps to `pgk_kernel_entry` in the upper
-//!    half.
+//!    [`EARLY_TCR`] (48-bit halves for both TTBRs, each through a whole
+//!    512-entry root, as Linux configures arm64) plus the CPU's PARange,
+//!    TTBR0_EL1 and TTBR1_EL1 to the same root, and turns the MMU on. It
+//!    keeps running through the identity map and jumps to
+//!    `pgk_kernel_entry` in the upper half.
 //! 4. `pgk_kernel_entry` (upper half, through TTBR1_EL1) sets the stack,
 //!    clears `.bss`, installs the vectors and calls `kernel_main`, which
 //!    builds the real kernel map with pgtable and switches TTBR1_EL1 to it
@@ -66,16 +69,16 @@ const TABLE: u64 = VALID | TABLE_OR_PAGE;
 ///
 /// | field | value |
 /// |---|---|
-/// | T0SZ, T1SZ | 17: 47-bit halves, as the 48-bit format's canonical addresses |
+/// | T0SZ, T1SZ | 16: 48-bit halves, each with its own 512-entry root (Linux `TCR_T0SZ(48)`, `TCR_T1SZ(48)`) |
 /// | IRGN0/1, ORGN0/1 | 0b01: walks Write-Back Read/Write-Allocate |
 /// | SH0/1 | 0b11: Inner Shareable |
 /// | TG0 / TG1 | 0b00 / 0b10: 4 KiB granule |
 /// | EPD0, EPD1 | 0: both halves are walked |
-pub const EARLY_TCR: u64 = 17
+pub const EARLY_TCR: u64 = 16
     | 0b01 << 8
     | 0b01 << 10
     | 0b11 << 12
-    | 17 << 16
+    | 16 << 16
     | 0b01 << 24
     | 0b01 << 26
     | 0b11 << 28
@@ -177,8 +180,7 @@ _start:
     orr     x2, x2, x3, lsl #32
     msr     tcr_el1, x2
     msr     ttbr0_el1, x0
-    add     x2, x0, #2048
-    msr     ttbr1_el1, x2
+    msr     ttbr1_el1, x0
     // The register writes take effect, then no stale translation is left.
     isb
     tlbi    vmalle1
@@ -229,6 +231,8 @@ pgk_boot_tables:
 pgk_kernel_entry:
     ldr     x1, =__stack_top
     mov     sp, x1
+    // TPIDR_EL1 = 0 marks the boot CPU for pgk_unexpected (smp.rs).
+    msr     tpidr_el1, xzr
 
     ldr     x1, =__bss_start
     ldr     x2, =__bss_end
@@ -365,12 +369,16 @@ pgk_sync_spx:
     eret
 
 pgk_unexpected:
-    // x0 = vector index. Never returns: a fresh stack is fine.
+    // x0 = vector index. Never returns: a fresh stack is fine. A
+    // secondary CPU keeps its own stack top in TPIDR_EL1 (smp.rs); the
+    // boot CPU's is 0 and takes the boot stack.
     mrs     x1, esr_el1
     mrs     x2, far_el1
     mrs     x3, elr_el1
+    mrs     x4, tpidr_el1
+    cbnz    x4, 13f
     ldr     x4, =__stack_top
-    mov     sp, x4
+13: mov     sp, x4
     bl      unexpected_exception
 11: wfe
     b       11b
@@ -510,8 +518,8 @@ pub fn linked_kimage_offset() -> u64 {
     unsafe { pgk_kimage_offset }
 }
 
-/// Makes `ttbr1` (a table base, see `pgtable_arm64::regs::ttbr1_base`)
-/// the upper half's translation, through `pgk_replace_ttbr1`.
+/// Makes `ttbr1` (the root of a `VaRange::Upper` space) the upper half's
+/// translation, through `pgk_replace_ttbr1`.
 ///
 /// # Safety
 ///

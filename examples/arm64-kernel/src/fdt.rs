@@ -37,6 +37,11 @@ impl Fdt {
         Some(Fdt { bytes })
     }
 
+    /// The whole tree, for other parsers (`psci.rs`).
+    pub fn raw(&self) -> &'static [u8] {
+        self.bytes
+    }
+
     /// `(base, size)` of the first range of the first `memory` node under
     /// the root, using the root's `#address-cells` / `#size-cells`.
     pub fn memory(&self) -> Option<(u64, u64)> {

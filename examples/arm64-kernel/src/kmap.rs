@@ -38,9 +38,9 @@ pub type KernelSpace = AddressSpace<Arm64, Mmu, KernelTables>;
 /// Kernel text: read and execute, global.
 const TEXT: Prot = Prot::new(Prot::EXEC | Prot::GLOBAL);
 /// Kernel rodata (and the linear alias of the image's code): read-only.
-const RODATA: Prot = Prot::new(Prot::GLOBAL);
+pub(crate) const RODATA: Prot = Prot::new(Prot::GLOBAL);
 /// Kernel data, bss, stack, the linear map: read-write, never executable.
-const DATA: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
+pub(crate) const DATA: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
 /// The PL011 registers.
 const DEVICE: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL).with_mem(MemType::Device);
 
@@ -124,7 +124,7 @@ fn section(space: &mut KernelSpace, va: (u64, u64), prot: Prot) -> Result<(), Er
 /// Builds the kernel's address space (not yet installed) and prints what
 /// it holds and what it cost.
 pub fn build(l: &Layout, img: &Image) -> Result<KernelSpace, Error> {
-    let mut space = KernelSpace::new(kernel_mmu(), KernelTables)?;
+    let mut space = KernelSpace::new_kernel(kernel_mmu(), KernelTables)?;
     // The linear alias of the boot code, text and rodata is read-only.
     let ro_alias = (img.start_pa, kimage_to_phys(img.rodata.1));
     space.lazy_mmu(|s| {

@@ -1,11 +1,13 @@
 //! A tiny arm64 kernel for QEMU `virt` that runs pgtable's conformance
 //! suite on the real (emulated) MMU, then the arm64 benchmarks.
 //!
-//! It is split like Linux: the kernel lives in the upper half, translated
-//! through TTBR1_EL1 by a kernel space built with pgtable (a W^X map of the
-//! image, a linear map of all RAM at `PAGE_OFFSET`, the UART); the lower
-//! half (TTBR0_EL1) holds the suite's test space and, for the EL0 cases,
-//! a user space. After boot no identity map is left.
+//! It is split like Linux: two 48-bit halves (T0SZ = T1SZ = 16), each with
+//! its own root. The kernel lives in the upper half, translated through
+//! TTBR1_EL1 by a kernel space built with pgtable (`new_kernel`: a W^X map
+//! of the image, a linear map of all RAM at `PAGE_OFFSET`, the UART); the
+//! lower half (TTBR0_EL1) holds the suite's test space and, for the EL0
+//! and ASID cases, user spaces (`new_user`) switched by ASID. After boot
+//! no identity map is left.
 //!
 //! Boot sequence (details in `boot.rs`):
 //! 1. `_start`, at its physical address with the MMU off: EL2→EL1, FP on,
@@ -18,11 +20,15 @@
 //!    value, TTBR1_EL1 switched to the kernel map from the identity map,
 //!    then the empty test space installed in TTBR0_EL1 (the identity map
 //!    is gone);
-//! 4. the `space_` cases ([`space`]): W^X of the kernel map and EL0
-//!    isolation, judged by the MMU;
-//! 5. the suite on the test space (every case but those at the end of
+//! 4. SMP ([`smp`], [`smp_cases`]): every CPU QEMU gives is started
+//!    through PSCI (`smp: <N> CPUs online`), the `smp_` cases check that
+//!    every CPU sees a change once pgtable returns, the shootdown
+//!    benchmark runs, and the secondaries are turned off again;
+//! 5. the `space_` cases ([`space`], [`space_mm`]): W^X of the kernel map,
+//!    EL0 isolation, user spaces switched by ASID, judged by the MMU;
+//! 6. the suite on the test space (every case but those at the end of
 //!    the upper half), then the upper-half cases on the live kernel space;
-//! 6. the benchmarks, on the test space and on spaces of their own that
+//! 7. the benchmarks, on the test space and on spaces of their own that
 //!    take TTBR0_EL1 in turn.
 //!
 //! Orientation:
@@ -35,8 +41,18 @@
 //! - `memory.rs`: the virtual and physical layout, the table allocator;
 //! - `kmap.rs`: the kernel's own address space, built with pgtable;
 //! - `user.rs`: a user space, the user program, running it at EL0;
-//! - `space.rs`: the `space_` cases;
-//! - `platform.rs`: the names used from `pgtable-arm64`;
+//! - `space.rs`: the `space_` cases of the kernel map and of EL0;
+//! - `asids.rs`: switching user spaces by ASID;
+//! - `space_mm/`: the `space_` cases of user spaces switched by ASID
+//!   (isolation, stale translations, roll-over, fork, swap entries, live
+//!   kernel protection) and the table of switches and flushes;
+//! - `psci.rs`: PSCI calls, the conduit and the CPUs from the device tree;
+//! - `smp.rs`: secondary bring-up, per-CPU stacks and records, the
+//!   command loop;
+//! - `smp_cases/`: the `smp_` cases, the secondaries' access loop and the
+//!   shootdown benchmark;
+//! - `platform.rs`: the names used from `pgtable-arm64`, the MMU handle
+//!   that counts its TLB flushes;
 //! - `machine.rs`: the suite's `Machine` on this hardware;
 //! - `bench.rs`: the benchmark tables.
 //!
@@ -51,6 +67,7 @@
 #![no_std]
 #![no_main]
 
+mod asids;
 mod bench;
 mod boot;
 mod console;
@@ -60,16 +77,20 @@ mod machine;
 mod memory;
 mod platform;
 mod probe;
+mod psci;
 mod semihost;
+mod smp;
+mod smp_cases;
 mod space;
+mod space_mm;
 mod timer;
 mod user;
 
 use core::fmt;
 use core::panic::PanicInfo;
 
-use pgtable_arm64::regs::ttbr1_base;
 use pgtable_core::suite::{self, Config};
+use pgtable_core::VaRange;
 
 use crate::kmap::KernelSpace;
 
@@ -114,29 +135,33 @@ fn parse_u64(s: &str) -> Option<u64> {
 }
 
 /// Checks that TCR_EL1 (set by the boot code from [`boot::EARLY_TCR`])
-/// is pgtable's `tcr_value` for this CPU without the hardware access-flag
-/// and dirty-state bits, then writes pgtable's value (HA and HD on where
-/// the CPU has them, as `enable_mmu` would). The caller flushes the TLB
-/// (the TTBR1_EL1 switch does). Returns the value, or the mismatch.
+/// is pgtable's `tcr_value_separate_halves` for this CPU (T0SZ = T1SZ =
+/// 16) without the hardware access-flag and dirty-state bits and with
+/// 8-bit ASIDs, then writes pgtable's value (HA and HD on where the CPU
+/// has them, and TCR_EL1.AS for 16-bit ASIDs where it has those, as
+/// `enable_mmu_separate_halves` would). Only ASID 0 has been used so far,
+/// and the caller flushes the TLB (the TTBR1_EL1 switch does). Returns the
+/// value, or the mismatch.
 fn set_tcr() -> Result<u64, (u64, u64)> {
     use aarch64_cpu::registers::{ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, TCR_EL1};
-    use pgtable_arm64::{tcr_value, TcrConfig};
+    use pgtable_arm64::{tcr_value_separate_halves, AsidBits, TcrConfig};
     use tock_registers::interfaces::{Readable, Writeable};
 
-    let pa_range = ID_AA64MMFR0_EL1.get() & 0xf;
+    let mmfr0 = ID_AA64MMFR0_EL1.get();
     let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
     let cfg = TcrConfig {
         va_bits: 48,
         ttbr1: true,
-        pa_range,
+        pa_range: mmfr0 & 0xf,
         hw_access_flag: hafdbs >= 1,
         hw_dirty: hafdbs >= 2,
-        asid16: false,
+        asid16: AsidBits::from_mmfr0(mmfr0) == AsidBits::Bits16,
     };
-    let want = tcr_value(cfg);
-    let early = tcr_value(TcrConfig {
+    let want = tcr_value_separate_halves(cfg);
+    let early = tcr_value_separate_halves(TcrConfig {
         hw_access_flag: false,
         hw_dirty: false,
+        asid16: false,
         ..cfg
     });
     let now = TCR_EL1.get();
@@ -206,6 +231,9 @@ extern "C" fn kernel_main() -> ! {
 
     let mut kspace =
         kmap::build(&layout, &img).unwrap_or_else(|e| fail(format_args!("FAIL: kernel map: {e}")));
+    // The secondaries' stack guard pages (smp.rs), before the map is live.
+    smp::unmap_stack_guards(&mut kspace)
+        .unwrap_or_else(|e| fail(format_args!("FAIL: smp stack guards: {e}")));
     let tcr = set_tcr().unwrap_or_else(|(now, want)| {
         fail(format_args!(
             "FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {want:#x} (without HA/HD)"
@@ -215,21 +243,25 @@ extern "C" fn kernel_main() -> ! {
     // the image (code, data, stack) at the addresses the early map did,
     // the UART, and the linear map of all RAM (the tables, the device
     // tree), and lives until the run exits (this function never returns).
-    unsafe { boot::switch_ttbr1(ttbr1_base(kspace.root().0)) };
+    unsafe { boot::switch_ttbr1(kspace.root().0) };
     // SAFETY: the same root again (no translation changes): this marks the
     // space active, so it is never freed under the MMU.
     unsafe { kspace.install() };
     // The suite's test space replaces the early identity map in TTBR0_EL1.
-    let mut test = KernelSpace::new(platform::lower_mmu(), memory::KernelTables)
+    // It is a lower-half space (TTBR0_EL1 translates `[0, 2^48)`) without
+    // the user table attributes: the suite executes its pages at EL1.
+    let mut test = KernelSpace::new_in(VaRange::Lower, platform::lower_mmu(), memory::KernelTables)
         .unwrap_or_else(|e| fail(format_args!("FAIL: test space: {e}")));
     // SAFETY: the test space is empty and the kernel uses nothing in the
     // lower half any more.
     unsafe { test.install() };
     println!(
-        "MMU on: TTBR1_EL1={:#x} (kernel space, root {:#x}) TTBR0_EL1={:#x} (test space) TCR_EL1={tcr:#x}",
-        ttbr1_base(kspace.root().0),
+        "MMU on: TTBR1_EL1={:#x} (kernel space, {:?}, T1SZ {}) TTBR0_EL1={:#x} (test space, T0SZ {}) TCR_EL1={tcr:#x}",
         kspace.root().0,
-        test.root().0
+        kspace.va_range(),
+        pgtable_arm64::regs::tcr_t1sz(tcr),
+        test.root().0,
+        pgtable_arm64::regs::tcr_t0sz(tcr)
     );
     // The MMU now translates through the kernel map: the UART must be
     // where the map says.
@@ -239,9 +271,15 @@ extern "C" fn kernel_main() -> ! {
         ));
     }
 
+    // SMP (smp.rs, smp_cases/): every CPU QEMU gives comes up, the
+    // `smp_` cases and the shootdown benchmark run, then the secondaries
+    // are turned off for the rest of the run.
+    let (smp_passed, smp_failed) = smp_cases::phase(layout.pool, test.root());
+
     let mut tally = space::Tally::default();
     space::kernel_cases(&mut tally, &img);
-    space::user_cases(&mut tally, &mut test, layout.pool.0);
+    space::user_cases(&mut tally, &kspace, &mut test, layout.pool.0);
+    space_mm::cases(&mut tally, &mut kspace, &mut test, &img, layout.pool);
 
     let cfg = Config {
         seed: opts.seed,
@@ -270,8 +308,8 @@ extern "C" fn kernel_main() -> ! {
         "suite on the emulated MMU: {} probe accesses, {} faults caught, {} EMULATED ticks; table frames live {live} (before {live_before}), peak {peak}",
         mach.accesses, mach.faults, t
     );
-    let passed = low.passed + high.passed + tally.passed;
-    let mut failed = low.failed + high.failed + tally.failed;
+    let passed = low.passed + high.passed + tally.passed + smp_passed;
+    let mut failed = low.failed + high.failed + tally.failed + smp_failed;
     if live != live_before {
         println!(
             "FAIL suite_frees_its_tables: {live_before} table frames live before, {live} after"
@@ -293,6 +331,7 @@ extern "C" fn kernel_main() -> ! {
         "space cases: {} passed, {} failed; suite: {} + {} passed, {} + {} failed",
         tally.passed, tally.failed, low.passed, high.passed, low.failed, high.failed
     );
+    println!("smp cases: {smp_passed} passed, {smp_failed} failed");
     println!("{passed} passed, {failed} failed");
     if failed == 0 && passed > 0 {
         semihost::exit(semihost::EXIT_SUCCESS)

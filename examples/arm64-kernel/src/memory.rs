@@ -2,14 +2,17 @@
 //!
 //! The kernel lives in the upper half (TTBR1_EL1), as Linux does; the lower
 //! half (TTBR0_EL1) belongs to the suite's test space and to user spaces.
-//! Each kernel region sits in its own 512 GiB slot (one root entry) and
-//! reaches physical memory at a fixed offset:
+//! As Linux configures arm64 with 48-bit VAs, each half has 48 bits
+//! (T0SZ = T1SZ = 16) and its own root: the lower half is
+//! `[0, 2^48)`, the upper half `[0xffff_0000_0000_0000, 2^64)`. Each kernel
+//! region sits in its own 512 GiB slot (one root entry of the kernel's
+//! root) and reaches physical memory at a fixed offset:
 //!
 //! ```text
-//! 0xffff_8000_0000_0000  PAGE_OFFSET    linear map of all RAM: va = pa + PAGE_OFFSET
-//! 0xffff_8080_0000_0000  KIMAGE_OFFSET  the kernel image:      va = pa + KIMAGE_OFFSET
-//! 0xffff_8100_0000_0000  DEVICE_OFFSET  the UART:              va = pa + DEVICE_OFFSET
-//! 0xffff_8180_0000_0000  KERNEL_VA_END  (nothing of the kernel's above)
+//! 0xffff_0000_0000_0000  PAGE_OFFSET    linear map of all RAM: va = pa + PAGE_OFFSET
+//! 0xffff_0080_0000_0000  KIMAGE_OFFSET  the kernel image:      va = pa + KIMAGE_OFFSET
+//! 0xffff_0100_0000_0000  DEVICE_OFFSET  the UART:              va = pa + DEVICE_OFFSET
+//! 0xffff_0180_0000_0000  KERNEL_VA_END  (nothing of the kernel's above)
 //! ```
 //!
 //! Everything that reaches a frame by its physical address (the table
@@ -38,16 +41,16 @@ pub const TABLE_POOL: u64 = 64 << 20;
 /// QEMU virt RAM base.
 pub const RAM_BASE: u64 = 0x4000_0000;
 /// The linear map: RAM at physical `pa` is at `pa + PAGE_OFFSET` (the start
-/// of the upper half for the 48-bit format, whose halves have 47 bits).
-pub const PAGE_OFFSET: u64 = 0xffff_8000_0000_0000;
+/// of the upper half: TTBR1_EL1 translates 48 bits, T1SZ = 16).
+pub const PAGE_OFFSET: u64 = 0xffff_0000_0000_0000;
 /// The kernel image: its virtual addresses are its load addresses plus
 /// this (`KIMAGE_OFFSET` in link.ld, checked at boot).
-pub const KIMAGE_OFFSET: u64 = 0xffff_8080_0000_0000;
+pub const KIMAGE_OFFSET: u64 = 0xffff_0080_0000_0000;
 /// Devices: the UART registers at physical `pa` are at `pa + DEVICE_OFFSET`.
-pub const DEVICE_OFFSET: u64 = 0xffff_8100_0000_0000;
+pub const DEVICE_OFFSET: u64 = 0xffff_0100_0000_0000;
 /// The end of the kernel's regions: the kernel maps nothing of its own at
 /// or above this, nor below [`PAGE_OFFSET`].
-pub const KERNEL_VA_END: u64 = 0xffff_8180_0000_0000;
+pub const KERNEL_VA_END: u64 = 0xffff_0180_0000_0000;
 /// Bytes of one region slot (one root-table entry: 512 GiB).
 const SLOT: u64 = 1 << 39;
 

@@ -35,7 +35,7 @@ use crate::user::{enter_user, UserExit, UserSpace, SVC_IMM, USER_CODE, USER_DATA
 use crate::{console, println};
 
 /// A failure message (no allocation; longer text is cut).
-struct Why {
+pub(crate) struct Why {
     b: [u8; 240],
     n: usize,
 }
@@ -50,13 +50,13 @@ impl Write for Why {
 }
 
 impl Why {
-    fn new(args: fmt::Arguments) -> Why {
+    pub(crate) fn new(args: fmt::Arguments) -> Why {
         let mut w = Why { b: [0; 240], n: 0 };
         let _ = w.write_fmt(args);
         w
     }
 
-    fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match core::str::from_utf8(&self.b[..self.n]) {
             Ok(s) => s,
             Err(e) => core::str::from_utf8(&self.b[..e.valid_up_to()]).unwrap_or(""),
@@ -64,11 +64,11 @@ impl Why {
     }
 }
 
-type R = Result<(), Why>;
+pub(crate) type R = Result<(), Why>;
 
 macro_rules! fail {
     ($($t:tt)*) => {
-        return Err(Why::new(format_args!($($t)*)))
+        return Err($crate::space::Why::new(format_args!($($t)*)))
     };
 }
 
@@ -80,6 +80,8 @@ macro_rules! ensure {
     };
 }
 
+pub(crate) use {ensure, fail};
+
 /// Passed and failed counts.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Tally {
@@ -90,7 +92,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn case(&mut self, name: &str, f: impl FnOnce() -> R) {
+    pub(crate) fn case(&mut self, name: &str, f: impl FnOnce() -> R) {
         match f() {
             Ok(()) => {
                 println!("ok {name}");
@@ -129,7 +131,13 @@ fn within(va: u64, r: (u64, u64)) -> bool {
 
 /// Expects `r` to be a permission fault of class `class` at `va`, a
 /// store when `write`.
-fn expect_permission(what: &str, r: Result<(), Fault>, class: u64, va: u64, write: bool) -> R {
+pub(crate) fn expect_permission(
+    what: &str,
+    r: Result<(), Fault>,
+    class: u64,
+    va: u64,
+    write: bool,
+) -> R {
     match r {
         Ok(()) => fail!("{what} at {va:#x} did not fault"),
         Err(f) => {
@@ -152,7 +160,7 @@ fn expect_permission(what: &str, r: Result<(), Fault>, class: u64, va: u64, writ
 
 /// A store of the word already there (so nothing changes if the MMU
 /// wrongly allows it) must fault with a permission fault.
-fn store_faults(what: &str, va: u64) -> R {
+pub(crate) fn store_faults(what: &str, va: u64) -> R {
     let old = match probe::read_u64(va) {
         Ok(v) => v,
         Err(f) => fail!("{what} at {va:#x} is not readable: ESR {:#x}", f.esr),
@@ -260,7 +268,7 @@ pub fn kernel_cases(t: &mut Tally, img: &Image) {
 }
 
 /// Checks that an EL0 run ended with an abort of `class` at `far`.
-fn expect_user_abort(what: &str, e: UserExit, class: u64, far: u64) -> R {
+pub(crate) fn expect_user_abort(what: &str, e: UserExit, class: u64, far: u64) -> R {
     ensure!(
         esr_class(e.esr) == class && is_permission_fault(e.esr) && e.far == far,
         "{what}: ESR {:#x} (EC {:#x}) FAR {:#x} ELR {:#x}, expected a permission fault (EC {class:#x}) at {far:#x}",
@@ -275,9 +283,9 @@ fn expect_user_abort(what: &str, e: UserExit, class: u64, far: u64) -> R {
 /// The EL0 cases. `test` is the suite's test space, installed in
 /// TTBR0_EL1; a user space takes its place while they run and it is
 /// installed again at the end. `frames` are two free pool frames.
-pub fn user_cases(t: &mut Tally, test: &mut KernelSpace, frames: u64) {
+pub fn user_cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, frames: u64) {
     let (live_before, _) = memory::tables_live();
-    let mut us = match UserSpace::new(frames) {
+    let mut us = match UserSpace::new(kernel, frames) {
         Ok(us) => us,
         Err(e) => {
             t.case("space_user_roundtrip", || {

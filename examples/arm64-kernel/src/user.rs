@@ -142,26 +142,46 @@ fn sync_code(va: u64, len: u64) {
     };
 }
 
+/// Copies the user program to the start of the frame at `code_pa` (the
+/// rest of the frame zeroed) and makes it visible to instruction fetches;
+/// returns its layout. Map the frame at [`USER_CODE`] user-executable.
+///
+/// # Safety
+///
+/// The frame is 4 KiB-aligned pool memory that nothing else uses.
+pub unsafe fn load_program(code_pa: u64) -> ProgramLayout {
+    let (src, layout) = program();
+    // SAFETY: the frame is ours (caller's promise), reached through the
+    // linear map; the program's bytes are in the kernel text, readable,
+    // and shorter than a page.
+    unsafe {
+        core::ptr::write_bytes(phys_to_virt(code_pa) as *mut u8, 0, 4096);
+        core::ptr::copy_nonoverlapping(
+            src as *const u8,
+            phys_to_virt(code_pa) as *mut u8,
+            layout.len as usize,
+        );
+    }
+    sync_code(phys_to_virt(code_pa), layout.len);
+    layout
+}
+
 impl UserSpace {
     /// Builds the user space over the two pool frames at `frames` (8 KiB,
     /// 4 KiB aligned, used by nothing else while it lives): copies the
-    /// program, zeroes the data page and maps both.
-    pub fn new(frames: u64) -> Result<UserSpace, Error> {
+    /// program, zeroes the data page and maps both, in a new user space of
+    /// `kernel` (`new_user`: the lower half, TTBR0_EL1, with the user table
+    /// attributes).
+    pub fn new(kernel: &KernelSpace, frames: u64) -> Result<UserSpace, Error> {
         let (code_pa, data_pa) = (frames, frames + 4096);
-        let (src, layout) = program();
         // SAFETY: both frames are pool memory given to us (caller's
-        // promise), reached through the linear map; the program's bytes
-        // are in the kernel text, readable, and shorter than a page.
-        unsafe {
-            core::ptr::write_bytes(phys_to_virt(code_pa) as *mut u8, 0, 8192);
-            core::ptr::copy_nonoverlapping(
-                src as *const u8,
-                phys_to_virt(code_pa) as *mut u8,
-                layout.len as usize,
-            );
-        }
-        sync_code(phys_to_virt(code_pa), layout.len);
-        let mut space = KernelSpace::new(lower_mmu(), KernelTables)?;
+        // promise), reached through the linear map.
+        let layout = unsafe { load_program(code_pa) };
+        // SAFETY: as above.
+        unsafe { core::ptr::write_bytes(phys_to_virt(data_pa) as *mut u8, 0, 4096) };
+        // SAFETY: the kernel space lives until the run ends (kernel_main
+        // never returns).
+        let mut space = unsafe { KernelSpace::new_user(kernel, lower_mmu(), KernelTables) }?;
         space.map(
             VirtAddr(USER_CODE),
             PhysAddr(code_pa),

@@ -114,10 +114,47 @@
 //!   an entry write that links a table written since the last publish
 //!   point is a [`CheckError::Unordered`].
 //!
-//! Not modelled: multiple CPUs' TLBs (one shared TLB stands for
-//! all, which is what broadcast invalidation gives), memory attributes,
-//! x86's invalidation of a faulting translation, and the hardware setting
-//! accessed bits in table (non-leaf) entries.
+//! # Several CPUs
+//!
+//! [`SimMachine::with_cpus`] builds a machine with several CPUs sharing
+//! memory and the tables; each has its own TLB and walk cache, its own
+//! root registers and current ASID, fills them from the shared tables and
+//! keeps them until a flush that *reaches it* removes them. Everything
+//! else (walker visibility, publication order, break-before-make, which
+//! looks at every CPU's cached entries) is machine-wide.
+//!
+//! - **Which CPU.** [`SimMachine::new`] has one CPU, and every handle runs
+//!   on CPU 0 unless made otherwise, so a single-CPU test never names a
+//!   CPU. [`SimMachine::cpu`] gives the machine as seen from another CPU
+//!   (its loads, stores, agents, TLB queries and MMU handles);
+//!   [`SimMmu::on_cpu`] moves an MMU handle, and [`SimMmu::on_thread_cpu`]
+//!   makes it follow the calling thread's [`set_thread_cpu`], for tests
+//!   whose threads play CPUs.
+//! - **Reach of a flush.** A [`SimMmu`] is *broadcast* by default: its
+//!   flushes reach every CPU, as arm64 `tlbi …is` followed by `dsb ish`
+//!   (Arm ARM D8.14, "broadcast" TLB maintenance to the Inner Shareable
+//!   domain). [`SimMmu::local_only`] makes them reach the executing CPU
+//!   only, as x86 `invlpg`, MOV to CR3 and INVPCID (Intel SDM Vol. 3A
+//!   §4.10.5, "Propagation of Paging-Structure Changes to Multiple
+//!   Processors") and arm64 `tlbi` without `is` do; on its own that breaks
+//!   the [`Mmu`] shootdown rule, and an IPI layer on top must make up for
+//!   it (Linux `flush_tlb_multi`). Installing a root writes the executing
+//!   CPU's root register; an untagged install flushes that CPU only.
+//! - **Checks.** [`check`](SimMachine::check) and
+//!   [`check_tlb`](SimMachine::check_tlb) look at every CPU and name the
+//!   CPU of the stale entry ([`StaleTlb::cpu`]);
+//!   [`check_cpu`](SimMachine::check_cpu) looks at one.
+//!
+//! The machine is one lock: CPUs interleave at the granularity of one
+//! access or one maintenance operation, which is enough to show a stale
+//! translation on one CPU being used after another CPU's operation
+//! returned (CVE-2018-18281, a TLB flush after mremap's page-table lock
+//! was dropped: `tests/sim_broken.rs` races a writer CPU against a move).
+//!
+//! Not modelled: memory attributes, x86's invalidation of a faulting
+//! translation, the hardware setting accessed bits in table (non-leaf)
+//! entries, and speculative TLB fills (a CPU fills its TLB only by its own
+//! accesses).
 //!
 //! # For OS authors: your arch port on the simulator
 //!
@@ -257,6 +294,8 @@ impl std::error::Error for SimFault {}
 /// A cached translation that disagrees with the tables in memory.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct StaleTlb {
+    /// The CPU whose TLB holds it (0 on a machine with one CPU).
+    pub cpu: usize,
     /// First address of the region the cached entry covers.
     pub va: VirtAddr,
     /// Height of the cached entry.
@@ -273,7 +312,8 @@ impl fmt::Display for StaleTlb {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "stale {} at {} (height {}): cached {:#x}, tables say {:x?}",
+            "CPU {}: stale {} at {} (height {}): cached {:#x}, tables say {:x?}",
+            self.cpu,
             if self.leaf {
                 "TLB entry"
             } else {
@@ -304,6 +344,8 @@ pub struct PendingWrite {
 /// and a TLB invalidation in between.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct BbmConflict {
+    /// The CPU whose TLB held the translation.
+    pub cpu: usize,
     /// First address of the region the cached entry covers.
     pub va: VirtAddr,
     /// Height of the entry.
@@ -350,8 +392,8 @@ impl fmt::Display for CheckError {
             ),
             CheckError::Conflict(c) => write!(
                 f,
-                "break-before-make violated at {} (height {}): {:#x} written while {:#x} was cached",
-                c.va, c.height, c.new, c.cached
+                "break-before-make violated at {} (height {}): {:#x} written while CPU {} cached {:#x}",
+                c.va, c.height, c.new, c.cpu, c.cached
             ),
             CheckError::Unordered(u) => write!(
                 f,
@@ -430,6 +472,8 @@ struct Shared {
 /// one machine).
 pub struct SimMachine<A: Arch> {
     shared: Arc<Shared>,
+    /// The CPU this handle's accesses run on.
+    cpu: usize,
     _arch: PhantomData<fn() -> A>,
 }
 
@@ -437,6 +481,7 @@ impl<A: Arch> Clone for SimMachine<A> {
     fn clone(&self) -> Self {
         SimMachine {
             shared: self.shared.clone(),
+            cpu: self.cpu,
             _arch: PhantomData,
         }
     }
@@ -462,18 +507,63 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 }
 
 impl<A: Arch> SimMachine<A> {
-    /// A machine with empty memory, no root and an empty TLB.
+    /// A machine with one CPU, empty memory, no root and an empty TLB.
     pub fn new() -> Self {
+        Self::with_cpus(1)
+    }
+
+    /// A machine with `n` CPUs (at least 1), each with its own TLB, walk
+    /// cache, root registers and current ASID, sharing memory and the
+    /// tables (see the [module docs](self#several-cpus)). This handle,
+    /// like every handle made from it, runs on CPU 0; [`cpu`](Self::cpu)
+    /// gives handles for the others.
+    pub fn with_cpus(n: usize) -> Self {
         SimMachine {
             shared: Arc::new(Shared {
-                state: Mutex::new(State::new()),
+                state: Mutex::new(State::new(n)),
             }),
+            cpu: 0,
             _arch: PhantomData,
         }
     }
 
+    /// Number of CPUs.
+    pub fn cpus(&self) -> usize {
+        lock(&self.shared).cpus()
+    }
+
+    /// The same machine seen from CPU `i`: its accesses
+    /// ([`read_u64`](Self::read_u64), [`access`](Self::access),
+    /// [`hw_touch`](Self::hw_touch), [`spawn_agent`](Self::spawn_agent),
+    /// …) go through CPU `i`'s TLB, [`root`](Self::root),
+    /// [`asid`](Self::asid), [`tlb_len`](Self::tlb_len) and
+    /// [`tlb_holds`](Self::tlb_holds) describe CPU `i`, and the MMU
+    /// handles it makes execute on CPU `i`. The checks cover every CPU
+    /// from any handle.
+    ///
+    /// # Panics
+    ///
+    /// If `i` is not below [`cpus`](Self::cpus) (like a slice index).
+    pub fn cpu(&self, i: usize) -> Self {
+        let n = self.cpus();
+        assert!(i < n, "CPU {i} of a machine with {n} CPUs");
+        SimMachine {
+            shared: self.shared.clone(),
+            cpu: i,
+            _arch: PhantomData,
+        }
+    }
+
+    /// The CPU this handle runs on.
+    pub fn cpu_id(&self) -> usize {
+        self.cpu
+    }
+
+    /// The machine's state, with this handle's CPU selected.
     fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.shared)
+        let mut s = lock(&self.shared);
+        s.select(self.cpu);
+        s
     }
 
     /// The MMU handle (for `AddressSpace::new`) of an untagged address
@@ -485,6 +575,8 @@ impl<A: Arch> SimMachine<A> {
             shared: self.shared.clone(),
             asid: AtomicU32::new(UNTAGGED),
             half: None,
+            cpu: Some(self.cpu),
+            broadcast: true,
             _arch: PhantomData,
         }
     }
@@ -508,6 +600,8 @@ impl<A: Arch> SimMachine<A> {
             shared: self.shared.clone(),
             asid: AtomicU32::new(u32::from(asid)),
             half: None,
+            cpu: Some(self.cpu),
+            broadcast: true,
             _arch: PhantomData,
         }
     }
@@ -515,7 +609,7 @@ impl<A: Arch> SimMachine<A> {
     /// The ASID of the installed root (0 after installing an untagged
     /// MMU's root).
     pub fn asid(&self) -> u16 {
-        self.state().asid as u16
+        self.state().cpu.asid as u16
     }
 
     /// The table allocator handle (for `AddressSpace::new`).
@@ -527,7 +621,7 @@ impl<A: Arch> SimMachine<A> {
 
     /// The installed root.
     pub fn root(&self) -> Option<PhysAddr> {
-        self.state().root
+        self.state().cpu.root
     }
 
     /// Performs `access` at `va` like the hardware: the physical address of
@@ -672,6 +766,18 @@ impl<A: Arch> SimMachine<A> {
         self.state().check_visible()
     }
 
+    /// Checks CPU `i`'s cached translations only (as
+    /// [`check_tlb`](Self::check_tlb) does for every CPU).
+    ///
+    /// # Panics
+    ///
+    /// If `i` is not below [`cpus`](Self::cpus).
+    pub fn check_cpu(&self, i: usize) -> Result<(), StaleTlb> {
+        let s = lock(&self.shared);
+        assert!(i < s.cpus(), "CPU {i} of a machine with {} CPUs", s.cpus());
+        s.check_cpu::<A>(i)
+    }
+
     /// [`check_tlb`](Self::check_tlb) and
     /// [`check_visible`](Self::check_visible): call it after every
     /// operation.
@@ -681,7 +787,7 @@ impl<A: Arch> SimMachine<A> {
 
     /// Number of cached entries (leaves and walk-cache entries).
     pub fn tlb_len(&self) -> usize {
-        self.state().tlb.len()
+        self.state().cpu.tlb.len()
     }
 
     /// Whether a leaf covering `va` is cached.
@@ -689,9 +795,9 @@ impl<A: Arch> SimMachine<A> {
         let s = self.state();
         (0..A::LEVELS).any(|h| {
             let base = va.0 & !(crate::level::size(h) - 1);
-            [s.asid, state::GLOBAL]
+            [s.cpu.asid, state::GLOBAL]
                 .iter()
-                .any(|&tag| s.tlb.contains_key(&(base, h, true, tag)))
+                .any(|&tag| s.cpu.tlb.contains_key(&(base, h, true, tag)))
         })
     }
 
@@ -700,7 +806,10 @@ impl<A: Arch> SimMachine<A> {
         let mut s = self.state();
         s.tlb_capacity = n.max(1);
         let cap = s.tlb_capacity;
-        s.shrink_to(cap);
+        for i in 0..s.cpus() {
+            s.select(i);
+            s.shrink_to(cap);
+        }
     }
 
     /// The machine's counters.
@@ -720,6 +829,25 @@ impl<A: Arch> SimMachine<A> {
     }
 }
 
+std::thread_local! {
+    /// The CPU the calling thread plays (see [`set_thread_cpu`]).
+    static THREAD_CPU: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes the calling thread play CPU `i` for the MMU handles made with
+/// [`SimMmu::on_thread_cpu`] (every thread plays CPU 0 until it calls
+/// this). In a test where threads stand for CPUs, each thread calls it
+/// once at its start, and an address space whose MMU executes on the
+/// thread's CPU can be changed from any of them.
+pub fn set_thread_cpu(i: usize) {
+    THREAD_CPU.with(|c| c.set(i));
+}
+
+/// The CPU the calling thread plays ([`set_thread_cpu`]).
+pub fn thread_cpu() -> usize {
+    THREAD_CPU.with(|c| c.get())
+}
+
 /// The `asid` of an untagged [`SimMmu`].
 const UNTAGGED: u32 = u32::MAX;
 
@@ -731,6 +859,11 @@ pub struct SimMmu<A: Arch> {
     /// The half whose root register installing writes (`None`: a root
     /// for both halves).
     half: Option<VaRange>,
+    /// The CPU that executes this MMU's instructions (`None`: the calling
+    /// thread's, [`set_thread_cpu`]).
+    cpu: Option<usize>,
+    /// Flushes reach every CPU (`true`) or the executing one only.
+    broadcast: bool,
     _arch: PhantomData<fn() -> A>,
 }
 
@@ -744,6 +877,8 @@ impl<A: Arch> Clone for SimMmu<A> {
             // everything else.
             asid: AtomicU32::new(self.asid.load(Ordering::Relaxed)),
             half: self.half,
+            cpu: self.cpu,
+            broadcast: self.broadcast,
             _arch: PhantomData,
         }
     }
@@ -777,8 +912,67 @@ impl<A: Arch> SimMmu<A> {
     pub fn machine(&self) -> SimMachine<A> {
         SimMachine {
             shared: self.shared.clone(),
+            cpu: self.exec_cpu(),
             _arch: PhantomData,
         }
+    }
+
+    /// The same MMU, executing on CPU `i`: [`install_root`](Mmu::install_root)
+    /// writes CPU `i`'s root registers, and a
+    /// [`local_only`](Self::local_only) flush reaches CPU `i`. Its
+    /// operations panic if `i` is not below the machine's
+    /// [`cpus`](SimMachine::cpus).
+    pub fn on_cpu(mut self, i: usize) -> Self {
+        self.cpu = Some(i);
+        self
+    }
+
+    /// The same MMU, executing on whichever CPU the calling thread plays
+    /// ([`set_thread_cpu`]; CPU 0 unless set): for a test in which
+    /// threads stand for CPUs and an operation may start on any of them.
+    ///
+    /// Its operations panic if that CPU is not below the machine's
+    /// [`cpus`](SimMachine::cpus) (a test set-up error, like a bad slice
+    /// index).
+    pub fn on_thread_cpu(mut self) -> Self {
+        self.cpu = None;
+        self
+    }
+
+    /// The same MMU, but its flushes reach only the CPU that executes
+    /// them, as arm64 `tlbi` without the Inner Shareable form, x86
+    /// `invlpg`, MOV to CR3 and INVPCID do. On a machine with several
+    /// CPUs such an MMU breaks the [`Mmu`] shootdown rule unless
+    /// something else (an IPI to every other CPU: Linux
+    /// `flush_tlb_multi`) reaches the others; `pgtable_x86::shootdown`
+    /// builds that on a local MMU. The default is a broadcast MMU (arm64
+    /// `tlbi …is` with `dsb ish`), whose flushes reach every CPU.
+    pub fn local_only(mut self) -> Self {
+        self.broadcast = false;
+        self
+    }
+
+    /// Whether this MMU's flushes reach every CPU.
+    pub fn is_broadcast(&self) -> bool {
+        self.broadcast
+    }
+
+    /// The CPU that executes this MMU's instructions now.
+    pub fn exec_cpu(&self) -> usize {
+        self.cpu.unwrap_or_else(thread_cpu)
+    }
+
+    /// The machine's state with the executing CPU selected.
+    fn state(&self) -> MutexGuard<'_, State> {
+        let cpu = self.exec_cpu();
+        let mut s = lock(&self.shared);
+        let n = s.cpus();
+        assert!(
+            cpu < n,
+            "MMU executing on CPU {cpu} of a machine with {n} CPUs"
+        );
+        s.select(cpu);
+        s
     }
 }
 
@@ -812,11 +1006,24 @@ impl<A: Arch> SimMmu<A> {
     /// that flush ends the exemption, so its stale entries are reported. A
     /// deferral for the ASID installed now is ignored: its entries are in
     /// use.
+    ///
+    /// On several CPUs the deferral applies to the CPUs this MMU's flushes
+    /// reach (every CPU for a broadcast MMU), each by its own current
+    /// ASID.
     pub fn defer_flush(&self) {
         let tag = self.tag();
-        let mut s = lock(&self.shared);
-        if s.asid != tag || s.root.is_none() {
-            s.owed.insert(tag);
+        let mut s = self.state();
+        let me = s.sel;
+        let reach = if self.broadcast {
+            0..s.cpus()
+        } else {
+            me..me + 1
+        };
+        for i in reach {
+            s.select(i);
+            if s.cpu.asid != tag || s.cpu.root.is_none() {
+                s.cpu.owed.insert(tag);
+            }
         }
     }
 
@@ -826,8 +1033,10 @@ impl<A: Arch> SimMmu<A> {
     }
 }
 
-// SAFETY: the simulator is one machine whose TLB stands for every CPU's:
-// its barriers and flushes act on that state at once, as the contract asks.
+// SAFETY: a broadcast handle's flushes act on every simulated CPU's TLB at
+// once, as the contract asks; a `local_only` handle breaks the shootdown
+// rule on purpose on a machine with several CPUs (documented there; it is
+// a model of a local flush for tests and for shootdown layers to build on).
 unsafe impl<A: Arch> Mmu for SimMmu<A> {
     const OBSERVES_WRITES: bool = true;
 
@@ -840,55 +1049,63 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
-        lock(&self.shared).flush_range(range, self.tag());
+        let mut s = self.state();
+        let me = s.sel;
+        s.flush_range(range, self.tag(), me, self.broadcast);
     }
 
     fn flush_tlb_all(&self) {
-        lock(&self.shared).flush_all();
+        let mut s = self.state();
+        let me = s.sel;
+        s.flush_all(me, self.broadcast);
     }
 
     fn flush_tlb_mm(&self) {
-        lock(&self.shared).flush_mm(self.tag());
+        let mut s = self.state();
+        let me = s.sel;
+        s.flush_mm(self.tag(), me, self.broadcast);
     }
 
     unsafe fn install_root(&self, root: PhysAddr) {
-        let mut s = lock(&self.shared);
+        let mut s = self.state();
+        let me = s.sel;
         match self.half {
             Some(VaRange::Upper) if A::SEPARATE_HALVES => {
-                s.upper_root = Some(root);
-                if !s.split {
-                    s.root = None;
+                s.cpu.upper_root = Some(root);
+                if !s.cpu.split {
+                    s.cpu.root = None;
                 }
-                s.split = true;
+                s.cpu.split = true;
                 // TTBR1_EL1 holds no ASID (TCR_EL1.A1 = 0): keep it.
                 s.barrier();
+                // Writing a root register flushes only this CPU.
                 if self.asid().is_none() {
-                    s.flush_all();
+                    s.flush_all(me, false);
                 }
                 return;
             }
             Some(VaRange::Lower) if A::SEPARATE_HALVES => {
-                if !s.split {
-                    s.upper_root = None;
+                if !s.cpu.split {
+                    s.cpu.upper_root = None;
                 }
-                s.split = true;
-                s.root = Some(root);
+                s.cpu.split = true;
+                s.cpu.root = Some(root);
             }
             _ => {
-                s.split = false;
-                s.upper_root = None;
-                s.root = Some(root);
+                s.cpu.split = false;
+                s.cpu.upper_root = None;
+                s.cpu.root = Some(root);
             }
         }
         let tag = self.tag();
-        s.asid = tag;
+        s.cpu.asid = tag;
         // A deferred flush not carried out by now is a bug the check sees.
-        s.owed.remove(&tag);
+        s.cpu.owed.remove(&tag);
         match self.asid() {
             // Untagged: a new root starts with an empty TLB. Installing
             // also orders earlier table writes (as a TTBR/CR3 write does
             // with its barriers).
-            None => s.flush_all(),
+            None => s.flush_all(me, false),
             // Tagged: other ASIDs' entries stay; only ordering.
             Some(_) => s.barrier(),
         }

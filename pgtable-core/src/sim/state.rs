@@ -76,16 +76,11 @@ pub(super) type Key = (u64, u32, bool, u32);
 /// The tag of global leaves: they match every ASID.
 pub(super) const GLOBAL: u32 = u32::MAX;
 
-pub(super) struct State {
-    /// Data memory, sparse: page number to contents.
-    pub(super) mem: Map<u64, Box<[u8; 4096]>>,
-    /// Table frames.
-    pub(super) arena: Arena,
-    /// Every frame the arena ever handed out: their memory stays valid
-    /// until the arena is dropped, so the walker may read them.
-    pub(super) frames: Set<u64>,
-    /// Frames allocated now.
-    pub(super) live: Set<u64>,
+/// One CPU's translation state: its root registers, current ASID, TLB
+/// and walk cache. Filled from the shared tables; kept until a flush that
+/// reaches this CPU removes it.
+#[derive(Default)]
+pub(super) struct Cpu {
     /// The installed root: the only one (x86 CR3, or an arm64 root that
     /// serves both halves), or TTBR0_EL1 when `split`.
     pub(super) root: Option<PhysAddr>,
@@ -101,10 +96,62 @@ pub(super) struct State {
     /// ASIDs whose flush was deferred to their next install (x86 without
     /// INVPCID): their entries are not checked until then.
     pub(super) owed: Set<u32>,
+    /// Cached leaves and table entries.
     pub(super) tlb: Map<Key, Cached>,
     /// Entry address to the keys cached from it (may hold keys flushed
     /// since; they are checked against `tlb`).
     by_slot: Map<u64, Vec<Key>>,
+    /// Insertion order of `tlb` keys, for FIFO eviction (may hold keys
+    /// flushed since; they are skipped).
+    fifo: VecDeque<Key>,
+    /// Key of the leaf that served the last access (looked up first).
+    mru: Option<Key>,
+}
+
+impl Cpu {
+    /// The root that translates `va`: with split halves (arm64 Arm ARM
+    /// D8.2.2), TTBR0_EL1 for `[0, 2^VA_BITS)` and TTBR1_EL1 for
+    /// `[2^64 - 2^VA_BITS, 2^64)`, and a Translation fault at the walk's
+    /// start for anything in between; otherwise the one root, for the
+    /// format's canonical addresses.
+    pub(super) fn root_for<A: Arch>(&self, va: u64) -> Result<PhysAddr, SimFaultKind> {
+        let outside = SimFaultKind::Translation { height: A::LEVELS };
+        if A::SEPARATE_HALVES && self.split {
+            if VaRange::Lower.contains::<A>(va) {
+                self.root.ok_or(SimFaultKind::NoRoot)
+            } else if VaRange::Upper.contains::<A>(va) {
+                self.upper_root.ok_or(SimFaultKind::NoRoot)
+            } else {
+                Err(outside)
+            }
+        } else if A::va_ok(va) {
+            self.root.ok_or(SimFaultKind::NoRoot)
+        } else if self.root.is_none() {
+            Err(SimFaultKind::NoRoot)
+        } else {
+            Err(outside)
+        }
+    }
+}
+
+pub(super) struct State {
+    /// Data memory, sparse: page number to contents.
+    pub(super) mem: Map<u64, Box<[u8; 4096]>>,
+    /// Table frames.
+    pub(super) arena: Arena,
+    /// Every frame the arena ever handed out: their memory stays valid
+    /// until the arena is dropped, so the walker may read them.
+    pub(super) frames: Set<u64>,
+    /// Frames allocated now.
+    pub(super) live: Set<u64>,
+    /// The CPU the state is looking at now ([`select`](State::select)):
+    /// its TLB, walk cache, root registers and ASID.
+    pub(super) cpu: Cpu,
+    /// Every CPU's state, by number; the selected CPU's slot holds an
+    /// empty placeholder while it is selected.
+    parked: Vec<Cpu>,
+    /// The selected CPU.
+    pub(super) sel: usize,
     /// The first break-before-make violation seen.
     pub(super) conflict: Option<BbmConflict>,
     /// The first table linked before its contents were published.
@@ -113,12 +160,7 @@ pub(super) struct State {
     epoch: u64,
     /// Table frame to the epoch of its last write (or its allocation).
     last_write: Map<u64, u64>,
-    /// Insertion order of `tlb` keys, for FIFO eviction (may hold keys
-    /// flushed since; they are skipped).
-    fifo: VecDeque<Key>,
     pub(super) tlb_capacity: usize,
-    /// Key of the leaf that served the last access (looked up first).
-    mru: Option<Key>,
     /// Slot address to the value the walker still sees (arm64 model) and
     /// the latest value written.
     pub(super) pending: Map<u64, (u64, u64)>,
@@ -137,28 +179,50 @@ pub(super) struct Leaf<'a> {
 }
 
 impl State {
-    pub(super) fn new() -> State {
+    pub(super) fn new(cpus: usize) -> State {
         State {
             mem: Map::default(),
             arena: Arena::new(),
             frames: Set::default(),
             live: Set::default(),
-            root: None,
-            upper_root: None,
-            split: false,
-            asid: 0,
-            owed: Set::default(),
-            tlb: Map::default(),
-            by_slot: Map::default(),
+            cpu: Cpu::default(),
+            parked: (0..cpus.max(1)).map(|_| Cpu::default()).collect(),
+            sel: 0,
             conflict: None,
             unordered: None,
             epoch: 0,
             last_write: Map::default(),
-            fifo: VecDeque::new(),
             tlb_capacity: 1024,
-            mru: None,
             pending: Map::default(),
             stats: SimStats::default(),
+        }
+    }
+
+    // ----- CPUs -----
+
+    /// Number of simulated CPUs.
+    pub(super) fn cpus(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Makes CPU `i` the one [`cpu`](Self::cpu) refers to (and the one
+    /// accesses and local maintenance act on).
+    pub(super) fn select(&mut self, i: usize) {
+        if i != self.sel {
+            // The placeholder in the selected slot goes back to the
+            // selected CPU's slot; CPU `i` comes out of its slot.
+            std::mem::swap(&mut self.cpu, &mut self.parked[self.sel]);
+            std::mem::swap(&mut self.cpu, &mut self.parked[i]);
+            self.sel = i;
+        }
+    }
+
+    /// CPU `i`'s state, selected or not.
+    pub(super) fn cpu_ref(&self, i: usize) -> &Cpu {
+        if i == self.sel {
+            &self.cpu
+        } else {
+            &self.parked[i]
         }
     }
 
@@ -260,7 +324,11 @@ impl State {
         let mut tpa = root;
         let mut limits = TableAttrs::NONE;
         for k in 1..A::LEVELS {
-            if let Some(c) = self.tlb.get(&(va & !(size(k) - 1), k, false, self.asid)) {
+            if let Some(c) = self
+                .cpu
+                .tlb
+                .get(&(va & !(size(k) - 1), k, false, self.cpu.asid))
+            {
                 if let Decoded::Table(pa) = A::decode(c.raw, k) {
                     tpa = pa;
                     h = k - 1;
@@ -284,7 +352,7 @@ impl State {
             match A::decode(raw, h) {
                 Decoded::Table(c) if h > 0 => {
                     limits = limits.union(A::table_limits(raw, h));
-                    let key = (va & !(size(h) - 1), h, false, self.asid);
+                    let key = (va & !(size(h) - 1), h, false, self.cpu.asid);
                     self.cache(key, raw, slot, root, limits);
                     tpa = c;
                 }
@@ -303,28 +371,9 @@ impl State {
         }
     }
 
-    /// The root that translates `va`: with split halves (arm64 Arm ARM
-    /// D8.2.2), TTBR0_EL1 for `[0, 2^VA_BITS)` and TTBR1_EL1 for
-    /// `[2^64 - 2^VA_BITS, 2^64)`, and a Translation fault at the walk's
-    /// start for anything in between; otherwise the one root, for the
-    /// format's canonical addresses.
+    /// The selected CPU's root for `va` (see [`Cpu::root_for`]).
     pub(super) fn root_for<A: Arch>(&self, va: u64) -> Result<PhysAddr, SimFaultKind> {
-        let outside = SimFaultKind::Translation { height: A::LEVELS };
-        if A::SEPARATE_HALVES && self.split {
-            if VaRange::Lower.contains::<A>(va) {
-                self.root.ok_or(SimFaultKind::NoRoot)
-            } else if VaRange::Upper.contains::<A>(va) {
-                self.upper_root.ok_or(SimFaultKind::NoRoot)
-            } else {
-                Err(outside)
-            }
-        } else if A::va_ok(va) {
-            self.root.ok_or(SimFaultKind::NoRoot)
-        } else if self.root.is_none() {
-            Err(SimFaultKind::NoRoot)
-        } else {
-            Err(outside)
-        }
+        self.cpu.root_for::<A>(va)
     }
 
     /// The entry at `height` on the path to `va` in memory as it is (no
@@ -364,10 +413,10 @@ impl State {
             root,
             limits,
         };
-        if self.tlb.insert(key, c).is_none() {
-            self.fifo.push_back(key);
-            let tlb = &self.tlb;
-            let keys = self.by_slot.entry(slot).or_default();
+        if self.cpu.tlb.insert(key, c).is_none() {
+            self.cpu.fifo.push_back(key);
+            let tlb = &self.cpu.tlb;
+            let keys = self.cpu.by_slot.entry(slot).or_default();
             keys.retain(|k| *k != key && tlb.get(k).is_some_and(|c| c.slot == slot));
             keys.push(key);
             self.shrink_to(self.tlb_capacity);
@@ -376,39 +425,41 @@ impl State {
 
     /// Removes the cached entries for which `drop` holds; returns how many.
     pub(super) fn drop_where(&mut self, mut drop: impl FnMut(&Key) -> bool) -> usize {
-        let before = self.tlb.len();
-        self.tlb.retain(|k, _| !drop(k));
-        if self.mru.is_some_and(|k| !self.tlb.contains_key(&k)) {
-            self.mru = None;
+        let before = self.cpu.tlb.len();
+        self.cpu.tlb.retain(|k, _| !drop(k));
+        if self.cpu.mru.is_some_and(|k| !self.cpu.tlb.contains_key(&k)) {
+            self.cpu.mru = None;
         }
         // Keys flushed since they were indexed pile up: compact.
-        if self.by_slot.len() > 4 * self.tlb_capacity.max(self.tlb.len()) + 64 {
-            self.by_slot.clear();
-            for (k, c) in &self.tlb {
-                self.by_slot.entry(c.slot).or_default().push(*k);
+        if self.cpu.by_slot.len() > 4 * self.tlb_capacity.max(self.cpu.tlb.len()) + 64 {
+            self.cpu.by_slot.clear();
+            for (k, c) in &self.cpu.tlb {
+                self.cpu.by_slot.entry(c.slot).or_default().push(*k);
             }
         }
-        before - self.tlb.len()
+        before - self.cpu.tlb.len()
     }
 
     /// Evicts the oldest entries until at most `n` remain.
     pub(super) fn shrink_to(&mut self, n: usize) {
-        while self.tlb.len() > n {
-            let Some(k) = self.fifo.pop_front() else {
+        while self.cpu.tlb.len() > n {
+            let Some(k) = self.cpu.fifo.pop_front() else {
                 break;
             };
-            if self.tlb.remove(&k).is_some() {
+            if self.cpu.tlb.remove(&k).is_some() {
                 self.stats.tlb_evictions += 1;
-                if self.mru == Some(k) {
-                    self.mru = None;
+                if self.cpu.mru == Some(k) {
+                    self.cpu.mru = None;
                 }
             }
         }
         // Keys flushed since they were queued pile up: compact.
-        if self.fifo.len() > 4 * self.tlb_capacity.max(self.tlb.len()) {
-            let tlb = &self.tlb;
+        if self.cpu.fifo.len() > 4 * self.tlb_capacity.max(self.cpu.tlb.len()) {
+            let tlb = &self.cpu.tlb;
             let mut seen = Set::default();
-            self.fifo.retain(|k| tlb.contains_key(k) && seen.insert(*k));
+            self.cpu
+                .fifo
+                .retain(|k| tlb.contains_key(k) && seen.insert(*k));
         }
     }
 
@@ -426,8 +477,9 @@ impl State {
         };
         // TLB lookup: the entry that served the last access, then every
         // leaf size, smallest first.
-        let asid = self.asid;
+        let asid = self.cpu.asid;
         let mru = self
+            .cpu
             .mru
             .filter(|&(b, h, _, tag)| va & !(size(h) - 1) == b && (tag == asid || tag == GLOBAL))
             .map(|k| (k.1, k.3));
@@ -435,10 +487,10 @@ impl State {
         let all = (0..A::LEVELS).flat_map(|h| tags.map(|t| (h, t)));
         for (h, tag) in mru.into_iter().chain(all) {
             let base = va & !(size(h) - 1);
-            let Some(c) = self.tlb.get(&(base, h, true, tag)).copied() else {
+            let Some(c) = self.cpu.tlb.get(&(base, h, true, tag)).copied() else {
                 continue;
             };
-            self.mru = Some((base, h, true, tag));
+            self.cpu.mru = Some((base, h, true, tag));
             match A::hw_access(c.raw, h, access).and_then(|n| c.limits.check(access).map(|()| n)) {
                 Err(f) => {
                     self.stats.tlb_hits += 1;
@@ -488,7 +540,7 @@ impl State {
             let tag = if A::leaf_prot(new, h).global() {
                 GLOBAL
             } else {
-                self.asid
+                self.cpu.asid
             };
             let root = self.root_for::<A>(va).map_err(fault)?;
             self.cache((base, h, true, tag), new, leaf.slot, root, leaf.limits);
@@ -526,19 +578,23 @@ impl State {
     /// the TLB may hold a translation read from it that the arch does not
     /// allow to coexist with `new` (Arm ARM D8.16; [`Arch::change_is_safe`]).
     fn check_bbm<A: Arch>(&mut self, addr: u64, new: u64) {
-        let Some(keys) = self.by_slot.get(&addr) else {
-            return;
-        };
-        for k in keys {
-            let Some(c) = self.tlb.get(k) else { continue };
-            if c.slot == addr && !A::change_is_safe(c.raw, new, k.1) {
-                self.conflict = Some(BbmConflict {
-                    va: VirtAddr(k.0),
-                    height: k.1,
-                    cached: c.raw,
-                    new,
-                });
-                return;
+        for i in 0..self.parked.len() {
+            let cpu = self.cpu_ref(i);
+            let Some(keys) = cpu.by_slot.get(&addr) else {
+                continue;
+            };
+            for k in keys {
+                let Some(c) = cpu.tlb.get(k) else { continue };
+                if c.slot == addr && !A::change_is_safe(c.raw, new, k.1) {
+                    self.conflict = Some(BbmConflict {
+                        cpu: i,
+                        va: VirtAddr(k.0),
+                        height: k.1,
+                        cached: c.raw,
+                        new,
+                    });
+                    return;
+                }
             }
         }
     }
@@ -573,67 +629,98 @@ impl State {
         self.pending.clear();
     }
 
-    /// A range flush by an MMU whose ASID is `asid`: global leaves in the
-    /// range go too, whatever the ASID (x86 `invlpg`, arm64 `tlbi vae1is`).
-    pub(super) fn flush_range(&mut self, r: TlbRange, asid: u32) {
-        self.stats.flush_range += 1;
-        // A flush orders the table writes before it (mmu.rs rules).
+    /// The CPUs a flush executed on `cpu` reaches: all of them for a
+    /// broadcast (arm64 `tlbi …is`), `cpu` alone otherwise.
+    fn reach(&self, cpu: usize, broadcast: bool) -> std::ops::Range<usize> {
+        if broadcast {
+            0..self.parked.len()
+        } else {
+            cpu..cpu + 1
+        }
+    }
+
+    /// A flush orders the table writes before it (mmu.rs rules).
+    fn flush_orders(&mut self) {
         self.pending.clear();
         self.epoch += 1;
+    }
+
+    /// A range flush executed on `cpu` by an MMU whose ASID is `asid`:
+    /// global leaves in the range go too, whatever the ASID (x86 `invlpg`,
+    /// arm64 `tlbi vae1is`).
+    pub(super) fn flush_range(&mut self, r: TlbRange, asid: u32, cpu: usize, broadcast: bool) {
+        self.stats.flush_range += 1;
+        self.flush_orders();
         let start = r.start.0;
         let last = r.end.0.wrapping_sub(1);
-        let n = self.drop_where(|&(base, h, leaf, tag)| {
-            let elast = base + (size(h) - 1);
-            let overlaps = base <= last && elast >= start;
-            overlaps && (leaf || !r.last_level) && (tag == asid || tag == GLOBAL)
-        });
-        self.stats.tlb_entries_flushed += n as u64;
+        for i in self.reach(cpu, broadcast) {
+            self.select(i);
+            let n = self.drop_where(|&(base, h, leaf, tag)| {
+                let elast = base + (size(h) - 1);
+                let overlaps = base <= last && elast >= start;
+                overlaps && (leaf || !r.last_level) && (tag == asid || tag == GLOBAL)
+            });
+            self.stats.tlb_entries_flushed += n as u64;
+        }
     }
 
-    /// A flush of the address space tagged `asid`: global leaves stay
-    /// (x86 MOV to CR3, arm64 `tlbi aside1is`).
-    pub(super) fn flush_mm(&mut self, asid: u32) {
+    /// A flush of the address space tagged `asid`, executed on `cpu`:
+    /// global leaves stay (x86 MOV to CR3, arm64 `tlbi aside1is`).
+    pub(super) fn flush_mm(&mut self, asid: u32, cpu: usize, broadcast: bool) {
         self.stats.flush_all += 1;
-        self.pending.clear();
-        self.epoch += 1;
-        let n = self.drop_where(|k| k.3 == asid);
-        self.stats.tlb_entries_flushed += n as u64;
-        self.owed.remove(&asid);
+        self.flush_orders();
+        for i in self.reach(cpu, broadcast) {
+            self.select(i);
+            let n = self.drop_where(|k| k.3 == asid);
+            self.stats.tlb_entries_flushed += n as u64;
+            self.cpu.owed.remove(&asid);
+        }
     }
 
-    pub(super) fn flush_all(&mut self) {
+    /// A flush of everything, executed on `cpu`.
+    pub(super) fn flush_all(&mut self, cpu: usize, broadcast: bool) {
         self.stats.flush_all += 1;
-        self.pending.clear();
-        self.epoch += 1;
-        self.stats.tlb_entries_flushed += self.tlb.len() as u64;
-        self.tlb.clear();
-        self.by_slot.clear();
-        self.fifo.clear();
-        self.mru = None;
-        self.owed.clear();
+        self.flush_orders();
+        for i in self.reach(cpu, broadcast) {
+            self.select(i);
+            self.stats.tlb_entries_flushed += self.cpu.tlb.len() as u64;
+            self.cpu.tlb.clear();
+            self.cpu.by_slot.clear();
+            self.cpu.fifo.clear();
+            self.cpu.mru = None;
+            self.cpu.owed.clear();
+        }
     }
 
-    /// Every cached entry against a fresh walk of memory. Of several stale
-    /// entries, the smallest leaf at the lowest address is reported (a
-    /// deterministic answer whatever the map's order).
-    ///
-    /// An entry of the current ASID is walked from the current root, since
-    /// that is what the hardware uses it for, whichever root filled it: an
-    /// ASID reused for another address space without a flush leaves the
-    /// old space's entries serving the new one. Entries of other ASIDs (and
-    /// global ones) are walked from the root that filled them.
+    /// Every CPU's cached entries against a fresh walk of memory (see
+    /// [`check_cpu`](Self::check_cpu)); the lowest-numbered CPU with a
+    /// stale entry is reported.
     pub(super) fn check_tlb<A: Arch>(&self) -> Result<(), StaleTlb> {
+        (0..self.parked.len()).try_for_each(|i| self.check_cpu::<A>(i))
+    }
+
+    /// Every cached entry of CPU `i` against a fresh walk of memory. Of
+    /// several stale entries, the smallest leaf at the lowest address is
+    /// reported (a deterministic answer whatever the map's order).
+    ///
+    /// An entry of the CPU's current ASID is walked from its current root,
+    /// since that is what the hardware uses it for, whichever root filled
+    /// it: an ASID reused for another address space without a flush leaves
+    /// the old space's entries serving the new one. Entries of other ASIDs
+    /// (and global ones) are walked from the root that filled them.
+    pub(super) fn check_cpu<A: Arch>(&self, i: usize) -> Result<(), StaleTlb> {
+        let cpu = self.cpu_ref(i);
         let mut worst: Option<StaleTlb> = None;
-        for (&(base, h, leaf, tag), c) in &self.tlb {
-            if self.owed.contains(&tag) {
+        for (&(base, h, leaf, tag), c) in &cpu.tlb {
+            if cpu.owed.contains(&tag) {
                 continue;
             }
             // The current ASID's entries are checked against the root
             // that translates them now (an ASID reused without a flush
             // shows up as stale); other entries against the root they
             // were filled from.
-            let root = match self.root_for::<A>(base) {
-                Ok(r) if tag == self.asid => r,
+            let root = match cpu.root_for::<A>(base) {
+                Ok(r) if tag == cpu.asid => r,
                 _ => c.root,
             };
             let fresh = self.fresh::<A>(root, base, h, leaf);
@@ -652,6 +739,7 @@ impl State {
             let rank = |s: &StaleTlb| (!s.leaf, s.height, s.va.0);
             if !ok {
                 let s = StaleTlb {
+                    cpu: i,
                     va: VirtAddr(base),
                     height: h,
                     leaf,

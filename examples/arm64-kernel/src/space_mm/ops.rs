@@ -1,0 +1,371 @@
+//! The `space_` cases on fork, swap entries, live kernel protection and
+//! unmap reports (see the parent module's docs).
+
+// As in space.rs: failures carry their message inline.
+#![allow(clippy::result_large_err)]
+
+use super::*;
+
+pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
+    const DATA: u64 = 0xc0de_0000_0042;
+    let (mut parent, f) = cx.proc_with_frame(DATA)?;
+    let stack = cx.frames.take(0)?;
+    map(&mut parent.space, STACK_VA, stack)?;
+    ps[0] = Some(parent);
+    let parent = at(ps, 0)?;
+    cx.switch(parent)?;
+    // Before the fork the page is writable at EL1 and EL0 (and the TLB
+    // holds its writable translation).
+    store_ok("parent before the fork", SHARED_VA + 16, 1)?;
+    cx.el0_returns(
+        "parent at EL0 before the fork",
+        SHARED_VA,
+        STACK_VA,
+        DATA + 1,
+    )?;
+    let mut child = cx.new_proc()?;
+    let parent = at(ps, 0)?;
+    parent
+        .space
+        .copy_page_range(&mut child.space, VirtAddr(SHARED_VA), 4096, CopyMode::Cow)
+        .map_err(|e| Why::new(format_args!("copy_page_range: {e}")))?;
+    let stack = cx.frames.take(0)?;
+    map(&mut child.space, STACK_VA, stack)?;
+    ps[1] = Some(child);
+    for (i, who) in [(0, "parent"), (1, "child"), (0, "parent")] {
+        let p = at(ps, i)?;
+        let pa = p.space.translate(VirtAddr(SHARED_VA)).map(|t| t.pa.0);
+        ensure!(
+            pa == Some(f),
+            "{who} maps {SHARED_VA:#x} to {pa:x?}, not the shared frame {f:#x}"
+        );
+        cx.switch(p)?;
+        load_is(who, SHARED_VA, DATA)?;
+        store_faults("an EL1 store to the copy-on-write page", SHARED_VA + 16)
+            .map_err(|w| Why::new(format_args!("{who}: {}", w.as_str())))?;
+        let e = cx.el0(SHARED_VA, STACK_VA);
+        expect_user_abort(who, e, EC_DABT_LOWER, SHARED_VA + 8)?;
+        ensure!(
+            e.esr & (1 << 6) != 0,
+            "{who}: ESR.WnR is clear for the EL0 store"
+        );
+    }
+    ensure!(
+        word(f, 1) == DATA + 1 && word(f, 2) == 1,
+        "the shared frame changed after the fork"
+    );
+    Ok(())
+}
+
+pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
+    const SRC: u64 = 0x0400_0000;
+    const MID: u64 = 0x0800_5000;
+    const MID_TABLE: u64 = 0x0800_0000;
+    const DST_TABLE: u64 = 0x0a00_0000;
+    const DST: u64 = DST_TABLE + (MID - MID_TABLE);
+    const SWP: u64 = 0x5_a5a5;
+    let mut p = cx.new_proc()?;
+    let f0 = cx.frames.take(marker(0))?;
+    let f2 = cx.frames.take(marker(2))?;
+    map(&mut p.space, SRC, f0)?;
+    map(&mut p.space, SRC + 0x2000, f2)?;
+    p.space
+        .set_swap_entry(VirtAddr(SRC + 0x1000), SWP)
+        .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
+    ps[0] = Some(p);
+    let p = at(ps, 0)?;
+    cx.switch(p)?;
+    let check = |p: &Proc, base: u64, old: &[u64]| -> R {
+        ensure!(
+            p.space.swap_entry(VirtAddr(base + 0x1000)) == Some(SWP),
+            "no swap entry {SWP:#x} at {:#x}",
+            base + 0x1000
+        );
+        load_is("a moved page", base, marker(0))?;
+        load_is("a moved page", base + 0x2000, marker(2))?;
+        load_faults("the swap entry", base + 0x1000)?;
+        for &o in old {
+            ensure!(
+                p.space.swap_entry(VirtAddr(o + 0x1000)).is_none(),
+                "the swap entry is still at {:#x}",
+                o + 0x1000
+            );
+            for off in [0, 0x1000, 0x2000] {
+                load_faults("an old address", o + off)?;
+            }
+        }
+        Ok(())
+    };
+    check(p, SRC, &[])?;
+    // A move of entries within PTE tables (not 2 MiB aligned).
+    p.space
+        .move_page_tables(VirtAddr(SRC), VirtAddr(MID), 0x3000)
+        .map_err(|e| Why::new(format_args!("move of the PTEs: {e}")))?;
+    check(p, MID, &[SRC])?;
+    // A 2 MiB-aligned move: the whole PTE table goes.
+    let table = p.space.entry(VirtAddr(MID_TABLE), 1).unwrap_or(0);
+    p.space
+        .move_page_tables(VirtAddr(MID_TABLE), VirtAddr(DST_TABLE), 2 << 20)
+        .map_err(|e| Why::new(format_args!("move of the table: {e}")))?;
+    let moved = p.space.entry(VirtAddr(DST_TABLE), 1).unwrap_or(0);
+    ensure!(
+        table != 0 && moved == table,
+        "the 2 MiB move did not move the PTE table whole: entry {table:#x} before, {moved:#x} after"
+    );
+    ensure!(
+        p.space.entry(VirtAddr(MID_TABLE), 1).unwrap_or(0) == 0,
+        "the old PMD entry is still set"
+    );
+    check(p, DST, &[SRC, MID])
+}
+
+/// A page of kernel data of its own (in `.bss`).
+#[repr(C, align(4096))]
+struct LivePage([AtomicU64; 512]);
+
+static LIVE_PAGE: LivePage = LivePage([const { AtomicU64::new(0) }; 512]);
+
+pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
+    let va = &raw const LIVE_PAGE as u64;
+    let (d0, d1) = cx.img.data;
+    ensure!(va >= d0 && va < d1, "{va:#x} is not in the kernel data");
+    let t = cx.kernel.translate(VirtAddr(va));
+    ensure!(
+        t.map(|t| t.height) == Some(0),
+        "{va:#x} is not mapped by a 4 KiB page ({t:?})"
+    );
+    let in_place = |cx: &mut Ctx, prot: Prot| {
+        cx.kernel
+            .change_protection_live(VirtAddr(va), 4096, prot, LiveOptions::IN_PLACE)
+            .map_err(|e| Why::new(format_args!("change_protection_live: {e}")))
+    };
+    // The TLB holds the writable translation.
+    LIVE_PAGE.0[0].store(1, Relaxed);
+    in_place(cx, RODATA)?;
+    let r = store_faults("a store to the kernel page made read-only", va);
+    let back = in_place(cx, DATA);
+    r?;
+    back?;
+    ensure!(
+        LIVE_PAGE.0[0].load(Relaxed) == 1,
+        "the read-only page changed"
+    );
+    // SAFETY: LIVE_PAGE is atomics only the cases touch.
+    if let Err(f) = unsafe { probe::write_u64(va, 2) } {
+        fail!(
+            "a store after the change back to RW faulted: ESR {:#x}",
+            f.esr
+        );
+    }
+    ensure!(LIVE_PAGE.0[0].load(Relaxed) == 2, "the store was lost");
+
+    // A 4 KiB part of a linear-map block (pool memory): a split, which
+    // needs break-before-make on arm64, is refused in place.
+    let lin = phys_to_virt((pool.1 - (4 << 20)).next_multiple_of(2 << 20));
+    let Some(t) = cx.kernel.translate(VirtAddr(lin)) else {
+        fail!("{lin:#x} is not in the linear map");
+    };
+    ensure!(t.height >= 1, "{lin:#x} is mapped by a page, not a block");
+    let before = cx.kernel.entry(VirtAddr(lin), t.height);
+    let r = cx
+        .kernel
+        .change_protection_live(VirtAddr(lin), 4096, RODATA, LiveOptions::IN_PLACE);
+    ensure!(
+        r == Err(Error::BreakBeforeMake(VirtAddr(lin))),
+        "splitting a block in place: {r:?}, expected BreakBeforeMake({lin:#x})"
+    );
+    ensure!(
+        cx.kernel.entry(VirtAddr(lin), t.height) == before,
+        "the refused change wrote the block entry"
+    );
+    let old = probe::read_u64(lin).map_err(|f| Why::new(format_args!("ESR {:#x}", f.esr)))?;
+    // SAFETY: pool memory holding no Rust object; the same value goes back.
+    if let Err(f) = unsafe { probe::write_u64(lin, old) } {
+        fail!(
+            "the block is no longer writable after the refused change: ESR {:#x}",
+            f.esr
+        );
+    }
+    Ok(())
+}
+
+/// One report of `unmap_with`: va, pa (0: none), size, dirty, and the
+/// software entry's value (if it was one).
+#[derive(Clone, Copy, Default, Debug)]
+struct Rep {
+    va: u64,
+    pa: u64,
+    size: u64,
+    dirty: bool,
+    swp: Option<u64>,
+}
+
+/// Up to 16 reports.
+#[derive(Default)]
+struct Reports {
+    r: [Rep; 16],
+    n: usize,
+}
+
+impl Reports {
+    fn push(&mut self, x: Removed<Arm64>) {
+        let rep = Rep {
+            va: x.va().0,
+            pa: x.pa().map_or(0, |p| p.0),
+            size: x.size(),
+            dirty: x.dirty(),
+            swp: if x.is_present() {
+                None
+            } else {
+                <Arm64 as Format>::swp_value(x.raw())
+            },
+        };
+        if let Some(slot) = self.r.get_mut(self.n) {
+            *slot = rep;
+        }
+        self.n += 1;
+    }
+
+    fn get(&self) -> &[Rep] {
+        &self.r[..self.n.min(16)]
+    }
+}
+
+pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64, u64)) -> R {
+    use aarch64_cpu::registers::TCR_EL1;
+    use tock_registers::interfaces::Readable;
+
+    const BASE: u64 = 0x0300_0000;
+    const PAGES: u64 = 8;
+    const SWP_VA: u64 = BASE + PAGES * 4096;
+    const SWP: u64 = 0x77;
+    const DIRTY: [u64; 3] = [1, 3, 6];
+    const BLK_VA: u64 = 0x0600_0000;
+    const BASE2: u64 = 0x0a00_0000;
+    ensure!(
+        TCR_EL1.get() & (1 << 40) != 0,
+        "needs hardware dirty-state updates (TCR_EL1.HD)"
+    );
+    let mut p = cx.new_proc()?;
+    let mut fr = [0u64; PAGES as usize];
+    for (i, f) in fr.iter_mut().enumerate() {
+        *f = cx.frames.take(marker(i))?;
+        map(&mut p.space, BASE + 4096 * i as u64, *f)?;
+    }
+    p.space
+        .set_swap_entry(VirtAddr(SWP_VA), SWP)
+        .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
+    // A 2 MiB block of pool memory (past the frames the cases take).
+    let blk_pa = (pool.0 + (2 << 20)).next_multiple_of(2 << 20);
+    ensure!(
+        blk_pa + (2 << 20) <= pool.1,
+        "no room for a 2 MiB block in the pool"
+    );
+    p.space
+        .map(
+            VirtAddr(BLK_VA),
+            PhysAddr(blk_pa),
+            2 << 20,
+            USER_RW,
+            MapOptions::PMD_BLOCKS,
+        )
+        .map_err(|e| Why::new(format_args!("map the block: {e}")))?;
+    let fr2 = [cx.frames.take(marker(20))?, cx.frames.take(marker(21))?];
+    for (i, &f) in fr2.iter().enumerate() {
+        map(&mut p.space, BASE2 + 4096 * i as u64, f)?;
+    }
+    ps[0] = Some(p);
+    let p = at(ps, 0)?;
+    cx.switch(p)?;
+    // Loads from every page, stores to some: only those become dirty.
+    for i in 0..PAGES {
+        load_is("a page", BASE + 4096 * i, marker(i as usize))?;
+    }
+    for i in DIRTY {
+        store_ok("a page", BASE + 4096 * i + 8, 1)?;
+    }
+    store_ok("the block", BLK_VA + 0x1008, 1)?;
+    load_is("a page", BASE2, marker(20))?;
+
+    // unmap_with: the pages and the swap entry, one flush.
+    let f0 = FlushCounts::now();
+    let mut got = Reports::default();
+    p.space
+        .unmap_with(VirtAddr(BASE), (PAGES + 1) * 4096, |x| got.push(x))
+        .map_err(|e| Why::new(format_args!("unmap_with: {e}")))?;
+    let d = FlushCounts::now().since(f0);
+    ensure!(
+        got.n == PAGES as usize + 1,
+        "{} reports for {PAGES} pages and a swap entry",
+        got.n
+    );
+    for r in got.get() {
+        if r.va == SWP_VA {
+            ensure!(
+                r.swp == Some(SWP) && r.pa == 0,
+                "the swap entry was reported as {r:x?}"
+            );
+            continue;
+        }
+        let i = (r.va - BASE) / 4096;
+        ensure!(
+            r.va >= BASE && i < PAGES && r.pa == fr[i as usize] && r.size == 4096,
+            "a report {r:x?} that does not match a mapped page"
+        );
+        ensure!(
+            r.dirty == DIRTY.contains(&i),
+            "page {i}: reported dirty = {}, but it was {}stored to",
+            r.dirty,
+            if DIRTY.contains(&i) { "" } else { "not " }
+        );
+    }
+    ensure!(
+        d.range + d.asid + d.all == 1 && d.all == 0,
+        "unmap_with flushed {} ranges, {} ASIDs, {} all: expected one flush",
+        d.range,
+        d.asid,
+        d.all
+    );
+    for i in 0..=PAGES {
+        load_faults("an unmapped page", BASE + 4096 * i)?;
+    }
+
+    // One gather for the block and two pages: one flush at the end.
+    let f0 = FlushCounts::now();
+    let mut tlb = p.space.tlb_gather_mmu();
+    let mut got = Reports::default();
+    let r1 = p
+        .space
+        .unmap_with_gathered(&mut tlb, VirtAddr(BLK_VA), 2 << 20, |x| got.push(x));
+    let r2 = p
+        .space
+        .unmap_with_gathered(&mut tlb, VirtAddr(BASE2), 2 * 4096, |x| got.push(x));
+    let before_finish = FlushCounts::now().since(f0);
+    if p.space.tlb_finish_mmu(tlb).is_err() {
+        fail!("tlb_finish_mmu refused the space's own gather");
+    }
+    let d = FlushCounts::now().since(f0);
+    r1.map_err(|e| Why::new(format_args!("unmap_with_gathered (block): {e}")))?;
+    r2.map_err(|e| Why::new(format_args!("unmap_with_gathered (pages): {e}")))?;
+    let g = got.get();
+    ensure!(
+        g.len() == 3
+            && g[0].va == BLK_VA
+            && g[0].pa == blk_pa
+            && g[0].size == 2 << 20
+            && g[0].dirty,
+        "gathered reports {g:x?}: expected the dirty 2 MiB block at {blk_pa:#x} first"
+    );
+    for (k, r) in g[1..].iter().enumerate() {
+        ensure!(
+            r.va == BASE2 + 4096 * k as u64 && r.pa == fr2[k] && r.size == 4096 && !r.dirty,
+            "gathered report {r:x?} does not match clean page {k}"
+        );
+    }
+    ensure!(
+        before_finish == FlushCounts::default() && d.range + d.asid + d.all == 1,
+        "the gather flushed {before_finish:?} before tlb_finish_mmu and {d:?} in all: expected one flush, at the end"
+    );
+    load_faults("the unmapped block", BLK_VA + 0x1000)?;
+    load_faults("an unmapped page", BASE2)
+}
