@@ -18,8 +18,9 @@
 //!
 //! Command line (`-append`): `[la57] [seed=N] [threshold_mb=M] [nobench]
 //! [nobench=move,mprotect,linear] [nobig] [only=prefix,..] [skip=prefix,..]
-//! [verbose] [accel=kvm|kvm-pvm|tcg] [noshootdown]` (`noshootdown`: flushes
-//! reach the executing CPU only, to see the `smp_` cases fail).
+//! [verbose] [accel=kvm|kvm-pvm|tcg] [noshootdown]` (`noshootdown`: the other
+//! CPUs acknowledge flush IPIs without flushing, to see the `smp_` cases
+//! fail).
 #![no_std]
 #![no_main]
 

@@ -38,14 +38,14 @@ use pgtable_x86::X86Mmu;
 use x86_64::instructions::port::Port;
 use x86_64::instructions::segmentation::{Segment, CS, DS, ES, SS};
 use x86_64::instructions::tables::load_tss;
-use x86_64::registers::control::{Cr0, Cr3, Cr4, Cr4Flags};
+use x86_64::registers::control::{Cr0, Cr4, Cr4Flags};
 use x86_64::registers::model_specific::Efer;
 use x86_64::structures::gdt::{Descriptor, GlobalDescriptorTable, SegmentSelector};
 use x86_64::structures::tss::TaskStateSegment;
 
 use crate::mem::{Frames, RamMap};
 use crate::trampoline::{self, TRAMPOLINE_PA};
-use crate::{apic, gdt, println, trap, tsc};
+use crate::{apic, gdt, println, shootdown, trap, tsc};
 
 /// The most CPUs this kernel brings up.
 pub const MAX_CPUS: usize = 8;
@@ -294,6 +294,7 @@ extern "C" fn ap_main() -> ! {
     for (slot, v) in AP_REGS[cpu].iter().zip(control_regs()) {
         slot.store(v, Relaxed);
     }
+    shootdown::set_online();
     // Release: the BSP's Acquire load of the mask sees the APIC ID and
     // everything this AP set up.
     ONLINE.fetch_or(1 << cpu, Release);
@@ -314,6 +315,7 @@ pub fn init<A: Arch>(
     apic::map(space).map_err(|_| BringUpError("map the local APIC", 0))?;
     apic::enable();
     APIC_IDS[0].store(u64::from(apic::id()), Relaxed);
+    shootdown::set_online();
     // SAFETY: the IDT is live but the gates for these two vectors are not
     // used yet: no IPI is sent before the APs are up, and the BSP has
     // interrupts off.
@@ -416,8 +418,13 @@ extern "C" fn kick_ipi() {
     apic::eoi();
 }
 
+/// Flush IPIs taken per CPU (counted by the vector's stub).
+pub static FLUSH_IPIS_TAKEN: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+
 extern "C" fn flush_ipi() {
-    crate::shootdown::handle_flush_ipi(this_cpu());
+    let cpu = this_cpu();
+    FLUSH_IPIS_TAKEN[cpu].fetch_add(1, Relaxed);
+    shootdown::handle_flush_ipi(cpu);
     apic::eoi();
 }
 
@@ -428,23 +435,11 @@ pub fn send_flush_ipis(mask: u64) {
     }
 }
 
-/// Loads `root` on this CPU (an AP joining a space: its bit in `cpus`
-/// first, so a concurrent flush reaches it).
-///
-/// # Safety
-///
-/// `root` maps the kernel half like the kernel's root and stays alive
-/// while installed.
-pub unsafe fn switch_to(root: u64, cpus: Option<&AtomicU64>) {
-    let me = 1u64 << this_cpu();
-    if let Some(c) = cpus {
-        c.fetch_or(me, SeqCst);
-    }
-    let frame = x86_64::structures::paging::PhysFrame::containing_address(
-        x86_64::PhysAddr::new_truncate(root),
-    );
-    // SAFETY: our caller's promise.
-    unsafe { Cr3::write_raw(frame, 0) };
+/// Switches this CPU back to the kernel's root.
+pub fn switch_to_kernel() {
+    // SAFETY: the kernel's root maps everything and lives forever; its
+    // CPU set is a static.
+    unsafe { shootdown::switch_to(kernel_root(), &shootdown::KERNEL_MM) };
 }
 
 /// Reports the bring-up.

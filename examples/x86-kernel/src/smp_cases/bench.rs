@@ -1,9 +1,9 @@
 //! The shootdown benchmark.
 
-use pgtable_core::{Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use pgtable_core::{Arch, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr, PAGE_SIZE};
+use pgtable_x86::MmCpus;
 
 use super::{count, drop_space, new_space, since, switch, Data, BASE};
-use crate::shootdown;
 use crate::{println, smp, tsc};
 
 /// The shootdown benchmark: a one-page protection change (one flush) on a
@@ -25,7 +25,8 @@ pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
             continue;
         }
         let live: u64 = ((1u64 << (cpus - 1)) - 1) << 1;
-        let Ok(mut s) = new_space::<A>(kernel) else {
+        let mm = MmCpus::new();
+        let Ok(mut s) = new_space::<A>(kernel, &mm) else {
             return false;
         };
         if s.map(
@@ -53,13 +54,14 @@ pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
         let prot = (tsc::now() - t0) / ITERS;
         let t0 = tsc::now();
         for _ in 0..ITERS {
-            shootdown::shootdown(
-                live,
-                shootdown::FlushReq::Range {
-                    start: BASE,
-                    end: BASE + PAGE_SIZE,
-                },
-            );
+            // One page's flush through the space's MMU: the local
+            // INVLPG and one IPI round to the CPUs it is live on.
+            s.mmu().flush_tlb_range(TlbRange {
+                start: VirtAddr(BASE),
+                end: VirtAddr(BASE + PAGE_SIZE),
+                stride_shift: 12,
+                last_level: true,
+            });
         }
         let round = (tsc::now() - t0) / ITERS;
         let d = since(c);

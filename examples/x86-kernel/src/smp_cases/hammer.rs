@@ -4,9 +4,10 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 use pgtable_core::PAGE_SIZE;
+use pgtable_x86::MmCpus;
 
 use crate::smp::{self, MAX_CPUS};
-use crate::{trap, tsc};
+use crate::{shootdown, trap, tsc};
 
 /// Pages in a hammered range.
 pub(super) const PAGES: u64 = 16;
@@ -101,22 +102,14 @@ fn run_command(cpu: usize) {
     );
     match CMD.op.load(Relaxed) {
         OP_SWITCH => {
-            // a: the root (0: the kernel's), b: the space's CPU mask.
-            // SAFETY: CPU 0 passes the address of the mask of a space that
-            // outlives this command (it switches every AP back first).
-            let mask = unsafe { (b as *const AtomicU64).as_ref() };
             if a != 0 {
-                // SAFETY: the test space shares the kernel half and lives
-                // until CPU 0 switched this CPU back.
-                unsafe { smp::switch_to(a, mask) };
+                // a: the test space's root, b: its CPU set.
+                // SAFETY: CPU 0 passes the root and the `MmCpus` of a
+                // space that shares the kernel half and outlives this
+                // CPU's use of it (CPU 0 switches every AP back first).
+                unsafe { shootdown::switch_to(a, &*(b as *const MmCpus)) };
             } else {
-                // SAFETY: the kernel's root maps everything.
-                unsafe { smp::switch_to(smp::kernel_root(), None) };
-                if let Some(m) = mask {
-                    // After the MOV to CR3 left the space: no flush of it
-                    // need reach this CPU any more.
-                    m.fetch_and(!(1 << cpu), SeqCst);
-                }
+                smp::switch_to_kernel();
             }
         }
         OP_READ | OP_WRITE => hammer(cpu, CMD.op.load(Relaxed) == OP_WRITE, a, c),

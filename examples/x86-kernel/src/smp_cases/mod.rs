@@ -34,18 +34,20 @@ use crate::{println, trap, tsc};
 use hammer::{
     pattern, post, stop, wait_done, wait_passes, EPOCH, OP_READ, OP_SWITCH, OP_WRITE, PAGES, RES,
 };
+use pgtable_x86::MmCpus;
 
 /// Where the cases map (lower half, 192 GiB: clear of the suite's window
 /// and of the ring-3 pages).
 const BASE: u64 = 0x30_0000_0000;
 /// Where moves go (another PMD table, so the move may take the PMD path).
 const MOVED: u64 = BASE + (1 << 30);
-/// The CPU index of the kernel root, for the APs.
-type Space<A> = AddressSpace<A, SmpMmu, Frames>;
+/// A test space.
+type Space<'a, A> = AddressSpace<A, SmpMmu<'a>, Frames>;
 
-/// A test space: the kernel half shared with `kernel`'s root.
-fn new_space<A: Arch>(kernel: PhysAddr) -> Result<Space<A>, Why> {
-    let s = Space::<A>::new(SmpMmu::new(), Frames).map_err(|e| why("new space", e))?;
+/// A test space whose CPU set is `mm`: the kernel half shared with
+/// `kernel`'s root.
+fn new_space<A: Arch>(kernel: PhysAddr, mm: &MmCpus) -> Result<Space<'_, A>, Why> {
+    let s = Space::<A>::new(shootdown::smp_mmu(mm), Frames).map_err(|e| why("new space", e))?;
     let (k, u) = (root_entries(kernel), root_entries(s.root()));
     for i in 256..512 {
         u[i].store(k[i].load(Relaxed), Relaxed);
@@ -71,7 +73,8 @@ fn root_entries(root: PhysAddr) -> &'static [AtomicU64; 512] {
 /// Switches the CPUs of `mask` onto `s` (or back to the kernel root).
 fn switch<A: Arch>(mask: u64, s: &Space<A>, on: bool) {
     let root = if on { s.root().0 } else { 0 };
-    let seq = post(mask, OP_SWITCH, root, &s.mmu().cpus as *const _ as u64, 0);
+    let mm: *const MmCpus = s.mmu().mm();
+    let seq = post(mask, OP_SWITCH, root, mm as u64, 0);
     wait_done(mask, seq);
 }
 
@@ -153,8 +156,8 @@ struct Count {
 
 fn count() -> Count {
     Count {
-        rounds: shootdown::ROUNDS.load(Relaxed),
-        ipis: shootdown::IPIS.load(Relaxed),
+        rounds: shootdown::stats().ipi_rounds,
+        ipis: shootdown::stats().cpus_reached,
     }
 }
 
@@ -187,7 +190,8 @@ fn hammered<A: Arch>(
     bsp: bool,
 ) -> Result<Count, Why> {
     data.fill();
-    let mut s = new_space::<A>(kernel)?;
+    let mm = MmCpus::new();
+    let mut s = new_space::<A>(kernel, &mm)?;
     let r = (|| -> Result<Count, Why> {
         s.map(
             VirtAddr(BASE),
@@ -204,7 +208,7 @@ fn hammered<A: Arch>(
         if bsp {
             // SAFETY: `s` shares the kernel half and outlives the switch
             // back below.
-            unsafe { smp::switch_to(s.root().0, Some(&s.mmu().cpus)) };
+            unsafe { shootdown::switch_to(s.root().0, s.mmu().mm()) };
             // A load caches the translation on CPU 0 too.
             if trap::read_u64(BASE) != Ok(pattern(0)) {
                 bsp_err = Some(Why::new(format_args!(
@@ -264,8 +268,7 @@ fn hammered<A: Arch>(
         switch(live, &s, false);
         if bsp {
             // SAFETY: the kernel's root maps everything.
-            unsafe { smp::switch_to(smp::kernel_root(), None) };
-            s.mmu().cpus.fetch_and(!1, SeqCst);
+            smp::switch_to_kernel();
         }
         res.map_err(|e| why("operation", e))?;
         if let Some(e) = bsp_err {
@@ -420,15 +423,15 @@ pub fn run<A: Arch>(kernel: PhysAddr, pool: u64) -> Tally {
 /// A space live on the APs only (CPU 0 stays on the kernel's root, so it
 /// is not in the space's mask): changed from CPU 0, still flushed there.
 fn live_elsewhere<A: Arch>(kernel: PhysAddr, data: &Data, aps: u64) -> Result<(), Why> {
-    let before: [u64; MAX_CPUS] = core::array::from_fn(|c| shootdown::HANDLED[c].load(Relaxed));
+    let before: [u64; MAX_CPUS] = core::array::from_fn(|c| smp::FLUSH_IPIS_TAKEN[c].load(Relaxed));
     let c = hammered::<A>(kernel, data, aps, false, Op::Unmap, false)?;
     one_round(c, aps)?;
     for cpu in smp::cpus(aps) {
-        if shootdown::HANDLED[cpu].load(Relaxed) == before[cpu] {
+        if smp::FLUSH_IPIS_TAKEN[cpu].load(Relaxed) == before[cpu] {
             fail!("CPU {cpu} handled no flush");
         }
     }
-    if shootdown::HANDLED[0].load(Relaxed) != before[0] {
+    if smp::FLUSH_IPIS_TAKEN[0].load(Relaxed) != before[0] {
         fail!("CPU 0 handled a flush IPI");
     }
     Ok(())
@@ -446,7 +449,8 @@ fn counted<A: Arch>(kernel: PhysAddr, data: &Data) -> Result<(), Why> {
     for k in [1usize, 2, n - 1] {
         let live: u64 = ((1u64 << k) - 1) << 1;
         data.fill();
-        let mut s = new_space::<A>(kernel)?;
+        let mm = MmCpus::new();
+        let mut s = new_space::<A>(kernel, &mm)?;
         switch(live, &s, true);
         let va = VirtAddr(BASE);
         let len = PAGES * PAGE_SIZE;
