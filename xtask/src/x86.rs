@@ -110,7 +110,7 @@ pub fn build_kernel() -> Result<PathBuf, String> {
 
 /// Boots the kernel once with `append` as its command line.
 pub fn boot_kernel(kernel: &Path, accel: Accel, append: &str) -> Result<Outcome, String> {
-    let mut args: Vec<String> = ["-machine", "q35", "-m", "4G", "-smp", "1"]
+    let mut args: Vec<String> = ["-machine", "q35", "-m", "4G", "-smp", SMP_CPUS]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -197,6 +197,7 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     judge(&o, SUCCESS_CODE)
         .and_then(|()| passed_cases(&o.lines, ALWAYS))
         .and_then(|()| passed_one_of(&o.lines, ISOLATION))
+        .and_then(|()| smp_passed(&o.lines))
         .map_err(|e| format!("4-level run ({}): {e}", used.name()))?;
     eprintln!("xtask: x86: 4-level run passed ({})", used.name());
 
@@ -215,6 +216,7 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     judge(&o, SUCCESS_CODE)
         .and_then(|()| passed_cases(&o.lines, ALWAYS))
         .and_then(|()| passed_one_of(&o.lines, ISOLATION))
+        .and_then(|()| smp_passed(&o.lines))
         .and_then(|()| {
             if la57 {
                 passed_cases(&o.lines, ABOVE_2_47)
@@ -232,6 +234,36 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         eprintln!("xtask: x86: LA57 was not available in the guest; the kernel ran 4-level again (see its skip line)");
     }
     Ok(())
+}
+
+/// The CPUs every x86 boot has (`-smp`): the kernel brings them all up
+/// and its `smp_` cases hammer ranges from CPUs 1-3 while CPU 0 changes
+/// them.
+const SMP_CPUS: &str = "4";
+
+/// The line the kernel prints once every CPU reported in.
+const SMP_ONLINE: &str = "smp: 4 CPUs online";
+
+/// The `smp_` cases every run must pass: with the other CPUs hammering
+/// the range, an unmap, a move (readers and writers) and a protection
+/// change are seen by every CPU once the operation returns, a space live
+/// only on other CPUs is flushed there, and each operation costs one IPI
+/// round reaching exactly the CPUs the space is live on.
+const SMP_CASES: &[&str] = &[
+    "smp_unmap_faults_everywhere",
+    "smp_move_readers_follow",
+    "smp_writer_races_move",
+    "smp_protect_readonly_everywhere",
+    "smp_space_live_elsewhere",
+    "smp_shootdown_counted",
+];
+
+/// Ok when the kernel brought up every CPU and passed the `smp_` cases.
+fn smp_passed(lines: &[String]) -> Result<(), String> {
+    if !lines.iter().any(|l| l.trim() == SMP_ONLINE) {
+        return Err(format!("no `{SMP_ONLINE}` line"));
+    }
+    passed_cases(lines, SMP_CASES)
 }
 
 /// Cases every run must pass, not skip: the suite's instruction-fetch
@@ -376,6 +408,23 @@ mod tests {
             passed_one_of(&failed, ISOLATION),
             Err("no `ok` line for any of space_isolation_by_pcid, space_isolation_by_cr3".into())
         );
+    }
+
+    #[test]
+    fn a_run_without_every_cpu_or_an_smp_case_fails() {
+        let mut ok: Vec<String> = SMP_CASES.iter().map(|c| format!("ok {c}")).collect();
+        ok.insert(0, "smp: 4 CPUs online".into());
+        assert!(smp_passed(&ok).is_ok());
+        let mut one_cpu = ok.clone();
+        one_cpu[0] = "smp: 1 CPUs online".into();
+        assert_eq!(
+            smp_passed(&one_cpu),
+            Err("no `smp: 4 CPUs online` line".into())
+        );
+        let mut failed = ok.clone();
+        failed[1] = "FAIL smp_unmap_faults_everywhere: CPU 1: 3 probes saw the old state".into();
+        let e = smp_passed(&failed).unwrap_err();
+        assert!(e.contains("smp_unmap_faults_everywhere"), "{e}");
     }
 
     #[test]

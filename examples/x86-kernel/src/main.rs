@@ -18,17 +18,24 @@
 //!
 //! Command line (`-append`): `[la57] [seed=N] [threshold_mb=M] [nobench]
 //! [nobench=move,mprotect,linear] [nobig] [only=prefix,..] [skip=prefix,..]
-//! [verbose] [accel=kvm|kvm-pvm|tcg]`.
+//! [verbose] [accel=kvm|kvm-pvm|tcg] [noshootdown]` (`noshootdown`: the other
+//! CPUs acknowledge flush IPIs without flushing, to see the `smp_` cases
+//! fail).
 #![no_std]
 #![no_main]
 
+mod apic;
 mod bench;
 mod boot;
 mod gdt;
 mod machine;
 mod mem;
 mod serial;
+mod shootdown;
+mod smp;
+mod smp_cases;
 mod space;
+mod trampoline;
 mod trap;
 mod tsc;
 
@@ -188,6 +195,7 @@ unsafe fn parse_cmdline(cmdline: &'static str) -> Options {
             None if word == "nobench" => o.nobench = true,
             None if word == "verbose" => o.verbose = true,
             None if word == "nobig" => o.nobig = true,
+            None if word == "noshootdown" => shootdown::disable_shootdown(),
             _ => println!("ignoring unknown option {word}"),
         }
     }
@@ -260,6 +268,21 @@ extern "C" fn kmain(start_info: u64) -> ! {
     }
     // SAFETY: the loader's start info (magic checked).
     let line = unsafe { cmdline(&info) };
+    smp::set_boot_data([
+        (
+            start_info,
+            start_info + core::mem::size_of::<boot::StartInfo>() as u64,
+        ),
+        (
+            info.cmdline_paddr,
+            info.cmdline_paddr + line.len() as u64 + 1,
+        ),
+        (
+            info.memmap_paddr,
+            info.memmap_paddr
+                + u64::from(info.memmap_entries) * core::mem::size_of::<boot::MemmapEntry>() as u64,
+        ),
+    ]);
     // SAFETY: the only call.
     let opts = unsafe { parse_cmdline(line) };
     println!("cmdline: \"{line}\" -> {opts:?}");
@@ -495,6 +518,15 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
             "absent"
         }
     );
+    // Every CPU, before any case runs.
+    match smp::init(&mut space, ram, tsc.hz) {
+        Ok(n) => smp::print_online(n),
+        Err(smp::BringUpError(what, v)) => {
+            println!("FAIL smp bring-up: {what} {v:#x}");
+            println!("0 passed, 1 failed");
+            return false;
+        }
+    }
     let mut pool = ram
         .pool()
         .max_by_key(|r| r.end - r.start)
@@ -536,9 +568,13 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
     };
     let own = space::run(&mut space, smep, pcids);
     println!();
+    let smp_t = smp_cases::run::<A>(space.root(), pool.start);
+    println!();
     let sum = suite::run(&mut space, &mut mach, &cfg);
-    let suite_ok = sum.failed == 0 && sum.passed > 0 && own.failed == 0;
-    let bench_ok = opts.nobench || bench::run(&mut space, &mach, ram, kvm, opts.nobench_list);
+    let suite_ok = sum.failed == 0 && sum.passed > 0 && own.failed == 0 && smp_t.failed == 0;
+    let bench_ok = opts.nobench
+        || (bench::run(&mut space, &mach, ram, kvm, opts.nobench_list)
+            && smp_cases::bench::<A>(space.root(), pool.start));
     // No table frame may leak: every frame still allocated must belong to
     // the kernel's own tables.
     let live = Frames.live();
@@ -555,8 +591,8 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
     println!();
     println!(
         "{} passed, {} failed",
-        sum.passed + own.passed,
-        sum.failed + own.failed + u32::from(!bench_ok) + u32::from(!frames_ok)
+        sum.passed + own.passed + smp_t.passed,
+        sum.failed + own.failed + smp_t.failed + u32::from(!bench_ok) + u32::from(!frames_ok)
     );
     // The live space is never torn down: the CPU walks its tables until the
     // machine exits, right after this. `into_parts` keeps them allocated.

@@ -278,9 +278,17 @@ pub struct PageFault {
     pub error: u64,
 }
 
-/// The last fault a probe caught (single CPU, written only by the handler
-/// while the probe waits for it).
-static mut LAST_FAULT: PageFault = PageFault { cr2: 0, error: 0 };
+/// The last fault a probe caught, per CPU ([`crate::smp::this_cpu`]):
+/// written only by that CPU's handler while its probe waits for it.
+static mut LAST_FAULT: [PageFault; crate::smp::MAX_CPUS] =
+    [PageFault { cr2: 0, error: 0 }; crate::smp::MAX_CPUS];
+
+/// This CPU's last probe fault.
+fn last_fault() -> PageFault {
+    // SAFETY: this CPU's entry, written by its own handler before the
+    // probe returned here.
+    unsafe { core::ptr::read_volatile(&raw const LAST_FAULT[crate::smp::this_cpu()]) }
+}
 
 /// Reads the 8 bytes at `va` (8-byte aligned), or returns the page fault.
 pub fn read_u64(va: u64) -> Result<u64, PageFault> {
@@ -291,8 +299,7 @@ pub fn read_u64(va: u64) -> Result<u64, PageFault> {
     if r.faulted == 0 {
         Ok(r.value)
     } else {
-        // SAFETY: single CPU; the handler wrote it before resuming here.
-        Err(unsafe { core::ptr::read_volatile(&raw const LAST_FAULT) })
+        Err(last_fault())
     }
 }
 
@@ -310,8 +317,7 @@ pub unsafe fn write_u64(va: u64, value: u64) -> Result<(), PageFault> {
     if r.faulted == 0 {
         Ok(())
     } else {
-        // SAFETY: single CPU; the handler wrote it before resuming here.
-        Err(unsafe { core::ptr::read_volatile(&raw const LAST_FAULT) })
+        Err(last_fault())
     }
 }
 
@@ -331,8 +337,7 @@ pub unsafe fn exec(va: u64) -> Result<(), PageFault> {
     if r.faulted == 0 {
         Ok(())
     } else {
-        // SAFETY: single CPU; the handler wrote it before resuming here.
-        Err(unsafe { core::ptr::read_volatile(&raw const LAST_FAULT) })
+        Err(last_fault())
     }
 }
 
@@ -388,8 +393,8 @@ pub unsafe fn run_user(rip: u64, rsp: u64, args: [u64; 3]) -> UserTrap {
 /// The IDT, written once by [`init`].
 struct IdtCell(UnsafeCell<InterruptDescriptorTable>);
 
-// SAFETY: one CPU; the IDT is written only by `init`, before it is loaded,
-// and read only by the processor afterwards.
+// SAFETY: written by `init` before it is loaded and by `set_gate` (CPU 0,
+// before any CPU can take that vector); read only by the processors.
 unsafe impl Sync for IdtCell {}
 
 static IDT: IdtCell = IdtCell(UnsafeCell::new(InterruptDescriptorTable::new()));
@@ -451,6 +456,30 @@ pub unsafe fn init() {
     unsafe { lidt(&ptr) };
 }
 
+/// Loads the IDT on this CPU (an AP; the BSP's [`init`] loads it).
+pub fn load_idt() {
+    let ptr = DescriptorTablePointer {
+        limit: (core::mem::size_of::<InterruptDescriptorTable>() - 1) as u16,
+        base: VirtAddr::from_ptr(IDT.0.get()),
+    };
+    // SAFETY: the IDT is a static that lives forever and holds valid gates.
+    unsafe { lidt(&ptr) };
+}
+
+/// Points the interrupt gate of `vector` (32..=255) at `handler`.
+///
+/// # Safety
+///
+/// `handler` is an interrupt entry that saves what it clobbers and
+/// returns with `iretq`; no CPU can take `vector` while the gate changes.
+pub unsafe fn set_gate(vector: u8, handler: u64) {
+    // SAFETY: no CPU takes this vector now (our caller's promise); the
+    // 16-byte gate is rewritten in place.
+    let idt = unsafe { &mut *IDT.0.get() };
+    // SAFETY: our caller's promise about `handler`.
+    unsafe { idt[vector].set_handler_addr(VirtAddr::new(handler)) };
+}
+
 /// Called by the stubs with the saved state.
 #[no_mangle]
 extern "C" fn trap_dispatch(frame: &mut TrapFrame) {
@@ -494,10 +523,11 @@ extern "C" fn trap_dispatch(frame: &mut TrapFrame) {
             None
         };
         if let Some(resume) = resume {
-            // SAFETY: single CPU; the probe reads it after we return.
+            // SAFETY: this CPU's entry; its probe reads it after we
+            // return.
             unsafe {
                 core::ptr::write_volatile(
-                    &raw mut LAST_FAULT,
+                    &raw mut LAST_FAULT[crate::smp::this_cpu()],
                     PageFault {
                         cr2,
                         error: frame.error,
