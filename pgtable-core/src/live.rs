@@ -3,7 +3,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, Stash};
 use crate::level::{entry_end, index};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
@@ -99,21 +99,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 return Err(Error::BreakBeforeMake(at));
             }
         }
-        let differs = |raw, h| A::leaf_prot(raw, h) != prot;
-        let need = self.split_check(top, self.root, va.0, end, &differs);
-        let mut stash = self.reserve(need)?;
-        self.may_hold_global |= prot.global();
-        let mut gather = TlbGather::new();
-        self.live_change(top, self.root, va.0, end, prot, &mut stash, &mut gather);
-        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
-        // Short only if `split_check` under-counted (see `take`).
-        let short = stash.short;
-        self.release(stash);
-        self.finish(gather, FreeQueue::new());
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        self.change_prot_with(end, va, prot, Self::live_change)
     }
 
     /// The first address in `[va, end)` (under the table `tpa` at

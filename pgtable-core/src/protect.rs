@@ -125,14 +125,37 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// table frame stays allocated.
     pub fn change_protection(&mut self, va: VirtAddr, len: u64, prot: Prot) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
+        self.change_prot_with(end, va, prot, Self::protect_change)
+    }
+
+    /// The phases both `change_protection` and `change_protection_live`
+    /// share once the range is checked (exclusive end `end`): reserve the
+    /// tables that splitting blocks needs (a block that already grants
+    /// `prot` is left whole), run `change` over the tree, then flush once.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn change_prot_with(
+        &mut self,
+        end: u64,
+        va: VirtAddr,
+        prot: Prot,
+        change: fn(&mut Self, u32, PhysAddr, u64, u64, Prot, &mut Stash, &mut TlbGather),
+    ) -> Result<(), Error> {
         let top = A::LEVELS - 1;
-        // A block that already grants `prot` is left whole, not split.
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
         let need = self.split_check(top, self.root, va.0, end, &differs);
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         let mut gather = TlbGather::new();
-        self.protect_change(top, self.root, va.0, end, prot, &mut stash, &mut gather);
+        change(
+            self,
+            top,
+            self.root,
+            va.0,
+            end,
+            prot,
+            &mut stash,
+            &mut gather,
+        );
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
         let short = stash.short;
