@@ -255,7 +255,7 @@ mod ptm {
     /// The leaf attributes for `flags`, converted per call as `A64PTE` does.
     #[inline]
     fn leaf_attrs(flags: MappingFlags, is_huge: bool) -> u64 {
-        let mut bits = 0;
+        let mut bits = Prot::empty();
         if flags.contains(MappingFlags::WRITE) {
             bits |= Prot::WRITE;
         }
@@ -272,7 +272,7 @@ mod ptm {
         } else {
             MemType::Normal
         };
-        Arm64::leaf_template(Prot::new(bits).with_mem(mem), if is_huge { 1 } else { 0 })
+        Arm64::leaf_template(bits.with_mem(mem), if is_huge { 1 } else { 0 })
     }
 
     impl GenericPTE for Pte {
@@ -304,7 +304,7 @@ mod ptm {
             if prot.user() {
                 f |= MappingFlags::USER;
             }
-            match prot.mem {
+            match prot.mem() {
                 MemType::Device => f |= MappingFlags::DEVICE,
                 MemType::NormalNonCacheable => f |= MappingFlags::UNCACHED,
                 MemType::Normal => {}

@@ -507,7 +507,7 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
 
     #[inline]
     fn leaf_template(prot: Prot, height: u32) -> u64 {
-        let mut v = VALID | SH_INNER | AF | (attr_index(prot.mem) << ATTR_INDX_SHIFT);
+        let mut v = VALID | SH_INNER | AF | (attr_index(prot.mem()) << ATTR_INDX_SHIFT);
         if height == 0 {
             v |= TABLE_OR_PAGE;
         }
@@ -544,7 +544,7 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     #[inline]
     fn leaf_prot(raw: u64, _height: u32) -> Prot {
         let user = raw & AP_EL0 != 0;
-        let mut bits = 0;
+        let mut bits = Prot::empty();
         if is_writable(raw) {
             bits |= Prot::WRITE;
         }
@@ -558,7 +558,7 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
         if raw & NG == 0 {
             bits |= Prot::GLOBAL;
         }
-        Prot::new(bits).with_mem(mem_type((raw & ATTR_INDX_MASK) >> ATTR_INDX_SHIFT))
+        bits.with_mem(mem_type((raw & ATTR_INDX_MASK) >> ATTR_INDX_SHIFT))
     }
 
     #[inline]

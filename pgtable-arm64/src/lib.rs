@@ -35,7 +35,7 @@
 //!
 //! // A kernel read-write 2 MiB block: AttrIndx 0, SH inner, AF, UXN|PXN,
 //! // DBM (writable, already dirty), nG clear (global).
-//! let prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
+//! let prot = Prot::WRITE | Prot::GLOBAL;
 //! let raw = Arm64::leaf(PhysAddr(0x4020_0000), prot, 1);
 //! assert_eq!(raw, 0x0068_0000_4020_0701);
 //! assert_eq!(Arm64::decode(raw, 1), Decoded::Leaf(PhysAddr(0x4020_0000)));

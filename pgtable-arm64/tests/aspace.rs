@@ -99,7 +99,7 @@ fn va39_linear_map_counts_one_barrier_per_table_too() {
 
 fn check_blocks_and_pages<F: pgtable_core::Arch>() {
     let mut s = space::<F, _>(NoopMmu);
-    let prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let prot = Prot::WRITE | Prot::GLOBAL;
     // 1 GiB block at 1 GiB, two 2 MiB blocks at 3 GiB, pages at 4 GiB.
     s.map(
         VirtAddr(GIB),
@@ -361,8 +361,8 @@ fn change_protection_of_blocks_flushes_once_not_per_block() {
 
 #[test]
 fn change_protection_keeps_hardware_dirty_state() {
-    let user_rw = Prot::new(Prot::WRITE | Prot::USER);
-    let user_ro = Prot::new(Prot::USER);
+    let user_rw = Prot::WRITE | Prot::USER;
+    let user_ro = Prot::USER;
     let mut s = space::<Arm64, _>(NoopMmu);
     s.map(
         VirtAddr(GIB),

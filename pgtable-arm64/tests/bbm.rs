@@ -40,7 +40,7 @@ fn permission_af_and_dirty_changes_are_safe_in_place() {
 
 #[test]
 fn address_type_size_and_global_changes_need_break_before_make() {
-    let g = Arm64::leaf(PhysAddr(0x8000), Prot::new(Prot::WRITE | Prot::GLOBAL), 0);
+    let g = Arm64::leaf(PhysAddr(0x8000), Prot::WRITE | Prot::GLOBAL, 0);
     let ng = page(0x8000, Prot::READ_WRITE);
     assert_eq!(ng, g | NG);
     let cases = [
@@ -49,7 +49,7 @@ fn address_type_size_and_global_changes_need_break_before_make() {
             "memory type",
             Arm64::leaf(
                 PhysAddr(0x8000),
-                Prot::new(Prot::WRITE | Prot::GLOBAL).with_mem(MemType::Device),
+                Prot::WRITE | Prot::GLOBAL.with_mem(MemType::Device),
                 0,
             ),
         ),
@@ -212,11 +212,7 @@ fn entry_setters_barrier_valid_entries_only_and_nosync_never() {
 #[test]
 fn get_and_clear_returns_hardware_updates_and_pmd_start_does_not_flush() {
     let mmu = Recorder::default();
-    let clean = Arm64::leaf(
-        PhysAddr(0x4020_0000),
-        Prot::new(Prot::WRITE | Prot::USER),
-        1,
-    );
+    let clean = Arm64::leaf(PhysAddr(0x4020_0000), Prot::WRITE | Prot::USER, 1);
     // The walker marked it dirty after we built it.
     let slot = Slot::new(clean & !AP_RDONLY);
     let got = Arm64::pmdp_modify_prot_start(&mmu, VA, &slot, 1);

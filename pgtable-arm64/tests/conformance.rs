@@ -185,7 +185,7 @@ fn simulated_hardware_marks_user_pages_dirty_through_dbm() {
     let space = AddressSpace::<Arm64, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
     // SAFETY: a simulated MMU.
     let mut space = unsafe { Installed::new(space) };
-    let user_rw = Prot::new(Prot::WRITE | Prot::USER);
+    let user_rw = Prot::WRITE | Prot::USER;
     space
         .map(VA, PhysAddr(0x8000_0000), PAGE, user_rw, MapOptions::PAGES)
         .unwrap();
@@ -252,8 +252,8 @@ fn no_dirty_state_is_lost_while_the_hardware_races_change_protection() {
     let mut space = unsafe { Installed::new(space) };
     let pages = 64;
     let len = pages * PAGE;
-    let user_rw = Prot::new(Prot::WRITE | Prot::USER);
-    let user_ro = Prot::new(Prot::USER);
+    let user_rw = Prot::WRITE | Prot::USER;
+    let user_ro = Prot::USER;
     space
         .map(VA, PhysAddr(0x8000_0000), len, user_rw, MapOptions::PAGES)
         .unwrap();
@@ -300,7 +300,7 @@ fn non_global_to_global_breaks_before_make<A: Arch>() {
     let mut space = unsafe { Installed::new(space) };
     let (g1, m2) = (1u64 << 30, 2u64 << 20);
     let rw = Prot::READ_WRITE;
-    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let global = Prot::WRITE | Prot::GLOBAL;
     let cases = [
         (VirtAddr(g1), PhysAddr(0x8000_0000), PAGE),
         (VirtAddr(g1 + m2), PhysAddr(0x8020_0000), m2),

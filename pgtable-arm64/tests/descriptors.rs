@@ -6,8 +6,8 @@ use pgtable_arm64::desc::{self, HwFeatures};
 use pgtable_arm64::{Arm64, Arm64Va39, Descriptor, MAIR_VALUE};
 use pgtable_core::{Access, AccessFault, Decoded, Format, MemType, PhysAddr, Prot};
 
-const KERNEL_RW_GLOBAL: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
-const KERNEL_RO_GLOBAL: Prot = Prot::new(Prot::GLOBAL);
+const KERNEL_RW_GLOBAL: Prot = Prot::WRITE.union(Prot::GLOBAL);
+const KERNEL_RO_GLOBAL: Prot = Prot::GLOBAL;
 
 /// Hand-written descriptors: (height, pa, prot, the exact u64).
 ///
@@ -30,7 +30,7 @@ fn hand_written() -> Vec<(u32, u64, Prot, u64)> {
         (
             0,
             0x0912_3000,
-            Prot::new(Prot::WRITE | Prot::USER).with_mem(MemType::Device),
+            Prot::WRITE | Prot::USER.with_mem(MemType::Device),
             0x0068_0000_0912_3fcb,
         ),
         // 4 KiB page at 0x1000, user read-execute, Normal-NC (AttrIndx 1 =
@@ -38,7 +38,7 @@ fn hand_written() -> Vec<(u32, u64, Prot, u64)> {
         (
             0,
             0x1000,
-            Prot::new(Prot::EXEC | Prot::USER).with_mem(MemType::NormalNonCacheable),
+            Prot::EXEC | Prot::USER.with_mem(MemType::NormalNonCacheable),
             0x0020_0000_0000_1fc7,
         ),
         // 4 KiB page at the top of the 48-bit PA space, kernel RW global.
@@ -124,7 +124,7 @@ fn every_prot_round_trips_at_every_leaf_level() {
     ];
     for bits in 0..16u8 {
         for mem in mems {
-            let prot = Prot::new(bits).with_mem(mem);
+            let prot = Prot::from_bits_truncate(bits).with_mem(mem);
             for h in 0..=2 {
                 let pa = PhysAddr(0x1_0000_0000u64 << (h * 2));
                 let raw = Arm64::leaf(pa, prot, h);
@@ -200,8 +200,8 @@ fn split_makes_pages_from_2m_blocks_and_2m_blocks_from_1g_blocks() {
 
 #[test]
 fn modify_prot_keeps_address_access_flag_and_dirty_state() {
-    let rw_user = Prot::new(Prot::WRITE | Prot::USER);
-    let ro_user = Prot::new(Prot::USER);
+    let rw_user = Prot::WRITE | Prot::USER;
+    let ro_user = Prot::USER;
     let clean = Arm64::leaf(PhysAddr(0x5000), rw_user, 0);
     // The hardware marks it dirty: AP[2] cleared.
     let dirty = Arm64::hw_access(
@@ -255,7 +255,7 @@ const UX: Access = Access {
 
 #[test]
 fn hardware_marks_dbm_leaves_dirty_and_refuses_read_only_stores() {
-    let rw_user = Arm64::leaf(PhysAddr(0x7000), Prot::new(Prot::WRITE | Prot::USER), 0);
+    let rw_user = Arm64::leaf(PhysAddr(0x7000), Prot::WRITE | Prot::USER, 0);
     assert!(!Arm64::is_settled(rw_user, 0), "writable and clean");
     let after = Arm64::hw_access(rw_user, 0, UW).unwrap();
     assert!(Arm64::is_dirty(after) && Arm64::is_settled(after, 0));
@@ -302,14 +302,14 @@ fn el0_access_and_execute_never_are_enforced() {
         Arm64::hw_access(kdata, 0, Access::EXEC),
         Err(AccessFault::Exec)
     );
-    let utext = Arm64::leaf(PhysAddr(0x9000), Prot::new(Prot::EXEC | Prot::USER), 0);
+    let utext = Arm64::leaf(PhysAddr(0x9000), Prot::EXEC | Prot::USER, 0);
     assert_eq!(Arm64::hw_access(utext, 0, UX), Ok(utext));
     // The kernel never executes user pages (PXN).
     assert_eq!(
         Arm64::hw_access(utext, 0, Access::EXEC),
         Err(AccessFault::Exec)
     );
-    let udata = Arm64::leaf(PhysAddr(0x9000), Prot::new(Prot::WRITE | Prot::USER), 0);
+    let udata = Arm64::leaf(PhysAddr(0x9000), Prot::WRITE | Prot::USER, 0);
     assert_eq!(Arm64::hw_access(udata, 0, UX), Err(AccessFault::Exec));
     // EL1 fetch from EL0-writable memory is refused even without PXN.
     let el0_writable = 0x0000_0000_0000_9443u64; // valid page, AP[2:1] = 01, AF

@@ -169,7 +169,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if flags.write {
                 let p = A::leaf_prot(new, h);
                 if !p.writable() {
-                    let w = Prot::new(p.bits() | Prot::WRITE).with_mem(p.mem);
+                    let w = p.union(Prot::WRITE);
                     new = A::modify_prot(new, w, h);
                 }
             }

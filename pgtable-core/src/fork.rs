@@ -484,7 +484,7 @@ impl Wp {
 /// `p` without write permission.
 #[inline]
 fn ro(p: Prot) -> Prot {
-    Prot::new(p.bits() & !Prot::WRITE).with_mem(p.mem)
+    p.difference(Prot::WRITE)
 }
 
 /// The mutable state of one copy.

@@ -37,72 +37,91 @@ pub enum MemType {
     Device,
 }
 
-/// An architecture-neutral protection: what accesses a mapping allows.
-///
-/// Every mapping is readable by the kernel; the flags add rights on top.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Prot {
-    bits: u8,
-    /// The memory type.
-    pub mem: MemType,
+bitflags::bitflags! {
+    /// An architecture-neutral protection: what accesses a mapping allows,
+    /// and its memory type.
+    ///
+    /// Every mapping is readable by the kernel; the flags add rights on top,
+    /// so the empty set ([`Prot::READ_ONLY`]) is kernel read-only,
+    /// non-executable, write-back memory:
+    ///
+    /// ```
+    /// use pgtable_core::{MemType, Prot};
+    ///
+    /// let user_data = Prot::WRITE | Prot::USER;
+    /// assert!(user_data.writable() && user_data.user() && !user_data.executable());
+    /// let mmio = Prot::READ_WRITE.with_mem(MemType::Device);
+    /// assert_eq!(mmio.mem(), MemType::Device);
+    /// assert!(mmio.contains(Prot::WRITE));
+    /// ```
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct Prot: u8 {
+        /// Writes allowed.
+        const WRITE = 1 << 0;
+        /// Instruction fetches allowed (at the privilege that can access it).
+        const EXEC = 1 << 1;
+        /// Accessible from user mode (arm64 EL0, x86 CPL 3).
+        const USER = 1 << 2;
+        /// Global: not tagged with an address-space identifier.
+        const GLOBAL = 1 << 3;
+        /// Memory type bit: normal memory, non-cacheable
+        /// ([`MemType::NormalNonCacheable`]). Prefer [`Prot::with_mem`].
+        const NON_CACHEABLE = 1 << 4;
+        /// Memory type bit: device memory ([`MemType::Device`]); wins over
+        /// [`Prot::NON_CACHEABLE`]. Prefer [`Prot::with_mem`].
+        const DEVICE = 1 << 5;
+    }
 }
 
 impl Prot {
-    /// Writes allowed.
-    pub const WRITE: u8 = 1 << 0;
-    /// Instruction fetches allowed (at the privilege that can access it).
-    pub const EXEC: u8 = 1 << 1;
-    /// Accessible from user mode (arm64 EL0, x86 CPL 3).
-    pub const USER: u8 = 1 << 2;
-    /// Global: not tagged with an address-space identifier.
-    pub const GLOBAL: u8 = 1 << 3;
-
     /// Kernel read-only, not executable.
-    pub const READ_ONLY: Prot = Prot::new(0);
+    pub const READ_ONLY: Prot = Prot::empty();
     /// Kernel read-write, not executable.
-    pub const READ_WRITE: Prot = Prot::new(Prot::WRITE);
+    pub const READ_WRITE: Prot = Prot::WRITE;
     /// Kernel read-only, executable.
-    pub const READ_EXEC: Prot = Prot::new(Prot::EXEC);
+    pub const READ_EXEC: Prot = Prot::EXEC;
 
-    /// A normal-memory protection with the given flag bits.
-    pub const fn new(bits: u8) -> Prot {
-        Prot {
-            bits,
-            mem: MemType::Normal,
-        }
-    }
+    const MEM_BITS: u8 = Prot::NON_CACHEABLE.bits() | Prot::DEVICE.bits();
 
     /// The same protection with another memory type.
     pub const fn with_mem(self, mem: MemType) -> Prot {
-        Prot {
-            bits: self.bits,
-            mem,
-        }
+        let mem_bits = match mem {
+            MemType::Normal => 0,
+            MemType::NormalNonCacheable => Prot::NON_CACHEABLE.bits(),
+            MemType::Device => Prot::DEVICE.bits(),
+        };
+        Prot::from_bits_retain((self.bits() & !Prot::MEM_BITS) | mem_bits)
     }
 
-    /// The flag bits.
-    pub const fn bits(self) -> u8 {
-        self.bits
+    /// The memory type.
+    pub const fn mem(self) -> MemType {
+        if self.contains(Prot::DEVICE) {
+            MemType::Device
+        } else if self.contains(Prot::NON_CACHEABLE) {
+            MemType::NormalNonCacheable
+        } else {
+            MemType::Normal
+        }
     }
 
     /// Whether writes are allowed.
     pub const fn writable(self) -> bool {
-        self.bits & Prot::WRITE != 0
+        self.contains(Prot::WRITE)
     }
 
     /// Whether instruction fetches are allowed.
     pub const fn executable(self) -> bool {
-        self.bits & Prot::EXEC != 0
+        self.contains(Prot::EXEC)
     }
 
     /// Whether user mode may access it.
     pub const fn user(self) -> bool {
-        self.bits & Prot::USER != 0
+        self.contains(Prot::USER)
     }
 
     /// Whether it is global.
     pub const fn global(self) -> bool {
-        self.bits & Prot::GLOBAL != 0
+        self.contains(Prot::GLOBAL)
     }
 }
 
@@ -115,7 +134,7 @@ impl fmt::Debug for Prot {
             if self.executable() { "x" } else { "-" },
             if self.user() { " user" } else { "" },
             if self.global() { " global" } else { "" },
-            self.mem
+            self.mem()
         )
     }
 }

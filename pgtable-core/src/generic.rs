@@ -159,7 +159,7 @@ pub fn change_is_safe<A: Arch>(old: u64, new: u64, height: u32) -> bool {
         (None | Invalid, _) | (_, None | Invalid) => true,
         (Leaf(a), Leaf(b)) => {
             let (p, q) = (A::leaf_prot(old, height), A::leaf_prot(new, height));
-            a == b && p.mem == q.mem && (p.global() || !q.global())
+            a == b && p.mem() == q.mem() && (p.global() || !q.global())
         }
         (Table(a), Table(b)) => a == b,
         _ => false,

@@ -81,7 +81,7 @@ fn prot_bits(prot: Prot) -> u64 {
     if prot.global() {
         b |= GLOBAL;
     }
-    b | match prot.mem {
+    b | match prot.mem() {
         MemType::Normal => 0,
         MemType::NormalNonCacheable => 1 << 8,
         MemType::Device => 2 << 8,
@@ -132,7 +132,7 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
     }
 
     fn leaf_prot(raw: u64, _height: u32) -> Prot {
-        let mut bits = 0;
+        let mut bits = Prot::empty();
         if raw & WRITE != 0 {
             bits |= Prot::WRITE;
         }
@@ -150,7 +150,7 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
             1 => MemType::NormalNonCacheable,
             _ => MemType::Device,
         };
-        Prot::new(bits).with_mem(mem)
+        bits.with_mem(mem)
     }
 
     fn modify_prot(raw: u64, prot: Prot, _height: u32) -> u64 {

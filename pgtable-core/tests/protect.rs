@@ -912,7 +912,7 @@ fn race<A: Arch>(
                 slot.store(A::leaf(pa, prot, height) | ad, Relaxed);
             }
             prot = if prot == Prot::READ_WRITE {
-                Prot::new(Prot::WRITE | Prot::EXEC)
+                Prot::WRITE | Prot::EXEC
             } else {
                 Prot::READ_WRITE
             };
@@ -1150,7 +1150,7 @@ mod sim {
             .unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let agent = m.spawn_agent(BASE, pages * KIB4, stop.clone());
-        let rwx = Prot::new(Prot::WRITE | Prot::EXEC);
+        let rwx = Prot::WRITE | Prot::EXEC;
         // At least 400 changes, and on until the hardware thread has
         // dirtied something (it may be starved on a loaded machine),
         // bounded in time.

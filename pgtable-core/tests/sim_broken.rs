@@ -651,7 +651,7 @@ fn a_full_flush_that_keeps_global_entries_leaves_an_unmapped_global_leaf_stale()
     // 64 global pages: unmapping them all is past the flush ceiling (33),
     // so the gathered flush is a full one, which must drop global entries.
     let len = 64 * K4;
-    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let global = Prot::WRITE | Prot::GLOBAL;
     let (m, mut s) = broken(Break::GlobalFlushes);
     s.map(VA, PA, len, global, MapOptions::PAGES).unwrap();
     m.read_u64(VA).unwrap();
@@ -675,7 +675,7 @@ fn a_flush_by_asid_keeps_global_entries_and_other_asids() {
     let m = SimMachine::<T4>::new();
     let mut a = AddressSpace::<T4, _, _>::new(m.mmu_with_asid(1), m.alloc()).unwrap();
     let mut b = AddressSpace::<T4, _, _>::new(m.mmu_with_asid(2), m.alloc()).unwrap();
-    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let global = Prot::WRITE | Prot::GLOBAL;
     a.map(VA, PA, K4, global, MapOptions::PAGES).unwrap();
     a.map(
         VirtAddr(VA.0 + K4),
@@ -727,7 +727,7 @@ fn replacing_a_cached_entry_without_break_before_make_is_a_conflict() {
     s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     m.read_u64(VA).unwrap();
-    let global = T4::leaf(PA, Prot::new(Prot::WRITE | Prot::GLOBAL), 0);
+    let global = T4::leaf(PA, Prot::WRITE | Prot::GLOBAL, 0);
     // SAFETY: a leaf; a deliberate break-before-make violation on the
     // simulator.
     let slot = unsafe { leaf_slot(&s, VA) };
@@ -759,7 +759,7 @@ fn replacing_a_cached_entry_without_break_before_make_is_a_conflict() {
 #[test]
 fn change_protection_to_global_uses_break_before_make_for_pages_and_blocks() {
     let (m, mut s) = correct();
-    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let global = Prot::WRITE | Prot::GLOBAL;
     // A 4 KiB page, a 2 MiB block and a 1 GiB block, all cached.
     let pages = VirtAddr(G1);
     let pmd = VirtAddr(G1 + M2);
@@ -991,7 +991,7 @@ fn user_cannot_reach_the_kernel_half<A: Arch>() -> Result<(), String> {
     // SAFETY: a simulated MMU.
     let mut k = unsafe { Installed::new(k) };
     let kva = VirtAddr(0xffff_8000_4000_0000);
-    let leaf = Prot::new(Prot::USER | Prot::WRITE);
+    let leaf = Prot::USER | Prot::WRITE;
     k.map(kva, PA, K4, leaf, MapOptions::PAGES).unwrap();
     let user = pgtable_core::Access {
         user: true,

@@ -330,7 +330,7 @@ fn report_and_fault(c: &mut Criterion) {
     let mut g = c.benchmark_group("x86-unmap-report-4K");
     g.sample_size(20);
     g.throughput(criterion::Throughput::Elements(PAGES));
-    let user = Prot::new(Prot::WRITE | Prot::USER);
+    let user = Prot::WRITE | Prot::USER;
     for (name, prot, report) in [
         ("pgtable", Prot::READ_WRITE, true),
         ("pgtable-user", user, true),
@@ -476,7 +476,7 @@ fn fork(c: &mut Criterion) {
         AddressSpace, Arena, CopyMode, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
     };
 
-    let user = Prot::new(Prot::WRITE | Prot::USER);
+    let user = Prot::WRITE | Prot::USER;
     let mut g = c.benchmark_group("x86-fork-4K");
     g.sample_size(20);
     g.throughput(criterion::Throughput::Elements(PAGES));

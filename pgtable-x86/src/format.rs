@@ -337,12 +337,12 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
         P | access_bits(prot)
             | ad
             | if height > 0 { PS } else { 0 }
-            | bits::pat_bits(pat_index_of(prot.mem), height)
+            | bits::pat_bits(pat_index_of(prot.mem()), height)
     }
 
     #[inline]
     fn leaf_prot(raw: u64, height: u32) -> Prot {
-        let mut b = 0;
+        let mut b = Prot::empty();
         if raw & RW != 0 {
             b |= Prot::WRITE;
         }
@@ -355,18 +355,18 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
         if raw & G != 0 {
             b |= Prot::GLOBAL;
         }
-        Prot::new(b).with_mem(mem_type_of_pat_index(bits::pat_index(raw, height)))
+        b.with_mem(mem_type_of_pat_index(bits::pat_index(raw, height)))
     }
 
     #[inline]
     fn modify_prot(raw: u64, prot: Prot, height: u32) -> u64 {
-        let keep_mem = mem_type_of_pat_index(bits::pat_index(raw, height)) == prot.mem;
+        let keep_mem = mem_type_of_pat_index(bits::pat_index(raw, height)) == prot.mem();
         let (clear, set_mem) = if keep_mem {
             (0, 0)
         } else {
             (
                 bits::mem_bits(height),
-                bits::pat_bits(pat_index_of(prot.mem), height),
+                bits::pat_bits(pat_index_of(prot.mem()), height),
             )
         };
         (raw & !(RW | US | XD | G | clear)) | access_bits(prot) | set_mem

@@ -147,7 +147,7 @@ fn five_level_uses_five_tables_for_one_page() {
 #[test]
 fn user_mappings_start_without_accessed_and_dirty() {
     let mut s = space::<X86_64>();
-    let p = Prot::new(Prot::USER | Prot::WRITE);
+    let p = Prot::USER | Prot::WRITE;
     s.map(
         VirtAddr(0x40_0000),
         PhysAddr(0x40_0000),

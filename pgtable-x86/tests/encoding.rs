@@ -10,8 +10,8 @@ type F4m46 = X86Paging<4, 46>;
 
 const XD: u64 = 1 << 63;
 
-fn user(bits: u8) -> Prot {
-    Prot::new(bits | Prot::USER)
+fn user(bits: Prot) -> Prot {
+    bits | Prot::USER
 }
 
 /// (height, pa, prot, expected raw) — the same for both layouts at the
@@ -55,14 +55,14 @@ fn leaf_cases() -> Vec<(u32, u64, Prot, u64)> {
         (
             1,
             0x40_0000,
-            Prot::new(Prot::USER | Prot::GLOBAL),
+            Prot::USER | Prot::GLOBAL,
             XD | 0x40_0000 | 0x185,
         ),
         // PDPTE 1 GiB, kernel RWX global: P | R/W | A | D | PS | G.
         (
             2,
             0x4000_0000,
-            Prot::new(Prot::WRITE | Prot::EXEC | Prot::GLOBAL),
+            Prot::WRITE | Prot::EXEC | Prot::GLOBAL,
             0x4000_01e3,
         ),
         // PDPTE 1 GiB, kernel RW NX device: PWT | PCD as well.
@@ -260,7 +260,7 @@ fn pat_index_selects_memory_type_with_the_power_up_pat() {
     ];
     for (raw, h, idx, mem) in cases {
         assert_eq!(F4::pat_index(raw, h), idx, "{raw:#x}");
-        assert_eq!(F4::leaf_prot(raw, h).mem, mem, "{raw:#x}");
+        assert_eq!(F4::leaf_prot(raw, h).mem(), mem, "{raw:#x}");
     }
 }
 
@@ -279,7 +279,7 @@ fn modify_prot_keeps_address_ad_pkey_software_bits_and_matching_memory_type() {
     );
     // -> user RW global.
     assert_eq!(
-        F4::modify_prot(pde, Prot::new(Prot::USER | Prot::WRITE | Prot::GLOBAL), 1),
+        F4::modify_prot(pde, Prot::USER | Prot::WRITE | Prot::GLOBAL, 1),
         XD | 0x20_01e7
     );
     // A user PTE without A/D stays without them.
@@ -400,7 +400,10 @@ fn settled_means_accessed_and_dirty_or_read_only() {
             h
         ));
         assert!(F4::is_settled(F4::leaf(PhysAddr(0), Prot::READ_ONLY, h), h));
-        assert!(!F4::is_settled(F4::leaf(PhysAddr(0), user(0), h), h));
+        assert!(!F4::is_settled(
+            F4::leaf(PhysAddr(0), user(Prot::empty()), h),
+            h
+        ));
         assert!(!F4::is_young(F4::leaf(PhysAddr(0), user(Prot::WRITE), h)));
         assert!(!F4::is_dirty(F4::leaf(PhysAddr(0), user(Prot::WRITE), h)));
     }

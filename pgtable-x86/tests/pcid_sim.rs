@@ -167,7 +167,7 @@ fn run(seed: u64, has_invpcid: bool, bug: Bug) -> Result<u64, String> {
     let m = SimMachine::<X86_64>::new();
     let cpu = Arc::new(PcidCpu::new());
     let mut pcids = AsidAllocator::<1, 1>::new(4).unwrap();
-    let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let global = Prot::WRITE | Prot::GLOBAL;
     let mut spaces: Vec<(Space, AsidContext, u64)> = (0..SPACES)
         .map(|i| {
             let mmu = PcidSim {

@@ -24,7 +24,7 @@ const VA: VirtAddr = VirtAddr(0x4000_0000);
 const PA: PhysAddr = PhysAddr(0x8000_0000);
 
 fn user_rw() -> Prot {
-    Prot::new(Prot::USER | Prot::WRITE)
+    Prot::USER | Prot::WRITE
 }
 
 /// The local MMU of the calling thread's CPU for a space under one PCID
@@ -131,7 +131,7 @@ fn unmap_protect_and_move_leave_no_stale_entry_on_any_cpu() {
         let sent = sd.sender().sent.lock().unwrap().len();
         match op {
             "unmap" => s.unmap(VA, K4).unwrap(),
-            "protect" => s.change_protection(VA, K4, Prot::new(Prot::USER)).unwrap(),
+            "protect" => s.change_protection(VA, K4, Prot::USER).unwrap(),
             _ => s
                 .move_page_tables(VA, VirtAddr(0x8000_0000), 4 * K4)
                 .unwrap(),
@@ -161,7 +161,7 @@ fn a_lazy_cpu_is_skipped_and_flushes_when_it_switches_back() {
     let (m, sd, mut s) = det(3);
     sd.enter_lazy(2);
     let before = sd.stats();
-    s.change_protection(VA, K4, Prot::new(Prot::USER)).unwrap();
+    s.change_protection(VA, K4, Prot::USER).unwrap();
     let st = sd.stats();
     assert_eq!(st.lazy_skipped - before.lazy_skipped, 1);
     assert_eq!(st.cpus_reached - before.cpus_reached, 1, "only CPU 1");
@@ -214,8 +214,7 @@ fn a_cpu_that_switched_away_drops_its_bit_and_catches_up_on_return() {
     let st = sd.stats();
     assert_eq!(st.ipis_ignored - before.ipis_ignored, 1);
     assert_eq!(st.cpus_reached - before.cpus_reached, 1);
-    s.change_protection(VA.add(K4), K4, Prot::new(Prot::USER))
-        .unwrap();
+    s.change_protection(VA.add(K4), K4, Prot::USER).unwrap();
     assert_eq!(
         sd.stats().cpus_reached,
         st.cpus_reached,
@@ -318,7 +317,7 @@ fn not_waiting_for_acknowledgements_is_caught() {
 fn a_switch_back_that_ignores_the_catch_up_flush_is_caught() {
     let (m, sd, mut s) = det(2);
     sd.enter_lazy(1);
-    s.change_protection(VA, K4, Prot::new(Prot::USER)).unwrap();
+    s.change_protection(VA, K4, Prot::USER).unwrap();
     // The bug: CPU 1 switches back without the flush it is told to do.
     let act = sd.switch_mm(1, s.mmu().mm());
     assert!(act.flush);
@@ -421,8 +420,7 @@ fn cpu_threads_touching_memory_see_no_stale_entry_after_any_operation() {
             .unwrap();
         m.check()
             .unwrap_or_else(|e| panic!("round {round} map: {e}"));
-        s.change_protection(VA, pages * K4, Prot::new(Prot::USER))
-            .unwrap();
+        s.change_protection(VA, pages * K4, Prot::USER).unwrap();
         m.check()
             .unwrap_or_else(|e| panic!("round {round} protect: {e}"));
         let to = VirtAddr(0x1_0000_0000);

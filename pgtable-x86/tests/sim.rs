@@ -24,11 +24,11 @@ fn machine<A: Arch>() -> (SimMachine<A>, Space<A>) {
 }
 
 fn user_rw() -> Prot {
-    Prot::new(Prot::USER | Prot::WRITE)
+    Prot::USER | Prot::WRITE
 }
 
 fn user_ro() -> Prot {
-    Prot::new(Prot::USER)
+    Prot::USER
 }
 
 fn walker_sets_accessed_and_dirty_in_user_leaves<A: Arch>(va: u64) {
@@ -76,7 +76,7 @@ fn simulated_accesses_obey_the_x86_rights() {
         VirtAddr(va + 0x1000),
         PhysAddr(0x4000_1000),
         0x1000,
-        Prot::new(Prot::USER | Prot::EXEC),
+        Prot::USER | Prot::EXEC,
         MapOptions::PAGES,
     )
     .unwrap();

@@ -36,13 +36,13 @@ use crate::println;
 pub type KernelSpace = AddressSpace<Arm64, Mmu, KernelTables>;
 
 /// Kernel text: read and execute, global.
-const TEXT: Prot = Prot::new(Prot::EXEC | Prot::GLOBAL);
+const TEXT: Prot = Prot::EXEC.union(Prot::GLOBAL);
 /// Kernel rodata (and the linear alias of the image's code): read-only.
-pub(crate) const RODATA: Prot = Prot::new(Prot::GLOBAL);
+pub(crate) const RODATA: Prot = Prot::GLOBAL;
 /// Kernel data, bss, stack, the linear map: read-write, never executable.
-pub(crate) const DATA: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL);
+pub(crate) const DATA: Prot = Prot::WRITE.union(Prot::GLOBAL);
 /// The PL011 registers.
-const DEVICE: Prot = Prot::new(Prot::WRITE | Prot::GLOBAL).with_mem(MemType::Device);
+const DEVICE: Prot = Prot::WRITE.union(Prot::GLOBAL).with_mem(MemType::Device);
 
 extern "C" {
     static __text_start: u8;

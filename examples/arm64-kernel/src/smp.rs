@@ -410,7 +410,7 @@ pub fn bring_up(cpus: &Cpus) -> Result<Smp, &'static str> {
             VirtAddr(page),
             PhysAddr(page),
             2 * 4096,
-            Prot::new(Prot::EXEC),
+            Prot::EXEC,
             MapOptions::PAGES,
         )
         .map_err(|_| "mapping the secondary entry")?;

@@ -186,14 +186,14 @@ impl UserSpace {
             VirtAddr(USER_CODE),
             PhysAddr(code_pa),
             4096,
-            Prot::new(Prot::USER | Prot::EXEC),
+            Prot::USER | Prot::EXEC,
             MapOptions::PAGES,
         )?;
         space.map(
             VirtAddr(USER_DATA),
             PhysAddr(data_pa),
             4096,
-            Prot::new(Prot::USER | Prot::WRITE),
+            Prot::USER | Prot::WRITE,
             MapOptions::PAGES,
         )?;
         Ok(UserSpace {

@@ -66,7 +66,7 @@ pub fn map<A: Arch>(
         VirtAddr(va),
         PhysAddr(pa),
         PAGE_SIZE,
-        Prot::new(Prot::WRITE | Prot::GLOBAL).with_mem(MemType::Device),
+        Prot::WRITE | Prot::GLOBAL.with_mem(MemType::Device),
         MapOptions::PAGES,
     )?;
     BASE.store(va, Ordering::Relaxed);

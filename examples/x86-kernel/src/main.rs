@@ -406,17 +406,17 @@ fn image_sections() -> [(u64, u64, Prot); 3] {
         (
             a(&raw const __text_start),
             a(&raw const __text_end),
-            Prot::new(Prot::EXEC | Prot::GLOBAL),
+            Prot::EXEC | Prot::GLOBAL,
         ),
         (
             a(&raw const __rodata_start),
             a(&raw const __rodata_end),
-            Prot::new(Prot::GLOBAL),
+            Prot::GLOBAL,
         ),
         (
             a(&raw const __data_start),
             a(&raw const __kernel_end),
-            Prot::new(Prot::WRITE | Prot::GLOBAL),
+            Prot::WRITE | Prot::GLOBAL,
         ),
     ]
 }
@@ -449,8 +449,8 @@ pub fn kernel_space<A: Arch>(ram: &RamMap) -> Result<AddressSpace<A, X86Mmu, Fra
     } else {
         MapOptions::PMD_BLOCKS
     };
-    let rw = Prot::new(Prot::WRITE | Prot::GLOBAL);
-    let ro = Prot::new(Prot::GLOBAL);
+    let rw = Prot::WRITE | Prot::GLOBAL;
+    let ro = Prot::GLOBAL;
     let image = image_sections();
     // The physical range of text and rodata: read-only in the linear map.
     let (ro_lo, ro_hi) = (image_phys(image[0].0), image_phys(image[1].1));

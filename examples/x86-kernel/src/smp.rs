@@ -345,7 +345,7 @@ pub fn init<A: Arch>(
         VirtAddr(TRAMPOLINE_PA),
         PhysAddr(TRAMPOLINE_PA),
         PAGE_SIZE,
-        Prot::new(Prot::EXEC),
+        Prot::EXEC,
         MapOptions::PAGES,
     )
     .map_err(|_| BringUpError("map the trampoline", TRAMPOLINE_PA))?;

@@ -405,9 +405,9 @@ fn map_user_program<A: Arch>(
         USER_FRAMES + 2 * PAGE_SIZE,
     );
     let maps = [
-        (USER_CODE, code_pa, Prot::new(Prot::USER | Prot::EXEC)),
-        (USER_STACK, stack_pa, Prot::new(Prot::USER | Prot::WRITE)),
-        (USER_DATA, data_pa, Prot::new(Prot::USER | Prot::WRITE)),
+        (USER_CODE, code_pa, Prot::USER | Prot::EXEC),
+        (USER_STACK, stack_pa, Prot::USER | Prot::WRITE),
+        (USER_DATA, data_pa, Prot::USER | Prot::WRITE),
     ];
     let n = if with_data { 3 } else { 2 };
     for (va, pa, prot) in maps.into_iter().take(n) {

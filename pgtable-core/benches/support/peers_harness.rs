@@ -200,7 +200,7 @@ impl<A: Arch> Pgtable<A> {
     /// A space whose arena is warm: kernel leaves, or user leaves if `user`.
     pub fn new(user: bool) -> Pgtable<A> {
         let (rw, ro) = if user {
-            (Prot::new(Prot::WRITE | Prot::USER), Prot::new(Prot::USER))
+            (Prot::WRITE | Prot::USER, Prot::USER)
         } else {
             (Prot::READ_WRITE, Prot::READ_ONLY)
         };

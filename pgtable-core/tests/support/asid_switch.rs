@@ -58,7 +58,7 @@ pub fn run<A: Arch>(seed: u64, switches: u64, honour_flush: bool) -> Result<Coun
             let mut s = Space::new(m.mmu_with_asid(0), m.alloc()).unwrap();
             s.map(VA, frame(i, 0), K4, Prot::READ_WRITE, MapOptions::PAGES)
                 .unwrap();
-            let global = Prot::new(Prot::WRITE | Prot::GLOBAL);
+            let global = Prot::WRITE | Prot::GLOBAL;
             s.map(KVA, KPA, K4, global, MapOptions::PAGES).unwrap();
             m.phys_write_u64(frame(i, 0), (i as u64) << 8);
             (s, AsidContext::NEW, 0)

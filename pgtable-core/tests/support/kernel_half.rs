@@ -26,11 +26,11 @@ fn kernel_va<A: Arch>(k: u64) -> VirtAddr {
 
 fn kernel_prot() -> Prot {
     // Kernel mappings are global (one TLB entry for every process).
-    Prot::new(Prot::WRITE | Prot::GLOBAL)
+    Prot::WRITE | Prot::GLOBAL
 }
 
 fn user_prot() -> Prot {
-    Prot::new(Prot::WRITE | Prot::USER)
+    Prot::WRITE | Prot::USER
 }
 
 fn new_kernel<A: Arch>(m: &SimMachine<A>) -> Space<A> {
@@ -249,7 +249,7 @@ pub fn table_attributes_guard_the_halves<A: Arch>() {
     let m = SimMachine::<A>::new();
     let mut kernel = new_kernel(&m);
     let kva = kernel_va::<A>(7);
-    let leaf_user = Prot::new(Prot::USER | Prot::WRITE | Prot::GLOBAL);
+    let leaf_user = Prot::USER | Prot::WRITE | Prot::GLOBAL;
     kernel
         .map(
             kva,

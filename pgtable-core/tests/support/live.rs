@@ -90,12 +90,12 @@ pub fn setup<A: Arch>() -> (SimMachine<A>, Space<A>, Arc<AtomicU64>) {
 }
 
 pub fn user_rw() -> Prot {
-    Prot::new(Prot::USER | Prot::WRITE)
+    Prot::USER | Prot::WRITE
 }
 
 /// `user_rw` made executable: a permission-only change.
 pub fn user_rwx() -> Prot {
-    Prot::new(Prot::USER | Prot::WRITE | Prot::EXEC)
+    Prot::USER | Prot::WRITE | Prot::EXEC
 }
 
 /// Which way the test changes the protection.
@@ -197,7 +197,7 @@ pub fn a_live_permission_change_never_faults_a_cpu_using_the_range<A: Arch + Sen
 pub fn break_before_make_is_refused_unless_allowed<A: Arch + Send>() {
     let (m, mut s, gaps) = setup::<A>();
     let nc = user_rw().with_mem(MemType::NormalNonCacheable);
-    let global = Prot::new(Prot::USER | Prot::WRITE | Prot::GLOBAL);
+    let global = Prot::USER | Prot::WRITE | Prot::GLOBAL;
     // Part of the block: a split.
     let part = VirtAddr(BLOCK.0 + 4 * PAGE);
     let cases = [(VA, PAGE, nc), (VA, PAGE, global), (part, PAGE, user_rwx())];

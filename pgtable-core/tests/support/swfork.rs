@@ -23,9 +23,9 @@ const PA: u64 = 0x40_0000_0000;
 
 /// A user read-write protection: created clean on every format, so the
 /// hardware sets the dirty state on the first store.
-pub const RW: Prot = Prot::new(Prot::WRITE | Prot::USER);
+pub const RW: Prot = Prot::WRITE.union(Prot::USER);
 /// A user read-only protection.
-pub const RO: Prot = Prot::new(Prot::USER);
+pub const RO: Prot = Prot::USER;
 
 /// A machine with an installed, empty address space.
 pub fn machine<A: Arch>() -> (SimMachine<A>, Space<A>) {
@@ -406,7 +406,7 @@ pub fn fork_cow<A: Arch>() {
             A::leaf_prot(p.entry, p.height),
         );
         assert!(!pp.writable());
-        assert_eq!(Prot::new(bp.bits() & !Prot::WRITE).with_mem(bp.mem), pp);
+        assert_eq!(bp.difference(Prot::WRITE), pp);
         // Accessed and dirty state kept.
         assert_eq!(A::is_dirty(p.entry), A::is_dirty(b.entry), "{:?}", p.va);
         assert_eq!(A::is_young(p.entry), A::is_young(b.entry), "{:?}", p.va);

@@ -225,7 +225,7 @@ pub(super) fn protect_readonly_everywhere(k: &mut Cases, a: &mut Space, hd: bool
     // of a secondary makes the hardware set the dirty state. Page 31 is
     // never written: it must stay clean (a control for the check).
     let (rw, ro) = if hd {
-        (Prot::new(Prot::WRITE | Prot::USER), Prot::new(Prot::USER))
+        (Prot::WRITE | Prot::USER, Prot::USER)
     } else {
         (Prot::READ_WRITE, Prot::READ_ONLY)
     };

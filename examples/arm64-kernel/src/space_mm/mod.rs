@@ -70,7 +70,7 @@ const SHARED_VA: u64 = 0x0100_0000;
 /// A user stack page.
 const STACK_VA: u64 = 0x0200_0000;
 /// User read-write data.
-const USER_RW: Prot = Prot::new(Prot::USER | Prot::WRITE);
+const USER_RW: Prot = Prot::USER.union(Prot::WRITE);
 /// The 16-bit allocator's bitmap words (65 536 ASIDs).
 const WORDS16: usize = 1024;
 /// Spaces of the roll-over case, and the width of its allocator.
@@ -193,7 +193,7 @@ impl Ctx<'_> {
                 VirtAddr(USER_CODE),
                 PhysAddr(self.code_pa),
                 4096,
-                Prot::new(Prot::USER | Prot::EXEC),
+                Prot::USER | Prot::EXEC,
                 MapOptions::PAGES,
             )
             .map_err(|e| Why::new(format_args!("mapping the program: {e}")))?;

@@ -33,7 +33,7 @@ pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
             VirtAddr(BASE),
             PhysAddr(data.pa),
             PAGE_SIZE,
-            Prot::new(Prot::WRITE),
+            Prot::WRITE,
             MapOptions::PAGES,
         )
         .is_err()
@@ -45,9 +45,9 @@ pub fn bench<A: Arch>(kernel: PhysAddr, pool: u64) -> bool {
         let t0 = tsc::now();
         for i in 0..ITERS {
             let p = if i % 2 == 0 {
-                Prot::new(0)
+                Prot::READ_ONLY
             } else {
-                Prot::new(Prot::WRITE)
+                Prot::WRITE
             };
             let _ = s.change_protection(VirtAddr(BASE), PAGE_SIZE, p);
         }

@@ -197,7 +197,7 @@ fn hammered<A: Arch>(
             VirtAddr(BASE),
             PhysAddr(data.pa),
             PAGES * PAGE_SIZE,
-            Prot::new(Prot::WRITE),
+            Prot::WRITE,
             MapOptions::PAGES,
         )
         .map_err(|e| why("map", e))?;
@@ -223,7 +223,7 @@ fn hammered<A: Arch>(
         let res = match op {
             Op::Unmap => s.unmap(VirtAddr(BASE), PAGES * PAGE_SIZE),
             Op::Move => s.move_page_tables(VirtAddr(BASE), VirtAddr(MOVED), PAGES * PAGE_SIZE),
-            Op::Protect => s.change_protection(VirtAddr(BASE), PAGES * PAGE_SIZE, Prot::new(0)),
+            Op::Protect => s.change_protection(VirtAddr(BASE), PAGES * PAGE_SIZE, Prot::READ_ONLY),
         };
         // Release: everything the operation did happens before an AP
         // that reads the new epoch starts its next probe.
@@ -257,7 +257,7 @@ fn hammered<A: Arch>(
                 VirtAddr(BASE + (2 << 30)),
                 PhysAddr(data.pa + PAGES * PAGE_SIZE),
                 PAGES * PAGE_SIZE,
-                Prot::new(Prot::WRITE),
+                Prot::WRITE,
                 MapOptions::PAGES,
             ))
         } else {
@@ -464,14 +464,8 @@ fn counted<A: Arch>(kernel: PhysAddr, data: &Data) -> Result<(), Why> {
             let c = count();
             let t0 = tsc::now();
             let r = match name {
-                "map" => s.map(
-                    va,
-                    PhysAddr(data.pa),
-                    len,
-                    Prot::new(Prot::WRITE),
-                    MapOptions::PAGES,
-                ),
-                "protect" => s.change_protection(va, len, Prot::new(0)),
+                "map" => s.map(va, PhysAddr(data.pa), len, Prot::WRITE, MapOptions::PAGES),
+                "protect" => s.change_protection(va, len, Prot::READ_ONLY),
                 "move" => s.move_page_tables(va, VirtAddr(MOVED), len),
                 _ => s.unmap(VirtAddr(MOVED), len),
             };

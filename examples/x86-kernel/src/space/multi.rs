@@ -67,13 +67,13 @@ pub(super) fn map_page<A: Arch>(
     s: &mut AddressSpace<A, X86Mmu, Frames>,
     va: u64,
     pa: u64,
-    prot: u8,
+    prot: Prot,
 ) -> Result<(), Why> {
     match s.map(
         VirtAddr(va),
         PhysAddr(pa),
         PAGE_SIZE,
-        Prot::new(prot),
+        prot,
         MapOptions::PAGES,
     ) {
         Ok(()) => Ok(()),

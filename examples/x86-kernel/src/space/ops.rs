@@ -204,7 +204,7 @@ fn swap_entry_survives_move<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> 
         match s.swap_in(
             VirtAddr(SWAP_NEW + p(3)),
             pgtable_core::PhysAddr(fin),
-            Prot::new(Prot::USER | Prot::WRITE),
+            Prot::USER | Prot::WRITE,
         ) {
             Ok(v) => ensure!(v == V1, "swap_in returned {v:#x}, expected {V1:#x}"),
             Err(e) => bail!("swap_in: {e}"),
@@ -239,13 +239,8 @@ fn store_works(what: &str, va: u64) -> Result<(), Why> {
 }
 
 /// `va` changed to `prot` live, in place.
-fn protect_live<A: Arch>(kernel: &mut Kernel<A>, va: u64, prot: u8) -> Result<(), Why> {
-    match kernel.change_protection_live(
-        VirtAddr(va),
-        PAGE_SIZE,
-        Prot::new(prot),
-        LiveOptions::IN_PLACE,
-    ) {
+fn protect_live<A: Arch>(kernel: &mut Kernel<A>, va: u64, prot: Prot) -> Result<(), Why> {
+    match kernel.change_protection_live(VirtAddr(va), PAGE_SIZE, prot, LiveOptions::IN_PLACE) {
         Ok(()) => Ok(()),
         Err(e) => bail!("change_protection_live {va:#x}: {e}"),
     }

@@ -159,9 +159,9 @@ pub struct ProtSrc(pub Prot);
 
 impl fmt::Display for ProtSrc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Prot::new({:#06b})", self.0.bits())?;
-        if self.0.mem != MemType::Normal {
-            write!(f, ".with_mem(MemType::{:?})", self.0.mem)?;
+        write!(f, "Prot::from_bits_retain({:#06b})", self.0.bits())?;
+        if self.0.mem() != MemType::Normal {
+            write!(f, ".with_mem(MemType::{:?})", self.0.mem())?;
         }
         Ok(())
     }
@@ -442,7 +442,8 @@ impl Gen {
 
     /// A protection: any combination of the flags, mostly normal memory.
     pub fn prot(&mut self) -> Prot {
-        let mut bits = (self.rng.below(8) as u8) & (Prot::WRITE | Prot::EXEC | Prot::USER);
+        let mut bits = Prot::from_bits_truncate(self.rng.below(8) as u8)
+            & (Prot::WRITE | Prot::EXEC | Prot::USER);
         if self.rng.chance(25) {
             bits |= Prot::GLOBAL;
         }
@@ -451,7 +452,7 @@ impl Gen {
             1 => MemType::NormalNonCacheable,
             _ => MemType::Normal,
         };
-        Prot::new(bits).with_mem(mem)
+        bits.with_mem(mem)
     }
 
     /// A page-aligned address inside one of the regions, near a PUD

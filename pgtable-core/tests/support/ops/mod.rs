@@ -36,7 +36,7 @@ pub const KRW: Prot = Prot::READ_WRITE;
 /// User read-write: created with the accessed/dirty state clean on x86 and
 /// the test format (and writable-clean, DBM with AP[2], on arm64), so the
 /// hardware still writes these entries.
-pub const URW: Prot = Prot::new(Prot::WRITE | Prot::USER);
+pub const URW: Prot = Prot::WRITE.union(Prot::USER);
 
 pub fn setup<A: Arch>() -> (SimMachine<A>, Space<A>) {
     let m = SimMachine::<A>::new();
@@ -573,7 +573,7 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
 /// and the store then goes through).
 pub fn set_access_flags_relaxes_in_place<A: Arch>() {
     let (m, mut s) = setup::<A>();
-    let ro = Prot::new(Prot::USER);
+    let ro = Prot::USER;
     map(&mut s, 0, 2 * K4, ro, MapOptions::PAGES);
     let v = VirtAddr(VA + K4);
     let _ = s.test_and_clear_young(v).unwrap();
