@@ -64,3 +64,8 @@ pub use regs::{
     AsidTooWide, TcrConfig,
 };
 pub use tlbi::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

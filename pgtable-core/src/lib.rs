@@ -124,9 +124,11 @@ pub use table::{Slot, Table, TableAlloc};
 pub use table_attrs::TableAttrs;
 pub use walk::{Mapping, Translation};
 
-/// The README's usage example, compiled and run as a doctest.
+/// The README's examples, compiled and run as doctests. The workspace
+/// README's examples are copies of this crate's and the arch crates'
+/// (`cargo test -p xtask` checks that they stay identical).
 #[cfg(all(doctest, feature = "alloc"))]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 /// What safe code must not be able to do, each shown not to compile.
