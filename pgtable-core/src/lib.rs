@@ -95,8 +95,10 @@ mod walk;
 pub mod asid;
 pub mod generic;
 #[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
 #[cfg(feature = "suite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "suite")))]
 pub mod suite;
 pub mod test_format;
 
