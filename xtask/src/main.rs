@@ -24,6 +24,8 @@ mod arm64;
 mod ci;
 mod linux_mremap;
 mod qemu;
+#[cfg(test)]
+mod readme;
 mod x86;
 
 use std::process::ExitCode;
