@@ -43,6 +43,7 @@
 //! ```
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bbm;
 pub mod desc;
@@ -50,11 +51,13 @@ pub mod regs;
 pub mod tlbi;
 
 #[cfg(target_arch = "aarch64")]
+#[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod mmu;
 
 pub use bbm::{pgattr_change_is_safe, set_live_entry};
 pub use desc::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
 #[cfg(target_arch = "aarch64")]
+#[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub use mmu::{
     asid_bits, enable_mmu, enable_mmu_for, enable_mmu_separate_halves, has_tlb_range,
     local_flush_tlb_all, Arm64Mmu, Ttbr,
@@ -64,3 +67,8 @@ pub use regs::{
     AsidTooWide, TcrConfig,
 };
 pub use tlbi::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -95,8 +95,10 @@ mod walk;
 pub mod asid;
 pub mod generic;
 #[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
 #[cfg(feature = "suite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "suite")))]
 pub mod suite;
 pub mod test_format;
 
@@ -124,9 +126,11 @@ pub use table::{Slot, Table, TableAlloc};
 pub use table_attrs::TableAttrs;
 pub use walk::{Mapping, Translation};
 
-/// The README's usage example, compiled and run as a doctest.
+/// The README's examples, compiled and run as doctests. The workspace
+/// README's examples are copies of this crate's and the arch crates'
+/// (`cargo test -p xtask` checks that they stay identical).
 #[cfg(all(doctest, feature = "alloc"))]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 /// What safe code must not be able to do, each shown not to compile.

@@ -94,6 +94,7 @@ mod arena {
     /// Frames still allocated when the arena is dropped are leaked, never
     /// returned to the global allocator (see [`TableAlloc`]).
     #[derive(Debug)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "alloc")))]
     pub struct Arena {
         free: Vec<PhysAddr>,
         live: usize,

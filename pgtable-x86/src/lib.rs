@@ -58,6 +58,7 @@
 //! ```
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bits;
 mod entry;
@@ -76,5 +77,11 @@ pub use flush::{
 };
 pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
+#[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub use mmu::{cpu_has_pcid, enable_pcids, X86Mmu};
 pub use shootdown::{CpuMask, IpiSender, MmCpus, Shootdown, ShootdownStats, SmpMmu, SwitchAction};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

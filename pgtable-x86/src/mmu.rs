@@ -74,6 +74,7 @@ const UNTAGGED: u32 = u32::MAX;
 /// unsafe { space.install() };
 /// ```
 #[derive(Debug)]
+#[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub struct X86Mmu {
     ceiling: AtomicU64,
     has_invpcid: bool,
@@ -367,6 +368,7 @@ unsafe fn invpcid_address(pcid: Pcid, va: u64) {
 }
 
 /// Whether the CPU supports PCIDs: `CPUID.01H:ECX.PCID[bit 17]`.
+#[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub fn cpu_has_pcid() -> bool {
     #[allow(unused_unsafe)]
     // SAFETY: CPUID exists on every x86-64 processor; leaf 1 always.
@@ -383,6 +385,7 @@ pub fn cpu_has_pcid() -> bool {
 /// CR3\[11:0\] is 0 (the root was installed by an untagged handle, or
 /// before PCIDs were used); setting PCIDE otherwise raises #GP (SDM Vol.
 /// 3A §4.10.1). The CPU is in IA-32e mode (always so for this crate).
+#[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub unsafe fn enable_pcids() -> bool {
     if !cpu_has_pcid() {
         return false;

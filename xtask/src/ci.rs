@@ -15,7 +15,13 @@ const FEATURE_SETS: [&[&str]; 4] = [
     &[],
 ];
 
-/// fmt, clippy (host + bare-metal, every feature combination), tests, docs.
+/// The library crates: what is published, what the MSRV and the docs
+/// steps build.
+const LIBS: [&str; 3] = ["pgtable-core", "pgtable-arm64", "pgtable-x86"];
+
+/// fmt, clippy (host + bare-metal, every feature combination), tests, docs
+/// (host and both bare-metal targets), and the minimum supported Rust
+/// version.
 pub fn ci() -> Result<(), String> {
     for t in TARGETS {
         ensure_target(t)?;
@@ -51,6 +57,8 @@ pub fn ci() -> Result<(), String> {
     sh(cargo()
         .args(["doc", "--workspace", "--no-deps", "--all-features"])
         .env("RUSTDOCFLAGS", "-D warnings"))?;
+    bare_metal_docs()?;
+    msrv()?;
     // The tiny kernels are their own workspaces (bare-metal binaries):
     // formatting and clippy for their target.
     for (dir, target) in KERNELS {
@@ -65,6 +73,114 @@ pub fn ci() -> Result<(), String> {
             .env("CARGO_TARGET_DIR", root().join("target/kernels")))?;
     }
     Ok(())
+}
+
+/// The libraries' docs for each bare-metal target, warnings denied: what
+/// docs.rs builds for the arch crates (`[package.metadata.docs.rs]`: their
+/// bare-metal target, where `Arm64Mmu` / `X86Mmu` exist, with every
+/// feature that builds without std).
+pub fn bare_metal_docs() -> Result<(), String> {
+    for t in TARGETS {
+        ensure_target(t)?;
+        sh(cargo()
+            .args(["doc", "--no-deps", "--target", t])
+            .args(LIBS.iter().flat_map(|l| ["-p", l]))
+            .args([
+                "--features",
+                "pgtable-core/alloc,pgtable-core/stats,pgtable-core/suite,\
+                 pgtable-arm64/stats,pgtable-x86/stats,pgtable-x86/suite",
+            ])
+            .env("RUSTDOCFLAGS", "-D warnings"))?;
+    }
+    Ok(())
+}
+
+/// The exact toolchain of the workspace's `rust-version`: "1.85" means
+/// 1.85.0. (rustup's "1.85" is the newest point release, and 1.85.1 was
+/// shipped without the standard library for `aarch64-unknown-none`.)
+fn msrv_toolchain() -> Result<String, String> {
+    let manifest = root().join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).map_err(|e| format!("{manifest:?}: {e}"))?;
+    let version = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("rust-version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .ok_or_else(|| format!("no rust-version in {manifest:?}"))?;
+    Ok(match version.split('.').count() {
+        2 => format!("{version}.0"),
+        _ => version.to_string(),
+    })
+}
+
+/// A command that runs `program` from `toolchain` (through rustup, which
+/// also sets the toolchain for the cargo it starts), with the variables
+/// the cargo running xtask set for it removed.
+fn with_toolchain(toolchain: &str, program: &str) -> Command {
+    let mut c = Command::new("rustup");
+    c.current_dir(root())
+        .args(["run", toolchain, program])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC")
+        .env_remove("CARGO");
+    c
+}
+
+/// Installs `toolchain` (minimal profile) with both bare-metal targets
+/// unless it is there already.
+fn ensure_toolchain(toolchain: &str) -> Result<(), String> {
+    let installed = with_toolchain(toolchain, "rustc")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !installed {
+        let mut c = Command::new("rustup");
+        c.args(["toolchain", "install", toolchain, "--profile", "minimal"]);
+        for t in TARGETS {
+            c.args(["--target", t]);
+        }
+        return sh(&mut c);
+    }
+    let out = Command::new("rustup")
+        .args(["target", "list", "--installed", "--toolchain", toolchain])
+        .output()
+        .map_err(|e| format!("rustup: {e}"))?;
+    let have = String::from_utf8_lossy(&out.stdout).into_owned();
+    for t in TARGETS {
+        if !have.lines().any(|l| l.trim() == t) {
+            sh(Command::new("rustup").args(["target", "add", "--toolchain", toolchain, t]))?;
+        }
+    }
+    Ok(())
+}
+
+/// The minimum supported Rust version: the libraries build with exactly
+/// the `rust-version` toolchain (installed through rustup when missing),
+/// on the host (every feature set of the clippy step, and all features)
+/// and on both bare-metal targets (every feature set). `cargo check` of the
+/// libraries only, in their own target directory.
+pub fn msrv() -> Result<(), String> {
+    let toolchain = msrv_toolchain()?;
+    ensure_toolchain(&toolchain)?;
+    let check = |target: Option<&str>, fs: &[&str]| {
+        let mut c = with_toolchain(&toolchain, "cargo");
+        c.args(["check", "--lib"])
+            .args(LIBS.iter().flat_map(|l| ["-p", l]))
+            .args(fs)
+            .env("CARGO_TARGET_DIR", root().join("target/msrv"));
+        if let Some(t) = target {
+            c.args(["--target", t]);
+        }
+        sh(&mut c)
+    };
+    for fs in FEATURE_SETS {
+        check(None, fs)?;
+        for t in TARGETS {
+            check(Some(t), fs)?;
+        }
+    }
+    check(None, &["--all-features"])
 }
 
 /// The tiny kernels and their targets.

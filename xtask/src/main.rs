@@ -1,7 +1,11 @@
 //! `cargo xtask`: build, test, boot and benchmark automation for pgtable.
 //!
 //! - `cargo xtask ci`: formatting, clippy (host and both bare-metal targets,
-//!   every feature combination of the library crates), tests and docs.
+//!   every feature combination of the library crates), tests, docs (host
+//!   and both bare-metal targets) and the minimum supported Rust version.
+//! - `cargo xtask msrv`: only the MSRV step of `ci` (the libraries built
+//!   with exactly the `rust-version` toolchain, installed when missing).
+//! - `cargo xtask docs`: only the bare-metal docs step of `ci`.
 //! - `cargo xtask qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N]`:
 //!   builds the tiny kernels, boots them in QEMU, streams their console and
 //!   succeeds only on the agreed exit code and a final `N passed, 0 failed`.
@@ -20,6 +24,8 @@ mod arm64;
 mod ci;
 mod linux_mremap;
 mod qemu;
+#[cfg(test)]
+mod readme;
 mod x86;
 
 use std::process::ExitCode;
@@ -39,7 +45,7 @@ pub struct QemuOpts {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <ci | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench | soak [--ops N] [--seed S] | miri>"
+        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench | soak [--ops N] [--seed S] | miri>"
     );
     ExitCode::from(2)
 }
@@ -51,6 +57,8 @@ fn main() -> ExitCode {
     };
     let result = match cmd.as_str() {
         "ci" => ci::ci(),
+        "msrv" => ci::msrv(),
+        "docs" => ci::bare_metal_docs(),
         "qemu-test" => match parse_qemu_opts(&args[1..]) {
             Ok(opts) => qemu_test(&opts),
             Err(e) => Err(e),

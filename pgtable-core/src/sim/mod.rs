@@ -248,6 +248,7 @@ mod suite_machine;
 
 use state::State;
 #[cfg(feature = "suite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "suite")))]
 pub use suite_machine::SimSuiteMachine;
 
 /// Why a simulated access faulted.

@@ -165,6 +165,7 @@ impl<I: IpiSender> Shootdown<I> {
     /// thread between CPUs inside a flush (TLBSYNC waits for the executing
     /// CPU's INVLPGBs only).
     #[cfg(all(target_arch = "x86_64", target_os = "none"))]
+    #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
     pub unsafe fn use_invlpgb(&self, info: invlpgb::Invlpgb) {
         // Relaxed: set at boot before other CPUs flush.
         self.invlpgb.store(u32::from(info.max_extra), Relaxed);

@@ -1,0 +1,65 @@
+//! The workspace README's Rust examples are copies of the crate READMEs'
+//! examples, which each crate compiles and runs as doctests (a crate's
+//! package holds its own README only). This module's test keeps the
+//! copies identical, so every example in the workspace README is tested.
+
+/// The crate READMEs whose examples are doctests.
+const CRATE_READMES: [&str; 3] = [
+    "pgtable-core/README.md",
+    "pgtable-arm64/README.md",
+    "pgtable-x86/README.md",
+];
+
+/// The fenced ```` ```rust ```` blocks of a Markdown text, without fences.
+fn rust_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match current.as_mut() {
+            None if line.trim_start().starts_with("```rust") => current = Some(String::new()),
+            None => {}
+            Some(_) if line.trim_start() == "```" => blocks.extend(current.take()),
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+    }
+    blocks
+}
+
+mod tests {
+    use super::{rust_blocks, CRATE_READMES};
+    use crate::qemu::root;
+
+    fn read(path: &str) -> String {
+        std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn workspace_readme_examples_are_doctested_crate_readme_examples() {
+        let tested: Vec<String> = CRATE_READMES
+            .iter()
+            .flat_map(|p| rust_blocks(&read(p)))
+            .collect();
+        let examples = rust_blocks(&read("README.md"));
+        assert!(
+            examples.len() >= 5,
+            "README.md has {} examples",
+            examples.len()
+        );
+        for example in &examples {
+            assert!(
+                tested.contains(example),
+                "this README.md example is in no crate README (so no doctest runs it); \
+                 copy it there or copy the crate README's version here:\n{example}"
+            );
+        }
+    }
+
+    #[test]
+    fn rust_blocks_skips_other_languages() {
+        let text = "a\n```rust\nlet x = 1;\n```\n```sh\nls\n```\n  ```rust\nfoo();\n  ```\n";
+        assert_eq!(rust_blocks(text), ["let x = 1;\n", "foo();\n"]);
+    }
+}
