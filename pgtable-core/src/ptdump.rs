@@ -361,16 +361,18 @@ impl Printer<'_, '_, '_> {
             self.header(self.next_marker)?;
             self.next_marker += 1;
         }
+        let len = next.wrapping_sub(va);
+        if len != size(height) {
+            // A part of a block, cut by the range form: printed on its own.
+            self.flush()?;
+            return self.line(va, len as u128, 1, height, kind);
+        }
         if let Some(run) = &mut self.run {
             if run.extend(va, height, kind) {
                 return Ok(());
             }
         }
         self.flush()?;
-        if next.wrapping_sub(va) != size(height) {
-            // A part of a block, cut by the range form: printed on its own.
-            return self.line(va, next.wrapping_sub(va) as u128, 1, height, kind);
-        }
         self.run = Some(Run {
             start: va,
             count: 1,
