@@ -248,7 +248,9 @@ impl Run {
                 young,
                 dirty,
             },
-            (Kind::Swap { first, last }, Kind::Swap { first: v, .. }) if last.wrapping_add(1) == v => {
+            (Kind::Swap { first, last }, Kind::Swap { first: v, .. })
+                if last.wrapping_add(1) == v =>
+            {
                 Kind::Swap { first, last: v }
             }
             (Kind::Invalid { raw }, Kind::Invalid { raw: r }) if raw == r => kind,

@@ -22,7 +22,8 @@ fn space<const L: u32>() -> Space<L> {
 }
 
 fn map<const L: u32>(s: &mut Space<L>, va: u64, pa: u64, len: u64, prot: Prot, o: MapOptions) {
-    s.map(VirtAddr(va), PhysAddr(pa), len, prot, o).expect("map");
+    s.map(VirtAddr(va), PhysAddr(pa), len, prot, o)
+        .expect("map");
 }
 
 /// The dump as a `String`, and the lines it holds.
@@ -40,7 +41,14 @@ fn ptdump_merges_like_entries_one_line_per_level() {
     // 1 GiB + 4 MiB + 12 KiB, physically contiguous: one PUD block, two
     // PMD blocks, three pages.
     let len = G1 + 2 * M2 + 3 * K4;
-    map(&mut s, G1, 2 * G1, len, Prot::READ_WRITE, MapOptions::BLOCKS);
+    map(
+        &mut s,
+        G1,
+        2 * G1,
+        len,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    );
     assert_eq!(
         lines(&dump(&s)),
         [
@@ -56,7 +64,14 @@ fn ptdump_merges_across_tables() {
     let mut s = space::<4>();
     // 600 pages cross from one PTE table into the next (and 2 MiB later
     // a PMD table boundary does not matter either): still one range.
-    map(&mut s, M2 - 100 * K4, 0x10_0000, 600 * K4, Prot::READ_ONLY, MapOptions::PAGES);
+    map(
+        &mut s,
+        M2 - 100 * K4,
+        0x10_0000,
+        600 * K4,
+        Prot::READ_ONLY,
+        MapOptions::PAGES,
+    );
     assert_eq!(
         dump(&s),
         "0x000000000019c000-0x00000000003f4000  2400K    600 x PTE 4K    ro NX K nG     WB\n"
@@ -67,7 +82,14 @@ fn ptdump_merges_across_tables() {
 fn ptdump_splits_at_attribute_changes() {
     let mut s = space::<4>();
     let va = 0x40_0000;
-    map(&mut s, va, 0x80_0000, 8 * K4, Prot::READ_WRITE, MapOptions::PAGES);
+    map(
+        &mut s,
+        va,
+        0x80_0000,
+        8 * K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
     s.change_protection(VirtAddr(va + 3 * K4), 2 * K4, Prot::READ_EXEC)
         .expect("protect");
     assert_eq!(
@@ -85,13 +107,48 @@ fn ptdump_splits_at_discontiguous_output_and_holes() {
     let mut s = space::<4>();
     let va = 0x40_0000;
     // Two pages, then two more right after them in VA but not in PA.
-    map(&mut s, va, 0x80_0000, 2 * K4, Prot::READ_WRITE, MapOptions::PAGES);
-    map(&mut s, va + 2 * K4, 0x90_0000, 2 * K4, Prot::READ_WRITE, MapOptions::PAGES);
+    map(
+        &mut s,
+        va,
+        0x80_0000,
+        2 * K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
+    map(
+        &mut s,
+        va + 2 * K4,
+        0x90_0000,
+        2 * K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
     // A hole of one page, then a page whose PA would continue the last one.
-    map(&mut s, va + 5 * K4, 0x90_3000, K4, Prot::READ_WRITE, MapOptions::PAGES);
+    map(
+        &mut s,
+        va + 5 * K4,
+        0x90_3000,
+        K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
     // Two PMD blocks, contiguous in VA, not in PA.
-    map(&mut s, G1, 0x4000_0000, M2, Prot::READ_WRITE, MapOptions::BLOCKS);
-    map(&mut s, G1 + M2, 0x4080_0000, M2, Prot::READ_WRITE, MapOptions::BLOCKS);
+    map(
+        &mut s,
+        G1,
+        0x4000_0000,
+        M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    );
+    map(
+        &mut s,
+        G1 + M2,
+        0x4080_0000,
+        M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    );
     assert_eq!(
         lines(&dump(&s)),
         [
@@ -115,7 +172,14 @@ fn ptdump_shows_user_global_and_memory_type() {
     ];
     for (i, p) in (0u64..).zip(cases) {
         // Physically contiguous, so only the attributes split the lines.
-        map(&mut s, 0x40_0000 + i * K4, 0x80_0000 + i * K4, K4, p, MapOptions::PAGES);
+        map(
+            &mut s,
+            0x40_0000 + i * K4,
+            0x80_0000 + i * K4,
+            K4,
+            p,
+            MapOptions::PAGES,
+        );
     }
     assert_eq!(
         lines(&dump(&s)),
@@ -133,10 +197,18 @@ fn ptdump_shows_software_entries_with_their_values() {
     let mut s = space::<4>();
     let va = 0x40_0000;
     for (i, v) in (0u64..).zip([0x10, 0x11, 0x12, 0x20]) {
-        s.set_swap_entry(VirtAddr(va + i * K4), v).expect("swap entry");
+        s.set_swap_entry(VirtAddr(va + i * K4), v)
+            .expect("swap entry");
     }
     // A leaf right after them is its own range.
-    map(&mut s, va + 4 * K4, 0x80_0000, K4, Prot::READ_WRITE, MapOptions::PAGES);
+    map(
+        &mut s,
+        va + 4 * K4,
+        0x80_0000,
+        K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
     assert_eq!(
         lines(&dump(&s)),
         [
@@ -152,7 +224,10 @@ fn ptdump_of_an_empty_space_is_empty() {
     let s = space::<4>();
     assert_eq!(dump(&s), "");
     // Markers still head their (empty) sections, except past the end.
-    let markers = [(VirtAddr(0), "user"), (VirtAddr(0xffff_8000_0000_0000), "kernel")];
+    let markers = [
+        (VirtAddr(0), "user"),
+        (VirtAddr(0xffff_8000_0000_0000), "kernel"),
+    ];
     assert_eq!(
         s.ptdump_with_markers(&markers).to_string(),
         "---[ user ]---\n---[ kernel ]---\n"
@@ -165,7 +240,14 @@ fn ptdump_of_an_empty_space_is_empty() {
 fn ptdump_markers_head_sections_and_cut_ranges() {
     let mut s = space::<4>();
     let va = 0x40_0000;
-    map(&mut s, va, 0x80_0000, 4 * K4, Prot::READ_WRITE, MapOptions::PAGES);
+    map(
+        &mut s,
+        va,
+        0x80_0000,
+        4 * K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
     map(&mut s, G1, G1, M2, Prot::READ_ONLY, MapOptions::BLOCKS);
     let markers = [
         (VirtAddr(va), "first"),
@@ -197,9 +279,18 @@ fn ptdump_markers_head_sections_and_cut_ranges() {
 #[test]
 fn ptdump_range_cuts_blocks_at_its_ends() {
     let mut s = space::<4>();
-    map(&mut s, G1, 2 * G1, 3 * M2, Prot::READ_WRITE, MapOptions::BLOCKS);
+    map(
+        &mut s,
+        G1,
+        2 * G1,
+        3 * M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    );
     // From the middle of the first block to the middle of the third.
-    let r = s.ptdump_range(VirtAddr(G1 + M2 / 2), 2 * M2).expect("range");
+    let r = s
+        .ptdump_range(VirtAddr(G1 + M2 / 2), 2 * M2)
+        .expect("range");
     assert_eq!(
         lines(&r.to_string()),
         [
@@ -212,7 +303,10 @@ fn ptdump_range_cuts_blocks_at_its_ends() {
         s.ptdump_range(VirtAddr(G1 + 1), K4).err(),
         Some(Error::MisalignedVirt(VirtAddr(G1 + 1)))
     );
-    assert_eq!(s.ptdump_range(VirtAddr(G1), 0).err(), Some(Error::ZeroLength));
+    assert_eq!(
+        s.ptdump_range(VirtAddr(G1), 0).err(),
+        Some(Error::ZeroLength)
+    );
     assert_eq!(
         s.ptdump_range(VirtAddr(1 << 47), K4).err(),
         Some(Error::OutOfRange(VirtAddr(1 << 47)))
@@ -223,9 +317,30 @@ fn ptdump_range_cuts_blocks_at_its_ends() {
 fn ptdump_prints_upper_half_addresses_and_the_top_of_the_space() {
     let mut s = space::<4>();
     let base = 0xffff_8000_0000_0000;
-    map(&mut s, base, 0x1000_0000, M2, Prot::READ_WRITE, MapOptions::BLOCKS);
-    map(&mut s, u64::MAX - K4 + 1, 0x2000_0000, K4, Prot::READ_WRITE, MapOptions::PAGES);
-    map(&mut s, 0, 0x3000_0000, K4, Prot::READ_WRITE, MapOptions::PAGES);
+    map(
+        &mut s,
+        base,
+        0x1000_0000,
+        M2,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    );
+    map(
+        &mut s,
+        u64::MAX - K4 + 1,
+        0x2000_0000,
+        K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
+    map(
+        &mut s,
+        0,
+        0x3000_0000,
+        K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    );
     assert_eq!(
         lines(&dump(&s)),
         [
@@ -239,7 +354,14 @@ fn ptdump_prints_upper_half_addresses_and_the_top_of_the_space() {
 #[test]
 fn ptdump_of_a_half_walks_only_that_half() {
     let mut k = Space::<4>::new_in(VaRange::Upper, NoopMmu, Arena::new()).expect("root");
-    map(&mut k, 0xffff_ffff_8000_0000, 0x20_0000, 2 * M2, Prot::READ_EXEC, MapOptions::BLOCKS);
+    map(
+        &mut k,
+        0xffff_ffff_8000_0000,
+        0x20_0000,
+        2 * M2,
+        Prot::READ_EXEC,
+        MapOptions::BLOCKS,
+    );
     assert_eq!(
         dump(&k),
         "0xffffffff80000000-0xffffffff80400000     4M      2 x PMD 2M    ro x  K nG     WB\n"
@@ -266,7 +388,10 @@ struct FixedBuf<const N: usize> {
 
 impl<const N: usize> FixedBuf<N> {
     fn new() -> Self {
-        FixedBuf { buf: [0; N], len: 0 }
+        FixedBuf {
+            buf: [0; N],
+            len: 0,
+        }
     }
 
     fn as_str(&self) -> &str {
@@ -276,7 +401,10 @@ impl<const N: usize> FixedBuf<N> {
 
 impl<const N: usize> Write for FixedBuf<N> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let dst = self.buf.get_mut(self.len..self.len + s.len()).ok_or(fmt::Error)?;
+        let dst = self
+            .buf
+            .get_mut(self.len..self.len + s.len())
+            .ok_or(fmt::Error)?;
         dst.copy_from_slice(s.as_bytes());
         self.len += s.len();
         Ok(())
@@ -287,7 +415,8 @@ impl<const N: usize> Write for FixedBuf<N> {
 fn ptdump_formats_into_a_fixed_buffer() {
     let mut s = space::<4>();
     map(&mut s, G1, G1, 2 * M2, Prot::READ_WRITE, MapOptions::BLOCKS);
-    s.set_swap_entry(VirtAddr(G1 + 2 * M2), 0x7).expect("swap entry");
+    s.set_swap_entry(VirtAddr(G1 + 2 * M2), 0x7)
+        .expect("swap entry");
     let mut out = FixedBuf::<256>::new();
     write!(out, "{}", s.ptdump()).expect("fits");
     assert_eq!(
@@ -311,8 +440,14 @@ fn ptdump_shows_accessed_and_dirty_and_clears_neither() {
     // SAFETY: a `SimMmu`: only the simulated walker uses these tables.
     let mut s = unsafe { Installed::new(s) };
     let va = 0x40_0000;
-    s.map(VirtAddr(va), PhysAddr(0x80_0000), 4 * K4, Prot::READ_WRITE, MapOptions::PAGES)
-        .expect("map");
+    s.map(
+        VirtAddr(va),
+        PhysAddr(0x80_0000),
+        4 * K4,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .expect("map");
     m.hw_touch(VirtAddr(va), false).expect("load");
     m.hw_touch(VirtAddr(va + K4), true).expect("store");
     let before: Vec<_> = (0..4).map(|i| s.entry(VirtAddr(va + i * K4), 0)).collect();
