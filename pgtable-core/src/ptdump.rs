@@ -6,10 +6,10 @@
 //! [`fmt::Display`]: formatting it walks the tables and writes one line per
 //! *range* of entries that look the same, so it works without an allocator
 //! (`no_std`, into any [`core::fmt::Write`]) and reads only what it prints.
-//! The walk is a plain read of the tables through the [`Format`] methods
-//! ([`decode`](Format::decode), [`leaf_prot`](Format::leaf_prot),
-//! [`is_young`](Format::is_young), [`is_dirty`](Format::is_dirty),
-//! [`swp_value`](Format::swp_value)): nothing is written, no accessed or
+//! The walk is a plain read of the tables through the [`Format`](crate::Format) methods
+//! ([`decode`](crate::Format::decode), [`leaf_prot`](crate::Format::leaf_prot),
+//! [`is_young`](crate::Format::is_young), [`is_dirty`](crate::Format::is_dirty),
+//! [`swp_value`](crate::Format::swp_value)): nothing is written, no accessed or
 //! dirty state is cleared, no TLB is flushed.
 //!
 //! # Format
@@ -35,7 +35,7 @@
 //!   (young) and `D` if dirty (blank otherwise, as Linux prints absent
 //!   bits), and the memory type: `WB` normal write-back, `NC` normal
 //!   non-cacheable, `DEV` device;
-//! - for a software (swap) entry ([`Format::swp_entry`]): `swap` and its
+//! - for a software (swap) entry ([`Format::swp_entry`](crate::Format::swp_entry)): `swap` and its
 //!   value, or the first and the last value of the range;
 //! - for any other non-zero entry the walker ignores: `invalid` and its raw
 //!   value.
@@ -49,8 +49,8 @@
 //! not printed, unlike Linux, which prints holes as lines without
 //! attributes: a kernel's dump stays a screenful.
 //!
-//! The attributes are the leaf's own ([`Format::leaf_prot`]); restrictions
-//! that table entries above it add ([`Format::table_limits`], arm64
+//! The attributes are the leaf's own ([`Format::leaf_prot`](crate::Format::leaf_prot)); restrictions
+//! that table entries above it add ([`Format::table_limits`](crate::Format::table_limits), arm64
 //! `APTable`/`UXNTable`/`PXNTable`, x86 U/S and R/W at every level) are not
 //! folded in.
 //!
@@ -101,10 +101,11 @@ use crate::{
 };
 
 /// A dump of (part of) an address space's tables, written when formatted
-/// with [`fmt::Display`] (see the [module documentation](self) for the
-/// format). Made by [`AddressSpace::ptdump`],
+/// with [`fmt::Display`] (see the [module documentation](crate::ptdump)
+/// for the format). Made by [`AddressSpace::ptdump`],
 /// [`AddressSpace::ptdump_range`] and
 /// [`AddressSpace::ptdump_with_markers`].
+#[must_use = "the tables are read only when the dump is formatted"]
 pub struct PtDump<'a, A: Arch, M: Mmu, T: TableAlloc> {
     space: &'a AddressSpace<A, M, T>,
     /// `Some((start, end))` for a range (`end` 0 for the top of the 64-bit
