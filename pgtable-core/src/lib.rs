@@ -16,7 +16,8 @@
 //! accessed/dirty state, accessed/dirty harvesting ([`clear_refs`],
 //! [`test_and_clear_young`]) and the fault-time single-entry operations
 //! [`install_pte`] and [`ptep_set_access_flags`], with [`ptep_get`] to read
-//! one entry safely.
+//! one entry safely. [`ptdump`](AddressSpace::ptdump) prints the tables
+//! the way Linux's `kernel_page_tables` file does, through `core::fmt`.
 //!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
 //! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
@@ -94,6 +95,7 @@ mod walk;
 
 pub mod asid;
 pub mod generic;
+pub mod ptdump;
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
@@ -119,6 +121,7 @@ pub use mmu::{Mmu, NoopMmu, TlbRange};
 pub use mmu_gather::MmuGather;
 pub use moves::MoveOptions;
 pub use protect::{DeferredBlockProt, GenericBlockProt};
+pub use ptdump::PtDump;
 pub use stats::Stats;
 #[cfg(feature = "alloc")]
 pub use table::Arena;

@@ -270,6 +270,17 @@ extern "C" fn kernel_main() -> ! {
             "FAIL: the UART does not translate through the kernel map"
         ));
     }
+    // The kernel half as Linux's /sys/kernel/debug/kernel_page_tables shows it.
+    let va = pgtable_core::VirtAddr;
+    let regions = [
+        (va(memory::PAGE_OFFSET), "Linear Mapping"),
+        (va(memory::KIMAGE_OFFSET), "Kernel Image"),
+        (va(memory::DEVICE_OFFSET), "Devices"),
+    ];
+    print!(
+        "ptdump of the kernel space (TTBR1_EL1):\n{}",
+        kspace.ptdump_with_markers(&regions)
+    );
 
     // SMP (smp.rs, smp_cases/): every CPU QEMU gives comes up, the
     // `smp_` cases and the shootdown benchmark run, then the secondaries

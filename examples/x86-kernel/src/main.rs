@@ -518,6 +518,17 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
             "absent"
         }
     );
+    // The kernel half as Linux's /sys/kernel/debug/kernel_page_tables shows it.
+    let (half, va) = (1u64 << (A::VA_BITS - 1), VirtAddr);
+    let regions = [
+        (va(half.wrapping_neg()), "Kernel Space"),
+        (va(LINEAR_BASE), "Low Kernel Mapping"),
+        (va(mem::KERNEL_VMA), "High Kernel Mapping"),
+    ];
+    match space.ptdump_range(va(half.wrapping_neg()), half) {
+        Ok(d) => print!("ptdump of the kernel half:\n{}", d.with_markers(&regions)),
+        Err(e) => println!("ptdump: {e}"),
+    }
     // Every CPU, before any case runs.
     match smp::init(&mut space, ram, tsc.hz) {
         Ok(n) => smp::print_online(n),
