@@ -21,9 +21,9 @@ fn space<A: Arch>(range: VaRange) -> AddressSpace<A, NoopMmu, Arena> {
 #[test]
 fn ptdump_arm64_kernel_half_like_linux_kernel_map() {
     let mut k = space::<Arm64>(VaRange::Upper);
-    let text = Prot::new(Prot::EXEC | Prot::GLOBAL);
-    let rodata = Prot::new(Prot::GLOBAL);
-    let data = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let text = Prot::EXEC | Prot::GLOBAL;
+    let rodata = Prot::GLOBAL;
+    let data = Prot::WRITE | Prot::GLOBAL;
     let device = data.with_mem(MemType::Device);
     let nc = Prot::READ_WRITE.with_mem(MemType::NormalNonCacheable);
     // The linear map at the bottom of TTBR1's range: a 1 GiB block and
@@ -98,8 +98,8 @@ fn ptdump_arm64_user_pages_are_clean_until_a_store() {
     // SAFETY: a `SimMmu`: only the simulated walker uses these tables.
     let mut s = unsafe { Installed::new(s) };
     let va = 0x40_0000;
-    let rw = Prot::new(Prot::WRITE | Prot::USER);
-    let rx = Prot::new(Prot::EXEC | Prot::USER);
+    let rw = Prot::WRITE | Prot::USER;
+    let rx = Prot::EXEC | Prot::USER;
     s.map(
         VirtAddr(va),
         PhysAddr(0x8000_0000),

@@ -420,7 +420,7 @@ impl Printer<'_, '_, '_> {
                 if prot.global() { " G" } else { "nG" },
                 if young { "A" } else { " " },
                 if dirty { "D" } else { " " },
-                match prot.mem {
+                match prot.mem() {
                     MemType::Normal => "WB",
                     MemType::NormalNonCacheable => "NC",
                     MemType::Device => "DEV",

@@ -165,10 +165,10 @@ fn ptdump_splits_at_discontiguous_output_and_holes() {
 fn ptdump_shows_user_global_and_memory_type() {
     let mut s = space::<4>();
     let cases = [
-        Prot::new(Prot::WRITE | Prot::USER | Prot::EXEC),
-        Prot::new(Prot::GLOBAL),
+        Prot::WRITE | Prot::USER | Prot::EXEC,
+        Prot::GLOBAL,
         Prot::READ_WRITE.with_mem(MemType::NormalNonCacheable),
-        Prot::new(Prot::WRITE | Prot::GLOBAL).with_mem(MemType::Device),
+        Prot::WRITE | Prot::GLOBAL.with_mem(MemType::Device),
     ];
     for (i, p) in (0u64..).zip(cases) {
         // Physically contiguous, so only the attributes split the lines.

@@ -20,8 +20,8 @@ fn space<A: Arch>(range: VaRange) -> AddressSpace<A, NoopMmu, Arena> {
 #[test]
 fn ptdump_x86_kernel_half_like_linux_kernel_map() {
     let mut k = space::<X86_64>(VaRange::Upper);
-    let text = Prot::new(Prot::EXEC | Prot::GLOBAL);
-    let data = Prot::new(Prot::WRITE | Prot::GLOBAL);
+    let text = Prot::EXEC | Prot::GLOBAL;
+    let data = Prot::WRITE | Prot::GLOBAL;
     let o = MapOptions::BLOCKS;
     // The direct map: a 1 GiB page and two 2 MiB pages, contiguous.
     let direct = 0xffff_8880_0000_0000;
@@ -77,7 +77,7 @@ fn ptdump_x86_user_pages_get_accessed_and_dirty_from_the_processor() {
     // SAFETY: a `SimMmu`: only the simulated walker uses these tables.
     let mut s = unsafe { Installed::new(s) };
     let va = 0x40_0000;
-    let rw = Prot::new(Prot::WRITE | Prot::USER);
+    let rw = Prot::WRITE | Prot::USER;
     s.map(
         VirtAddr(va),
         PhysAddr(0x8000_0000),
