@@ -185,6 +185,17 @@ pub(crate) struct FreeQueue {
     pub(crate) count: usize,
 }
 
+impl Stash {
+    /// An empty reservation.
+    pub(crate) const fn new() -> Stash {
+        Stash {
+            head: 0,
+            count: 0,
+            short: false,
+        }
+    }
+}
+
 impl FreeQueue {
     pub(crate) const fn new() -> FreeQueue {
         FreeQueue { head: 0, count: 0 }
@@ -573,11 +584,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// into the tables, not here, so that it tells how many the write
     /// phase used (a reservation that was counted exactly is used up).
     pub(crate) fn reserve(&mut self, n: usize) -> Result<Stash, Error> {
-        let mut stash = Stash {
-            head: 0,
-            count: 0,
-            short: false,
-        };
+        let mut stash = Stash::new();
         for _ in 0..n {
             match self.alloc.alloc_table() {
                 // `Format` promises that `table_entry` decodes back to the
