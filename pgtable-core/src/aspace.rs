@@ -185,6 +185,29 @@ pub(crate) struct FreeQueue {
     pub(crate) count: usize,
 }
 
+/// Where a recursive walk of the tables stands: the part `[va, end)` of
+/// the range that the table `table` at `height` translates.
+#[derive(Clone, Copy)]
+pub(crate) struct TableSpan {
+    pub(crate) height: u32,
+    pub(crate) table: PhysAddr,
+    pub(crate) va: u64,
+    pub(crate) end: u64,
+}
+
+impl TableSpan {
+    /// `[va, end)` of the table `table` at `height`.
+    #[inline]
+    pub(crate) const fn new(height: u32, table: PhysAddr, va: u64, end: u64) -> TableSpan {
+        TableSpan {
+            height,
+            table,
+            va,
+            end,
+        }
+    }
+}
+
 impl Stash {
     /// An empty reservation.
     pub(crate) const fn new() -> Stash {

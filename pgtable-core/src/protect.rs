@@ -71,7 +71,7 @@
 use core::marker::PhantomData;
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash, TableSpan};
 use crate::level::{entry_end, index};
 use crate::{
     generic, Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Prot,
@@ -132,13 +132,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// share once the range is checked (exclusive end `end`): reserve the
     /// tables that splitting blocks needs (a block that already grants
     /// `prot` is left whole), run `change` over the tree, then flush once.
-    #[allow(clippy::type_complexity)]
     pub(crate) fn change_prot_with(
         &mut self,
         end: u64,
         va: VirtAddr,
         prot: Prot,
-        change: fn(&mut Self, u32, PhysAddr, u64, u64, Prot, &mut Stash, &mut TlbGather),
+        change: fn(&mut Self, TableSpan, Prot, &mut Stash, &mut TlbGather),
     ) -> Result<(), Error> {
         let top = A::LEVELS - 1;
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
@@ -146,16 +145,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         let mut gather = TlbGather::new();
-        change(
-            self,
-            top,
-            self.root,
-            va.0,
-            end,
-            prot,
-            &mut stash,
-            &mut gather,
-        );
+        let root = TableSpan::new(top, self.root, va.0, end);
+        change(self, root, prot, &mut stash, &mut gather);
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
         let short = stash.short;
@@ -168,17 +159,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Phase 3: changes `[va, end)` in the table `tpa` at `height`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn protect_change(
         &mut self,
-        height: u32,
-        tpa: PhysAddr,
-        va: u64,
-        end: u64,
+        span: TableSpan,
         prot: Prot,
         stash: &mut Stash,
         gather: &mut TlbGather,
     ) {
+        let TableSpan {
+            height,
+            table: tpa,
+            va,
+            end,
+        } = span;
         // SAFETY: the root, a table reached from it, or a table a split
         // just linked.
         let t = unsafe { table_at(&self.alloc, tpa) };
@@ -196,7 +189,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let raw = slot.load(Relaxed);
             match A::decode(raw, height) {
                 Decoded::Table(c) => {
-                    self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                    self.protect_change(
+                        TableSpan::new(height - 1, c, va, next),
+                        prot,
+                        stash,
+                        gather,
+                    );
                 }
                 Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
                 Decoded::Leaf(_) if covers(va, next, height) => {
@@ -220,7 +218,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if let Some(c) =
                         self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
                     {
-                        self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                        self.protect_change(
+                            TableSpan::new(height - 1, c, va, next),
+                            prot,
+                            stash,
+                            gather,
+                        );
                     }
                 }
                 Decoded::None | Decoded::Invalid => {}
