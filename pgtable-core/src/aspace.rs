@@ -17,9 +17,8 @@ use crate::{
 pub struct MapOptions {
     /// Bit `h` set: leaves (blocks) at height `h` are allowed.
     block_heights: u8,
-    /// Control variant for benchmarks (the code before Linux "arm64: mm: Batch dsb and isb when
-    /// populating pgtables"): write
-    /// every entry with the synchronising setter, one barrier per entry.
+    /// Write every entry with the synchronising setter, one barrier per
+    /// entry ([`variants::barrier_per_entry`](crate::variants::barrier_per_entry)).
     sync_each: bool,
 }
 
@@ -40,10 +39,9 @@ impl MapOptions {
         sync_each: false,
     };
 
-    /// The same options, but every entry written with the synchronising
-    /// setter (`set_pte_at`: one walker barrier per entry). This is the
-    /// behaviour before that change, kept to measure the difference.
-    pub const fn barrier_per_entry(self) -> MapOptions {
+    /// The same options, every entry written with a barrier each (see
+    /// [`variants::barrier_per_entry`](crate::variants::barrier_per_entry)).
+    pub(crate) const fn with_sync_each(self) -> MapOptions {
         MapOptions {
             block_heights: self.block_heights,
             sync_each: true,
@@ -52,7 +50,7 @@ impl MapOptions {
 
     /// Whether entries are written with a barrier each.
     #[inline]
-    pub const fn is_barrier_per_entry(self) -> bool {
+    pub(crate) const fn is_barrier_per_entry(self) -> bool {
         self.sync_each
     }
 

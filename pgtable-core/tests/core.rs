@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
-    AddressSpace, Arena, Error, Format, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, Table,
+    variants, AddressSpace, Arena, Error, Format, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, Table,
     TableAlloc, TlbRange, VirtAddr,
 };
 
@@ -280,7 +280,7 @@ fn the_top_page_maps_with_a_barrier_per_entry_too() {
     // without).
     for (va, len) in [(0xffff_ffff_ffff_f000, K4), (0xffff_ffff_ffff_d000, 3 * K4)] {
         let mut s = space::<4>();
-        let opts = MapOptions::PAGES.barrier_per_entry();
+        let opts = variants::barrier_per_entry(MapOptions::PAGES);
         s.map(VirtAddr(va), PhysAddr(0x7000), len, Prot::READ_ONLY, opts)
             .unwrap();
         assert_eq!(pa_of(&s, 0xffff_ffff_ffff_fff8), Some(0x7000 + len - 8));
@@ -401,7 +401,7 @@ fn already_mapped_names_the_first_mapped_address_not_the_block_slot() {
         (
             "blocks, one barrier each",
             M2,
-            MapOptions::BLOCKS.barrier_per_entry(),
+            variants::barrier_per_entry(MapOptions::BLOCKS),
         ),
         ("a 1 GiB block", G1, MapOptions::BLOCKS),
     ];
@@ -642,7 +642,7 @@ fn mapping_1gib_of_pages_issues_one_barrier_per_table_not_per_entry() {
         PhysAddr(0),
         G1,
         Prot::READ_WRITE,
-        MapOptions::PAGES.barrier_per_entry(),
+        variants::barrier_per_entry(MapOptions::PAGES),
     )
     .unwrap();
     assert!(c.stats().barriers() >= 262_144);
@@ -658,7 +658,7 @@ fn the_barrier_per_entry_control_variant_also_covers_blocks() {
         PhysAddr(0),
         G1,
         Prot::READ_WRITE,
-        MapOptions::PMD_BLOCKS.barrier_per_entry(),
+        variants::barrier_per_entry(MapOptions::PMD_BLOCKS),
     )
     .unwrap();
     // 512 blocks with a barrier each, then one per table written (the

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, VALID, WRITE, XN};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Arena, DeferredBlockProt, Error, Format,
-    GenericBlockProt, MapOptions, Mapping, MemType, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr,
-    PAGE_SIZE,
+    variants::{DeferredBlockProt, GenericBlockProt},
+    Access, AccessFault, AddressSpace, Arch, Arena, Error, Format, MapOptions, Mapping, MemType,
+    Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr, PAGE_SIZE,
 };
 
 const KIB4: u64 = PAGE_SIZE;

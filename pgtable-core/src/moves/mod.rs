@@ -57,8 +57,9 @@
 //! set accessed/dirty bits in it; after the flush none can reach it, so the
 //! copy carries every such update, and the per-entry locked exchange (about
 //! as costly as the rest of the move on x86) is not needed. The destination
-//! still receives the table's entries one by one (the control variant keeps
-//! its 262,144 stores per GiB). Its destination tables are linked when the
+//! still receives the table's entries one by one
+//! ([`variants::PTES_ONLY`](crate::variants::PTES_ONLY) keeps its 262,144
+//! stores per GiB). Its destination tables are linked when the
 //! table is unlinked, and the copy writes into them without a walk. A table
 //! whose destination tables also hold part of the source range (possible
 //! only next to the ends of the range) moves entry by entry instead: such
@@ -130,21 +131,6 @@ impl MoveOptions {
     pub const DEFAULT: MoveOptions = MoveOptions {
         pmd: true,
         pud: true,
-        free_below: false,
-    };
-
-    /// Only the PTE-by-PTE path (the control variant of the seeds).
-    pub const PTES_ONLY: MoveOptions = MoveOptions {
-        pmd: false,
-        pud: false,
-        free_below: false,
-    };
-
-    /// Whole-PMD moves but no whole-PUD moves (arm64 before Linux "arm64: mremap speedup -
-    /// Enable HAVE_MOVE_PUD").
-    pub const PMD_ONLY: MoveOptions = MoveOptions {
-        pmd: true,
-        pud: false,
         free_below: false,
     };
 }

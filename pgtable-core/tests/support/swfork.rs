@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::{
-    AccessFault, AddressSpace, Arch, CopyMode, Decoded, Error, MapOptions, Mapping, MoveOptions,
-    PhysAddr, Prot, VirtAddr, PAGE_SIZE,
+    variants, AccessFault, AddressSpace, Arch, CopyMode, Decoded, Error, MapOptions, Mapping,
+    MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
 };
 
 pub type Space<A> = Installed<A, SimMmu<A>, SimAlloc>;
@@ -229,14 +229,14 @@ pub fn moves_keep_them<A: Arch>() {
             G1,
             3 * G1 + 4 * M2,
             2 * M2,
-            MoveOptions::PTES_ONLY,
+            variants::PTES_ONLY,
             "deferred PTE tables",
         ),
         (
             G1,
             3 * G1 + 4 * M2 + 9 * K4,
             3 * M2,
-            MoveOptions::PTES_ONLY,
+            variants::PTES_ONLY,
             "misaligned",
         ),
         (

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, Arch, Error, MapOptions, PhysAddr, VirtAddr};
+use pgtable_core::{variants, AddressSpace, Arch, Error, MapOptions, PhysAddr, VirtAddr};
 
 use super::gen::{Gen, MapKind, MoveKind, Op};
 use super::oracle::{self, Space};
@@ -626,7 +626,7 @@ fn map_options(kind: MapKind, barrier_per_entry: bool) -> MapOptions {
         MapKind::Blocks => MapOptions::BLOCKS,
     };
     if barrier_per_entry {
-        o.barrier_per_entry()
+        variants::barrier_per_entry(o)
     } else {
         o
     }
