@@ -164,6 +164,50 @@ fn map_translate_unmap_at_every_level() {
 }
 
 #[test]
+fn walk_reports_the_protection_of_each_leaf_as_translate_does() {
+    let mut s = space::<4>();
+    // A read-only 2 MiB block, then writable 4 KiB pages, then an
+    // executable page.
+    let cases = [
+        (G1, 0x8000_0000, M2, Prot::READ_ONLY, MapOptions::BLOCKS),
+        (
+            G1 + M2,
+            0x9000_0000,
+            2 * K4,
+            Prot::READ_WRITE,
+            MapOptions::PAGES,
+        ),
+        (
+            G1 + M2 + 2 * K4,
+            0xa000_0000,
+            K4,
+            Prot::READ_EXEC,
+            MapOptions::PAGES,
+        ),
+    ];
+    for (va, pa, len, prot, opts) in cases {
+        s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts).unwrap();
+    }
+    let mut seen = Vec::new();
+    s.walk(VirtAddr(G1), M2 + 3 * K4, |m| {
+        seen.push((m.va.0, m.size, m.prot))
+    })
+    .unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            (G1, M2, Prot::READ_ONLY),
+            (G1 + M2, K4, Prot::READ_WRITE),
+            (G1 + M2 + K4, K4, Prot::READ_WRITE),
+            (G1 + M2 + 2 * K4, K4, Prot::READ_EXEC),
+        ]
+    );
+    for (va, _, prot) in seen {
+        assert_eq!(s.translate(VirtAddr(va)).unwrap().prot, prot);
+    }
+}
+
+#[test]
 fn blocks_are_used_only_when_allowed_and_aligned() {
     let mut s = space::<4>();
     // VA aligned, PA not aligned to 2 MiB: pages.

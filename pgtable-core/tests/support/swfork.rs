@@ -314,7 +314,7 @@ pub fn protect_keeps_them<A: Arch>() {
     assert_eq!(after, raw);
     assert!(listing(&s, base, M2 + 64 * K4)
         .iter()
-        .all(|m| !A::leaf_prot(m.entry, m.height).writable()));
+        .all(|m| !m.prot.writable()));
     no_leak(&m, &s);
 }
 
@@ -401,10 +401,7 @@ pub fn fork_cow<A: Arch>() {
         assert_eq!(c.entry, A::mkold(p.entry, p.height), "{:?}", c.va);
         assert!(!A::is_young(c.entry), "{:?}", c.va);
         assert_eq!(A::is_dirty(c.entry), A::is_dirty(p.entry), "{:?}", c.va);
-        let (bp, pp) = (
-            A::leaf_prot(b.entry, b.height),
-            A::leaf_prot(p.entry, p.height),
-        );
+        let (bp, pp) = (b.prot, p.prot);
         assert!(!pp.writable());
         assert_eq!(Prot::new(bp.bits() & !Prot::WRITE).with_mem(bp.mem), pp);
         // Accessed and dirty state kept.
@@ -445,7 +442,7 @@ pub fn fork_cow<A: Arch>() {
     // (The reads above set accessed state: compare what is mapped.)
     let shape = |l: Vec<Mapping>| -> Vec<_> {
         l.into_iter()
-            .map(|m| (m.va, m.pa, m.size, A::leaf_prot(m.entry, m.height)))
+            .map(|m| (m.va, m.pa, m.size, m.prot))
             .collect()
     };
     let mapped = shape(listing(&src, va, len));
@@ -516,17 +513,11 @@ pub fn fork_partial_blocks<A: Arch>() {
         .unwrap();
     for off in [0, 2 * K4, M2 + 3 * K4, M2 + 20 * K4] {
         let t = src.translate(VirtAddr(G1 + off)).unwrap();
-        assert!(
-            A::leaf_prot(t.entry, t.height).writable(),
-            "outside, {off:#x}"
-        );
+        assert!(t.prot.writable(), "outside, {off:#x}");
     }
     for off in [3 * K4, M2 - K4, M2, M2 + 2 * K4] {
         let t = src.translate(VirtAddr(G1 + off)).unwrap();
-        assert!(
-            !A::leaf_prot(t.entry, t.height).writable(),
-            "inside, {off:#x}"
-        );
+        assert!(!t.prot.writable(), "inside, {off:#x}");
         let c = child.translate(VirtAddr(G1 + off)).unwrap();
         assert_eq!(c.pa, t.pa);
         assert_eq!(c.entry, A::mkold(t.entry, t.height));
@@ -565,11 +556,11 @@ pub fn fork_partial_blocks<A: Arch>() {
         let c = child.translate(VirtAddr(va + off)).unwrap();
         let old = A::mkold(t.entry, t.height);
         assert_eq!((c.pa, c.entry, c.height), (t.pa, old, t.height));
-        assert!(!A::leaf_prot(t.entry, t.height).writable());
+        assert!(!t.prot.writable());
     }
     for a in [va - K4, va + len, 4 * G1] {
         let t = src.translate(VirtAddr(a)).unwrap();
-        assert!(A::leaf_prot(t.entry, t.height).writable(), "{a:#x}");
+        assert!(t.prot.writable(), "{a:#x}");
         assert_eq!(child.translate(VirtAddr(a)), None);
     }
     m.check().unwrap();
