@@ -70,7 +70,8 @@
 //! the move leaves a destination table, and one at the end), not one per
 //! entry (Linux "arm64: mm: Batch dsb and isb when populating pgtables").
 //!
-//! **Mutual alignment** (beyond the seeds; Linux's later mremap rule): when
+//! **Mutual alignment** (Linux "mm/mremap: optimize the start addresses in
+//! move_page_tables()"): when
 //! source and destination start at the same offset inside a PMD, the range
 //! reaches the next PMD boundary and nothing is mapped between the
 //! aligned-down starts and the starts on either side, both starts are aligned
@@ -108,21 +109,66 @@ use plan::{Dest, Step};
 
 /// Runtime switches of [`AddressSpace::move_page_tables_with`]; each fast
 /// path also needs the arch constant and the core's Cargo feature.
+///
+/// [`MoveOptions::DEFAULT`] (also `Default::default()`) allows every fast
+/// path and claims nothing; it is what
+/// [`move_page_tables`](AddressSpace::move_page_tables) uses.
+///
+/// # `free_below`: moving the first, partial PMD as one entry
+///
+/// When the source and destination starts sit at the same offset inside
+/// a 2 MiB (PMD) region and the move reaches the next PMD boundary, the
+/// move can align both starts down to that boundary and move the first
+/// partial PTE table as one PMD entry instead of entry by entry (Linux
+/// "mm/mremap: optimize the start addresses in move_page_tables()"). This
+/// is only correct when nothing is mapped between each aligned-down start
+/// and the real start. The move checks that in the tables itself, so the
+/// rule applies without any claim whenever the tables show the space
+/// unmapped.
+///
+/// Set `free_below` when the caller knows that space is free (as Linux
+/// knows from the VMAs that no other mapping lies below). The move still
+/// checks the tables, and a mapping found there is an error
+/// ([`Error::AlreadyMapped`] with its address, nothing changed) instead of
+/// a silent fallback to the slower path, so a wrong claim never moves or
+/// hides a mapping outside the requested ranges.
+///
+/// ```
+/// # #[cfg(feature = "alloc")] {
+/// use pgtable_core::{
+///     AddressSpace, Arena, Error, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
+/// };
+/// use pgtable_core::test_format::TestFormat;
+///
+/// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// // 2 MiB starting 4 KiB into a PMD region, moved to the same offset.
+/// let (old, new) = (VirtAddr((1 << 30) + 0x1000), VirtAddr((3 << 30) + 0x1000));
+/// space.map(old, PhysAddr(0x8000_0000), 2 << 20, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+/// // A page below the source start: the claim is wrong, nothing moves.
+/// let below = VirtAddr(1 << 30);
+/// space.map(below, PhysAddr(0x9000_0000), 0x1000, Prot::READ_ONLY, MapOptions::PAGES).unwrap();
+/// let opts = MoveOptions { free_below: true, ..MoveOptions::DEFAULT };
+/// assert_eq!(
+///     space.move_page_tables_with(old, new, 2 << 20, opts),
+///     Err(Error::AlreadyMapped(below))
+/// );
+/// // Without the claim the move checks the same space and takes the slower path.
+/// space.move_page_tables_with(old, new, 2 << 20, MoveOptions::DEFAULT).unwrap();
+/// assert_eq!(space.translate(new).unwrap().pa, PhysAddr(0x8000_0000));
+/// assert_eq!(space.translate(below).unwrap().pa, PhysAddr(0x9000_0000));
+/// # }
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct MoveOptions {
     /// Allow moving whole PMD tables (one entry per 2 MiB).
     pub pmd: bool,
     /// Allow moving whole PUD tables (one entry per 1 GiB).
     pub pud: bool,
-    /// The caller states that the space below both aligned-down starts
-    /// (down to the PMD boundary) is free, enabling the mutual-alignment
+    /// The caller states that the space between each start and the PMD
+    /// boundary below it (on both sides) is free, so the first partial PMD
+    /// may move as one entry; a mapping found there is
+    /// [`Error::AlreadyMapped`]. See [the type docs](MoveOptions) for the
     /// rule.
-    ///
-    /// The rule is also taken without this claim whenever the tables show
-    /// that space unmapped. With the claim, the tables are checked all the
-    /// same, and a mapping found there is reported as
-    /// [`Error::AlreadyMapped`] (the claim was wrong), so a wrong claim can
-    /// never move or hide a mapping outside the requested ranges.
     pub free_below: bool,
 }
 
@@ -272,6 +318,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`move_page_tables`](Self::move_page_tables) with runtime switches:
     /// each fast path runs only when `opts`, the arch constant and the Cargo
     /// feature all allow it, so one binary can measure every variant.
+    ///
+    /// With [`MoveOptions::free_below`] the caller claims the space between
+    /// each start and the PMD boundary below it free, so a first partial
+    /// PMD whose starts are mutually aligned moves as one entry; the claim
+    /// is checked, not trusted (see [`MoveOptions`]).
     ///
     /// # Errors
     ///
