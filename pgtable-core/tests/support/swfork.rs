@@ -99,9 +99,9 @@ pub fn install_read_and_swap_in<A: Arch>() {
     // The whole path is missing: LEVELS - 1 tables, taken all or none.
     let need = A::LEVELS as u64 - 1;
     for k in 0..need {
-        m.fail_table_allocs_after(Some(k));
+        m.fail_after(Some(k));
         assert_eq!(s.set_swap_entry(va, 0x77), Err(Error::OutOfMemory));
-        m.fail_table_allocs_after(None);
+        m.fail_after(None);
         assert_eq!(s.count_tables(), 1, "k = {k}");
         no_leak(&m, &s);
     }
@@ -618,13 +618,13 @@ pub fn fork_fails_unchanged<A: Arch>() {
             );
             let f0 = flushes(&m);
             if side == 0 {
-                m.fail_table_allocs_after(Some(k));
+                m.fail_after(Some(k));
             } else {
-                cm.fail_table_allocs_after(Some(k));
+                cm.fail_after(Some(k));
             }
             let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow);
-            m.fail_table_allocs_after(None);
-            cm.fail_table_allocs_after(None);
+            m.fail_after(None);
+            cm.fail_after(None);
             assert_eq!(r, Err(Error::OutOfMemory), "side {side}, k = {k}");
             assert_eq!(
                 snapshot(&src, G1, 2 * G1, &probes),
@@ -643,12 +643,12 @@ pub fn fork_fails_unchanged<A: Arch>() {
     }
     // Exactly the counted tables suffice.
     let (m, mut src, cm, mut child) = build();
-    m.fail_table_allocs_after(Some(src_need));
-    cm.fail_table_allocs_after(Some(dst_need));
+    m.fail_after(Some(src_need));
+    cm.fail_after(Some(dst_need));
     src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
         .unwrap();
-    m.fail_table_allocs_after(None);
-    cm.fail_table_allocs_after(None);
+    m.fail_after(None);
+    cm.fail_after(None);
     // An occupied destination: a software entry, or a page.
     for (what, at) in [("software entry", G1 + 300 * K4), ("page", G1 + 5 * M2)] {
         let (m, mut src, cm, mut child) = build();

@@ -217,9 +217,9 @@ impl<A: Arch> Episode<A> {
     ) -> Result<(Result<(), Error>, u64), Failure> {
         let before = (may_fail || k.is_some()).then(|| oracle::snapshot::<A>(&self.space));
         let allocated = self.space.stats().tables_allocated();
-        self.machine.fail_table_allocs_after(k);
+        self.machine.fail_after(k);
         let r = panic::catch_unwind(AssertUnwindSafe(|| f(&mut self.space)));
-        self.machine.fail_table_allocs_after(None);
+        self.machine.fail_after(None);
         let r = match r {
             Ok(r) => r,
             Err(p) => {

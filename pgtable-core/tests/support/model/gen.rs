@@ -171,7 +171,7 @@ impl fmt::Display for ProtSrc {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(k) = self.fail() {
-            write!(f, "machine.fail_table_allocs_after(Some({k})); ")?;
+            write!(f, "machine.fail_after(Some({k})); ")?;
         }
         match *self {
             Op::Map {
@@ -239,7 +239,7 @@ impl fmt::Display for Op {
             }
         }?;
         if self.fail().is_some() {
-            write!(f, "; machine.fail_table_allocs_after(None)")?;
+            write!(f, "; machine.fail_after(None)")?;
         }
         Ok(())
     }
