@@ -31,7 +31,7 @@ use crate::regs::{
     SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
 };
 use crate::tlbi::{
-    plan_flush, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
+    flush_plan, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
     TlbiOp,
 };
 use crate::{Arm64, MAIR_VALUE};
@@ -366,7 +366,7 @@ unsafe impl Mmu for Arm64Mmu {
 
     fn flush_tlb_range(&self, range: TlbRange) {
         // Local handles have no non-broadcast range TLBIs here.
-        let plan = plan_flush(range, has_tlb_range() && !self.local);
+        let plan = flush_plan(range, has_tlb_range() && !self.local);
         // Entry writes reach every walker the TLBIs reach before them.
         self.pre_tlbi();
         match plan {
@@ -380,7 +380,7 @@ unsafe impl Mmu for Arm64Mmu {
                 last_level,
             } => {
                 for i in 0..count {
-                    self.tlbi_page(start.wrapping_add(i << stride_shift), last_level);
+                    self.tlbi_page(start.0.wrapping_add(i << stride_shift), last_level);
                 }
             }
             FlushPlan::Range {

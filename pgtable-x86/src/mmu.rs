@@ -270,7 +270,7 @@ impl X86Mmu {
             FlushPlan::InvpcidAllContexts if !self.has_invpcid => {
                 self.execute(FlushPlan::ToggleCr4Pge)
             }
-            FlushPlan::Invlpg {
+            FlushPlan::PerStride {
                 start,
                 stride_shift,
                 count,
