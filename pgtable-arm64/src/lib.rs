@@ -16,6 +16,10 @@
 //!   (Linux "arm64: mm: rework the pmd protect changing flow"), and the break-before-make rules
 //!   ([`bbm`]) with
 //!   [`set_live_entry`].
+//! - **Checked entries** ([`entry`]): [`Arm64Entry`] accepts raw bits
+//!   only with an existing height and no reserved encoding;
+//!   [`Arm64Format::try_leaf`] / [`Arm64Format::try_table_entry`] build
+//!   descriptors from checked input, with an [`EntryError`] otherwise.
 //! - **TLB maintenance encodings** ([`tlbi`]): the range-TLBI split
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
 //! - **Register values** ([`regs`]): [`tcr_value`], SCTLR bits, [`Asid`]
@@ -46,6 +50,7 @@
 
 pub mod bbm;
 pub mod desc;
+pub mod entry;
 pub mod regs;
 pub mod tlbi;
 
@@ -54,6 +59,7 @@ pub mod mmu;
 
 pub use bbm::{pgattr_change_is_safe, set_live_entry};
 pub use desc::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
+pub use entry::{Arm64Entry, EntryError};
 #[cfg(target_arch = "aarch64")]
 pub use mmu::{
     asid_bits, enable_mmu, enable_mmu_for, enable_mmu_separate_halves, has_tlb_range,

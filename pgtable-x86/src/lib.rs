@@ -18,8 +18,9 @@
 //!   flush, one IPI round to the CPUs the space may be live on, the wait
 //!   for acknowledgements; lazy CPUs; INVLPGB + TLBSYNC where AMD
 //!   processors have it).
-//! - [`X86Entry`], [`ReservedBits`], [`EntryError`]: checked construction of
-//!   entries from raw bits.
+//! - [`entry`]: [`X86Entry`], [`ReservedBits`], [`EntryError`]: checked
+//!   construction of entries from raw bits ([`X86Paging::try_leaf`],
+//!   [`X86Paging::try_table_entry`]).
 //!
 //! ## Decisions (details in the item docs)
 //!
@@ -60,7 +61,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod bits;
-mod entry;
+pub mod entry;
 mod error;
 pub mod flush;
 mod format;
