@@ -66,7 +66,7 @@ impl TlbiOp {
 /// The range TLBI sequence for `pages` pages from page number `start_page`.
 ///
 /// `pages` must be at most [`MAX_TLBI_RANGE_PAGES`] (more is clamped to it;
-/// the caller issues a full flush instead, see [`plan_flush`]).
+/// the caller issues a full flush instead, see [`flush_plan`]).
 pub fn tlbi_range_ops(start_page: u64, pages: u64) -> TlbiRangeOps {
     TlbiRangeOps {
         next: start_page,
