@@ -13,7 +13,7 @@ use core::fmt;
 
 use pgtable_core::{Decoded, Format, Level, PhysAddr, Prot, LEVEL_BITS, PAGE_SIZE};
 
-use crate::desc::{Arm64Format, AF, OA_MASK, VALID};
+use crate::format::{Arm64Format, AF, OA_MASK, VALID};
 
 /// Why a descriptor could not be built or accepted.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -8,7 +8,7 @@
 //!   [`pgtable_core::Arch`]: table, block (1 GiB at L1, 2 MiB at L2) and
 //!   page descriptors, the [`MAIR_VALUE`] memory types, AP / UXN / PXN
 //!   permissions, SH, AF, nG, DBM-based dirty state as Linux does it, the
-//!   contiguous hint. Every bit is documented in [`desc`].
+//!   contiguous hint. Every bit is documented in [`format`].
 //! - **Entry operations** as Linux arm64 has them: `set_p*_at` with the
 //!   walker barrier, `set_pte_nosync` without (Linux "arm64: mm: Batch dsb and isb when
 //!   populating pgtables"), atomic
@@ -49,8 +49,8 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod bbm;
-pub mod desc;
 pub mod entry;
+pub mod format;
 pub mod regs;
 pub mod tlbi;
 
@@ -58,8 +58,12 @@ pub mod tlbi;
 pub mod mmu;
 
 pub use bbm::{pgattr_change_is_safe, set_live_entry};
-pub use desc::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
 pub use entry::{Arm64Entry, EntryError};
+/// The former name of [`format`], kept so that code written against it
+/// still builds.
+#[doc(hidden)]
+pub use format as desc;
+pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
 #[cfg(target_arch = "aarch64")]
 pub use mmu::{
     asid_bits, enable_mmu, enable_mmu_for, enable_mmu_separate_halves, has_tlb_range,

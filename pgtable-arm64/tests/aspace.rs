@@ -397,7 +397,7 @@ fn change_protection_keeps_hardware_dirty_state() {
     s.change_protection(VirtAddr(GIB), 2 * PAGE, user_rw)
         .unwrap();
     let dirty = s.translate(VirtAddr(GIB)).unwrap();
-    assert!(pgtable_arm64::desc::is_hw_dirty(dirty.entry));
+    assert!(pgtable_arm64::format::is_hw_dirty(dirty.entry));
     assert!(!Arm64::is_dirty(
         s.translate(VirtAddr(GIB + PAGE)).unwrap().entry
     ));
