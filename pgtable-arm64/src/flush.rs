@@ -1,4 +1,5 @@
-//! TLB maintenance encodings (pure functions, testable on the host).
+//! The flush plan and the TLB maintenance encodings (pure functions,
+//! testable on the host).
 //!
 //! Arm ARM C5.5 "A64 System instructions for TLB maintenance" and D8.14
 //! "TLB maintenance". With a 4 KiB granule:

@@ -20,7 +20,8 @@
 //!   only with an existing height and no reserved encoding;
 //!   [`Arm64Format::try_leaf`] / [`Arm64Format::try_table_entry`] build
 //!   descriptors from checked input, with an [`EntryError`] otherwise.
-//! - **TLB maintenance encodings** ([`tlbi`]): the range-TLBI split
+//! - **TLB maintenance encodings and the flush plan** ([`flush`]): which
+//!   TLBIs a range flush takes ([`flush_plan`]), the range-TLBI split
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
 //! - **Register values** ([`regs`]): [`tcr_value`], SCTLR bits, [`Asid`]
 //!   (8- or 16-bit, checked) and [`ttbr0_value`].
@@ -50,15 +51,22 @@
 
 pub mod bbm;
 pub mod entry;
+pub mod flush;
 pub mod format;
 pub mod regs;
-pub mod tlbi;
 
 #[cfg(target_arch = "aarch64")]
 pub mod mmu;
 
 pub use bbm::{pgattr_change_is_safe, set_live_entry};
 pub use entry::{Arm64Entry, EntryError};
+/// The former name of [`flush`], kept so that code written against it
+/// still builds.
+#[doc(hidden)]
+pub use flush as tlbi;
+pub use flush::{
+    flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
+};
 /// The former name of [`format`], kept so that code written against it
 /// still builds.
 #[doc(hidden)]
@@ -73,4 +81,3 @@ pub use regs::{
     tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, ttbr0_value, txsz, Asid, AsidBits,
     AsidTooWide, TcrConfig,
 };
-pub use tlbi::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};

@@ -2,7 +2,7 @@
 //!
 //! Compiled only for `target_arch = "aarch64"`; host tests use the
 //! simulator or a recording [`Mmu`] with the same format. The decisions
-//! (which TLBIs for a range) are the pure functions of [`crate::tlbi`], so
+//! (which TLBIs for a range) are the pure functions of [`crate::flush`], so
 //! the host tests cover them; this module only executes them.
 //!
 //! Barrier sequences (Arm ARM D8.2 "Translation table walks" ordering and
@@ -26,13 +26,13 @@ use aarch64_cpu::registers::{
 use pgtable_core::{Format, Mmu, PhysAddr, TlbRange};
 use tock_registers::interfaces::{Readable, Writeable};
 
+use crate::flush::{
+    flush_plan, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
+    TlbiOp,
+};
 use crate::regs::{
     tcr_value, tcr_value_separate_halves, ttbr0_value, ttbr1_base, Asid, AsidBits, TcrConfig,
     SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
-};
-use crate::tlbi::{
-    flush_plan, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
-    TlbiOp,
 };
 use crate::{Arm64, MAIR_VALUE};
 

@@ -1,9 +1,9 @@
 //! TLB maintenance encodings and register values against worked examples.
 
-use pgtable_arm64::regs::{tcr_value, ttbr1_base, TcrConfig, PARANGE_48};
-use pgtable_arm64::tlbi::{
+use pgtable_arm64::flush::{
     flush_plan, range_pages, tlbi_asid_operand, tlbi_range_operand, tlbi_va_operand, FlushPlan,
 };
+use pgtable_arm64::regs::{tcr_value, ttbr1_base, TcrConfig, PARANGE_48};
 use pgtable_arm64::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};
 use pgtable_core::{TlbRange, VirtAddr};
 

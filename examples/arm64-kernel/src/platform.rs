@@ -7,9 +7,9 @@
 use core::ops::Deref;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use pgtable_arm64::flush::{flush_plan, FlushPlan};
 use pgtable_arm64::mmu::{has_tlb_range, Arm64Mmu};
 pub use pgtable_arm64::mmu::{local_flush_tlb_all, Ttbr};
-use pgtable_arm64::tlbi::{flush_plan, FlushPlan};
 pub use pgtable_arm64::Arm64;
 use pgtable_core::{Mmu as MmuOps, PhysAddr, Slot, TlbRange};
 
