@@ -173,13 +173,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
                 let dst = unsafe {
                     &table_at(&self.space.alloc, PhysAddr(dt)).entries[index(va, 0)..][..hi - lo]
                 };
+                let mmu = &self.space.mmu;
                 let mut moved = 0u64;
                 for (s, d) in src[first..].iter().zip(&dst[first..]) {
                     // Relaxed: no walker can reach the source any more; the
                     // destination is ordered by its barrier.
                     let pte = s.load(Relaxed);
                     if pte != 0 {
-                        A::set_pte_nosync(&self.space.mmu, d, pte);
+                        A::set_pte_nosync(mmu, d, pte);
                         moved += 1;
                     }
                 }

@@ -120,11 +120,13 @@ use plan::{Dest, Step};
 /// a 2 MiB (PMD) region and the move reaches the next PMD boundary, the
 /// move can align both starts down to that boundary and move the first
 /// partial PTE table as one PMD entry instead of entry by entry (Linux
-/// "mm/mremap: optimize the start addresses in move_page_tables()"). This
-/// is only correct when nothing is mapped between each aligned-down start
-/// and the real start. The move checks that in the tables itself, so the
-/// rule applies without any claim whenever the tables show the space
-/// unmapped.
+/// "mm/mremap: optimize the start addresses in move_page_tables()"; it
+/// needs whole-PMD moves: [`pmd`](Self::pmd), the arch's
+/// [`HAVE_MOVE_PMD`](crate::Arch::HAVE_MOVE_PMD) and the `move-pmd`
+/// feature). This is only correct when nothing is mapped between each
+/// aligned-down start and the real start. The move checks that in the
+/// tables itself, so the rule applies without any claim whenever the
+/// tables show the space unmapped.
 ///
 /// Set `free_below` when the caller knows that space is free (as Linux
 /// knows from the VMAs that no other mapping lies below). The move still
@@ -134,7 +136,7 @@ use plan::{Dest, Step};
 /// hides a mapping outside the requested ranges.
 ///
 /// ```
-/// # #[cfg(feature = "alloc")] {
+/// # #[cfg(all(feature = "alloc", feature = "move-pmd"))] {
 /// use pgtable_core::{
 ///     AddressSpace, Arena, Error, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
 /// };
