@@ -18,7 +18,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pgtable_arm64::Arm64;
 use pgtable_core::test_format::TestFormat;
 use pgtable_core::{
-    AddressSpace, Arena, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, TlbRange, VirtAddr,
+    variants, AddressSpace, Arena, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, TlbRange, VirtAddr,
 };
 
 const G1: u64 = 1 << 30;
@@ -182,7 +182,10 @@ fn linear_map(c: &mut Criterion) {
     let mut s = space(FenceMmu);
     for (name, opts) in [
         ("barrier-per-table", MapOptions::PAGES),
-        ("barrier-per-entry", MapOptions::PAGES.barrier_per_entry()),
+        (
+            "barrier-per-entry",
+            variants::barrier_per_entry(MapOptions::PAGES),
+        ),
     ] {
         g.bench_function(name, |b| {
             b.iter_custom(|n| {

@@ -33,7 +33,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use pgtable_core::{Arch, Error, Mmu, Slot, TlbRange, VirtAddr, LEVEL_BITS, PAGE_SHIFT};
 
-use crate::desc::{
+use crate::format::{
     Arm64, AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE,
     UXN, UXN_TABLE, VALID,
 };

@@ -8,7 +8,7 @@
 //!   [`pgtable_core::Arch`]: table, block (1 GiB at L1, 2 MiB at L2) and
 //!   page descriptors, the [`MAIR_VALUE`] memory types, AP / UXN / PXN
 //!   permissions, SH, AF, nG, DBM-based dirty state as Linux does it, the
-//!   contiguous hint. Every bit is documented in [`desc`].
+//!   contiguous hint. Every bit is documented in [`format`].
 //! - **Entry operations** as Linux arm64 has them: `set_p*_at` with the
 //!   walker barrier, `set_pte_nosync` without (Linux "arm64: mm: Batch dsb and isb when
 //!   populating pgtables"), atomic
@@ -16,7 +16,12 @@
 //!   (Linux "arm64: mm: rework the pmd protect changing flow"), and the break-before-make rules
 //!   ([`bbm`]) with
 //!   [`set_live_entry`].
-//! - **TLB maintenance encodings** ([`tlbi`]): the range-TLBI split
+//! - **Checked entries** ([`entry`]): [`Arm64Entry`] accepts raw bits
+//!   only with an existing height and no reserved encoding;
+//!   [`Arm64Format::try_leaf`] / [`Arm64Format::try_table_entry`] build
+//!   descriptors from checked input, with an [`EntryError`] otherwise.
+//! - **TLB maintenance encodings and the flush plan** ([`flush`]): which
+//!   TLBIs a range flush takes ([`flush_plan`]), the range-TLBI split
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
 //! - **Register values** ([`regs`]): [`tcr_value`], SCTLR bits, [`Asid`]
 //!   (8- or 16-bit, checked) and [`ttbr0_value`].
@@ -46,16 +51,29 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bbm;
-pub mod desc;
+pub mod entry;
+pub mod flush;
+pub mod format;
 pub mod regs;
-pub mod tlbi;
 
 #[cfg(target_arch = "aarch64")]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod mmu;
 
 pub use bbm::{pgattr_change_is_safe, set_live_entry};
-pub use desc::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
+pub use entry::{Arm64Entry, EntryError};
+/// The former name of [`flush`], kept so that code written against it
+/// still builds.
+#[doc(hidden)]
+pub use flush as tlbi;
+pub use flush::{
+    flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
+};
+/// The former name of [`format`], kept so that code written against it
+/// still builds.
+#[doc(hidden)]
+pub use format as desc;
+pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
 #[cfg(target_arch = "aarch64")]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub use mmu::{
@@ -66,8 +84,6 @@ pub use regs::{
     tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, ttbr0_value, txsz, Asid, AsidBits,
     AsidTooWide, TcrConfig,
 };
-pub use tlbi::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};
-
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -2,7 +2,7 @@
 //!
 //! Compiled only for `target_arch = "aarch64"`; host tests use the
 //! simulator or a recording [`Mmu`] with the same format. The decisions
-//! (which TLBIs for a range) are the pure functions of [`crate::tlbi`], so
+//! (which TLBIs for a range) are the pure functions of [`crate::flush`], so
 //! the host tests cover them; this module only executes them.
 //!
 //! Barrier sequences (Arm ARM D8.2 "Translation table walks" ordering and
@@ -26,13 +26,13 @@ use aarch64_cpu::registers::{
 use pgtable_core::{Format, Mmu, PhysAddr, TlbRange};
 use tock_registers::interfaces::{Readable, Writeable};
 
+use crate::flush::{
+    flush_plan, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
+    TlbiOp,
+};
 use crate::regs::{
     tcr_value, tcr_value_separate_halves, ttbr0_value, ttbr1_base, Asid, AsidBits, TcrConfig,
     SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
-};
-use crate::tlbi::{
-    plan_flush, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
-    TlbiOp,
 };
 use crate::{Arm64, MAIR_VALUE};
 
@@ -366,7 +366,7 @@ unsafe impl Mmu for Arm64Mmu {
 
     fn flush_tlb_range(&self, range: TlbRange) {
         // Local handles have no non-broadcast range TLBIs here.
-        let plan = plan_flush(range, has_tlb_range() && !self.local);
+        let plan = flush_plan(range, has_tlb_range() && !self.local);
         // Entry writes reach every walker the TLBIs reach before them.
         self.pre_tlbi();
         match plan {
@@ -380,7 +380,7 @@ unsafe impl Mmu for Arm64Mmu {
                 last_level,
             } => {
                 for i in 0..count {
-                    self.tlbi_page(start.wrapping_add(i << stride_shift), last_level);
+                    self.tlbi_page(start.0.wrapping_add(i << stride_shift), last_level);
                 }
             }
             FlushPlan::Range {

@@ -7,8 +7,8 @@ mod common;
 use common::{Counter, Event, Recorder};
 use pgtable_arm64::{Arm64, Arm64Va39};
 use pgtable_core::{
-    AddressSpace, Arena, Error, Format, Level, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, TlbRange,
-    VirtAddr,
+    variants, AddressSpace, Arena, Error, Format, Level, MapOptions, Mmu, NoopMmu, PhysAddr, Prot,
+    TlbRange, VirtAddr,
 };
 
 const GIB: u64 = 1 << 30;
@@ -45,7 +45,7 @@ fn linear_map_of_1g_pages_issues_one_barrier_per_table() {
 #[test]
 fn barrier_per_entry_variant_issues_one_per_pte() {
     let mut s = space::<Arm64, _>(Counter::default());
-    let opts = MapOptions::PAGES.barrier_per_entry();
+    let opts = variants::barrier_per_entry(MapOptions::PAGES);
     s.map(VirtAddr(GIB), PhysAddr(GIB), GIB, Prot::READ_WRITE, opts)
         .unwrap();
     let pages = GIB / PAGE;
@@ -321,7 +321,7 @@ fn high_half_addresses_use_the_upper_root_entries() {
 
 #[test]
 fn change_protection_of_blocks_flushes_once_not_per_block() {
-    use pgtable_core::GenericBlockProt;
+    use pgtable_core::variants::GenericBlockProt;
     let len = 64 << 20;
     let mut s = space::<Arm64, _>(Counter::default());
     s.map(
@@ -397,7 +397,7 @@ fn change_protection_keeps_hardware_dirty_state() {
     s.change_protection(VirtAddr(GIB), 2 * PAGE, user_rw)
         .unwrap();
     let dirty = s.translate(VirtAddr(GIB)).unwrap();
-    assert!(pgtable_arm64::desc::is_hw_dirty(dirty.entry));
+    assert!(pgtable_arm64::format::is_hw_dirty(dirty.entry));
     assert!(!Arm64::is_dirty(
         s.translate(VirtAddr(GIB + PAGE)).unwrap().entry
     ));

@@ -27,7 +27,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
-    AddressSpace, Arena, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
+    variants, AddressSpace, Arena, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
+    PAGE_SIZE,
 };
 
 const G1: u64 = 1 << 30;
@@ -51,9 +52,9 @@ fn space(settled: bool) -> Space {
         }
     }
     // Warm the arena's free list: one round trip.
-    s.move_page_tables_with(A, B, G1, MoveOptions::PTES_ONLY)
+    s.move_page_tables_with(A, B, G1, variants::PTES_ONLY)
         .unwrap();
-    s.move_page_tables_with(B, A, G1, MoveOptions::PTES_ONLY)
+    s.move_page_tables_with(B, A, G1, variants::PTES_ONLY)
         .unwrap();
     s
 }
@@ -67,9 +68,9 @@ fn bench(c: &mut Criterion) {
 
     for (name, opts, settled) in [
         ("pud", MoveOptions::DEFAULT, false),
-        ("pmd", MoveOptions::PMD_ONLY, false),
-        ("pte-fresh", MoveOptions::PTES_ONLY, false),
-        ("pte-settled", MoveOptions::PTES_ONLY, true),
+        ("pmd", variants::PMD_ONLY, false),
+        ("pte-fresh", variants::PTES_ONLY, false),
+        ("pte-settled", variants::PTES_ONLY, true),
     ] {
         let mut s = space(settled);
         let mut at_a = true;

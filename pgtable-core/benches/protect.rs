@@ -31,8 +31,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
-    AddressSpace, Arch, Arena, DeferredBlockProt, GenericBlockProt, MapOptions, Mmu, PhysAddr,
-    Prot, TlbRange, VirtAddr,
+    variants::{DeferredBlockProt, GenericBlockProt},
+    AddressSpace, Arch, Arena, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr,
 };
 
 const G1: u64 = 1 << 30;

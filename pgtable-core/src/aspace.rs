@@ -17,9 +17,8 @@ use crate::{
 pub struct MapOptions {
     /// Bit `h` set: leaves (blocks) at height `h` are allowed.
     block_heights: u8,
-    /// Control variant for benchmarks (the code before Linux "arm64: mm: Batch dsb and isb when
-    /// populating pgtables"): write
-    /// every entry with the synchronising setter, one barrier per entry.
+    /// Write every entry with the synchronising setter, one barrier per
+    /// entry ([`variants::barrier_per_entry`](crate::variants::barrier_per_entry)).
     sync_each: bool,
 }
 
@@ -40,10 +39,9 @@ impl MapOptions {
         sync_each: false,
     };
 
-    /// The same options, but every entry written with the synchronising
-    /// setter (`set_pte_at`: one walker barrier per entry). This is the
-    /// behaviour before that change, kept to measure the difference.
-    pub const fn barrier_per_entry(self) -> MapOptions {
+    /// The same options, every entry written with a barrier each (see
+    /// [`variants::barrier_per_entry`](crate::variants::barrier_per_entry)).
+    pub(crate) const fn with_sync_each(self) -> MapOptions {
         MapOptions {
             block_heights: self.block_heights,
             sync_each: true,
@@ -52,7 +50,7 @@ impl MapOptions {
 
     /// Whether entries are written with a barrier each.
     #[inline]
-    pub const fn is_barrier_per_entry(self) -> bool {
+    pub(crate) const fn is_barrier_per_entry(self) -> bool {
         self.sync_each
     }
 
@@ -183,6 +181,40 @@ pub(crate) struct Stash {
 pub(crate) struct FreeQueue {
     head: u64,
     pub(crate) count: usize,
+}
+
+/// Where a recursive walk of the tables stands: the part `[va, end)` of
+/// the range that the table `table` at `height` translates.
+#[derive(Clone, Copy)]
+pub(crate) struct TableSpan {
+    pub(crate) height: u32,
+    pub(crate) table: PhysAddr,
+    pub(crate) va: u64,
+    pub(crate) end: u64,
+}
+
+impl TableSpan {
+    /// `[va, end)` of the table `table` at `height`.
+    #[inline]
+    pub(crate) const fn new(height: u32, table: PhysAddr, va: u64, end: u64) -> TableSpan {
+        TableSpan {
+            height,
+            table,
+            va,
+            end,
+        }
+    }
+}
+
+impl Stash {
+    /// An empty reservation.
+    pub(crate) const fn new() -> Stash {
+        Stash {
+            head: 0,
+            count: 0,
+            short: false,
+        }
+    }
 }
 
 impl FreeQueue {
@@ -573,11 +605,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// into the tables, not here, so that it tells how many the write
     /// phase used (a reservation that was counted exactly is used up).
     pub(crate) fn reserve(&mut self, n: usize) -> Result<Stash, Error> {
-        let mut stash = Stash {
-            head: 0,
-            count: 0,
-            short: false,
-        };
+        let mut stash = Stash::new();
         for _ in 0..n {
             match self.alloc.alloc_table() {
                 // `Format` promises that `table_entry` decodes back to the

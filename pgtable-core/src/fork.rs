@@ -54,7 +54,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash, TableSpan};
 use crate::level::{entry_end, index};
 use crate::{
     generic, AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, Table, TableAlloc,
@@ -139,7 +139,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let src_need = self.split_check(top, self.root, va.0, end, &|_, _| true);
         // SAFETY: the destination root is a live table of `dst`.
         let droot = unsafe { table_at(&dst.alloc, dst.root) };
-        let dst_need = self.copy_need(dst, top, self.root, va.0, end, Some(droot));
+        let dst_need = self.copy_need(dst, TableSpan::new(top, self.root, va.0, end), Some(droot));
 
         // Phase 2: reserve both, or neither.
         let mut src_stash = self.reserve(src_need)?;
@@ -162,7 +162,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             gather: &mut gather,
             cow,
         };
-        self.copy_table(dst, top, sroot, droot, va.0, end, &mut c);
+        self.copy_table(dst, TableSpan::new(top, sroot, va.0, end), droot, &mut c);
         self.finish(gather, FreeQueue::new());
         debug_assert_eq!(src_stash.count, 0, "split reservation over-counted");
         debug_assert_eq!(dst_stash.count, 0, "copy reservation over-counted");
@@ -179,16 +179,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Phase 1: the tables `dst` needs below height `h` to copy `[va, end)`
     /// of the source table `src` (whose partly covered blocks will have been
     /// split), where `dt` is `dst`'s table at `h` (`None`: to be created).
-    #[allow(clippy::too_many_arguments)]
     fn copy_need<M2: Mmu, T2: TableAlloc>(
         &self,
         dst: &AddressSpace<A, M2, T2>,
-        h: u32,
-        src: PhysAddr,
-        mut va: u64,
-        end: u64,
+        span: TableSpan,
         dt: Option<&Table>,
     ) -> usize {
+        let TableSpan {
+            height: h,
+            table: src,
+            mut va,
+            end,
+        } = span;
         if h == 0 {
             return 0;
         }
@@ -210,7 +212,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
                 Decoded::Table(c) if self.first_mapped_in(h - 1, c, va, next).is_some() => {
                     let dc = child(dst);
-                    need += usize::from(dc.is_none()) + self.copy_need(dst, h - 1, c, va, next, dc);
+                    need += usize::from(dc.is_none())
+                        + self.copy_need(dst, TableSpan::new(h - 1, c, va, next), dc);
                 }
                 // Copied into `dt` itself (blocks, software entries), or
                 // nothing to copy.
@@ -225,17 +228,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Phase 3: copies `[va, end)` of the source table `stpa` at `h` into
     /// `dst`'s table `dtpa`. Returns whether it wrote to `dtpa`.
-    #[allow(clippy::too_many_arguments)]
     fn copy_table<M2: Mmu, T2: TableAlloc>(
         &mut self,
         dst: &mut AddressSpace<A, M2, T2>,
-        h: u32,
-        stpa: PhysAddr,
+        span: TableSpan,
         dtpa: PhysAddr,
-        mut va: u64,
-        end: u64,
         c: &mut CopyState<'_>,
     ) -> bool {
+        let TableSpan {
+            height: h,
+            table: stpa,
+            mut va,
+            end,
+        } = span;
         // SAFETY: the source root, a table reached from it or one a split
         // just linked; live until the flush of this operation at least.
         let st = unsafe { table_at(&self.alloc, stpa) };
@@ -284,7 +289,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // Relaxed: `dst` is held exclusively.
                     match A::decode(dslot.load(Relaxed), h) {
                         Decoded::Table(dc) => {
-                            self.copy_table(dst, h - 1, sc, dc, va, next, c);
+                            self.copy_table(dst, TableSpan::new(h - 1, sc, va, next), dc, c);
                         }
                         _ => {
                             // None (checked empty). Fill the new table, then
@@ -292,7 +297,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                             // first, and this table's barrier covers the
                             // link. (No table: a short count; not copied.)
                             if let Some(dc) = dst.take(c.dst_stash) {
-                                self.copy_table(dst, h - 1, sc, dc, va, next, c);
+                                self.copy_table(dst, TableSpan::new(h - 1, sc, va, next), dc, c);
                                 A::populate_attrs(&dst.mmu, dslot, dc, h, dst.table_attrs);
                                 dst.mmu.stats.add_entries_written(1);
                                 wrote = true;

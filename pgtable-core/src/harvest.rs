@@ -11,11 +11,11 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{table_at, FreeQueue};
+use crate::aspace::{table_at, FreeQueue, TableSpan};
 use crate::level::{entry_end, index};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, MmuGather, PhysAddr, Slot, TableAlloc,
-    TlbGather, VirtAddr,
+    AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, MmuGather, Slot, TableAlloc, TlbGather,
+    VirtAddr,
 };
 
 /// What [`AddressSpace::clear_refs`] clears in each leaf.
@@ -157,15 +157,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let end = self.check_range(va, len)?;
         let mut gather = TlbGather::new();
         let mut f = f;
-        self.harvest(
-            A::LEVELS - 1,
-            self.root,
-            va.0,
-            end,
-            what,
-            &mut gather,
-            &mut f,
-        );
+        let root = TableSpan::new(A::LEVELS - 1, self.root, va.0, end);
+        self.harvest(root, what, &mut gather, &mut f);
         self.finish(gather, FreeQueue::new());
         Ok(())
     }
@@ -190,29 +183,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.check_gather(tlb)?;
         let end = self.check_range(va, len)?;
         let mut f = f;
-        self.harvest(
-            A::LEVELS - 1,
-            self.root,
-            va.0,
-            end,
-            what,
-            &mut tlb.tlb,
-            &mut f,
-        );
+        let root = TableSpan::new(A::LEVELS - 1, self.root, va.0, end);
+        self.harvest(root, what, &mut tlb.tlb, &mut f);
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn harvest(
         &mut self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
+        span: TableSpan,
         what: ClearRefs,
         gather: &mut TlbGather,
         f: &mut impl FnMut(LeafEntry<A>),
     ) {
+        let TableSpan {
+            height,
+            table: tpa,
+            mut va,
+            end,
+        } = span;
         // SAFETY: the root or a table reached from it.
         let t = unsafe { table_at(&self.alloc, tpa) };
         let mut changed = 0u64;
@@ -224,7 +212,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let raw = slot.load(Relaxed);
             match A::decode(raw, height) {
                 Decoded::Table(c) if height > 0 => {
-                    self.harvest(height - 1, c, va, next, what, gather, f);
+                    self.harvest(TableSpan::new(height - 1, c, va, next), what, gather, f);
                 }
                 Decoded::Leaf(_) => {
                     if let Some((old, ch)) = clear_leaf::<A, _>(&self.mmu, slot, height, what) {

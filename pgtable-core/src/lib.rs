@@ -19,6 +19,10 @@
 //! one entry safely. [`ptdump`](AddressSpace::ptdump) prints the tables
 //! the way Linux's `kernel_page_tables` file does, through `core::fmt`.
 //!
+//! The code Linux ran before the changes this crate follows (a barrier per
+//! entry, PTE-by-PTE moves, the generic block protection change) is kept
+//! in [`variants`], for benchmarks and tests that compare both ways.
+//!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
 //! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
 //! kernel or a host test picks one arch, one [`Mmu`] (the real one or a
@@ -103,6 +107,7 @@ pub mod sim;
 #[cfg_attr(docsrs, doc(cfg(feature = "suite")))]
 pub mod suite;
 pub mod test_format;
+pub mod variants;
 
 pub use addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 pub use arch::Arch;
@@ -120,7 +125,6 @@ pub use live::LiveOptions;
 pub use mmu::{Mmu, NoopMmu, TlbRange};
 pub use mmu_gather::MmuGather;
 pub use moves::MoveOptions;
-pub use protect::{DeferredBlockProt, GenericBlockProt};
 pub use ptdump::PtDump;
 pub use stats::Stats;
 #[cfg(feature = "alloc")]

@@ -3,7 +3,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, Stash};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, Stash, TableSpan};
 use crate::level::{entry_end, index};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
@@ -155,17 +155,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Changes `[va, end)` in the table `tpa` at `height`.
-    #[allow(clippy::too_many_arguments)]
     fn live_change(
         &mut self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
+        span: TableSpan,
         prot: Prot,
         stash: &mut Stash,
         gather: &mut TlbGather,
     ) {
+        let TableSpan {
+            height,
+            table: tpa,
+            mut va,
+            end,
+        } = span;
         // SAFETY: the root, a table reached from it, or one a split just
         // linked.
         let t = unsafe { table_at(&self.alloc, tpa) };
@@ -178,7 +180,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let raw = slot.load(Relaxed);
             match A::decode(raw, height) {
                 Decoded::Table(c) if height > 0 => {
-                    self.live_change(height - 1, c, va, next, prot, stash, gather);
+                    self.live_change(TableSpan::new(height - 1, c, va, next), prot, stash, gather);
                 }
                 Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
                 Decoded::Leaf(_) if height > 0 && !covers(va, next, height) => {
@@ -187,7 +189,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if let Some(c) =
                         self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
                     {
-                        self.live_change(height - 1, c, va, next, prot, stash, gather);
+                        self.live_change(
+                            TableSpan::new(height - 1, c, va, next),
+                            prot,
+                            stash,
+                            gather,
+                        );
                     }
                 }
                 Decoded::Leaf(_) => {

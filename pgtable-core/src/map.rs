@@ -11,7 +11,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, first_used, table_at, Stash};
+use crate::aspace::{covers, first_used, table_at, Stash, TableSpan};
 use crate::level::{entry_end, index, shift, size};
 use crate::{
     AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
@@ -48,7 +48,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let need = self.map_check(top, Some(root), va.0, end, pa.0, opts)?;
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
-        self.map_fill(top, self.root, va.0, end, pa.0, prot, opts, &mut stash);
+        self.map_fill(
+            TableSpan::new(top, self.root, va.0, end),
+            pa.0,
+            prot,
+            opts,
+            &mut stash,
+        );
         debug_assert_eq!(stash.count, 0, "table reservation over-counted");
         // Short only if `map_check` under-counted (see `take`).
         let short = stash.short;
@@ -134,18 +140,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Phase 3: write the entries of the table `tpa` at `height`.
-    #[allow(clippy::too_many_arguments)]
     fn map_fill(
         &mut self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
+        span: TableSpan,
         mut pa: u64,
         prot: Prot,
         opts: MapOptions,
         stash: &mut Stash,
     ) {
+        let TableSpan {
+            height,
+            table: tpa,
+            mut va,
+            end,
+        } = span;
         // SAFETY: `tpa` is the root, a table reached from it, or a reserved
         // frame of ours.
         let t = unsafe { table_at(&self.alloc, tpa) };
@@ -205,7 +213,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // Relaxed: we hold the address space exclusively.
                 match A::decode(slot.load(Relaxed), height) {
                     Decoded::Table(c) => {
-                        self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
+                        self.map_fill(
+                            TableSpan::new(height - 1, c, va, next),
+                            pa,
+                            prot,
+                            opts,
+                            stash,
+                        );
                     }
                     _ => {
                         // Phase 1 saw `None` here. Fill the new table, then
@@ -214,7 +228,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         // the count was short, see `take`; this part stays
                         // unmapped.)
                         if let Some(c) = self.take(stash) {
-                            self.map_fill(height - 1, c, va, next, pa, prot, opts, stash);
+                            self.map_fill(
+                                TableSpan::new(height - 1, c, va, next),
+                                pa,
+                                prot,
+                                opts,
+                                stash,
+                            );
                             A::populate_attrs(&self.mmu, slot, c, height, self.table_attrs);
                             self.mmu.stats.add_entries_written(1);
                             wrote = true;

@@ -11,7 +11,7 @@
 
 use core::fmt;
 
-use crate::aspace::FreeQueue;
+use crate::aspace::{FreeQueue, TableSpan};
 use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGather, VirtAddr};
 
 /// The TLB invalidations and the unlinked table frames of a sequence of
@@ -234,7 +234,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             pending.flush::<A, _>(&self.mmu);
         }
         self.may_hold_global |= prot.global();
-        self.protect_change(top, self.root, va.0, end, prot, &mut stash, &mut tlb.tlb);
+        self.protect_change(
+            TableSpan::new(top, self.root, va.0, end),
+            prot,
+            &mut stash,
+            &mut tlb.tlb,
+        );
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         let short = stash.short;
         self.release(stash);

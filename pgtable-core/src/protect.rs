@@ -67,15 +67,17 @@
 //! barrier and one range added to the gather. Per operation: one TLB flush
 //! (range, or full past the ceiling), plus one per block for an arch that
 //! keeps the generic block start.
+//!
+//! [`Format::modify_prot`]: crate::Format::modify_prot
+//! [`Format::is_settled`]: crate::Format::is_settled
 
-use core::marker::PhantomData;
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash, TableSpan};
 use crate::level::{entry_end, index};
 use crate::{
-    generic, Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Prot,
-    Slot, TableAlloc, TlbGather, TlbRange, VirtAddr, PAGE_SIZE,
+    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, TlbRange,
+    VirtAddr, PAGE_SIZE,
 };
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -132,13 +134,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// share once the range is checked (exclusive end `end`): reserve the
     /// tables that splitting blocks needs (a block that already grants
     /// `prot` is left whole), run `change` over the tree, then flush once.
-    #[allow(clippy::type_complexity)]
     pub(crate) fn change_prot_with(
         &mut self,
         end: u64,
         va: VirtAddr,
         prot: Prot,
-        change: fn(&mut Self, u32, PhysAddr, u64, u64, Prot, &mut Stash, &mut TlbGather),
+        change: fn(&mut Self, TableSpan, Prot, &mut Stash, &mut TlbGather),
     ) -> Result<(), Error> {
         let top = A::LEVELS - 1;
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
@@ -146,16 +147,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         let mut gather = TlbGather::new();
-        change(
-            self,
-            top,
-            self.root,
-            va.0,
-            end,
-            prot,
-            &mut stash,
-            &mut gather,
-        );
+        let root = TableSpan::new(top, self.root, va.0, end);
+        change(self, root, prot, &mut stash, &mut gather);
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
         let short = stash.short;
@@ -168,17 +161,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Phase 3: changes `[va, end)` in the table `tpa` at `height`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn protect_change(
         &mut self,
-        height: u32,
-        tpa: PhysAddr,
-        va: u64,
-        end: u64,
+        span: TableSpan,
         prot: Prot,
         stash: &mut Stash,
         gather: &mut TlbGather,
     ) {
+        let TableSpan {
+            height,
+            table: tpa,
+            va,
+            end,
+        } = span;
         // SAFETY: the root, a table reached from it, or a table a split
         // just linked.
         let t = unsafe { table_at(&self.alloc, tpa) };
@@ -196,7 +191,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let raw = slot.load(Relaxed);
             match A::decode(raw, height) {
                 Decoded::Table(c) => {
-                    self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                    self.protect_change(
+                        TableSpan::new(height - 1, c, va, next),
+                        prot,
+                        stash,
+                        gather,
+                    );
                 }
                 Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
                 Decoded::Leaf(_) if covers(va, next, height) => {
@@ -220,7 +220,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if let Some(c) =
                         self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
                     {
-                        self.protect_change(height - 1, c, va, next, prot, stash, gather);
+                        self.protect_change(
+                            TableSpan::new(height - 1, c, va, next),
+                            prot,
+                            stash,
+                            gather,
+                        );
                     }
                 }
                 Decoded::None | Decoded::Invalid => {}
@@ -432,203 +437,3 @@ unsafe impl<M: Mmu> Mmu for LazyBarrier<'_, M> {
         self.inner.entry_written(slot, old)
     }
 }
-
-/// Defines a zero-sized wrapper arch that delegates everything to `A` except
-/// `pmdp_modify_prot_start`, which uses `$start`.
-macro_rules! block_prot_wrapper {
-    ($(#[$m:meta])* $name:ident, $start:ident) => {
-        $(#[$m])*
-        pub struct $name<A>(PhantomData<A>);
-
-        // SAFETY: every method is `A`'s, which upholds the contract.
-        unsafe impl<A: Arch> Format for $name<A> {
-            const NAME: &'static str = A::NAME;
-            const LEVELS: u32 = A::LEVELS;
-            const PA_BITS: u32 = A::PA_BITS;
-            const VA_BITS: u32 = A::VA_BITS;
-
-            #[inline]
-            fn leaf_allowed(height: u32) -> bool {
-                A::leaf_allowed(height)
-            }
-            #[inline]
-            fn decode(raw: u64, height: u32) -> Decoded {
-                A::decode(raw, height)
-            }
-            #[inline]
-            fn table_entry(pa: PhysAddr, height: u32) -> u64 {
-                A::table_entry(pa, height)
-            }
-            #[inline]
-            fn leaf_template(prot: Prot, height: u32) -> u64 {
-                A::leaf_template(prot, height)
-            }
-            #[inline]
-            fn leaf(pa: PhysAddr, prot: Prot, height: u32) -> u64 {
-                A::leaf(pa, prot, height)
-            }
-            #[inline]
-            fn leaf_prot(raw: u64, height: u32) -> Prot {
-                A::leaf_prot(raw, height)
-            }
-            #[inline]
-            fn modify_prot(raw: u64, prot: Prot, height: u32) -> u64 {
-                A::modify_prot(raw, prot, height)
-            }
-            #[inline]
-            fn split_leaf(raw: u64, height: u32) -> u64 {
-                A::split_leaf(raw, height)
-            }
-            #[inline]
-            fn is_young(raw: u64) -> bool {
-                A::is_young(raw)
-            }
-            #[inline]
-            fn is_dirty(raw: u64) -> bool {
-                A::is_dirty(raw)
-            }
-            #[inline]
-            fn is_settled(raw: u64, height: u32) -> bool {
-                A::is_settled(raw, height)
-            }
-            #[inline]
-            fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault> {
-                A::hw_access(raw, height, access)
-            }
-            #[inline]
-            fn va_ok(va: u64) -> bool {
-                A::va_ok(va)
-            }
-            const SEPARATE_HALVES: bool = A::SEPARATE_HALVES;
-            #[inline]
-            fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: crate::TableAttrs) -> u64 {
-                A::table_entry_attrs(pa, height, attrs)
-            }
-            #[inline]
-            fn table_limits(raw: u64, height: u32) -> crate::TableAttrs {
-                A::table_limits(raw, height)
-            }
-        }
-
-        // SAFETY: every entry operation is `A`'s, except
-        // `pmdp_modify_prot_start`, which is a generic one built on `A`'s
-        // own operations.
-        unsafe impl<A: Arch> Arch for $name<A> {
-            const HAVE_MOVE_PMD: bool = A::HAVE_MOVE_PMD;
-            const HAVE_MOVE_PUD: bool = A::HAVE_MOVE_PUD;
-            const TLB_FLUSH_CEILING: u64 = A::TLB_FLUSH_CEILING;
-            const NEEDS_WALKER_BARRIER: bool = A::NEEDS_WALKER_BARRIER;
-            const BREAK_BEFORE_MAKE: bool = A::BREAK_BEFORE_MAKE;
-
-            #[inline]
-            fn set_pte_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pte: u64) {
-                A::set_pte_at(mmu, va, slot, pte)
-            }
-            #[inline]
-            fn set_pmd_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pmd: u64) {
-                A::set_pmd_at(mmu, va, slot, pmd)
-            }
-            #[inline]
-            fn set_pud_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, pud: u64) {
-                A::set_pud_at(mmu, va, slot, pud)
-            }
-            #[inline]
-            fn set_pte_nosync<M: Mmu>(mmu: &M, slot: &Slot, pte: u64) {
-                A::set_pte_nosync(mmu, slot, pte)
-            }
-            #[inline]
-            fn ptep_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
-                A::ptep_get_and_clear(mmu, slot)
-            }
-            #[inline]
-            fn pmdp_huge_get_and_clear<M: Mmu>(mmu: &M, slot: &Slot) -> u64 {
-                A::pmdp_huge_get_and_clear(mmu, slot)
-            }
-            #[inline]
-            fn ptep_modify_prot_start<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot) -> u64 {
-                A::ptep_modify_prot_start(mmu, va, slot)
-            }
-            #[inline]
-            fn ptep_modify_prot_commit<M: Mmu>(
-                mmu: &M,
-                va: VirtAddr,
-                slot: &Slot,
-                old: u64,
-                new: u64,
-            ) {
-                A::ptep_modify_prot_commit(mmu, va, slot, old, new)
-            }
-            #[inline]
-            fn pmdp_modify_prot_start<M: Mmu>(
-                mmu: &M,
-                va: VirtAddr,
-                slot: &Slot,
-                height: u32,
-            ) -> u64 {
-                generic::$start::<Self, M>(mmu, va, slot, height)
-            }
-            #[inline]
-            fn pmdp_modify_prot_commit<M: Mmu>(
-                mmu: &M,
-                va: VirtAddr,
-                slot: &Slot,
-                height: u32,
-                old: u64,
-                new: u64,
-            ) {
-                A::pmdp_modify_prot_commit(mmu, va, slot, height, old, new)
-            }
-            #[inline]
-            fn change_is_safe(old: u64, new: u64, height: u32) -> bool {
-                A::change_is_safe(old, new, height)
-            }
-        }
-
-        impl<A> Clone for $name<A> {
-            fn clone(&self) -> Self {
-                *self
-            }
-        }
-
-        impl<A> Copy for $name<A> {}
-
-        impl<A> Default for $name<A> {
-            fn default() -> Self {
-                $name(PhantomData)
-            }
-        }
-
-        impl<A> core::fmt::Debug for $name<A> {
-            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-                f.write_str(stringify!($name))
-            }
-        }
-    };
-}
-
-block_prot_wrapper!(
-    /// The arch `A` with Linux's generic `pmdp_modify_prot_start`
-    /// ([`generic::pmdp_modify_prot_start`]: clear the block and flush its
-    /// TLB range at once), whatever `A` overrides: the control variant
-    /// from before Linux "arm64: mm: rework the pmd protect changing flow", for benchmarks and
-    /// tests that compare both block
-    /// paths in one binary. Every other constant and method is `A`'s.
-    ///
-    /// Tables built through an address space of `A` belong to that space;
-    /// build a separate `AddressSpace<GenericBlockProt<A>, _, _>` (same
-    /// descriptor bits) to measure this variant.
-    GenericBlockProt,
-    pmdp_modify_prot_start
-);
-
-block_prot_wrapper!(
-    /// The arch `A` with the deferred `pmdp_modify_prot_start`
-    /// ([`generic::pmdp_modify_prot_start_deferred`]: an atomic
-    /// get-and-clear, no flush until the end of the operation), whatever
-    /// `A` does: the transaction path of
-    /// Linux "arm64: mm: rework the pmd protect changing flow", for benchmarks and tests
-    /// of formats (such as the test format) that keep the generic
-    /// fallback. The counterpart of [`GenericBlockProt`].
-    DeferredBlockProt,
-    pmdp_modify_prot_start_deferred
-);

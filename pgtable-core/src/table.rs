@@ -142,8 +142,8 @@ mod arena {
             self.frees
         }
 
-        /// Let the next `n` allocations succeed and every later one fail
-        /// (`None`: never fail).
+        /// Lets the next `n` table allocations succeed and every later one
+        /// fail (`None`: never fail).
         pub fn fail_after(&self, n: Option<u64>) {
             // Relaxed: a test knob, read by `alloc_table` through `&mut`.
             self.budget

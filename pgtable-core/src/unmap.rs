@@ -21,7 +21,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, table_at, FreeQueue, Stash};
+use crate::aspace::{covers, table_at, FreeQueue, Stash, TableSpan};
 use crate::level::{entry_end, index, shift};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Table, TableAlloc,
@@ -290,7 +290,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let top = A::LEVELS - 1;
         let need = self.split_check(top, self.root, va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
-        self.unmap_clear(top, self.root, va.0, end, &mut stash, gather, q, z);
+        self.unmap_clear(
+            TableSpan::new(top, self.root, va.0, end),
+            &mut stash,
+            gather,
+            q,
+            z,
+        );
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
         let short = stash.short;
@@ -303,18 +309,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Clears `[va, end)` in the table `tpa` at `height`; returns whether
     /// the table is now empty.
-    #[allow(clippy::too_many_arguments)]
     fn unmap_clear<Z: Zap<A>>(
         &mut self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
+        span: TableSpan,
         stash: &mut Stash,
         gather: &mut TlbGather,
         q: &mut FreeQueue,
         z: &mut Z,
     ) -> bool {
+        let TableSpan {
+            height,
+            table: tpa,
+            mut va,
+            end,
+        } = span;
         let start = va;
         // SAFETY: reached from the root (or just linked by a split).
         let t = unsafe { table_at(&self.alloc, tpa) };
@@ -359,7 +367,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if let Some(c) =
                         self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
                     {
-                        self.unmap_clear(height - 1, c, va, next, stash, gather, q, z);
+                        self.unmap_clear(
+                            TableSpan::new(height - 1, c, va, next),
+                            stash,
+                            gather,
+                            q,
+                            z,
+                        );
                     }
                 }
                 Decoded::Table(c) => {
@@ -374,7 +388,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
                         self.defer_subtree(q, c, height - 1, va, z);
                     } else if ((whole && !Z::REPORT)
-                        || self.unmap_clear(height - 1, c, va, next, stash, gather, q, z))
+                        || self.unmap_clear(
+                            TableSpan::new(height - 1, c, va, next),
+                            stash,
+                            gather,
+                            q,
+                            z,
+                        ))
                         && !keep
                     {
                         A::set_pte_nosync(&self.mmu, slot, 0);

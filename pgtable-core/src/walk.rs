@@ -34,6 +34,8 @@ pub struct Mapping {
     pub height: u32,
     /// The raw entry.
     pub entry: u64,
+    /// The protection the leaf grants (as [`Translation::prot`]).
+    pub prot: Prot,
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -68,7 +70,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// Calls `f` for every leaf that maps part of `[va, va + len)`, in
-    /// address order.
+    /// address order, with its address, size, raw entry and protection.
     ///
     /// # Errors
     ///
@@ -101,6 +103,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     size: size(height),
                     height,
                     entry: raw,
+                    prot: A::leaf_prot(raw, height),
                 }),
                 _ => {}
             }

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
-    AddressSpace, Arena, Error, Format, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, Table,
+    variants, AddressSpace, Arena, Error, Format, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, Table,
     TableAlloc, TlbRange, VirtAddr,
 };
 
@@ -164,6 +164,50 @@ fn map_translate_unmap_at_every_level() {
 }
 
 #[test]
+fn walk_reports_the_protection_of_each_leaf_as_translate_does() {
+    let mut s = space::<4>();
+    // A read-only 2 MiB block, then writable 4 KiB pages, then an
+    // executable page.
+    let cases = [
+        (G1, 0x8000_0000, M2, Prot::READ_ONLY, MapOptions::BLOCKS),
+        (
+            G1 + M2,
+            0x9000_0000,
+            2 * K4,
+            Prot::READ_WRITE,
+            MapOptions::PAGES,
+        ),
+        (
+            G1 + M2 + 2 * K4,
+            0xa000_0000,
+            K4,
+            Prot::READ_EXEC,
+            MapOptions::PAGES,
+        ),
+    ];
+    for (va, pa, len, prot, opts) in cases {
+        s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts).unwrap();
+    }
+    let mut seen = Vec::new();
+    s.walk(VirtAddr(G1), M2 + 3 * K4, |m| {
+        seen.push((m.va.0, m.size, m.prot))
+    })
+    .unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            (G1, M2, Prot::READ_ONLY),
+            (G1 + M2, K4, Prot::READ_WRITE),
+            (G1 + M2 + K4, K4, Prot::READ_WRITE),
+            (G1 + M2 + 2 * K4, K4, Prot::READ_EXEC),
+        ]
+    );
+    for (va, _, prot) in seen {
+        assert_eq!(s.translate(VirtAddr(va)).unwrap().prot, prot);
+    }
+}
+
+#[test]
 fn blocks_are_used_only_when_allowed_and_aligned() {
     let mut s = space::<4>();
     // VA aligned, PA not aligned to 2 MiB: pages.
@@ -280,7 +324,7 @@ fn the_top_page_maps_with_a_barrier_per_entry_too() {
     // without).
     for (va, len) in [(0xffff_ffff_ffff_f000, K4), (0xffff_ffff_ffff_d000, 3 * K4)] {
         let mut s = space::<4>();
-        let opts = MapOptions::PAGES.barrier_per_entry();
+        let opts = variants::barrier_per_entry(MapOptions::PAGES);
         s.map(VirtAddr(va), PhysAddr(0x7000), len, Prot::READ_ONLY, opts)
             .unwrap();
         assert_eq!(pa_of(&s, 0xffff_ffff_ffff_fff8), Some(0x7000 + len - 8));
@@ -401,7 +445,7 @@ fn already_mapped_names_the_first_mapped_address_not_the_block_slot() {
         (
             "blocks, one barrier each",
             M2,
-            MapOptions::BLOCKS.barrier_per_entry(),
+            variants::barrier_per_entry(MapOptions::BLOCKS),
         ),
         ("a 1 GiB block", G1, MapOptions::BLOCKS),
     ];
@@ -642,7 +686,7 @@ fn mapping_1gib_of_pages_issues_one_barrier_per_table_not_per_entry() {
         PhysAddr(0),
         G1,
         Prot::READ_WRITE,
-        MapOptions::PAGES.barrier_per_entry(),
+        variants::barrier_per_entry(MapOptions::PAGES),
     )
     .unwrap();
     assert!(c.stats().barriers() >= 262_144);
@@ -658,7 +702,7 @@ fn the_barrier_per_entry_control_variant_also_covers_blocks() {
         PhysAddr(0),
         G1,
         Prot::READ_WRITE,
-        MapOptions::PMD_BLOCKS.barrier_per_entry(),
+        variants::barrier_per_entry(MapOptions::PMD_BLOCKS),
     )
     .unwrap();
     // 512 blocks with a barrier each, then one per table written (the

@@ -10,7 +10,7 @@
 mod model;
 
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::DeferredBlockProt;
+use pgtable_core::variants::DeferredBlockProt;
 
 #[test]
 fn model_test_format_3_levels() {

@@ -10,8 +10,8 @@ use std::cell::Cell;
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY, WRITE};
 use pgtable_core::{
-    AddressSpace, Arena, Error, MapOptions, Mapping, Mmu, MoveOptions, NoopMmu, PhysAddr, Prot,
-    Slot, Stats, TableAlloc, TlbRange, VirtAddr, PAGE_SIZE,
+    variants, AddressSpace, Arena, Error, MapOptions, Mapping, Mmu, MoveOptions, NoopMmu, PhysAddr,
+    Prot, Slot, Stats, TableAlloc, TlbRange, VirtAddr, PAGE_SIZE,
 };
 
 const KIB4: u64 = PAGE_SIZE;
@@ -248,12 +248,12 @@ fn pud_aligned_1g_move_writes_one_entry_when_allowed() {
 
 #[test]
 fn pmd_only_1g_move_writes_one_entry_per_2m() {
-    move_1g_aligned(MoveOptions::PMD_ONLY);
+    move_1g_aligned(variants::PMD_ONLY);
 }
 
 #[test]
 fn control_options_move_1g_pte_by_pte() {
-    move_1g_aligned(MoveOptions::PTES_ONLY);
+    move_1g_aligned(variants::PTES_ONLY);
 }
 
 #[test]
@@ -316,7 +316,7 @@ fn blocks_move_as_one_entry_each() {
         assert!(before.iter().all(|m| m.height == height));
         s.stats().reset();
         // Blocks move whole even on the control path.
-        s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, MoveOptions::PTES_ONLY)
+        s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, variants::PTES_ONLY)
             .unwrap();
         assert_moved(&before, &leaves_in(&s, new, len), old, new);
         assert!(leaves_in(&s, old, len).is_empty());
@@ -920,7 +920,7 @@ fn hardware_updates_until_the_flush_reach_the_destination() {
         .map(|i| unsafe { s.slot(VirtAddr(old + i * KIB4), 0) }.unwrap() as *const Slot as usize)
         .collect();
     *s.mmu().watched.borrow_mut() = slots;
-    s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, MoveOptions::PTES_ONLY)
+    s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, variants::PTES_ONLY)
         .unwrap();
     assert_eq!(s.mmu().flushes.get(), 1);
     let after = leaves_in(&s, new, len);
@@ -1208,8 +1208,8 @@ fn move_pages<const L: u32>(pages: &[u64], old: u64, new: u64, len: u64, opts: M
 fn move_pages_everywhere(pages: &[u64], old: u64, new: u64, len: u64) {
     for opts in [
         MoveOptions::DEFAULT,
-        MoveOptions::PMD_ONLY,
-        MoveOptions::PTES_ONLY,
+        variants::PMD_ONLY,
+        variants::PTES_ONLY,
     ] {
         move_pages::<3>(pages, old, new, len, opts);
         move_pages::<4>(pages, old, new, len, opts);

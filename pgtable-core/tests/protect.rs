@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, VALID, WRITE, XN};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Arena, DeferredBlockProt, Error, Format,
-    GenericBlockProt, MapOptions, Mapping, MemType, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr,
-    PAGE_SIZE,
+    variants::{DeferredBlockProt, GenericBlockProt},
+    Access, AccessFault, AddressSpace, Arch, Arena, Error, Format, MapOptions, Mapping, MemType,
+    Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr, PAGE_SIZE,
 };
 
 const KIB4: u64 = PAGE_SIZE;
@@ -186,7 +186,7 @@ fn whole_blocks_change_in_place_without_splitting() {
     assert_eq!(l.len(), 3);
     assert_eq!((l[0].height, l[1].height, l[2].height), (2, 1, 1));
     for m in &l {
-        assert_eq!(TF::leaf_prot(m.entry, m.height), Prot::READ_ONLY);
+        assert_eq!(m.prot, Prot::READ_ONLY);
         assert_eq!(m.pa.0 - PA.0, m.va.0 - BASE.0);
     }
 }
@@ -237,7 +237,7 @@ fn partly_covered_pud_block_splits_down_two_levels() {
         } else {
             Prot::READ_WRITE
         };
-        assert_eq!(TF::leaf_prot(m.entry, m.height), want, "{m:?}");
+        assert_eq!(m.prot, want, "{m:?}");
         let height = if m.va >= BASE.add(5 * MIB2) && m.va < BASE.add(6 * MIB2) {
             0
         } else {
@@ -385,9 +385,7 @@ fn holes_in_the_range_are_skipped() {
     assert_eq!(s.count_tables(), tables, "no tables made for holes");
     let l = listing(&s);
     assert_eq!(l.len(), 5);
-    assert!(l
-        .iter()
-        .all(|m| TF::leaf_prot(m.entry, m.height) == Prot::READ_ONLY));
+    assert!(l.iter().all(|m| m.prot == Prot::READ_ONLY));
     assert!(s.translate(BASE.add(4 * KIB4)).is_none());
     // A range with nothing mapped at all is not an error and does nothing.
     reset(&s);
@@ -544,9 +542,7 @@ fn protect_blocks<A: Arch>(blocks: u64) -> (u64, Vec<TlbRange>) {
         .unwrap();
     let l = listing(&s);
     assert_eq!(l.len() as u64, blocks);
-    assert!(l
-        .iter()
-        .all(|m| m.height == 1 && A::leaf_prot(m.entry, 1) == Prot::READ_ONLY));
+    assert!(l.iter().all(|m| m.height == 1 && m.prot == Prot::READ_ONLY));
     assert_eq!(s.stats().entries_written(), blocks);
     let ranges = s.mmu().ranges.borrow().clone();
     (s.mmu().flushes(), ranges)

@@ -28,8 +28,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, TABLE_OR_PAGE};
 use pgtable_core::{
-    AddressSpace, Arena, Decoded, Error, Format, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot,
-    Stats, TableAlloc, VirtAddr, ENTRIES_PER_TABLE, PAGE_SIZE,
+    variants, AddressSpace, Arena, Decoded, Error, Format, MapOptions, MoveOptions, NoopMmu,
+    PhysAddr, Prot, Stats, TableAlloc, VirtAddr, ENTRIES_PER_TABLE, PAGE_SIZE,
 };
 
 const K4: u64 = PAGE_SIZE;
@@ -562,14 +562,14 @@ fn every_small_move_keeps_the_reservation_promise() {
 
 #[test]
 fn every_small_move_keeps_the_reservation_promise_on_the_pte_path() {
-    let cases = move_grid::<4>(&[MoveOptions::PTES_ONLY], &OFFSETS, &LENGTHS);
+    let cases = move_grid::<4>(&[variants::PTES_ONLY], &OFFSETS, &LENGTHS);
     assert!(cases > 9_000, "{cases} cases");
 }
 
 #[test]
 fn every_small_move_keeps_the_reservation_promise_without_pud_moves() {
     // Only 1 GiB and longer moves can move a whole PUD entry.
-    move_grid::<4>(&[MoveOptions::PMD_ONLY], &OFFSETS, &[G1, G1 + M2]);
+    move_grid::<4>(&[variants::PMD_ONLY], &OFFSETS, &[G1, G1 + M2]);
 }
 
 #[test]

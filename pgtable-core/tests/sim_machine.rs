@@ -290,7 +290,7 @@ fn handles_are_send_and_sync_and_an_agent_thread_sets_accessed_and_dirty() {
 fn table_allocation_failures_can_be_injected() {
     let (m, mut s) = setup::<T4>();
     let live = m.live_tables();
-    m.fail_table_allocs_after(Some(1));
+    m.fail_after(Some(1));
     let r = s.map(
         VirtAddr(G1),
         PhysAddr(0x8000_0000),
@@ -300,7 +300,7 @@ fn table_allocation_failures_can_be_injected() {
     );
     assert_eq!(r, Err(Error::OutOfMemory));
     assert_eq!(m.live_tables(), live);
-    m.fail_table_allocs_after(None);
+    m.fail_after(None);
     map_rw(&mut s, VirtAddr(G1), K4);
     assert_eq!(m.live_tables(), live + 3);
     assert_eq!(s.alloc().live(), live + 3);

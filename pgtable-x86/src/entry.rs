@@ -1,11 +1,13 @@
-//! A checked view of one entry built from user-supplied raw bits.
+//! Checked entries: a checked view of one entry built from user-supplied
+//! raw bits, and the errors of the checked constructors (the role
+//! `pgtable_arm64::entry` has on arm64).
 
 use core::fmt;
 
 use pgtable_core::{Decoded, Format, Level, PhysAddr, Prot};
 
 use crate::bits;
-use crate::error::EntryError;
+pub use crate::error::{EntryError, ReservedBits};
 use crate::format::X86Paging;
 
 /// One paging-structure entry of [`X86Paging<LEVELS, MAXPHYADDR>`] at a

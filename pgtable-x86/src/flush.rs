@@ -44,10 +44,15 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use pgtable_core::{TlbRange, VirtAddr};
 
 /// The TLB maintenance a range flush performs.
+///
+/// The same shape as `pgtable_arm64::flush::FlushPlan`: a per-stride
+/// variant ([`PerStride`](FlushPlan::PerStride), one `INVLPG` per stride)
+/// with the same fields, the arch's full flushes, and
+/// [`is_full`](Self::is_full).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FlushPlan {
     /// `INVLPG` at `count` addresses: `start`, `start + (1 << stride_shift)`, ….
-    Invlpg {
+    PerStride {
         /// First address.
         start: VirtAddr,
         /// log2 of the distance between two addresses.
@@ -80,7 +85,7 @@ impl FlushPlan {
     /// Whether this plan invalidates everything of the current address
     /// space rather than some pages.
     pub const fn is_full(self) -> bool {
-        !matches!(self, FlushPlan::Invlpg { .. })
+        !matches!(self, FlushPlan::PerStride { .. })
     }
 }
 
@@ -119,7 +124,7 @@ pub fn strides(range: TlbRange) -> Option<u64> {
 /// flush.
 pub fn flush_plan(range: TlbRange, ceiling: u64, has_invpcid: bool, global: bool) -> FlushPlan {
     match strides(range) {
-        Some(count) if count <= ceiling => FlushPlan::Invlpg {
+        Some(count) if count <= ceiling => FlushPlan::PerStride {
             start: VirtAddr(range.start.0 & !((1u64 << range.stride_shift) - 1)),
             stride_shift: range.stride_shift,
             count,
@@ -330,7 +335,7 @@ pub fn pcid_flush_plan(
             }),
         },
         (FlushKind::Range(r), Some(p)) => match flush_plan(r, ceiling, has_invpcid, true) {
-            plan @ FlushPlan::Invlpg {
+            plan @ FlushPlan::PerStride {
                 start,
                 stride_shift,
                 count,

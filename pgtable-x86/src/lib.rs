@@ -2,15 +2,15 @@
 //!
 //! The x86-64 half of the pgtable family:
 //!
-//! - [`X86_64`] and [`X86_64La57`]: the 4-level and 5-level (LA57) paging
-//!   formats ([`pgtable_core::Format`] + [`pgtable_core::Arch`]), pure data,
+//! - [`format`]: [`X86_64`] and [`X86_64La57`], the 4-level and 5-level
+//!   (LA57) paging formats ([`pgtable_core::Format`] + [`pgtable_core::Arch`]), pure data,
 //!   testable on any host. Every bit is documented with its Intel SDM
 //!   reference in [`bits`].
 //! - [`flush`]: the range-flush policy (`INVLPG` up to a ceiling, then one
 //!   full flush; global pages) and the PCID policy (INVPCID for an address
 //!   space that is not current, or a flush deferred to its next switch) as
 //!   pure functions.
-//! - `X86Mmu` (bare metal only: `target_arch = "x86_64"`,
+//! - `mmu`: `X86Mmu` (bare metal only: `target_arch = "x86_64"`,
 //!   `target_os = "none"`): [`pgtable_core::Mmu`] with `INVLPG`, CR3,
 //!   INVPCID and CR4.PGE, through the `x86_64` crate; optionally tagged
 //!   with a [`Pcid`] (switches without a flush).
@@ -18,8 +18,9 @@
 //!   flush, one IPI round to the CPUs the space may be live on, the wait
 //!   for acknowledgements; lazy CPUs; INVLPGB + TLBSYNC where AMD
 //!   processors have it).
-//! - [`X86Entry`], [`ReservedBits`], [`EntryError`]: checked construction of
-//!   entries from raw bits.
+//! - [`entry`]: [`X86Entry`], [`ReservedBits`], [`EntryError`]: checked
+//!   construction of entries from raw bits ([`X86Paging::try_leaf`],
+//!   [`X86Paging::try_table_entry`]).
 //!
 //! ## Decisions (details in the item docs)
 //!
@@ -61,12 +62,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bits;
-mod entry;
+pub mod entry;
 mod error;
 pub mod flush;
-mod format;
+pub mod format;
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
-mod mmu;
+pub mod mmu;
 pub mod shootdown;
 
 pub use entry::X86Entry;

@@ -14,7 +14,7 @@
 //! # PCIDs
 //!
 //! An MMU handle made with [`X86Mmu::with_pcid`] tags its address space
-//! with a [`Pcid`](crate::Pcid): installing its root loads CR3 with the
+//! with a [`Pcid`]: installing its root loads CR3 with the
 //! PCID and the no-flush bit, so other address spaces' entries survive the
 //! switch (SDM Vol. 3A §4.10.1). Since `INVLPG` and MOV to CR3 reach only
 //! the current PCID, its flushes follow [`pcid_flush_plan`]: INVPCID for
@@ -271,7 +271,7 @@ impl X86Mmu {
             FlushPlan::InvpcidAllContexts if !self.has_invpcid => {
                 self.execute(FlushPlan::ToggleCr4Pge)
             }
-            FlushPlan::Invlpg {
+            FlushPlan::PerStride {
                 start,
                 stride_shift,
                 count,

@@ -18,7 +18,7 @@ fn up_to_the_ceiling_every_page_gets_an_invlpg() {
     for pages in [1, 2, 32, 33] {
         assert_eq!(
             flush_plan(range(0x40_0000, pages, 12), 33, true, false),
-            FlushPlan::Invlpg {
+            FlushPlan::PerStride {
                 start: VirtAddr(0x40_0000),
                 stride_shift: 12,
                 count: pages
@@ -39,7 +39,7 @@ fn past_the_ceiling_one_full_flush() {
     // A bigger ceiling keeps the INVLPGs.
     assert!(matches!(
         flush_plan(r, 64, true, false),
-        FlushPlan::Invlpg { count: 34, .. }
+        FlushPlan::PerStride { count: 34, .. }
     ));
     // Ceiling 0: always a full flush.
     assert_eq!(
@@ -62,7 +62,7 @@ fn global_mappings_need_a_flush_that_drops_globals_past_the_ceiling() {
     let small = flush_plan(range(0xffff_8000_0000_0000, 3, 12), 33, false, true);
     assert_eq!(
         small,
-        FlushPlan::Invlpg {
+        FlushPlan::PerStride {
             start: VirtAddr(0xffff_8000_0000_0000),
             stride_shift: 12,
             count: 3
@@ -76,7 +76,7 @@ fn huge_pages_are_counted_by_their_stride() {
     // 64 MiB of 2 MiB pages = 32 INVLPGs; 68 MiB = 34 -> full.
     assert_eq!(
         flush_plan(range(0x4000_0000, 32, 21), 33, false, false),
-        FlushPlan::Invlpg {
+        FlushPlan::PerStride {
             start: VirtAddr(0x4000_0000),
             stride_shift: 21,
             count: 32
@@ -89,7 +89,7 @@ fn huge_pages_are_counted_by_their_stride() {
     // 1 GiB pages.
     assert!(matches!(
         flush_plan(range(0, 4, 30), 33, false, false),
-        FlushPlan::Invlpg {
+        FlushPlan::PerStride {
             count: 4,
             stride_shift: 30,
             ..
@@ -110,7 +110,7 @@ fn unaligned_starts_and_the_top_of_the_space_are_covered() {
     assert_eq!(strides(r), Some(2));
     assert_eq!(
         flush_plan(r, 33, false, false),
-        FlushPlan::Invlpg {
+        FlushPlan::PerStride {
             start: VirtAddr(0x1000),
             stride_shift: 12,
             count: 2
@@ -206,7 +206,7 @@ mod pcid {
         );
         // A range: INVLPG for the range's global entries, then its PCID.
         let r = range(0x40_0000, 3, 12);
-        let invlpg = FlushPlan::Invlpg {
+        let invlpg = FlushPlan::PerStride {
             start: VirtAddr(0x40_0000),
             stride_shift: 12,
             count: 3,

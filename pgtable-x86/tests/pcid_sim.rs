@@ -64,7 +64,7 @@ impl PcidSim {
         };
         match plan.local {
             None => {}
-            Some(FlushPlan::Invlpg {
+            Some(FlushPlan::PerStride {
                 start,
                 stride_shift,
                 count,

@@ -17,8 +17,8 @@
 //!   barrier per table against one per entry.
 
 use pgtable_core::{
-    AddressSpace, Arch, GenericBlockProt, MapOptions, Mmu as _, MoveOptions, PhysAddr, Prot,
-    VirtAddr,
+    variants, variants::GenericBlockProt, AddressSpace, Arch, MapOptions, Mmu as _, MoveOptions,
+    PhysAddr, Prot, VirtAddr,
 };
 
 use crate::memory::KernelTables;
@@ -90,8 +90,8 @@ fn bench_move(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static
     unsafe { probe::write_u64(a + last, marker) }.map_err(|_| "bench: marker store faulted")?;
 
     let paths = [
-        ("PTE", MoveOptions::PTES_ONLY),
-        ("PMD", MoveOptions::PMD_ONLY),
+        ("PTE", variants::PTES_ONLY),
+        ("PMD", variants::PMD_ONLY),
         ("PUD", MoveOptions::DEFAULT),
     ];
     let mut ticks = [[0u64; ITERATIONS]; 3];
@@ -263,9 +263,12 @@ fn bench_linear_map(pool: (u64, u64)) -> Result<(), &'static str> {
     const REPS: usize = 3;
     let pa = PhysAddr(pool.0.next_multiple_of(2 * MIB));
     let mut rows = [(0u64, 0u64, 0u64); 2];
-    for (k, opts) in [MapOptions::PAGES, MapOptions::PAGES.barrier_per_entry()]
-        .into_iter()
-        .enumerate()
+    for (k, opts) in [
+        MapOptions::PAGES,
+        variants::barrier_per_entry(MapOptions::PAGES),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut ticks = [0u64; REPS];
         for t in ticks.iter_mut() {

@@ -7,9 +7,9 @@
 use core::ops::Deref;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use pgtable_arm64::flush::{flush_plan, FlushPlan};
 use pgtable_arm64::mmu::{has_tlb_range, Arm64Mmu};
 pub use pgtable_arm64::mmu::{local_flush_tlb_all, Ttbr};
-use pgtable_arm64::tlbi::{plan_flush, FlushPlan};
 pub use pgtable_arm64::Arm64;
 use pgtable_core::{Mmu as MmuOps, PhysAddr, Slot, TlbRange};
 
@@ -96,7 +96,7 @@ unsafe impl MmuOps for Mmu {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
-        match plan_flush(range, has_tlb_range()) {
+        match flush_plan(range, has_tlb_range()) {
             FlushPlan::All => count(&FLUSH_ALL),
             _ => count(&FLUSH_RANGE),
         }

@@ -23,8 +23,8 @@
 use core::marker::PhantomData;
 
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, GenericBlockProt, MapOptions,
-    Mmu, MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
+    variants, variants::GenericBlockProt, Access, AccessFault, AddressSpace, Arch, Decoded, Error,
+    Format, MapOptions, Mmu, MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
 };
 use pgtable_x86::X86Mmu;
 
@@ -175,8 +175,8 @@ fn bench_moves<A: Arch>(
     // In the order of the table's columns: PUD, PMD, PTE path.
     let variants = [
         MoveOptions::DEFAULT,
-        MoveOptions::PMD_ONLY,
-        MoveOptions::PTES_ONLY,
+        variants::PMD_ONLY,
+        variants::PTES_ONLY,
     ];
     let mut res = [[0u64; ITERS]; 3];
     let mut writes = [0u64; 3];
@@ -483,7 +483,7 @@ fn bench_linear_map<A: Arch>(mach: &KernelMachine, pool: PhysAddr) -> R {
         "mapping", "variant", "time (us)", "ns/entry", "entries", "tables", "barriers"
     );
     for (name, len, opts) in cases {
-        let per_entry = opts.barrier_per_entry();
+        let per_entry = variants::barrier_per_entry(opts);
         linear_row::<A>(mach, pool, name, "x86, per entry", len, per_entry)?;
         linear_row::<A>(mach, pool, name, "x86, per table", len, opts)?;
         linear_row::<WalkerBarriers<A>>(

@@ -44,7 +44,7 @@ use std::time::Duration;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use pgtable_core::{
-    AddressSpace, Arch, Arena, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
+    variants, AddressSpace, Arch, Arena, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
 };
 
 /// 1 GiB: the size of the range every group works on.
@@ -535,7 +535,7 @@ fn bench_move<A: Arch>(c: &mut Criterion, group_name: &str) {
     let mut g = group(c, group_name, 1);
     for (name, opts, elements) in [
         ("pud", MoveOptions::DEFAULT, 1),
-        ("pte", MoveOptions::PTES_ONLY, PAGES),
+        ("pte", variants::PTES_ONLY, PAGES),
     ] {
         let mut s = Pgtable::<A>::new(false);
         s.map_pages();

@@ -824,8 +824,10 @@ impl<A: Arch> SimMachine<A> {
     }
 
     /// Lets the next `n` table allocations succeed and every later one fail
-    /// (`None`: never fail).
-    pub fn fail_table_allocs_after(&self, n: Option<u64>) {
+    /// (`None`: never fail), for every allocator of this machine: the
+    /// budget is the machine's [`Arena::fail_after`](crate::Arena::fail_after),
+    /// which [`SimAlloc::fail_after`] sets too.
+    pub fn fail_after(&self, n: Option<u64>) {
         self.state().arena.fail_after(n);
     }
 }
@@ -1136,8 +1138,9 @@ impl SimAlloc {
         lock(&self.shared).live.len()
     }
 
-    /// Lets the next `n` allocations succeed and every later one fail
-    /// (`None`: never fail).
+    /// Lets the next `n` table allocations succeed and every later one fail
+    /// (`None`: never fail); the same budget as the machine's
+    /// [`SimMachine::fail_after`].
     pub fn fail_after(&self, n: Option<u64>) {
         lock(&self.shared).arena.fail_after(n);
     }

@@ -229,9 +229,9 @@ pub fn a_kernel_half_needs_the_upper_half<A: Arch>() {
     drop((plain, lower, both));
     assert_eq!(m.live_tables(), 0);
     // Out of memory half way through the preallocation: nothing leaks.
-    m.fail_table_allocs_after(Some(10));
+    m.fail_after(Some(10));
     let r = AddressSpace::<A, _, _>::new_kernel(m.mmu(), m.alloc());
-    m.fail_table_allocs_after(None);
+    m.fail_after(None);
     if A::SEPARATE_HALVES {
         // Nothing to preallocate.
         assert_eq!(r.map(|k| k.count_tables()).ok(), Some(1));

@@ -234,12 +234,12 @@ pub fn a_live_change_out_of_memory_changes_nothing<A: Arch + Send>() {
     let (m, mut s, _) = setup::<A>();
     let part = VirtAddr(BLOCK.0 + 4 * PAGE);
     let (tables, before) = (m.live_tables(), s.translate(part));
-    m.fail_table_allocs_after(Some(0));
+    m.fail_after(Some(0));
     assert_eq!(
         s.change_protection_live(part, PAGE, user_rwx(), LiveOptions::ALLOW_BBM),
         Err(Error::OutOfMemory)
     );
-    m.fail_table_allocs_after(None);
+    m.fail_after(None);
     assert_eq!((m.live_tables(), s.translate(part)), (tables, before));
     m.check().unwrap();
 }

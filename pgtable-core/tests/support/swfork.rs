@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::{
-    AccessFault, AddressSpace, Arch, CopyMode, Decoded, Error, MapOptions, Mapping, MoveOptions,
-    PhysAddr, Prot, VirtAddr, PAGE_SIZE,
+    variants, AccessFault, AddressSpace, Arch, CopyMode, Decoded, Error, MapOptions, Mapping,
+    MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
 };
 
 pub type Space<A> = Installed<A, SimMmu<A>, SimAlloc>;
@@ -99,9 +99,9 @@ pub fn install_read_and_swap_in<A: Arch>() {
     // The whole path is missing: LEVELS - 1 tables, taken all or none.
     let need = A::LEVELS as u64 - 1;
     for k in 0..need {
-        m.fail_table_allocs_after(Some(k));
+        m.fail_after(Some(k));
         assert_eq!(s.set_swap_entry(va, 0x77), Err(Error::OutOfMemory));
-        m.fail_table_allocs_after(None);
+        m.fail_after(None);
         assert_eq!(s.count_tables(), 1, "k = {k}");
         no_leak(&m, &s);
     }
@@ -229,14 +229,14 @@ pub fn moves_keep_them<A: Arch>() {
             G1,
             3 * G1 + 4 * M2,
             2 * M2,
-            MoveOptions::PTES_ONLY,
+            variants::PTES_ONLY,
             "deferred PTE tables",
         ),
         (
             G1,
             3 * G1 + 4 * M2 + 9 * K4,
             3 * M2,
-            MoveOptions::PTES_ONLY,
+            variants::PTES_ONLY,
             "misaligned",
         ),
         (
@@ -314,7 +314,7 @@ pub fn protect_keeps_them<A: Arch>() {
     assert_eq!(after, raw);
     assert!(listing(&s, base, M2 + 64 * K4)
         .iter()
-        .all(|m| !A::leaf_prot(m.entry, m.height).writable()));
+        .all(|m| !m.prot.writable()));
     no_leak(&m, &s);
 }
 
@@ -401,10 +401,7 @@ pub fn fork_cow<A: Arch>() {
         assert_eq!(c.entry, A::mkold(p.entry, p.height), "{:?}", c.va);
         assert!(!A::is_young(c.entry), "{:?}", c.va);
         assert_eq!(A::is_dirty(c.entry), A::is_dirty(p.entry), "{:?}", c.va);
-        let (bp, pp) = (
-            A::leaf_prot(b.entry, b.height),
-            A::leaf_prot(p.entry, p.height),
-        );
+        let (bp, pp) = (b.prot, p.prot);
         assert!(!pp.writable());
         assert_eq!(bp.difference(Prot::WRITE), pp);
         // Accessed and dirty state kept.
@@ -445,7 +442,7 @@ pub fn fork_cow<A: Arch>() {
     // (The reads above set accessed state: compare what is mapped.)
     let shape = |l: Vec<Mapping>| -> Vec<_> {
         l.into_iter()
-            .map(|m| (m.va, m.pa, m.size, A::leaf_prot(m.entry, m.height)))
+            .map(|m| (m.va, m.pa, m.size, m.prot))
             .collect()
     };
     let mapped = shape(listing(&src, va, len));
@@ -516,17 +513,11 @@ pub fn fork_partial_blocks<A: Arch>() {
         .unwrap();
     for off in [0, 2 * K4, M2 + 3 * K4, M2 + 20 * K4] {
         let t = src.translate(VirtAddr(G1 + off)).unwrap();
-        assert!(
-            A::leaf_prot(t.entry, t.height).writable(),
-            "outside, {off:#x}"
-        );
+        assert!(t.prot.writable(), "outside, {off:#x}");
     }
     for off in [3 * K4, M2 - K4, M2, M2 + 2 * K4] {
         let t = src.translate(VirtAddr(G1 + off)).unwrap();
-        assert!(
-            !A::leaf_prot(t.entry, t.height).writable(),
-            "inside, {off:#x}"
-        );
+        assert!(!t.prot.writable(), "inside, {off:#x}");
         let c = child.translate(VirtAddr(G1 + off)).unwrap();
         assert_eq!(c.pa, t.pa);
         assert_eq!(c.entry, A::mkold(t.entry, t.height));
@@ -565,11 +556,11 @@ pub fn fork_partial_blocks<A: Arch>() {
         let c = child.translate(VirtAddr(va + off)).unwrap();
         let old = A::mkold(t.entry, t.height);
         assert_eq!((c.pa, c.entry, c.height), (t.pa, old, t.height));
-        assert!(!A::leaf_prot(t.entry, t.height).writable());
+        assert!(!t.prot.writable());
     }
     for a in [va - K4, va + len, 4 * G1] {
         let t = src.translate(VirtAddr(a)).unwrap();
-        assert!(A::leaf_prot(t.entry, t.height).writable(), "{a:#x}");
+        assert!(t.prot.writable(), "{a:#x}");
         assert_eq!(child.translate(VirtAddr(a)), None);
     }
     m.check().unwrap();
@@ -627,13 +618,13 @@ pub fn fork_fails_unchanged<A: Arch>() {
             );
             let f0 = flushes(&m);
             if side == 0 {
-                m.fail_table_allocs_after(Some(k));
+                m.fail_after(Some(k));
             } else {
-                cm.fail_table_allocs_after(Some(k));
+                cm.fail_after(Some(k));
             }
             let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow);
-            m.fail_table_allocs_after(None);
-            cm.fail_table_allocs_after(None);
+            m.fail_after(None);
+            cm.fail_after(None);
             assert_eq!(r, Err(Error::OutOfMemory), "side {side}, k = {k}");
             assert_eq!(
                 snapshot(&src, G1, 2 * G1, &probes),
@@ -652,12 +643,12 @@ pub fn fork_fails_unchanged<A: Arch>() {
     }
     // Exactly the counted tables suffice.
     let (m, mut src, cm, mut child) = build();
-    m.fail_table_allocs_after(Some(src_need));
-    cm.fail_table_allocs_after(Some(dst_need));
+    m.fail_after(Some(src_need));
+    cm.fail_after(Some(dst_need));
     src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
         .unwrap();
-    m.fail_table_allocs_after(None);
-    cm.fail_table_allocs_after(None);
+    m.fail_after(None);
+    cm.fail_after(None);
     // An occupied destination: a software entry, or a page.
     for (what, at) in [("software entry", G1 + 300 * K4), ("page", G1 + 5 * M2)] {
         let (m, mut src, cm, mut child) = build();

@@ -120,7 +120,7 @@ impl<A: Arch> Episode<A> {
             let run = Run {
                 pages: hi - lo,
                 ppn: vpn(m.pa.0) + (lo - vpn(m.va.0)),
-                prot: A::leaf_prot(m.entry, m.height),
+                prot: m.prot,
             };
             push_run(&mut got, lo, run);
         });

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, Arch, Error, MapOptions, PhysAddr, VirtAddr};
+use pgtable_core::{variants, AddressSpace, Arch, Error, MapOptions, PhysAddr, VirtAddr};
 
 use super::gen::{Gen, MapKind, MoveKind, Op};
 use super::oracle::{self, Space};
@@ -23,6 +23,15 @@ pub struct Episode<A: Arch> {
     pub(super) phys: HashMap<u64, u64>,
     /// Pages at the edges of every range operated on.
     pub(super) touched: BTreeSet<u64>,
+}
+
+/// What the model expects of one operation: its name (for the tally),
+/// its result before any injected allocation failure, and the tables it
+/// takes (`None` when only the operation itself can tell).
+struct Expected {
+    name: &'static str,
+    want: Result<(), Error>,
+    need: Option<u64>,
 }
 
 impl<A: Arch> Episode<A> {
@@ -208,9 +217,9 @@ impl<A: Arch> Episode<A> {
     ) -> Result<(Result<(), Error>, u64), Failure> {
         let before = (may_fail || k.is_some()).then(|| oracle::snapshot::<A>(&self.space));
         let allocated = self.space.stats().tables_allocated();
-        self.machine.fail_table_allocs_after(k);
+        self.machine.fail_after(k);
         let r = panic::catch_unwind(AssertUnwindSafe(|| f(&mut self.space)));
-        self.machine.fail_table_allocs_after(None);
+        self.machine.fail_after(None);
         let r = match r {
             Ok(r) => r,
             Err(p) => {
@@ -263,7 +272,17 @@ impl<A: Arch> Episode<A> {
                 }
                 let opts = map_options(kind, barrier_per_entry);
                 let f = |s: &mut Space<A>| s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts);
-                let got = self.run_checked(op, k, want, tally, "map", need.map(|n| n.tables), f)?;
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "map",
+                        want,
+                        need: need.map(|n| n.tables),
+                    },
+                    f,
+                )?;
                 if got {
                     let (s, _) = pages(va, len);
                     self.model.insert(
@@ -286,7 +305,17 @@ impl<A: Arch> Episode<A> {
                     }
                 }
                 let f = |s: &mut Space<A>| s.unmap(VirtAddr(va), len);
-                let got = self.run_checked(op, k, want, tally, "unmap", need, f)?;
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "unmap",
+                        want,
+                        need,
+                    },
+                    f,
+                )?;
                 if got {
                     let (s, e) = pages(va, len);
                     self.model.take(s, e);
@@ -308,7 +337,17 @@ impl<A: Arch> Episode<A> {
                     }
                 }
                 let f = |s: &mut Space<A>| s.change_protection(VirtAddr(va), len, prot);
-                let got = self.run_checked(op, k, want, tally, "protect", need, f)?;
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "protect",
+                        want,
+                        need,
+                    },
+                    f,
+                )?;
                 if got {
                     let (s, e) = pages(va, len);
                     self.model.protect(s, e, prot);
@@ -327,7 +366,17 @@ impl<A: Arch> Episode<A> {
                 let f = |s: &mut Space<A>| {
                     s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
                 };
-                let got = self.run_checked(op, k, want, tally, "move", None, f)?;
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "move",
+                        want,
+                        need: None,
+                    },
+                    f,
+                )?;
                 if got {
                     let (so, eo) = pages(old, len);
                     let (sn, _) = pages(new, len);
@@ -349,7 +398,17 @@ impl<A: Arch> Episode<A> {
                     }
                 }
                 let f = |s: &mut Space<A>| s.set_swap_entry(VirtAddr(va), value);
-                let got = self.run_checked(op, k, want, tally, "swap", need, f)?;
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "swap",
+                        want,
+                        need,
+                    },
+                    f,
+                )?;
                 if got {
                     self.model.set_swp(va >> 12, value);
                 }
@@ -371,8 +430,17 @@ impl<A: Arch> Episode<A> {
                         assert_eq!(Some(v), value, "swap_in returned another value");
                     })
                 };
-                let got =
-                    self.run_checked(op, None, want.map(|_| ()), tally, "swap_in", Some(0), f)?;
+                let got = self.run_checked(
+                    op,
+                    None,
+                    tally,
+                    Expected {
+                        name: "swap_in",
+                        want: want.map(|_| ()),
+                        need: Some(0),
+                    },
+                    f,
+                )?;
                 if got {
                     self.model.take_swp(va >> 12, (va >> 12) + 1);
                     self.model.insert(
@@ -389,20 +457,17 @@ impl<A: Arch> Episode<A> {
         }
     }
 
-    /// Runs an operation expected to return `want` (before any injected
-    /// allocation failure: `need` is the tables it takes, `None` when only
-    /// the operation itself can tell). Returns whether it succeeded.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs an operation expected to behave as `exp` says (`k`: the
+    /// injected allocation failure, if any). Returns whether it succeeded.
     fn run_checked(
         &mut self,
         op: &Op,
         k: Option<u64>,
-        want: Result<(), Error>,
         tally: &mut Tally,
-        name: &'static str,
-        need: Option<u64>,
+        exp: Expected,
         f: impl Fn(&mut Space<A>) -> Result<(), Error>,
     ) -> Result<bool, Failure> {
+        let Expected { name, want, need } = exp;
         // Out of memory is the one error the model cannot always predict
         // (moves): then any result is checked against the retry below.
         let oom_possible = k.is_some() && need.is_none() && want.is_ok();
@@ -561,7 +626,7 @@ fn map_options(kind: MapKind, barrier_per_entry: bool) -> MapOptions {
         MapKind::Blocks => MapOptions::BLOCKS,
     };
     if barrier_per_entry {
-        o.barrier_per_entry()
+        variants::barrier_per_entry(o)
     } else {
         o
     }

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use pgtable_core::{Format, MemType, MoveOptions, Prot, PAGE_SIZE};
+use pgtable_core::{variants, Format, MemType, MoveOptions, Prot, PAGE_SIZE};
 
 use super::reference::{canonical, Model};
 
@@ -87,8 +87,8 @@ impl MoveKind {
     pub fn options(self) -> MoveOptions {
         match self {
             MoveKind::Default => MoveOptions::DEFAULT,
-            MoveKind::PtesOnly => MoveOptions::PTES_ONLY,
-            MoveKind::PmdOnly => MoveOptions::PMD_ONLY,
+            MoveKind::PtesOnly => variants::PTES_ONLY,
+            MoveKind::PmdOnly => variants::PMD_ONLY,
             MoveKind::FreeBelow => MoveOptions {
                 free_below: true,
                 ..MoveOptions::DEFAULT
@@ -171,7 +171,7 @@ impl fmt::Display for ProtSrc {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(k) = self.fail() {
-            write!(f, "machine.fail_table_allocs_after(Some({k})); ")?;
+            write!(f, "machine.fail_after(Some({k})); ")?;
         }
         match *self {
             Op::Map {
@@ -188,14 +188,14 @@ impl fmt::Display for Op {
                     MapKind::PmdBlocks => "PMD_BLOCKS",
                     MapKind::Blocks => "BLOCKS",
                 };
-                let bpe = if barrier_per_entry {
-                    ".barrier_per_entry()"
+                let opts = if barrier_per_entry {
+                    format!("variants::barrier_per_entry(MapOptions::{opts})")
                 } else {
-                    ""
+                    format!("MapOptions::{opts}")
                 };
                 write!(
                     f,
-                    "space.map(VirtAddr({va:#x}), PhysAddr({pa:#x}), {len:#x}, {}, MapOptions::{opts}{bpe})",
+                    "space.map(VirtAddr({va:#x}), PhysAddr({pa:#x}), {len:#x}, {}, {opts})",
                     ProtSrc(prot)
                 )
             }
@@ -214,8 +214,8 @@ impl fmt::Display for Op {
             } => {
                 let opts = match kind {
                     MoveKind::Default => "MoveOptions::DEFAULT",
-                    MoveKind::PtesOnly => "MoveOptions::PTES_ONLY",
-                    MoveKind::PmdOnly => "MoveOptions::PMD_ONLY",
+                    MoveKind::PtesOnly => "variants::PTES_ONLY",
+                    MoveKind::PmdOnly => "variants::PMD_ONLY",
                     MoveKind::FreeBelow => {
                         "MoveOptions { free_below: true, ..MoveOptions::DEFAULT }"
                     }
@@ -239,7 +239,7 @@ impl fmt::Display for Op {
             }
         }?;
         if self.fail().is_some() {
-            write!(f, "; machine.fail_table_allocs_after(None)")?;
+            write!(f, "; machine.fail_after(None)")?;
         }
         Ok(())
     }

@@ -192,60 +192,55 @@ pub fn map_need<A: Arch>(
     opts: MapOptions,
     budget: u64,
 ) -> MapNeed {
-    let mut need = MapNeed::default();
-    let (va, end) = (u128::from(va), u128::from(va) + u128::from(len));
-    map_walk::<A>(
+    let mut walk = MapWalk {
         space,
-        A::LEVELS - 1,
-        Some(space.root()),
-        va,
-        end,
-        u128::from(pa),
         opts,
         budget,
-        &mut need,
-    );
-    need
+        need: MapNeed::default(),
+    };
+    let (va, end) = (u128::from(va), u128::from(va) + u128::from(len));
+    walk.walk(A::LEVELS - 1, Some(space.root()), va, end, u128::from(pa));
+    walk.need
 }
 
-#[allow(clippy::too_many_arguments)]
-fn map_walk<A: Arch>(
-    space: &Space<A>,
-    h: u32,
-    tpa: Option<PhysAddr>,
-    va: u128,
-    end: u128,
-    pa: u128,
+/// `map_need`'s walk: the space and options it counts for, the leaf
+/// budget, and the count so far.
+struct MapWalk<'s, A: Arch> {
+    space: &'s Space<A>,
     opts: MapOptions,
     budget: u64,
-    need: &mut MapNeed,
-) {
-    if h == 0 {
-        need.leaves += ((end - va) / size(0)) as u64;
-        return;
-    }
-    let mut v = va;
-    while v < end && need.leaves <= budget {
-        let n = next(v, h, end);
-        let p = pa + (v - va);
-        let whole = v % size(h) == 0 && n - v == size(h);
-        let raw = tpa.map_or(0, |t| entry(space, t, index(v, h)));
-        if opts.allows(h) && A::leaf_allowed(h) && whole && p % size(h) == 0 {
-            need.leaves += 1;
-            need.blocked |= raw != 0;
-        } else {
-            match A::decode(raw, h) {
-                Decoded::None => {
-                    need.tables += 1;
-                    map_walk::<A>(space, h - 1, None, v, n, p, opts, budget, need);
-                }
-                Decoded::Table(c) => {
-                    map_walk::<A>(space, h - 1, Some(c), v, n, p, opts, budget, need);
-                }
-                Decoded::Leaf(_) | Decoded::Invalid => need.blocked = true,
-            }
+    need: MapNeed,
+}
+
+impl<A: Arch> MapWalk<'_, A> {
+    /// Counts mapping `[va, end)` to `pa` below the table `tpa` at `h`
+    /// (`None`: a table the map creates).
+    fn walk(&mut self, h: u32, tpa: Option<PhysAddr>, va: u128, end: u128, pa: u128) {
+        if h == 0 {
+            self.need.leaves += ((end - va) / size(0)) as u64;
+            return;
         }
-        v = n;
+        let mut v = va;
+        while v < end && self.need.leaves <= self.budget {
+            let n = next(v, h, end);
+            let p = pa + (v - va);
+            let whole = v % size(h) == 0 && n - v == size(h);
+            let raw = tpa.map_or(0, |t| entry(self.space, t, index(v, h)));
+            if self.opts.allows(h) && A::leaf_allowed(h) && whole && p % size(h) == 0 {
+                self.need.leaves += 1;
+                self.need.blocked |= raw != 0;
+            } else {
+                match A::decode(raw, h) {
+                    Decoded::None => {
+                        self.need.tables += 1;
+                        self.walk(h - 1, None, v, n, p);
+                    }
+                    Decoded::Table(c) => self.walk(h - 1, Some(c), v, n, p),
+                    Decoded::Leaf(_) | Decoded::Invalid => self.need.blocked = true,
+                }
+            }
+            v = n;
+        }
     }
 }
 

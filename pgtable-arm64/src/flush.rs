@@ -1,4 +1,5 @@
-//! TLB maintenance encodings (pure functions, testable on the host).
+//! The flush plan and the TLB maintenance encodings (pure functions,
+//! testable on the host).
 //!
 //! Arm ARM C5.5 "A64 System instructions for TLB maintenance" and D8.14
 //! "TLB maintenance". With a 4 KiB granule:
@@ -17,7 +18,7 @@
 //! from the largest scale down, at most one per scale — so any range up to
 //! the limit needs at most five instructions.
 
-use pgtable_core::TlbRange;
+use pgtable_core::{TlbRange, VirtAddr};
 
 /// Past this many per-stride TLBIs a full flush is issued (Linux arm64
 /// `MAX_TLBI_OPS` = `PTRS_PER_PTE`).
@@ -66,7 +67,7 @@ impl TlbiOp {
 /// The range TLBI sequence for `pages` pages from page number `start_page`.
 ///
 /// `pages` must be at most [`MAX_TLBI_RANGE_PAGES`] (more is clamped to it;
-/// the caller issues a full flush instead, see [`plan_flush`]).
+/// the caller issues a full flush instead, see [`flush_plan`]).
 pub fn tlbi_range_ops(start_page: u64, pages: u64) -> TlbiRangeOps {
     TlbiRangeOps {
         next: start_page,
@@ -144,6 +145,10 @@ pub const fn tlbi_asid_operand(asid: u16) -> u64 {
 }
 
 /// How to carry out one [`TlbRange`] flush.
+///
+/// The same shape as `pgtable_x86::flush::FlushPlan`: a per-stride variant
+/// ([`PerStride`](FlushPlan::PerStride), one TLBI by VA per stride) with
+/// the same fields, the arch's other forms, and [`is_full`](Self::is_full).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FlushPlan {
     /// Range TLBIs ([`tlbi_range_ops`]) over `pages` pages from `start_page`.
@@ -155,14 +160,15 @@ pub enum FlushPlan {
         /// Use the last-level forms (`RVALE1IS`, `VALE1IS`).
         last_level: bool,
     },
-    /// One `VAE1IS` / `VALE1IS` per stride.
+    /// One `VAE1IS` / `VALE1IS` at each of `count` addresses: `start`,
+    /// `start + (1 << stride_shift)`, ….
     PerStride {
-        /// First virtual address.
-        start: u64,
-        /// Number of strides.
-        count: u64,
-        /// log2 of the stride.
+        /// First address.
+        start: VirtAddr,
+        /// log2 of the distance between two addresses.
         stride_shift: u32,
+        /// Number of TLBIs.
+        count: u64,
         /// Use the last-level form (`VALE1IS`).
         last_level: bool,
     },
@@ -170,11 +176,19 @@ pub enum FlushPlan {
     All,
 }
 
+impl FlushPlan {
+    /// Whether this plan invalidates everything of the address space
+    /// rather than some pages.
+    pub const fn is_full(self) -> bool {
+        matches!(self, FlushPlan::All)
+    }
+}
+
 /// Chooses how to flush `range`, as Linux's `__flush_tlb_range` does:
 /// with FEAT_TLBIRANGE (`has_range`), range operations up to
 /// [`MAX_TLBI_RANGE_PAGES`]; without, one TLBI per stride up to
 /// [`MAX_TLBI_OPS`]; a full flush past either limit.
-pub fn plan_flush(range: TlbRange, has_range: bool) -> FlushPlan {
+pub fn flush_plan(range: TlbRange, has_range: bool) -> FlushPlan {
     let len = range.end.0.wrapping_sub(range.start.0);
     // A zero length means the range wraps to the top of the space: huge.
     if len == 0 {
@@ -203,9 +217,9 @@ pub fn plan_flush(range: TlbRange, has_range: bool) -> FlushPlan {
         return FlushPlan::All;
     }
     FlushPlan::PerStride {
-        start: first,
-        count,
+        start: VirtAddr(first),
         stride_shift,
+        count,
         last_level: range.last_level,
     }
 }

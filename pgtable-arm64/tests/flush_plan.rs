@@ -1,9 +1,9 @@
 //! TLB maintenance encodings and register values against worked examples.
 
-use pgtable_arm64::regs::{tcr_value, ttbr1_base, TcrConfig, PARANGE_48};
-use pgtable_arm64::tlbi::{
-    plan_flush, range_pages, tlbi_asid_operand, tlbi_range_operand, tlbi_va_operand, FlushPlan,
+use pgtable_arm64::flush::{
+    flush_plan, range_pages, tlbi_asid_operand, tlbi_range_operand, tlbi_va_operand, FlushPlan,
 };
+use pgtable_arm64::regs::{tcr_value, ttbr1_base, TcrConfig, PARANGE_48};
 use pgtable_arm64::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};
 use pgtable_core::{TlbRange, VirtAddr};
 
@@ -87,7 +87,7 @@ fn page_limit_is_one_maximal_range_and_larger_counts_flush_all() {
         stride_shift: 12,
         last_level: true,
     };
-    assert_eq!(plan_flush(r, true), FlushPlan::All);
+    assert_eq!(flush_plan(r, true), FlushPlan::All);
 }
 
 #[test]
@@ -152,9 +152,9 @@ fn flush_plan_per_stride_without_range_tlbi_up_to_512_ops() {
         last_level: true,
     };
     assert_eq!(
-        plan_flush(r(0x4000_0000, 4 << 12, 12), false),
+        flush_plan(r(0x4000_0000, 4 << 12, 12), false),
         FlushPlan::PerStride {
-            start: 0x4000_0000,
+            start: VirtAddr(0x4000_0000),
             count: 4,
             stride_shift: 12,
             last_level: true
@@ -162,9 +162,9 @@ fn flush_plan_per_stride_without_range_tlbi_up_to_512_ops() {
     );
     // Three 2 MiB blocks: three TLBIs, 2 MiB apart.
     assert_eq!(
-        plan_flush(r(0x4000_0000, 3 << 21, 21), false),
+        flush_plan(r(0x4000_0000, 3 << 21, 21), false),
         FlushPlan::PerStride {
-            start: 0x4000_0000,
+            start: VirtAddr(0x4000_0000),
             count: 3,
             stride_shift: 21,
             last_level: true
@@ -174,9 +174,9 @@ fn flush_plan_per_stride_without_range_tlbi_up_to_512_ops() {
     // reach the block holding the last byte (1 MiB into one block, 2 MiB
     // long: two blocks).
     assert_eq!(
-        plan_flush(r(0x4010_0000, 1 << 21, 21), false),
+        flush_plan(r(0x4010_0000, 1 << 21, 21), false),
         FlushPlan::PerStride {
-            start: 0x4000_0000,
+            start: VirtAddr(0x4000_0000),
             count: 2,
             stride_shift: 21,
             last_level: true
@@ -184,7 +184,7 @@ fn flush_plan_per_stride_without_range_tlbi_up_to_512_ops() {
     );
     // The range form covers the same two whole blocks.
     assert_eq!(
-        plan_flush(r(0x4010_0000, 1 << 21, 21), true),
+        flush_plan(r(0x4010_0000, 1 << 21, 21), true),
         FlushPlan::Range {
             start_page: 0x4_0000,
             pages: 1024,
@@ -192,16 +192,16 @@ fn flush_plan_per_stride_without_range_tlbi_up_to_512_ops() {
         }
     );
     assert!(matches!(
-        plan_flush(r(0, MAX_TLBI_OPS << 12, 12), false),
+        flush_plan(r(0, MAX_TLBI_OPS << 12, 12), false),
         FlushPlan::PerStride { count: 512, .. }
     ));
     assert_eq!(
-        plan_flush(r(0, (MAX_TLBI_OPS + 1) << 12, 12), false),
+        flush_plan(r(0, (MAX_TLBI_OPS + 1) << 12, 12), false),
         FlushPlan::All
     );
     // With FEAT_TLBIRANGE the same range is a range flush in pages.
     assert_eq!(
-        plan_flush(r(0x4000_0000, 1 << 30, 21), true),
+        flush_plan(r(0x4000_0000, 1 << 30, 21), true),
         FlushPlan::Range {
             start_page: 0x40000,
             pages: 262_144,
@@ -215,7 +215,7 @@ fn flush_plan_per_stride_without_range_tlbi_up_to_512_ops() {
         stride_shift: 12,
         last_level: false,
     };
-    assert_eq!(plan_flush(top, true), FlushPlan::All);
+    assert_eq!(flush_plan(top, true), FlushPlan::All);
 }
 
 #[test]
