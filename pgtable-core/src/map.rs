@@ -12,6 +12,7 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{covers, first_used, table_at, Stash, TableSpan};
+use crate::contpte;
 use crate::level::{entry_end, index, shift, size};
 use crate::{
     AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
@@ -25,6 +26,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// format supports it and VA, PA and the remaining length are aligned to
     /// the block size; 4 KiB pages elsewhere. No TLB maintenance is needed
     /// (nothing valid is replaced).
+    ///
+    /// Where the format has a contiguous hint ([`Format::cont_entries`]:
+    /// arm64 runs of 16 pages or 16 2 MiB blocks, Arm ARM D8.6.1), every
+    /// aligned run that this call maps whole, with the physical address
+    /// congruent to the virtual one modulo the run size, is written with
+    /// the hint (Linux `contpte_set_ptes`), unless `opts` say
+    /// [`no_contiguous`](MapOptions::no_contiguous). The choice is made
+    /// once per table span, so the per-entry loop is unchanged. Runs that
+    /// two calls map half each are not folded.
+    ///
+    /// [`Format::cont_entries`]: crate::Format::cont_entries
     ///
     /// # Errors
     ///
@@ -161,33 +173,58 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let template = A::leaf_template(prot, 0);
             let i = index(va, 0);
             let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+            // Three spans, each with one template: unfolded head, folded
+            // whole runs, unfolded tail (see `contpte::fold_span`).
+            let (lo, folded) = contpte::fold_span::<A>(0, va, end, pa, opts);
+            let head = (lo.wrapping_sub(va) / PAGE_SIZE) as usize;
+            let mid = (folded / PAGE_SIZE) as usize;
+            let spans = [
+                (i, i + head, template),
+                (i + head, i + head + mid, A::mk_cont(template, 0)),
+                (i + head + mid, i + n, template),
+            ];
             if opts.is_barrier_per_entry() {
-                for e in &t.entries[i..i + n] {
-                    A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
-                    pa += PAGE_SIZE;
-                    // Wrapping: past the last page of the 64-bit space the
-                    // address is 2^64, and it is not used again.
-                    va = va.wrapping_add(PAGE_SIZE);
+                for (a, b, template) in spans {
+                    for e in &t.entries[a..b] {
+                        A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
+                        pa += PAGE_SIZE;
+                        // Wrapping: past the last page of the 64-bit space
+                        // the address is 2^64, and it is not used again.
+                        va = va.wrapping_add(PAGE_SIZE);
+                    }
                 }
             } else {
-                for e in &t.entries[i..i + n] {
-                    A::set_pte_nosync(&self.mmu, e, template | pa);
-                    pa += PAGE_SIZE;
-                }
+                // Three plain loops (one per span), each the tight
+                // template-OR-address store loop.
+                let (h, m) = (spans[0].1, spans[1].1);
+                pa = fill::<A, _>(&self.mmu, &t.entries[i..h], spans[0].2, pa, PAGE_SIZE);
+                pa = fill::<A, _>(&self.mmu, &t.entries[h..m], spans[1].2, pa, PAGE_SIZE);
+                fill::<A, _>(&self.mmu, &t.entries[m..i + n], spans[2].2, pa, PAGE_SIZE);
             }
             self.mmu.stats.add_entries_written(n as u64);
             self.table_done();
             return;
         }
+        // The blocks of `[lo, lo + folded)` are written with the hint.
+        let (lo, folded) = contpte::fold_span::<A>(height, va, end, pa, opts);
         if all_leaves::<A>(height, va, end, pa, opts) {
-            // Fast path: a run of blocks, one template, one barrier.
+            // Fast path: a run of blocks, one template per span, one
+            // barrier.
             let template = A::leaf_template(prot, height);
             let i = index(va, height);
             let n = (end.wrapping_sub(va) >> shift(height)) as usize;
-            for e in &t.entries[i..i + n] {
-                A::set_pte_nosync(&self.mmu, e, template | pa);
-                pa += size(height);
-            }
+            let head = (lo.wrapping_sub(va) >> shift(height)) as usize;
+            let mid = (folded >> shift(height)) as usize;
+            let spans = [
+                (i, i + head, template),
+                (i + head, i + head + mid, A::mk_cont(template, height)),
+                (i + head + mid, i + n, template),
+            ];
+            let (h, m) = (spans[0].1, spans[1].1);
+            let step = size(height);
+            pa = fill::<A, _>(&self.mmu, &t.entries[i..h], spans[0].2, pa, step);
+            pa = fill::<A, _>(&self.mmu, &t.entries[h..m], spans[1].2, pa, step);
+            fill::<A, _>(&self.mmu, &t.entries[m..i + n], spans[2].2, pa, step);
             self.mmu.stats.add_entries_written(n as u64);
             self.table_done();
             return;
@@ -197,7 +234,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let next = entry_end(va, height, end);
             let slot = &t.entries[index(va, height)];
             if use_leaf::<A>(height, va, next, pa, opts) {
-                let leaf = A::leaf(PhysAddr(pa), prot, height);
+                let mut leaf = A::leaf(PhysAddr(pa), prot, height);
+                if va.wrapping_sub(lo) < folded {
+                    leaf = A::mk_cont(leaf, height);
+                }
                 if opts.is_barrier_per_entry() {
                     if height >= 2 {
                         A::set_pud_at(&self.mmu, VirtAddr(va), slot, leaf);
@@ -252,6 +292,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             self.table_done();
         }
     }
+}
+
+/// Writes `template | pa` into each of `entries`, `pa` advancing by `step`
+/// (the nosync setter: the caller issues the table's barrier); returns
+/// the next `pa`.
+#[inline(always)]
+fn fill<A: Arch, M: Mmu>(
+    mmu: &M,
+    entries: &[crate::Slot],
+    template: u64,
+    mut pa: u64,
+    step: u64,
+) -> u64 {
+    for e in entries {
+        A::set_pte_nosync(mmu, e, template | pa);
+        pa = pa.wrapping_add(step);
+    }
+    pa
 }
 
 /// Whether every entry of `[va, end)` (within one table at `height`) is a

@@ -126,6 +126,38 @@ macro_rules! block_prot_wrapper {
             fn va_ok(va: u64) -> bool {
                 A::va_ok(va)
             }
+            #[inline]
+            fn cont_entries(height: u32) -> u32 {
+                A::cont_entries(height)
+            }
+            #[inline]
+            fn mk_cont(raw: u64, height: u32) -> u64 {
+                A::mk_cont(raw, height)
+            }
+            #[inline]
+            fn clear_cont(raw: u64, height: u32) -> u64 {
+                A::clear_cont(raw, height)
+            }
+            #[inline]
+            fn is_cont(raw: u64, height: u32) -> bool {
+                A::is_cont(raw, height)
+            }
+            #[inline]
+            fn mkold(raw: u64, height: u32) -> u64 {
+                A::mkold(raw, height)
+            }
+            #[inline]
+            fn mkyoung(raw: u64, height: u32) -> u64 {
+                A::mkyoung(raw, height)
+            }
+            #[inline]
+            fn mkclean(raw: u64, height: u32) -> u64 {
+                A::mkclean(raw, height)
+            }
+            #[inline]
+            fn mkdirty(raw: u64, height: u32) -> u64 {
+                A::mkdirty(raw, height)
+            }
             const SEPARATE_HALVES: bool = A::SEPARATE_HALVES;
             #[inline]
             fn table_entry_attrs(pa: PhysAddr, height: u32, attrs: crate::TableAttrs) -> u64 {

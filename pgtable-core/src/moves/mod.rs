@@ -374,6 +374,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
         // Phase 2: reserve; the only failure left.
         mv.stash = mv.space.reserve(need)?;
+        mv.space.contpte_before_move(old.0, new.0, len);
 
         // Phase 3: move, free the emptied source tables, flush, release.
         mv.apply(first)
