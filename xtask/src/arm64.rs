@@ -7,7 +7,8 @@
 //! [`SPACE_CASES`] and [`SMP_CASES`] (the kernel's own checks of its
 //! address-space split and of TLB shootdown across CPUs, which the
 //! suite's summary would not miss if the kernel stopped running them),
-//! and the kernel's report that all [`CPUS`] CPUs came up.
+//! the same for [`CONTPTE_CASES`] (contiguous mappings), and the kernel's
+//! report that all [`CPUS`] CPUs came up.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -110,6 +111,39 @@ fn require_online(outcome: &Outcome, cpus: u32) -> Result<(), String> {
     }
 }
 
+/// The kernel's `contpte_` cases (src/contpte.rs), each of which must
+/// print `ok <name>`: the linear map is folded into contiguous runs, and a
+/// protection change, unmap or move of part of a run unfolds it whole
+/// (the hint gone from all 16 entries, the MMU enforcing the change on
+/// the one page only) while whole runs stay folded. One of
+/// [`CONTPTE_AD_CASES`] must pass too.
+pub const CONTPTE_CASES: &[&str] = &[
+    "contpte_linear_map_folded",
+    "contpte_partial_protect",
+    "contpte_block_run_split",
+    "contpte_partial_unmap",
+    "contpte_misaligned_move",
+    "contpte_congruent_move",
+    "contpte_cases_free_their_tables",
+];
+
+/// The accessed/dirty case of the contiguous runs: with the hardware's
+/// updates (FEAT_HAFDBS, TCR_EL1.HA/HD) where the CPU has them, through
+/// the kernel's fault path otherwise; one of them must print `ok`.
+pub const CONTPTE_AD_CASES: [&str; 2] = [
+    "contpte_access_dirty_aggregation",
+    "contpte_access_dirty_aggregation_software",
+];
+
+/// Ok if at least one case of `cases` printed exactly `ok <name>`.
+fn require_one_ok(outcome: &Outcome, cases: &[&str]) -> Result<(), String> {
+    if cases.iter().any(|c| require_ok(outcome, &[c]).is_ok()) {
+        Ok(())
+    } else {
+        Err(format!("no `ok` line for any of: {}", cases.join(", ")))
+    }
+}
+
 /// Upper bound for one run (the release kernel takes 10-20 s under TCG).
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -169,7 +203,9 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     judge(&outcome, EXIT_SUCCESS)?;
     require_ok(&outcome, SPACE_CASES)?;
     require_online(&outcome, CPUS)?;
-    require_ok(&outcome, SMP_CASES)
+    require_ok(&outcome, SMP_CASES)?;
+    require_ok(&outcome, CONTPTE_CASES)?;
+    require_one_ok(&outcome, &CONTPTE_AD_CASES)
 }
 
 #[cfg(test)]
@@ -210,6 +246,22 @@ mod tests {
             &["space_user_roundtrip"]
         )
         .is_err());
+    }
+
+    #[test]
+    fn one_accessed_dirty_case_must_print_ok() {
+        let o = |lines: &[&str]| Outcome {
+            code: Some(EXIT_SUCCESS),
+            lines: lines.iter().map(|s| s.to_string()).collect(),
+            timed_out: false,
+        };
+        let ok = |i: usize| format!("ok {}", CONTPTE_AD_CASES[i]);
+        assert!(require_one_ok(&o(&[&ok(0)]), &CONTPTE_AD_CASES).is_ok());
+        assert!(require_one_ok(&o(&[&ok(1)]), &CONTPTE_AD_CASES).is_ok());
+        let failed = format!("FAIL {}: clean", CONTPTE_AD_CASES[0]);
+        let err = require_one_ok(&o(&[&failed]), &CONTPTE_AD_CASES).unwrap_err();
+        assert!(err.contains(CONTPTE_AD_CASES[1]), "{err}");
+        assert!(require_one_ok(&o(&[]), &CONTPTE_AD_CASES).is_err());
     }
 
     #[test]
