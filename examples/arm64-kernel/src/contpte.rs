@@ -45,7 +45,7 @@ use aarch64_cpu::registers::{ID_AA64MMFR1_EL1, TCR_EL1};
 use pgtable_arm64::desc::{
     is_contiguous, is_hw_dirty, AF, AP_RDONLY, CONT, DBM, OA_MASK, SW_DIRTY,
 };
-use pgtable_core::{Decoded, FaultFlags, Format, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{ClearRefs, Decoded, FaultFlags, Format, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 use crate::kmap::KernelSpace;
@@ -572,10 +572,34 @@ fn library_ad(s: &KernelSpace, va: u64) -> Result<(bool, bool), Why> {
     }
 }
 
+/// A store to page `p` of the run at [`WINDOW`]: the hardware marks an
+/// entry of the run dirty, or (`hardware == false`) the write fault's
+/// software path does first, as a kernel without FEAT_HAFDBS would.
+fn dirtying_store(s: &mut KernelSpace, p: u64, v: u64, hardware: bool) -> R {
+    let va = WINDOW + p * PAGE;
+    if !hardware {
+        s.ptep_set_access_flags(VirtAddr(va), FaultFlags::DIRTY)
+            .map_err(|e| Why::new(format_args!("ptep_set_access_flags (write): {e}")))?;
+    }
+    store_ok("a store", va + 8, v)
+}
+
+/// A load from page `p` of the run at [`WINDOW`], after the access
+/// fault's software path when `hardware == false`.
+fn accessing_load(s: &mut KernelSpace, p: u64, hardware: bool) -> R {
+    let va = WINDOW + p * PAGE;
+    if !hardware {
+        s.ptep_set_access_flags(VirtAddr(va), FaultFlags::ACCESS)
+            .map_err(|e| Why::new(format_args!("ptep_set_access_flags (read): {e}")))?;
+    }
+    load_is("a load", va, MARK ^ p)
+}
+
 fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
     const STORE: u64 = 7;
     const LOAD: u64 = 12;
     const ASK: u64 = 2;
+    let ask = WINDOW + ASK * PAGE;
     map_marked(s, WINDOW, mem.pages, RUN)?;
     expect_folded(s, "after map", WINDOW, 0)?;
     let dirty0 = ad_mask(s, WINDOW, false)?;
@@ -583,57 +607,64 @@ fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
         dirty0 == 0,
         "entries {dirty0:#06x} are dirty right after map"
     );
-    // A store to one page: the hardware (or the fault path) marks one
-    // entry of the run dirty.
-    let va = WINDOW + STORE * PAGE;
-    if hardware {
-        store_ok("a store", va + 8, 1)?;
-    } else {
-        s.ptep_set_access_flags(VirtAddr(va), FaultFlags::DIRTY)
-            .map_err(|e| Why::new(format_args!("ptep_set_access_flags: {e}")))?;
-        store_ok("a store after the write fault", va + 8, 1)?;
-    }
+    // The TLB gets the load's translation; the store marks an entry of
+    // the run dirty.
+    accessing_load(s, LOAD, hardware)?;
+    dirtying_store(s, STORE, 1, hardware)?;
     let dirty = ad_mask(s, WINDOW, false)?;
     ensure!(dirty != 0, "no entry of the run became dirty after a store");
-    let (_, d) = library_ad(s, WINDOW + ASK * PAGE)?;
+    let (_, d) = library_ad(s, ask)?;
     ensure!(
         d,
         "ptep_get of page {ASK} says clean, but entries {dirty:#06x} of its run are dirty"
     );
-    // Clear the accessed state over the run, then one load.
+    // The accessed state is cleared over the whole run, and the run
+    // flushed: the load's cached translation is gone, so the next load
+    // sets the access flag again.
     let was = s
-        .test_and_clear_young(VirtAddr(WINDOW + ASK * PAGE))
+        .test_and_clear_young(VirtAddr(ask))
         .map_err(|e| Why::new(format_args!("test_and_clear_young: {e}")))?;
     ensure!(
         was,
-        "test_and_clear_young of page {ASK}: not young after map"
+        "test_and_clear_young of page {ASK}: not young after map and accesses"
     );
-    let young = ad_mask(s, WINDOW, true)?;
+    let young0 = ad_mask(s, WINDOW, true)?;
     ensure!(
-        young == 0,
-        "after test_and_clear_young entries {young:#06x} still have the access flag"
+        young0 == 0,
+        "after test_and_clear_young entries {young0:#06x} still have the access flag"
     );
     ensure!(
         !library_ad(s, WINDOW + LOAD * PAGE)?.0,
         "ptep_get says young right after test_and_clear_young"
     );
-    let lva = WINDOW + LOAD * PAGE;
-    if hardware {
-        load_is("a load", lva, MARK ^ LOAD)?;
-    } else {
-        s.ptep_set_access_flags(VirtAddr(lva), FaultFlags::ACCESS)
-            .map_err(|e| Why::new(format_args!("ptep_set_access_flags: {e}")))?;
-        load_is("a load after the access fault", lva, MARK ^ LOAD)?;
-    }
+    accessing_load(s, LOAD, hardware)?;
     let young = ad_mask(s, WINDOW, true)?;
     ensure!(
         young != 0,
-        "no entry of the run has the access flag after a load"
+        "no entry of the run has the access flag after a load (a stale TLB entry?)"
     );
-    let (y, d) = library_ad(s, WINDOW + ASK * PAGE)?;
     ensure!(
-        y && d,
-        "ptep_get of page {ASK}: young {y}, dirty {d}; entries {young:#06x} have the access flag, {dirty:#06x} are dirty"
+        library_ad(s, ask)?.0,
+        "ptep_get of page {ASK} says old, but entries {young:#06x} of its run have the access flag"
+    );
+    // The dirty state is cleared over the run and the run flushed: the
+    // next store to the same page marks it dirty again.
+    s.clear_refs(VirtAddr(WINDOW), CONT_PTE, ClearRefs::DIRTY, |_| {})
+        .map_err(|e| Why::new(format_args!("clear_refs: {e}")))?;
+    let clean = ad_mask(s, WINDOW, false)?;
+    ensure!(
+        clean == 0,
+        "entries {clean:#06x} are dirty after clear_refs"
+    );
+    ensure!(
+        !library_ad(s, ask)?.1,
+        "ptep_get says dirty after clear_refs"
+    );
+    dirtying_store(s, STORE, 2, hardware)?;
+    let dirty2 = ad_mask(s, WINDOW, false)?;
+    ensure!(
+        dirty2 != 0 && library_ad(s, ask)?.1,
+        "after clear_refs a store to page {STORE} left the run clean (entries {dirty2:#06x} dirty; a stale writable TLB entry?)"
     );
     println!(
         "contpte: A/D by {}: a store to page {STORE} dirtied entries {dirty:#06x}, a load from page {LOAD} set the access flag in {young:#06x}; pgtable reports page {ASK} young and dirty",
