@@ -453,7 +453,12 @@ fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
             }
         );
     }
-    expect_unfolded(s, "the split block's run of the page", va, 0)?;
+    expect_unfolded(
+        s,
+        "the split block's run of the page",
+        va & !(CONT_PTE - 1),
+        0,
+    )?;
     store_faults("a store to the read-only page", va)?;
     for b in 0..RUN {
         let at = BLOCKS_VA + b * BLOCK + 0x1010;
