@@ -380,6 +380,20 @@ pub const fn is_contiguous(raw: u64) -> bool {
 /// The leaf with the contiguous hint set (Linux `pte_mkcont`). The caller
 /// must write 16 aligned adjacent entries with contiguous output addresses
 /// and identical attributes (Arm ARM D8.6.1) before relying on it.
+///
+/// [`AddressSpace::map`](pgtable_core::AddressSpace::map) does this
+/// itself ([`Format::cont_entries`] is 16 for pages and level-2 blocks):
+/// every aligned run of 16 pages (64 KiB) or 16 2 MiB blocks (32 MiB) that
+/// one call maps whole, with a physical address congruent to the virtual
+/// one modulo the run size, is written *folded* (all 16 entries with the
+/// hint), unless the caller opts out with
+/// [`MapOptions::no_contiguous`](pgtable_core::MapOptions::no_contiguous).
+/// Every operation that changes part of a run first unfolds the whole run
+/// with break-before-make (clear the 16 entries, one TLB flush, rewrite
+/// them without the hint, keeping the accessed/dirty state hardware set on
+/// any of them), as Linux's `contpte_try_unfold` does; whole-run changes
+/// keep the run folded, and reads OR the accessed/dirty state over the run
+/// (Linux `contpte_ptep_get`).
 #[inline]
 pub const fn mk_contiguous(raw: u64) -> u64 {
     raw | CONT
@@ -454,7 +468,8 @@ impl<const L: u32> Arm64Format<L> {
 // adds only bits 59-62, outside both). Leaves above height 0
 // never have bit 1: `leaf_template` sets it at height 0 only,
 // `modify_prot` rebuilds from the template and keeps only the address,
-// AF, CONT and software bits (55-58), `split_leaf` sets it only for
+// AF, CONT and software bits (55-58), `mk_cont`/`clear_cont` change bit
+// 52 only, `split_leaf` sets it only for
 // height-0 children, `hw_access` sets AF and clears AP[2] (bits 10
 // and 7), and the `mk*` methods change only AF, AP[2] and the software
 // dirty bit (55). Height 0 never decodes as a table. Software entries have
@@ -673,6 +688,33 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
             b |= TableAttrs::PXN;
         }
         TableAttrs::new(b)
+    }
+
+    /// 16 entries (Arm ARM D8.6.1, 4 KiB granule): 64 KiB of pages or
+    /// 32 MiB of level-2 blocks; Linux uses no level-1 runs, nor does this
+    /// crate.
+    #[inline]
+    fn cont_entries(height: u32) -> u32 {
+        if height <= 1 {
+            16
+        } else {
+            0
+        }
+    }
+
+    #[inline]
+    fn mk_cont(raw: u64, _height: u32) -> u64 {
+        raw | CONT
+    }
+
+    #[inline]
+    fn clear_cont(raw: u64, _height: u32) -> u64 {
+        raw & !CONT
+    }
+
+    #[inline]
+    fn is_cont(raw: u64, _height: u32) -> bool {
+        raw & CONT != 0
     }
 
     /// Linux arm64 `pte_mkold`: AF clear. With FEAT_HAFDBS the next access

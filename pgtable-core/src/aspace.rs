@@ -21,6 +21,8 @@ pub struct MapOptions {
     /// populating pgtables"): write
     /// every entry with the synchronising setter, one barrier per entry.
     sync_each: bool,
+    /// Opt-out of the contiguous hint ([`MapOptions::no_contiguous`]).
+    no_cont: bool,
 }
 
 impl MapOptions {
@@ -28,16 +30,19 @@ impl MapOptions {
     pub const PAGES: MapOptions = MapOptions {
         block_heights: 0,
         sync_each: false,
+        no_cont: false,
     };
     /// PMD blocks (2 MiB) but no PUD blocks.
     pub const PMD_BLOCKS: MapOptions = MapOptions {
         block_heights: 1 << 1,
         sync_each: false,
+        no_cont: false,
     };
     /// Every block size the format allows (2 MiB and 1 GiB).
     pub const BLOCKS: MapOptions = MapOptions {
         block_heights: 0b110,
         sync_each: false,
+        no_cont: false,
     };
 
     /// The same options, but every entry written with the synchronising
@@ -47,7 +52,27 @@ impl MapOptions {
         MapOptions {
             block_heights: self.block_heights,
             sync_each: true,
+            no_cont: self.no_cont,
         }
+    }
+
+    /// The same options, but without the contiguous hint: every entry is
+    /// written unfolded even where the format has a hint
+    /// ([`Format::cont_entries`](crate::Format::cont_entries)) and a run of
+    /// the range qualifies. By default [`map`](AddressSpace::map) folds
+    /// every aligned run the call covers whole (Linux `contpte_set_ptes`).
+    pub const fn no_contiguous(self) -> MapOptions {
+        MapOptions {
+            block_heights: self.block_heights,
+            sync_each: self.sync_each,
+            no_cont: true,
+        }
+    }
+
+    /// Whether [`map`](AddressSpace::map) may set the contiguous hint.
+    #[inline]
+    pub const fn allows_contiguous(self) -> bool {
+        !self.no_cont
     }
 
     /// Whether entries are written with a barrier each.

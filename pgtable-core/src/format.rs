@@ -202,6 +202,8 @@ pub enum AccessFault {
 ///   for `0`, and never for a leaf the format builds ([`leaf`](Format::leaf),
 ///   [`leaf_template`](Format::leaf_template)` | pa`,
 ///   [`modify_prot`](Format::modify_prot) of a leaf,
+///   [`mk_cont`](Format::mk_cont) or [`clear_cont`](Format::clear_cont)
+///   of a leaf,
 ///   [`split_leaf`](Format::split_leaf) of a leaf with its address
 ///   advanced) or that the hardware makes of one
 ///   ([`hw_access`](Format::hw_access), which must describe every change
@@ -351,6 +353,47 @@ pub unsafe trait Format: Sized + 'static {
     fn table_limits(raw: u64, height: u32) -> TableAttrs {
         let _ = (raw, height);
         TableAttrs::NONE
+    }
+
+    /// How many adjacent entries at `height` one contiguous-hint run holds
+    /// (Arm ARM D8.6.1 "Contiguous bit": with the 4 KiB granule, 16 pages
+    /// = 64 KiB, or 16 level-2 blocks = 32 MiB), or `0` when the format has
+    /// no such hint at that height (the default, and x86). A run is aligned
+    /// to its size in both the input and the output address; its entries
+    /// must map contiguous output addresses with the same attributes.
+    ///
+    /// The algorithms keep runs *folded* (every entry of the run with the
+    /// hint) only where this rule holds: [`map`] sets the hint on the runs a
+    /// call covers whole, and every change to part of a run first
+    /// *unfolds* it with break-before-make (Linux `arch/arm64/mm/contpte.c`:
+    /// `contpte_set_ptes`, `contpte_try_unfold`).
+    ///
+    /// [`map`]: crate::AddressSpace::map
+    #[inline]
+    fn cont_entries(_height: u32) -> u32 {
+        0
+    }
+
+    /// The leaf `raw` at `height` with the contiguous hint set (Linux
+    /// `pte_mkcont`). Only called where [`cont_entries`](Format::cont_entries)
+    /// is not 0; it must leave a leaf a leaf (never a table, see `# Safety`).
+    #[inline]
+    fn mk_cont(raw: u64, _height: u32) -> u64 {
+        raw
+    }
+
+    /// The leaf `raw` at `height` with the contiguous hint clear (Linux
+    /// `pte_mknoncont`).
+    #[inline]
+    fn clear_cont(raw: u64, _height: u32) -> u64 {
+        raw
+    }
+
+    /// Whether the leaf `raw` at `height` has the contiguous hint (Linux
+    /// `pte_cont`). Always `false` where the format has none.
+    #[inline]
+    fn is_cont(_raw: u64, _height: u32) -> bool {
+        false
     }
 
     /// Linux `pte_mkold`: the leaf `raw` at `height` with its accessed

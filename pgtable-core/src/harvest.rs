@@ -11,6 +11,8 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
+use crate::contpte;
+
 use crate::aspace::{table_at, FreeQueue};
 use crate::level::{entry_end, index};
 use crate::{
@@ -95,7 +97,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     pub fn ptep_get(&self, va: VirtAddr) -> Option<LeafEntry<A>> {
         let (slot, h) = self.find_leaf(va)?;
         // Relaxed: a snapshot of one entry.
-        Some(LeafEntry::new(va.0, h, slot.load(Relaxed)))
+        let raw = slot.load(Relaxed);
+        if A::is_cont(raw, h) {
+            // A folded run: the hardware may have set accessed or dirty
+            // state on any of its entries (Linux `contpte_ptep_get`).
+            if let Some((run, _)) = self.folded_run(va.0, h) {
+                let (young, dirty) = contpte::gather_ad::<A>(run);
+                return Some(LeafEntry::new(
+                    va.0,
+                    h,
+                    contpte::with_ad::<A>(raw, h, young, dirty),
+                ));
+            }
+        }
+        Some(LeafEntry::new(va.0, h, raw))
     }
 
     /// Linux `ptep_clear_flush_young` (`pmdp_clear_flush_young` for a
@@ -115,6 +130,30 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let Some((slot, h)) = self.find_leaf(va) else {
             return Ok(false);
         };
+        // Relaxed: the clear re-reads it.
+        if A::is_cont(slot.load(Relaxed), h) {
+            if let Some((run, base)) = self.folded_run(va.0, h) {
+                // Linux `contpte_ptep_test_and_clear_young`: the run is one
+                // translation, so its accessed state is cleared on every
+                // entry and the whole run flushed.
+                let mut young = false;
+                let mut changed = 0u64;
+                for s in run {
+                    if let Some((old, ch)) = clear_leaf::<A, _>(&self.mmu, s, h, ClearRefs::YOUNG) {
+                        young |= A::is_young(old);
+                        changed += u64::from(ch);
+                    }
+                }
+                if changed > 0 {
+                    self.mmu.stats.add_entries_written(changed);
+                    self.table_done();
+                    let mut gather = TlbGather::new();
+                    gather.add_range(VirtAddr(base), contpte::run_size::<A>(h), h);
+                    self.finish(gather, FreeQueue::new());
+                }
+                return Ok(young);
+            }
+        }
         let Some((old, changed)) = clear_leaf::<A, _>(&self.mmu, slot, h, ClearRefs::YOUNG) else {
             return Ok(false);
         };
@@ -225,6 +264,50 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             match A::decode(raw, height) {
                 Decoded::Table(c) if height > 0 => {
                     self.harvest(height - 1, c, va, next, what, gather, f);
+                }
+                Decoded::Leaf(_) if A::is_cont(raw, height) => {
+                    // A folded run: cleared over the whole run (beyond the
+                    // range too, as Linux's contpte harvesting does), every
+                    // page of it in the range reported with the run's state.
+                    let run = contpte::run_size::<A>(height);
+                    let base = va & !(run - 1);
+                    let slots = contpte::run_slots::<A>(t, index(va, height), height);
+                    let (mut young, mut dirty, mut ch) = (false, false, 0u64);
+                    for s in slots {
+                        if let Some((old, c)) = clear_leaf::<A, _>(&self.mmu, s, height, what) {
+                            young |= A::is_young(old);
+                            dirty |= A::is_dirty(old);
+                            ch += u64::from(c);
+                        }
+                    }
+                    if ch > 0 {
+                        changed += ch;
+                        gather.add_range(VirtAddr(base), run, height);
+                    }
+                    let step = crate::level::size(height);
+                    let stop = if end.wrapping_sub(base) < run {
+                        end
+                    } else {
+                        base.wrapping_add(run)
+                    };
+                    let mut v = va;
+                    while v != stop {
+                        let k = (v - base) / step;
+                        // Relaxed: the value the clear left (its address is
+                        // what the report needs, the state comes from the run).
+                        let now = slots[k as usize].load(Relaxed);
+                        f(LeafEntry::new(
+                            v,
+                            height,
+                            contpte::with_ad::<A>(now, height, young, dirty),
+                        ));
+                        v = v.wrapping_add(step);
+                    }
+                    va = stop;
+                    if va == end {
+                        break;
+                    }
+                    continue;
                 }
                 Decoded::Leaf(_) => {
                     if let Some((old, ch)) = clear_leaf::<A, _>(&self.mmu, slot, height, what) {

@@ -69,6 +69,7 @@ extern crate std;
 mod addr;
 mod arch;
 mod aspace;
+mod contpte;
 mod entry;
 mod error;
 mod fault;

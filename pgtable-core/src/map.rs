@@ -12,6 +12,7 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{covers, first_used, table_at, Stash};
+use crate::contpte;
 use crate::level::{entry_end, index, shift, size};
 use crate::{
     AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
@@ -153,32 +154,58 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let template = A::leaf_template(prot, 0);
             let i = index(va, 0);
             let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+            // Three spans, each with one template: unfolded head, folded
+            // whole runs, unfolded tail (see `contpte::fold_span`).
+            let (lo, folded) = contpte::fold_span::<A>(0, va, end, pa, opts);
+            let head = ((lo - va) / PAGE_SIZE) as usize;
+            let mid = (folded / PAGE_SIZE) as usize;
+            let spans = [
+                (i, i + head, template),
+                (i + head, i + head + mid, A::mk_cont(template, 0)),
+                (i + head + mid, i + n, template),
+            ];
             if opts.is_barrier_per_entry() {
-                for e in &t.entries[i..i + n] {
-                    A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
-                    pa += PAGE_SIZE;
-                    // Wrapping: past the last page of the 64-bit space the
-                    // address is 2^64, and it is not used again.
-                    va = va.wrapping_add(PAGE_SIZE);
+                for (a, b, template) in spans {
+                    for e in &t.entries[a..b] {
+                        A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
+                        pa += PAGE_SIZE;
+                        // Wrapping: past the last page of the 64-bit space
+                        // the address is 2^64, and it is not used again.
+                        va = va.wrapping_add(PAGE_SIZE);
+                    }
                 }
             } else {
-                for e in &t.entries[i..i + n] {
-                    A::set_pte_nosync(&self.mmu, e, template | pa);
-                    pa += PAGE_SIZE;
+                for (a, b, template) in spans {
+                    for e in &t.entries[a..b] {
+                        A::set_pte_nosync(&self.mmu, e, template | pa);
+                        pa += PAGE_SIZE;
+                    }
                 }
             }
             self.mmu.stats.add_entries_written(n as u64);
             self.table_done();
             return;
         }
+        // The blocks of `[lo, lo + folded)` are written with the hint.
+        let (lo, folded) = contpte::fold_span::<A>(height, va, end, pa, opts);
         if all_leaves::<A>(height, va, end, pa, opts) {
-            // Fast path: a run of blocks, one template, one barrier.
+            // Fast path: a run of blocks, one template per span, one
+            // barrier.
             let template = A::leaf_template(prot, height);
             let i = index(va, height);
             let n = (end.wrapping_sub(va) >> shift(height)) as usize;
-            for e in &t.entries[i..i + n] {
-                A::set_pte_nosync(&self.mmu, e, template | pa);
-                pa += size(height);
+            let head = ((lo - va) >> shift(height)) as usize;
+            let mid = (folded >> shift(height)) as usize;
+            let spans = [
+                (i, i + head, template),
+                (i + head, i + head + mid, A::mk_cont(template, height)),
+                (i + head + mid, i + n, template),
+            ];
+            for (a, b, template) in spans {
+                for e in &t.entries[a..b] {
+                    A::set_pte_nosync(&self.mmu, e, template | pa);
+                    pa += size(height);
+                }
             }
             self.mmu.stats.add_entries_written(n as u64);
             self.table_done();
@@ -189,7 +216,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let next = entry_end(va, height, end);
             let slot = &t.entries[index(va, height)];
             if use_leaf::<A>(height, va, next, pa, opts) {
-                let leaf = A::leaf(PhysAddr(pa), prot, height);
+                let mut leaf = A::leaf(PhysAddr(pa), prot, height);
+                if va.wrapping_sub(lo) < folded {
+                    leaf = A::mk_cont(leaf, height);
+                }
                 if opts.is_barrier_per_entry() {
                     if height >= 2 {
                         A::set_pud_at(&self.mmu, VirtAddr(va), slot, leaf);

@@ -407,6 +407,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
         // Phase 2: reserve; the only failure left.
         let mut stash = self.reserve(need)?;
+        self.contpte_before_move(old, new, len);
 
         // Phase 3: move, free the emptied source tables, flush, release.
         let mut gather = TlbGather::new();

@@ -145,6 +145,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let need = self.split_check(top, self.root, va.0, end, &differs);
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
+        // A run the range covers in part is unfolded first; whole runs are
+        // changed entry by entry and keep the hint (Linux
+        // `contpte_wrprotect_ptes`): they agree again by the final flush.
+        self.contpte_unfold_edges(va.0, end);
         let mut gather = TlbGather::new();
         change(
             self,
@@ -498,6 +502,38 @@ macro_rules! block_prot_wrapper {
             #[inline]
             fn va_ok(va: u64) -> bool {
                 A::va_ok(va)
+            }
+            #[inline]
+            fn cont_entries(height: u32) -> u32 {
+                A::cont_entries(height)
+            }
+            #[inline]
+            fn mk_cont(raw: u64, height: u32) -> u64 {
+                A::mk_cont(raw, height)
+            }
+            #[inline]
+            fn clear_cont(raw: u64, height: u32) -> u64 {
+                A::clear_cont(raw, height)
+            }
+            #[inline]
+            fn is_cont(raw: u64, height: u32) -> bool {
+                A::is_cont(raw, height)
+            }
+            #[inline]
+            fn mkold(raw: u64, height: u32) -> u64 {
+                A::mkold(raw, height)
+            }
+            #[inline]
+            fn mkyoung(raw: u64, height: u32) -> u64 {
+                A::mkyoung(raw, height)
+            }
+            #[inline]
+            fn mkclean(raw: u64, height: u32) -> u64 {
+                A::mkclean(raw, height)
+            }
+            #[inline]
+            fn mkdirty(raw: u64, height: u32) -> u64 {
+                A::mkdirty(raw, height)
             }
             const SEPARATE_HALVES: bool = A::SEPARATE_HALVES;
             #[inline]

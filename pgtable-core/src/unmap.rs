@@ -290,6 +290,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let top = A::LEVELS - 1;
         let need = self.split_check(top, self.root, va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
+        // Runs the range covers in part are unfolded first (whole runs go
+        // whole, so the hint never outlives part of its run).
+        self.contpte_unfold_edges(va.0, end);
         self.unmap_clear(top, self.root, va.0, end, &mut stash, gather, q, z);
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).

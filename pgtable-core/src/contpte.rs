@@ -1,0 +1,258 @@
+//! Contiguous-hint runs (Arm ARM D8.6.1 "Contiguous bit"; Linux
+//! `arch/arm64/mm/contpte.c`), generic over [`Format::cont_entries`].
+//!
+//! A *run* is an aligned group of `N = cont_entries(height)` adjacent
+//! entries of one table. It is *folded* when every entry has the hint: the
+//! hardware may then cache one translation for the whole run, so every
+//! entry must map the matching part of one aligned, contiguous physical
+//! range with the same attributes. The accessed and dirty states may
+//! differ per entry (the hardware updates the entry it walked), so reads
+//! OR them over the run and harvesting clears them over the run.
+//!
+//! - [`fold_span`]: which part of a `map` is written folded (decided once
+//!   per table; the per-entry loop only ORs the address into a template).
+//! - [`AddressSpace::contpte_unfold_edges`]: before an operation changes
+//!   part of a range, the runs containing its first and last page (the
+//!   only ones it can cover in part) are unfolded with break-before-make:
+//!   every entry cleared with an atomic get-and-clear (so accessed/dirty
+//!   state the hardware set on any of them is caught), one TLB flush for
+//!   the run, every entry rewritten without the hint and with the gathered
+//!   accessed/dirty state (Linux `contpte_convert`).
+//! - Whole runs inside the range keep their hint: every operation changes
+//!   all `N` entries alike before its final flush (Linux
+//!   `contpte_wrprotect_ptes`).
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::aspace::table_at;
+use crate::level::{index, shift, size};
+use crate::{
+    AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, Slot, Table, TableAlloc, TlbRange,
+    VirtAddr,
+};
+
+/// Size in bytes of one run at `height`, or `0` where the format has none.
+#[inline]
+pub(crate) fn run_size<A: Format>(height: u32) -> u64 {
+    u64::from(A::cont_entries(height)) << shift(height)
+}
+
+/// The folded part of a map of `[va, end)` to `pa` within one table at
+/// `height`: `(lo, len)`, the entries of `[lo, lo + len)` are written with
+/// the hint. It is made of the aligned runs that the range covers whole,
+/// when the physical address is congruent to the virtual one modulo the run
+/// size (so each run maps one aligned physical run) and `opts` allow it;
+/// `len` is `0` otherwise. `end` may be `0` for the top of the address
+/// space (2^64).
+#[inline]
+pub(crate) fn fold_span<A: Format>(
+    height: u32,
+    va: u64,
+    end: u64,
+    pa: u64,
+    opts: MapOptions,
+) -> (u64, u64) {
+    let run = run_size::<A>(height);
+    if run == 0 || !opts.allows_contiguous() || (va ^ pa) & (run - 1) != 0 {
+        return (va, 0);
+    }
+    let len = end.wrapping_sub(va);
+    let head = va.wrapping_neg() & (run - 1);
+    if head >= len {
+        return (va, 0);
+    }
+    (va + head, (len - head) & !(run - 1))
+}
+
+/// The `N` slots of the run at `height` that holds entry `i` of `t`.
+#[inline]
+pub(crate) fn run_slots<A: Format>(t: &Table, i: usize, height: u32) -> &[Slot] {
+    let n = A::cont_entries(height) as usize;
+    let first = i & !(n - 1);
+    &t.entries[first..first + n]
+}
+
+/// The OR of the accessed and dirty states over the folded run `slots`:
+/// `(young, dirty)` (Linux `contpte_ptep_get`).
+#[inline]
+pub(crate) fn gather_ad<A: Format>(slots: &[Slot]) -> (bool, bool) {
+    let (mut young, mut dirty) = (false, false);
+    for s in slots {
+        // Relaxed: one entry at a time, as the hardware updates them.
+        let raw = s.load(Relaxed);
+        young |= A::is_young(raw);
+        dirty |= A::is_dirty(raw);
+    }
+    (young, dirty)
+}
+
+/// `raw` with the accessed/dirty state `(young, dirty)` added.
+#[inline]
+pub(crate) fn with_ad<A: Format>(raw: u64, height: u32, young: bool, dirty: bool) -> u64 {
+    let raw = if young { A::mkyoung(raw, height) } else { raw };
+    if dirty {
+        A::mkdirty(raw, height)
+    } else {
+        raw
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// The table at `height` on the path to `va`, if it exists.
+    pub(crate) fn table_on_path(&self, va: u64, height: u32) -> Option<&Table> {
+        if !self.range.contains::<A>(va) || height >= A::LEVELS {
+            return None;
+        }
+        let mut pa = self.root;
+        let mut h = A::LEVELS - 1;
+        loop {
+            // SAFETY: `pa` is the root or a table reached from it.
+            let t = unsafe { table_at(&self.alloc, pa) };
+            if h == height {
+                return Some(t);
+            }
+            match A::decode(t.entries[index(va, h)].load(Relaxed), h) {
+                Decoded::Table(c) => pa = c,
+                _ => return None,
+            }
+            h -= 1;
+        }
+    }
+
+    /// The folded run holding the leaf at `height` on the path to `va`:
+    /// its slots and the address of its first entry, if that leaf has the
+    /// hint.
+    pub(crate) fn folded_run(&self, va: u64, height: u32) -> Option<(&[Slot], u64)> {
+        let run = run_size::<A>(height);
+        if run == 0 {
+            return None;
+        }
+        let t = self.table_on_path(va, height)?;
+        let i = index(va, height);
+        // Relaxed: we hold the address space exclusively.
+        let raw = t.entries[i].load(Relaxed);
+        if !matches!(A::decode(raw, height), Decoded::Leaf(_)) || !A::is_cont(raw, height) {
+            return None;
+        }
+        Some((run_slots::<A>(t, i, height), va & !(run - 1)))
+    }
+
+    /// Unfolds the runs that `[va, end)` covers in part: at every height
+    /// with a hint, the run holding `va` unless `va` starts a run, and the
+    /// run holding `end - 1` unless `end` ends one. Whole runs are left
+    /// folded. A no-op for formats without a hint (a constant test).
+    /// Returns whether anything was unfolded.
+    pub(crate) fn contpte_unfold_edges(&mut self, va: u64, end: u64) -> bool {
+        let mut did = false;
+        for height in 0..A::LEVELS {
+            did |= self.contpte_unfold_edges_at(va, end, height);
+        }
+        did
+    }
+
+    /// [`contpte_unfold_edges`](Self::contpte_unfold_edges) at one height.
+    fn contpte_unfold_edges_at(&mut self, va: u64, end: u64, height: u32) -> bool {
+        let run = run_size::<A>(height);
+        let mut did = false;
+        if run != 0 {
+            if va & (run - 1) != 0 {
+                did |= self.contpte_unfold(va, height);
+            }
+            if end & (run - 1) != 0 {
+                did |= self.contpte_unfold(end.wrapping_sub(1), height);
+            }
+        }
+        did
+    }
+
+    /// Before moving `[old, old + len)` to `new`: where source and
+    /// destination are congruent modulo a height's run size, only the runs
+    /// the range covers in part are unfolded, and whole runs move folded;
+    /// where they are not, every run of the source at that height is
+    /// unfolded (a moved run would not be aligned in the destination).
+    pub(crate) fn contpte_before_move(&mut self, old: u64, new: u64, len: u64) {
+        let end = old.wrapping_add(len);
+        for height in 0..A::LEVELS {
+            let run = run_size::<A>(height);
+            if run == 0 {
+                continue;
+            }
+            if (old ^ new) & (run - 1) == 0 {
+                self.contpte_unfold_edges_at(old, end, height);
+            } else {
+                self.contpte_unfold_all_at(old, end, height);
+            }
+        }
+    }
+
+    /// Unfolds every folded run at `height` in `[va, end)`. Walks the
+    /// range's tables at that height; only formats with a hint get here.
+    pub(crate) fn contpte_unfold_all_at(&mut self, va: u64, end: u64, height: u32) -> bool {
+        let run = run_size::<A>(height);
+        let mut did = false;
+        let start = va & !(run - 1);
+        let mut v = start;
+        loop {
+            if self.table_on_path(v, height).is_some() {
+                did |= self.contpte_unfold(v, height);
+                v = v.wrapping_add(run);
+            } else {
+                // No table at this height: skip the entry above it.
+                v = (v | (size(height + 1) - 1)).wrapping_add(1);
+            }
+            if v == 0 || v.wrapping_sub(start) >= end.wrapping_sub(start) {
+                return did;
+            }
+        }
+    }
+
+    /// Unfolds the folded run holding the leaf at `height` on the path to
+    /// `va`, if there is one (Linux `__contpte_try_unfold` and
+    /// `contpte_convert`): break-before-make for the whole run.
+    pub(crate) fn contpte_unfold(&mut self, va: u64, height: u32) -> bool {
+        let Some((slots, base)) = self.folded_run(va, height) else {
+            return false;
+        };
+        let mmu = &self.mmu;
+        // Break: take every entry out atomically (an accessed/dirty update
+        // the hardware makes up to the swap is in the value it returns;
+        // none after it, an invalid entry is never updated).
+        let mut old = [0u64; MAX_RUN];
+        let (mut young, mut dirty) = (false, false);
+        for (o, s) in old.iter_mut().zip(slots) {
+            *o = if height == 0 {
+                A::ptep_get_and_clear(mmu, s)
+            } else {
+                A::pmdp_huge_get_and_clear(mmu, s)
+            };
+            young |= A::is_young(*o);
+            dirty |= A::is_dirty(*o);
+        }
+        // One flush for the run, before any entry is made again (the flush
+        // orders the clears before the invalidation: the `Mmu` rules).
+        let run = run_size::<A>(height);
+        mmu.flush_tlb_range(TlbRange {
+            start: VirtAddr(base),
+            end: VirtAddr(base.wrapping_add(run)),
+            stride_shift: shift(height),
+            last_level: true,
+        });
+        // Make: the same leaves without the hint, each with the run's
+        // accessed/dirty state (which page the hardware marked is unknown).
+        for (o, s) in old.iter().zip(slots) {
+            let new = match A::decode(*o, height) {
+                Decoded::Leaf(_) => with_ad::<A>(A::clear_cont(*o, height), height, young, dirty),
+                _ => *o,
+            };
+            A::set_pte_nosync(mmu, s, new);
+        }
+        self.mmu.stats.add_entries_written(slots.len() as u64);
+        // The walker sees the new entries before the caller goes on.
+        self.mmu.walker_barrier();
+        true
+    }
+}
+
+/// The largest run any format may declare (Arm ARM: 128 entries, 16 KiB
+/// granule level 3).
+pub(crate) const MAX_RUN: usize = 128;
