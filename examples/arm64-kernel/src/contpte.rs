@@ -76,6 +76,8 @@ const CONT_PTE: u64 = RUN * PAGE;
 const CONT_PMD: u64 = RUN * BLOCK;
 /// Pages of the page-level cases: two runs.
 const PAGES: u64 = 2 * RUN;
+/// User read-write data.
+const USER_RW: Prot = Prot::new(Prot::WRITE | Prot::USER);
 /// The marker of page `p` (word 0 of its frame) is `MARK ^ p`.
 const MARK: u64 = 0xc047_0000_0000_0000;
 
@@ -214,8 +216,14 @@ fn expect_unfolded(s: &KernelSpace, what: &str, va: u64, height: u32) -> R {
 }
 
 /// Maps `pages` frames of `pa` at `va` (page by page, folded where
-/// pgtable can) with a marker in each frame (page `p`: `MARK ^ p`).
+/// pgtable can) with a marker in each frame (page `p`: `MARK ^ p`),
+/// kernel read-write (created dirty, as Linux's `PAGE_KERNEL`).
 fn map_marked(s: &mut KernelSpace, va: u64, pa: u64, pages: u64) -> R {
+    map_marked_prot(s, va, pa, pages, Prot::READ_WRITE)
+}
+
+/// [`map_marked`] with `prot`.
+fn map_marked_prot(s: &mut KernelSpace, va: u64, pa: u64, pages: u64, prot: Prot) -> R {
     for p in 0..pages {
         poke(pa + p * PAGE, MARK ^ p);
     }
@@ -223,7 +231,7 @@ fn map_marked(s: &mut KernelSpace, va: u64, pa: u64, pages: u64) -> R {
         VirtAddr(va),
         PhysAddr(pa),
         pages * PAGE,
-        Prot::READ_WRITE,
+        prot,
         MapOptions::PAGES,
     )
     .map_err(|e| Why::new(format_args!("map {va:#x}: {e}")))
@@ -432,6 +440,7 @@ fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     for b in 0..RUN {
         store_ok("before the change", BLOCKS_VA + b * BLOCK + 0x1008, b)?;
     }
+    // The page at 0x1000 of block SPLIT becomes read-only.
     // One page in the middle of block SPLIT.
     let va = BLOCKS_VA + SPLIT * BLOCK + 0x1000;
     s.change_protection(VirtAddr(va), PAGE, Prot::READ_ONLY)
@@ -461,11 +470,11 @@ fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     )?;
     store_faults("a store to the read-only page", va)?;
     for b in 0..RUN {
-        let at = BLOCKS_VA + b * BLOCK + 0x1010;
-        store_ok("a neighbour in the former block run", at, b)?;
-        load_is("a neighbour's earlier store", at - 8, b)?;
+        let at = BLOCKS_VA + b * BLOCK;
+        load_is("the earlier store", at + 0x1008, b)?;
+        store_ok("a neighbour in the former block run", at + 0x2010, b)?;
     }
-    store_ok("the next page of the split block", va + PAGE, 1)
+    store_ok("the page before the read-only one", va - PAGE, 1)
 }
 
 fn partial_unmap(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
@@ -605,7 +614,10 @@ fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
     const LOAD: u64 = 12;
     const ASK: u64 = 2;
     let ask = WINDOW + ASK * PAGE;
-    map_marked(s, WINDOW, mem.pages, RUN)?;
+    // User read-write: created clean (writable through DBM, AP[2] set), so
+    // the first store needs the dirty-state update. The kernel reaches
+    // user pages at EL1 (PAN is off).
+    map_marked_prot(s, WINDOW, mem.pages, RUN, USER_RW)?;
     expect_folded(s, "after map", WINDOW, 0)?;
     let dirty0 = ad_mask(s, WINDOW, false)?;
     ensure!(
