@@ -27,16 +27,27 @@
 //! - `contpte_congruent_move`: a move to a congruent destination keeps
 //!   the runs folded; a move of part of a run unfolds the rest of it;
 //! - `contpte_access_dirty_aggregation` (hardware access flag and dirty
-//!   state, FEAT_HAFDBS with TCR_EL1.HA/HD) or
+//!   state: FEAT_HAFDBS, which `set_tcr` enables through TCR_EL1.HA/HD
+//!   only where ID_AA64MMFR1_EL1.HAFDBS reports it) or
 //!   `contpte_access_dirty_aggregation_software` (without them: the
 //!   kernel's fault path, `ptep_set_access_flags`, stands in for the
-//!   hardware): the accessed and dirty state of a folded run is gathered
-//!   over its 16 entries, whichever one got the update, and cleared over
-//!   the run.
+//!   hardware): on a run of user pages (created clean), the accessed and
+//!   dirty state is gathered over the 16 entries whichever one got the
+//!   update (`ptep_get`), and cleared over the run with one flush of the
+//!   whole run (`test_and_clear_young`, `clear_refs`), so the next access
+//!   through a translation the TLB held sets it again;
+//! - `contpte_cases_free_their_tables`: every table frame came back.
 //!
-//! Each case prints `ok <name>` or `FAIL <name>: <reason>`; every case
-//! unmaps what it mapped, and the last check is that every table frame
-//! came back.
+//! Two kinds of evidence: the MMU's (a store to the protected page faults,
+//! its neighbours take stores, an unmapped page faults, moved data reads
+//! back at the new address, a stale TLB entry skips an access-flag update)
+//! and the descriptors' (the hint on all 16 entries of a whole run, on
+//! none of a partly changed one). QEMU 7.2 shows no effect of the hint
+//! itself: with the library's unfold skipped, the MMU checks still pass
+//! and only the descriptor checks fail, which is why both are made.
+//!
+//! Each case prints `ok <name>` or `FAIL <name>: <reason>` and unmaps
+//! what it mapped.
 
 // As in space.rs: failures carry their message inline.
 #![allow(clippy::result_large_err)]
