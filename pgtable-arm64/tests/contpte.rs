@@ -3,10 +3,13 @@
 //! before a change to part of a run, whole-run changes, accessed/dirty
 //! aggregation, moves, and the simulator's checks.
 
-use pgtable_arm64::desc::is_contiguous;
+use pgtable_arm64::desc::{self, is_contiguous};
 use pgtable_arm64::Arm64;
-use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimMachine, SimMmu};
+use pgtable_core::{
+    Access, AddressSpace, Arch, ClearRefs, CopyMode, Error, FaultFlags, Format, LiveOptions,
+    MapOptions, MemType, PhysAddr, Prot, VirtAddr,
+};
 
 const PAGE: u64 = 4096;
 const RUN: u64 = 16 * PAGE;
@@ -51,9 +54,7 @@ fn contpte_map_folds_whole_aligned_runs_only() {
     assert_eq!(h, want);
     // Every page still translates to its own address.
     for k in 0..len / PAGE {
-        let (pa, _) = m
-            .access(va.add(k * PAGE), pgtable_core::Access::READ)
-            .unwrap();
+        let (pa, _) = m.access(va.add(k * PAGE), Access::READ).unwrap();
         assert_eq!(pa.0, PA.0 + RUN - 3 * PAGE + k * PAGE);
     }
     m.check().unwrap();
@@ -133,8 +134,7 @@ fn contpte_partial_protect_unfolds_the_run_whole_run_protect_keeps_it() {
         .unwrap();
     // Fill the TLB with the runs' translations.
     for k in 0..4 * RUN / PAGE {
-        m.access(VA.add(k * PAGE), pgtable_core::Access::READ)
-            .unwrap();
+        m.access(VA.add(k * PAGE), Access::READ).unwrap();
     }
     // One page of the first run: that run is unfolded, the others stay.
     s.change_protection(VA.add(PAGE), PAGE, Prot::READ_ONLY)
@@ -158,4 +158,478 @@ fn contpte_partial_protect_unfolds_the_run_whole_run_protect_keeps_it() {
         s.translate(VA.add(48 * PAGE)).unwrap().prot,
         Prot::READ_WRITE
     );
+}
+
+fn user_rw() -> Prot {
+    Prot::new(Prot::USER | Prot::WRITE)
+}
+
+/// Loads every page of `[va, va + len)` through the simulated TLB.
+fn touch(m: &SimMachine<Arm64>, va: VirtAddr, len: u64) {
+    for k in 0..len / PAGE {
+        m.access(va.add(k * PAGE), Access::READ).unwrap();
+    }
+}
+
+/// Every entry of the tables below `va` (PTE level), for byte-exact
+/// comparisons.
+fn ptes(s: &Space, va: VirtAddr, len: u64) -> Vec<Option<u64>> {
+    (0..len / PAGE)
+        .map(|k| s.entry(va.add(k * PAGE), 0))
+        .collect()
+}
+
+#[test]
+fn contpte_partial_unmap_unfolds_the_run_and_keeps_the_rest() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, 2 * RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, 2 * RUN);
+    assert!(m.tlb_holds_run(VA));
+    s.unmap(VA.add(5 * PAGE), PAGE).unwrap();
+    m.check().unwrap();
+    let h = hints(&s, VA, 2 * RUN, 0);
+    assert!(h[..16].iter().all(|&c| !c), "{h:?}");
+    assert!(h[16..].iter().all(|&c| c), "{h:?}");
+    assert!(s.translate(VA.add(5 * PAGE)).is_none());
+    for k in (0..32).filter(|&k| k != 5) {
+        assert_eq!(s.translate(VA.add(k * PAGE)).unwrap().pa.0, PA.0 + k * PAGE);
+    }
+    touch(&m, VA.add(16 * PAGE), RUN);
+    // A whole run unmapped whole: nothing left, nothing to unfold.
+    s.unmap(VA.add(RUN), RUN).unwrap();
+    m.check().unwrap();
+    assert!(s.translate(VA.add(RUN)).is_none());
+}
+
+#[test]
+fn contpte_block_split_unfolds_the_pmd_run() {
+    let (m, mut s) = machine();
+    let va = VirtAddr(PMD_RUN * 2);
+    s.map(
+        va,
+        PhysAddr(PMD_RUN * 4),
+        PMD_RUN,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
+    assert!(hints(&s, va, PMD_RUN, 1).iter().all(|&c| c));
+    // Touch every block (one TLB entry for the 32 MiB run).
+    for k in 0..16 {
+        m.access(va.add(k * (2 << 20)), Access::READ).unwrap();
+    }
+    assert!(m.tlb_holds_run(va));
+    // One page in the third block: that block is split into pages, and
+    // its 15 siblings lose the hint too.
+    let at = va.add(2 * (2 << 20) + PAGE);
+    s.change_protection(at, PAGE, Prot::READ_ONLY).unwrap();
+    m.check().unwrap();
+    assert_eq!(s.translate(at).unwrap().height, 0);
+    for k in (0..16).filter(|&k| k != 2) {
+        let raw = s.entry(va.add(k * (2 << 20)), 1).unwrap();
+        assert!(!is_contiguous(raw), "sibling block {k} keeps the hint");
+    }
+    assert!(hints(&s, va.add(2 * (2 << 20)), 2 << 20, 0)
+        .iter()
+        .all(|&c| !c));
+    assert_eq!(s.translate(at).unwrap().prot, Prot::READ_ONLY);
+    assert_eq!(s.translate(at.add(PAGE)).unwrap().prot, Prot::READ_WRITE);
+}
+
+#[test]
+fn contpte_dirty_on_one_entry_is_reported_for_the_whole_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, 2 * RUN, user_rw(), MapOptions::PAGES)
+        .unwrap();
+    // The hardware (FEAT_HAFDBS) marks the one entry it walked: page 7.
+    let u = m.hw_touch(VA.add(7 * PAGE), true).unwrap();
+    assert!(u.dirty);
+    assert!(Arm64::is_dirty(s.entry(VA.add(7 * PAGE), 0).unwrap()));
+    assert!(!Arm64::is_dirty(s.entry(VA.add(3 * PAGE), 0).unwrap()));
+    for k in 0..16 {
+        let e = s.ptep_get(VA.add(k * PAGE)).unwrap();
+        assert!(e.dirty() && e.young(), "page {k}");
+        assert!(Arm64::is_dirty(
+            s.translate(VA.add(k * PAGE)).unwrap().entry
+        ));
+    }
+    // The other run is clean.
+    assert!(!s.ptep_get(VA.add(RUN)).unwrap().dirty());
+    let mut walked = 0;
+    s.walk(VA, 2 * RUN, |mp| {
+        walked += u64::from(Arm64::is_dirty(mp.entry))
+    })
+    .unwrap();
+    assert_eq!(walked, 16);
+    // unmap_with reports every page of the run dirty (a whole table and a
+    // partial one, both paths).
+    let mut dirty = Vec::new();
+    s.unmap_with(VA, 2 * RUN, |r| dirty.push((r.va(), r.dirty())))
+        .unwrap();
+    m.check().unwrap();
+    dirty.sort();
+    assert_eq!(dirty.len(), 32);
+    for (k, (va, d)) in dirty.iter().enumerate() {
+        assert_eq!(*va, VA.add(k as u64 * PAGE));
+        assert_eq!(*d, k < 16, "page {k}");
+    }
+}
+
+#[test]
+fn contpte_unmap_with_of_a_whole_table_reports_the_run_state() {
+    let (m, mut s) = machine();
+    // A whole PTE table (2 MiB of pages): unmapped by unlinking the table.
+    let va = VirtAddr(1 << 30);
+    s.map(va, PA, 2 << 20, user_rw(), MapOptions::PAGES)
+        .unwrap();
+    m.hw_touch(va.add(9 * PAGE), true).unwrap();
+    m.hw_touch(va.add(20 * RUN + 3 * PAGE), true).unwrap();
+    let mut dirty = Vec::new();
+    s.unmap_with(va, 2 << 20, |r| {
+        if r.dirty() {
+            dirty.push(r.va())
+        }
+    })
+    .unwrap();
+    m.check().unwrap();
+    dirty.sort();
+    let want: Vec<VirtAddr> = (0..16)
+        .map(|k| va.add(k * PAGE))
+        .chain((0..16).map(|k| va.add(20 * RUN + k * PAGE)))
+        .collect();
+    assert_eq!(dirty, want);
+}
+
+#[test]
+fn contpte_harvesting_clears_young_over_the_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, 2 * RUN, user_rw(), MapOptions::PAGES)
+        .unwrap();
+    // New leaves are young; clear one page: the whole run turns old.
+    assert!(s.test_and_clear_young(VA.add(4 * PAGE)).unwrap());
+    m.check().unwrap();
+    for k in 0..16 {
+        assert!(
+            !Arm64::is_young(s.entry(VA.add(k * PAGE), 0).unwrap()),
+            "page {k}"
+        );
+        assert!(!s.ptep_get(VA.add(k * PAGE)).unwrap().young());
+    }
+    assert!(s.ptep_get(VA.add(RUN)).unwrap().young());
+    assert!(hints(&s, VA, 2 * RUN, 0).iter().all(|&c| c));
+    // The hardware sets AF on the page it touches; the run reads young.
+    m.hw_touch(VA.add(11 * PAGE), false).unwrap();
+    assert!(s.ptep_get(VA.add(2 * PAGE)).unwrap().young());
+    // clear_refs of one page reports it young, clears the whole run.
+    let mut seen = Vec::new();
+    s.clear_refs(VA.add(2 * PAGE), PAGE, ClearRefs::YOUNG, |e| {
+        seen.push((e.va(), e.young()))
+    })
+    .unwrap();
+    m.check().unwrap();
+    assert_eq!(seen, vec![(VA.add(2 * PAGE), true)]);
+    for k in 0..16 {
+        assert!(
+            !Arm64::is_young(s.entry(VA.add(k * PAGE), 0).unwrap()),
+            "page {k}"
+        );
+    }
+    // And the next access through the run sets it again.
+    m.hw_touch(VA.add(PAGE), false).unwrap();
+    assert!(s.test_and_clear_young(VA.add(15 * PAGE)).unwrap());
+    m.check().unwrap();
+}
+
+#[test]
+fn contpte_set_access_flags_applies_to_the_whole_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, user_rw(), MapOptions::PAGES).unwrap();
+    touch(&m, VA, RUN);
+    assert!(s
+        .ptep_set_access_flags(VA.add(3 * PAGE), FaultFlags::WRITE)
+        .unwrap());
+    m.check().unwrap();
+    for k in 0..16 {
+        let raw = s.entry(VA.add(k * PAGE), 0).unwrap();
+        assert!(Arm64::is_dirty(raw) && is_contiguous(raw), "page {k}");
+    }
+    // Nothing left to do: a spurious fault.
+    assert!(!s
+        .ptep_set_access_flags(VA.add(9 * PAGE), FaultFlags::WRITE)
+        .unwrap());
+}
+
+#[test]
+fn contpte_congruent_move_keeps_runs_folded() {
+    let (m, mut s) = machine();
+    let len = 3 * RUN;
+    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, len);
+    // 64 KiB-congruent but not 2 MiB-congruent: entries are moved one by
+    // one, and the runs stay folded.
+    let dst = VA.add(64 << 20).add(5 * RUN);
+    s.move_page_tables(VA, dst, len).unwrap();
+    m.check().unwrap();
+    assert!(hints(&s, dst, len, 0).iter().all(|&c| c));
+    touch(&m, dst, len);
+    assert!(m.tlb_holds_run(dst.add(RUN)));
+    for k in 0..len / PAGE {
+        assert_eq!(
+            s.translate(dst.add(k * PAGE)).unwrap().pa.0,
+            PA.0 + k * PAGE
+        );
+    }
+    // Part of a run, congruent: the source run is unfolded first.
+    let dst2 = dst.add(128 << 20);
+    s.move_page_tables(dst.add(RUN + 4 * PAGE), dst2.add(RUN + 4 * PAGE), RUN)
+        .unwrap();
+    m.check().unwrap();
+    assert!(hints(&s, dst2.add(RUN + 4 * PAGE), RUN, 0)
+        .iter()
+        .all(|&c| !c));
+    assert!(hints(&s, dst, RUN + 4 * PAGE, 0)
+        .iter()
+        .skip(16)
+        .all(|&c| !c));
+    assert!(hints(&s, dst, RUN, 0).iter().all(|&c| c));
+}
+
+#[test]
+fn contpte_non_congruent_move_unfolds_runs() {
+    let (m, mut s) = machine();
+    let len = 3 * RUN;
+    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, len);
+    let dst = VA.add(64 << 20).add(3 * PAGE);
+    s.move_page_tables(VA, dst, len).unwrap();
+    m.check().unwrap();
+    assert!(hints(&s, dst, len, 0).iter().all(|&c| !c));
+    touch(&m, dst, len);
+    for k in 0..len / PAGE {
+        assert_eq!(
+            s.translate(dst.add(k * PAGE)).unwrap().pa.0,
+            PA.0 + k * PAGE
+        );
+    }
+    m.check().unwrap();
+}
+
+#[test]
+fn contpte_memory_type_change_of_whole_runs_breaks_the_run_at_once() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, 2 * RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, 2 * RUN);
+    let nc = Prot::READ_WRITE.with_mem(MemType::NormalNonCacheable);
+    s.change_protection(VA, 2 * RUN, nc).unwrap();
+    m.check().unwrap();
+    assert!(hints(&s, VA, 2 * RUN, 0).iter().all(|&c| c));
+    touch(&m, VA, 2 * RUN);
+    assert_eq!(s.translate(VA.add(7 * PAGE)).unwrap().prot, nc);
+    m.check().unwrap();
+}
+
+#[test]
+fn contpte_live_change_of_part_of_a_run_needs_break_before_make() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, 2 * RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, 2 * RUN);
+    let before = ptes(&s, VA, 2 * RUN);
+    assert_eq!(
+        s.change_protection_live(VA.add(PAGE), PAGE, Prot::READ_ONLY, LiveOptions::IN_PLACE),
+        Err(Error::BreakBeforeMake(VA.add(PAGE)))
+    );
+    assert_eq!(ptes(&s, VA, 2 * RUN), before);
+    // Whole runs: in place, folded.
+    s.change_protection_live(VA, 2 * RUN, Prot::READ_ONLY, LiveOptions::IN_PLACE)
+        .unwrap();
+    m.check().unwrap();
+    assert!(hints(&s, VA, 2 * RUN, 0).iter().all(|&c| c));
+    // Allowed: the run is unfolded with break-before-make.
+    s.change_protection_live(VA.add(PAGE), PAGE, Prot::READ_WRITE, LiveOptions::ALLOW_BBM)
+        .unwrap();
+    m.check().unwrap();
+    assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
+    assert_eq!(s.translate(VA.add(PAGE)).unwrap().prot, Prot::READ_WRITE);
+}
+
+#[test]
+fn contpte_fork_of_part_of_a_run_gives_the_child_no_partial_run() {
+    let (m, mut s) = machine();
+    let m2 = SimMachine::<Arm64>::new();
+    let mut child = AddressSpace::new(m2.mmu(), m2.alloc()).unwrap();
+    s.map(VA, PA, 2 * RUN, user_rw(), MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, 2 * RUN);
+    s.copy_page_range(&mut child, VA.add(8 * PAGE), RUN, CopyMode::Cow)
+        .unwrap();
+    m.check().unwrap();
+    for k in 8..24 {
+        let raw = child.entry(VA.add(k * PAGE), 0).unwrap();
+        assert!(!is_contiguous(raw), "child page {k}");
+        assert!(
+            !is_contiguous(s.entry(VA.add(k * PAGE), 0).unwrap()),
+            "parent page {k}"
+        );
+    }
+    // A whole run copies folded, consistently in both.
+    let mut child2 = AddressSpace::new(m2.mmu(), m2.alloc()).unwrap();
+    s.map(
+        VA.add(4 * RUN),
+        PhysAddr(PA.0 + 4 * RUN),
+        RUN,
+        user_rw(),
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    s.copy_page_range(&mut child2, VA.add(4 * RUN), RUN, CopyMode::Cow)
+        .unwrap();
+    m.check().unwrap();
+    assert!(hints(&s, VA.add(4 * RUN), RUN, 0).iter().all(|&c| c));
+    for k in 0..16 {
+        let raw = child2.entry(VA.add(4 * RUN + k * PAGE), 0).unwrap();
+        assert!(is_contiguous(raw) && !Arm64::leaf_prot(raw, 0).writable());
+    }
+}
+
+#[test]
+fn contpte_failed_operations_leave_the_tables_unchanged() {
+    let (m, mut s) = machine();
+    // Blocks (a folded PMD run) and a folded PTE run.
+    let va = VirtAddr(PMD_RUN * 2);
+    s.map(
+        va,
+        PhysAddr(PMD_RUN * 4),
+        PMD_RUN,
+        Prot::READ_WRITE,
+        MapOptions::BLOCKS,
+    )
+    .unwrap();
+    s.map(VA, PA, 2 * RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let blocks = |s: &Space| -> Vec<u64> {
+        (0..16)
+            .map(|k| s.entry(va.add(k * (2 << 20)), 1).unwrap())
+            .collect()
+    };
+    let (b0, p0) = (blocks(&s), ptes(&s, VA, 2 * RUN));
+    let tables = s.count_tables();
+    // Splitting a block needs a table: none left.
+    m.fail_table_allocs_after(Some(0));
+    let at = va.add(PAGE);
+    assert_eq!(
+        s.change_protection(at, PAGE, Prot::READ_ONLY),
+        Err(Error::OutOfMemory)
+    );
+    assert_eq!(s.unmap(at, PAGE), Err(Error::OutOfMemory));
+    // A move that needs destination tables.
+    assert_eq!(
+        s.move_page_tables(VA.add(PAGE), VirtAddr(1 << 38).add(PAGE), RUN),
+        Err(Error::OutOfMemory)
+    );
+    m.fail_table_allocs_after(None);
+    assert_eq!(blocks(&s), b0);
+    assert_eq!(ptes(&s, VA, 2 * RUN), p0);
+    assert_eq!(s.count_tables(), tables);
+    m.check().unwrap();
+}
+
+#[test]
+fn contpte_tlb_fills_of_a_gib_are_16_times_fewer_folded() {
+    let gib = 1u64 << 30;
+    let fills = |opts: MapOptions| {
+        let (m, mut s) = machine();
+        s.map(VA, PA, gib, Prot::READ_WRITE, opts).unwrap();
+        let before = m.stats().tlb_fills;
+        touch(&m, VA, gib);
+        let n = m.stats().tlb_fills - before;
+        m.check().unwrap();
+        n
+    };
+    let folded = fills(MapOptions::PAGES);
+    let unfolded = fills(MapOptions::PAGES.no_contiguous());
+    assert_eq!(unfolded, gib / PAGE);
+    assert_eq!(folded, gib / RUN);
+    assert_eq!(unfolded, 16 * folded);
+}
+
+/// A run whose hint outlives a change to part of it: the simulator reports
+/// the disagreeing permissions after the operation.
+#[test]
+fn contpte_sim_catches_a_hint_left_on_a_partly_changed_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.check().unwrap();
+    // What `change_protection` of one page did before it unfolded runs:
+    // that entry alone made read-only, the hint kept.
+    // SAFETY: a leaf changed in place into another leaf of the format;
+    // the test flushes nothing because nothing is cached.
+    let slot = unsafe { s.slot(VA.add(PAGE), 0) }.unwrap();
+    let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
+    let ro = Arm64::modify_prot(raw, Prot::READ_ONLY, 0);
+    assert!(is_contiguous(ro));
+    Arm64::set_pte_at(s.mmu(), VA.add(PAGE), slot, ro);
+    match m.check() {
+        Err(CheckError::Contiguous(c)) => {
+            assert_eq!((c.va, c.height, c.index), (VA, 0, 1));
+            assert!(!c.at_fill);
+        }
+        other => panic!("not caught: {other:?}"),
+    }
+}
+
+/// An output address that breaks the run: a TLB fill through the run
+/// reports it.
+#[test]
+fn contpte_sim_catches_a_fill_through_a_misprogrammed_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    // SAFETY: a leaf replaced by another leaf while nothing is cached.
+    let slot = unsafe { s.slot(VA.add(9 * PAGE), 0) }.unwrap();
+    let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
+    Arm64::set_pte_at(s.mmu(), VA.add(9 * PAGE), slot, raw + 0x10_0000);
+    m.access(VA, Access::READ).unwrap();
+    match m.check() {
+        Err(CheckError::Contiguous(c)) => {
+            assert_eq!((c.va, c.index), (VA, 9));
+            assert!(c.at_fill);
+        }
+        other => panic!("not caught: {other:?}"),
+    }
+}
+
+/// An unfold without the flush between clearing the entries and writing
+/// them again: the cached run translation meets entries without the hint
+/// (a break-before-make violation, Arm ARM D8.16).
+#[test]
+fn contpte_sim_catches_an_unfold_without_the_flush() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, RUN);
+    assert!(m.tlb_holds_run(VA));
+    let mmu = s.mmu().clone();
+    let mut old = Vec::new();
+    for k in 0..16 {
+        // SAFETY: the run's leaves are cleared and made again as the same
+        // leaves without the hint (the broken part is the missing flush).
+        let slot = unsafe { s.slot(VA.add(k * PAGE), 0) }.unwrap();
+        old.push(Arm64::ptep_get_and_clear(&mmu, slot));
+    }
+    // (The flush of the run belongs here.)
+    for (k, o) in old.into_iter().enumerate() {
+        // SAFETY: as above.
+        let slot = unsafe { s.slot(VA.add(k as u64 * PAGE), 0) }.unwrap();
+        Arm64::set_pte_at(&mmu, VA.add(k as u64 * PAGE), slot, o & !desc::CONT);
+    }
+    match m.check() {
+        Err(CheckError::Conflict(c)) => assert_eq!(c.va, VA),
+        other => panic!("not caught: {other:?}"),
+    }
 }

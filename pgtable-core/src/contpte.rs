@@ -143,24 +143,71 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// folded. A no-op for formats without a hint (a constant test).
     /// Returns whether anything was unfolded.
     pub(crate) fn contpte_unfold_edges(&mut self, va: u64, end: u64) -> bool {
+        self.contpte_unfold_edges_if(va, end, &|_, _| true)
+    }
+
+    /// [`contpte_unfold_edges`](Self::contpte_unfold_edges), but only the
+    /// runs whose leaf `changes(raw, height)` says the operation changes
+    /// (a protection change leaves runs that already grant it folded).
+    pub(crate) fn contpte_unfold_edges_if(
+        &mut self,
+        va: u64,
+        end: u64,
+        changes: &impl Fn(u64, u32) -> bool,
+    ) -> bool {
         let mut did = false;
         for height in 0..A::LEVELS {
-            did |= self.contpte_unfold_edges_at(va, end, height);
+            for at in self.partial_runs(va, end, height) {
+                if let Some(v) = at {
+                    did |= self.contpte_unfold_if(v, height, changes);
+                }
+            }
         }
         did
     }
 
+    /// The first address in `[va, end)` of a folded run that the range
+    /// covers in part and whose leaf `changes` says would change: the
+    /// operation would have to unfold it, which needs break-before-make.
+    pub(crate) fn contpte_partial_change(
+        &self,
+        va: u64,
+        end: u64,
+        changes: &impl Fn(u64, u32) -> bool,
+    ) -> Option<VirtAddr> {
+        for height in 0..A::LEVELS {
+            for v in self.partial_runs(va, end, height).into_iter().flatten() {
+                if let Some((slots, _)) = self.folded_run(v, height) {
+                    // Relaxed: we hold the address space; the hardware
+                    // changes accessed/dirty state only.
+                    let raw = slots[0].load(Relaxed);
+                    if changes(raw, height) {
+                        return Some(VirtAddr(v));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The addresses in `[va, end)` whose run at `height` the range covers
+    /// in part: its first page, and the first page of the range in the run
+    /// holding its last page, where they are not on a run boundary.
+    fn partial_runs(&self, va: u64, end: u64, height: u32) -> [Option<u64>; 2] {
+        let run = run_size::<A>(height);
+        if run == 0 {
+            return [None, None];
+        }
+        let first = (va & (run - 1) != 0).then_some(va);
+        let last = (end & (run - 1) != 0).then_some((end.wrapping_sub(1) & !(run - 1)).max(va));
+        [first, last]
+    }
+
     /// [`contpte_unfold_edges`](Self::contpte_unfold_edges) at one height.
     fn contpte_unfold_edges_at(&mut self, va: u64, end: u64, height: u32) -> bool {
-        let run = run_size::<A>(height);
         let mut did = false;
-        if run != 0 {
-            if va & (run - 1) != 0 {
-                did |= self.contpte_unfold(va, height);
-            }
-            if end & (run - 1) != 0 {
-                did |= self.contpte_unfold(end.wrapping_sub(1), height);
-            }
+        for v in self.partial_runs(va, end, height).into_iter().flatten() {
+            did |= self.contpte_unfold(v, height);
         }
         did
     }
@@ -210,46 +257,80 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `va`, if there is one (Linux `__contpte_try_unfold` and
     /// `contpte_convert`): break-before-make for the whole run.
     pub(crate) fn contpte_unfold(&mut self, va: u64, height: u32) -> bool {
+        self.contpte_unfold_if(va, height, &|_, _| true)
+    }
+
+    /// [`contpte_unfold`](Self::contpte_unfold) if `changes` holds for the
+    /// run's leaf.
+    fn contpte_unfold_if(
+        &mut self,
+        va: u64,
+        height: u32,
+        changes: &impl Fn(u64, u32) -> bool,
+    ) -> bool {
         let Some((slots, base)) = self.folded_run(va, height) else {
             return false;
         };
-        let mmu = &self.mmu;
-        // Break: take every entry out atomically (an accessed/dirty update
-        // the hardware makes up to the swap is in the value it returns;
-        // none after it, an invalid entry is never updated).
-        let mut old = [0u64; MAX_RUN];
-        let (mut young, mut dirty) = (false, false);
-        for (o, s) in old.iter_mut().zip(slots) {
-            *o = if height == 0 {
-                A::ptep_get_and_clear(mmu, s)
-            } else {
-                A::pmdp_huge_get_and_clear(mmu, s)
-            };
-            young |= A::is_young(*o);
-            dirty |= A::is_dirty(*o);
+        // Relaxed: we hold the address space; the hardware changes
+        // accessed/dirty state only, which `changes` does not look at.
+        if !changes(slots[0].load(Relaxed), height) {
+            return false;
         }
-        // One flush for the run, before any entry is made again (the flush
-        // orders the clears before the invalidation: the `Mmu` rules).
-        let run = run_size::<A>(height);
-        mmu.flush_tlb_range(TlbRange {
-            start: VirtAddr(base),
-            end: VirtAddr(base.wrapping_add(run)),
-            stride_shift: shift(height),
-            last_level: true,
-        });
-        // Make: the same leaves without the hint, each with the run's
+        // The same leaves without the hint, each with the run's
         // accessed/dirty state (which page the hardware marked is unknown).
-        for (o, s) in old.iter().zip(slots) {
-            let new = match A::decode(*o, height) {
-                Decoded::Leaf(_) => with_ad::<A>(A::clear_cont(*o, height), height, young, dirty),
-                _ => *o,
-            };
-            A::set_pte_nosync(mmu, s, new);
-        }
+        break_run::<A, _>(
+            &self.mmu,
+            slots,
+            base,
+            height,
+            |o, young, dirty| match A::decode(o, height) {
+                Decoded::Leaf(_) => with_ad::<A>(A::clear_cont(o, height), height, young, dirty),
+                _ => o,
+            },
+        );
         self.mmu.stats.add_entries_written(slots.len() as u64);
         // The walker sees the new entries before the caller goes on.
         self.mmu.walker_barrier();
         true
+    }
+}
+
+/// Break-before-make for the whole run `slots` at `height` (first address
+/// `base`): every entry taken out with an atomic get-and-clear (so an
+/// accessed/dirty update the hardware made up to then is in the value
+/// returned; none after it, an invalid entry is never updated), one TLB
+/// flush for the run, then every entry made again as `make(old, young,
+/// dirty)`, where `young`/`dirty` are ORed over the run. The caller issues
+/// the walker barrier (or its table's).
+pub(crate) fn break_run<A: Arch, M: Mmu>(
+    mmu: &M,
+    slots: &[Slot],
+    base: u64,
+    height: u32,
+    make: impl Fn(u64, bool, bool) -> u64,
+) {
+    let mut old = [0u64; MAX_RUN];
+    let (mut young, mut dirty) = (false, false);
+    for (o, s) in old.iter_mut().zip(slots) {
+        *o = if height == 0 {
+            A::ptep_get_and_clear(mmu, s)
+        } else {
+            A::pmdp_huge_get_and_clear(mmu, s)
+        };
+        young |= A::is_young(*o);
+        dirty |= A::is_dirty(*o);
+    }
+    // One flush for the run, before any entry is made again (the flush
+    // orders the clears before the invalidation: the `Mmu` rules).
+    let run = (slots.len() as u64) << shift(height);
+    mmu.flush_tlb_range(TlbRange {
+        start: VirtAddr(base),
+        end: VirtAddr(base.wrapping_add(run)),
+        stride_shift: shift(height),
+        last_level: true,
+    });
+    for (o, s) in old.iter().zip(slots) {
+        A::set_pte_nosync(mmu, s, make(*o, young, dirty));
     }
 }
 

@@ -6,7 +6,7 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{needs_bbm, table_at, FreeQueue};
-use crate::level::index;
+use crate::level::{index, shift, size};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGather, VirtAddr,
     PAGE_SIZE,
@@ -159,12 +159,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Err(Error::OutOfRange(va));
         }
         let (slot, h) = self.find_leaf(va).ok_or(Error::NotMapped(va))?;
+        // A folded contiguous run is one translation: the change applies
+        // to every entry of it (Linux `contpte_ptep_set_access_flags`).
         // Relaxed: the compare-exchange below re-checks it.
-        let mut cur = slot.load(Relaxed);
-        let (old, new) = loop {
-            if !matches!(A::decode(cur, h), Decoded::Leaf(_)) {
-                return Err(Error::NotMapped(va));
-            }
+        let (slots, base) = match A::is_cont(slot.load(Relaxed), h) {
+            true => match self.folded_run(va.0, h) {
+                Some((run, base)) => (run, base),
+                None => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
+            },
+            false => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
+        };
+        let change = |cur: u64| {
             let mut new = A::mkyoung(cur, h);
             if flags.write {
                 let p = A::leaf_prot(new, h);
@@ -176,27 +181,55 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if flags.dirty {
                 new = A::mkdirty(new, h);
             }
-            if new == cur {
-                return Ok(false);
-            }
-            if needs_bbm::<A>(cur, new, h) {
-                return Err(Error::BreakBeforeMake(va));
-            }
-            // Relaxed: atomic against the hardware's A/D update; the walker
-            // is ordered by the barrier below.
-            match slot.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
-                Ok(_) => break (cur, new),
-                Err(now) => cur = now,
-            }
+            new
         };
-        if M::OBSERVES_WRITES {
-            self.mmu.entry_written(slot, old);
+        // Checked before anything is written: the entries of a run share
+        // their attributes, so the first decides.
+        // Relaxed: as above.
+        let cur = slots[0].load(Relaxed);
+        if !matches!(A::decode(cur, h), Decoded::Leaf(_)) {
+            return Err(Error::NotMapped(va));
         }
-        self.mmu.stats.add_entries_written(1);
+        if needs_bbm::<A>(cur, change(cur), h) {
+            return Err(Error::BreakBeforeMake(va));
+        }
+        let mut flush = false;
+        let mut written = 0u64;
+        for slot in slots {
+            // Relaxed: the compare-exchange below re-checks it.
+            let mut cur = slot.load(Relaxed);
+            let done = loop {
+                if !matches!(A::decode(cur, h), Decoded::Leaf(_)) {
+                    break None;
+                }
+                let new = change(cur);
+                if new == cur {
+                    break None;
+                }
+                // Relaxed: atomic against the hardware's A/D update; the
+                // walker is ordered by the barrier below.
+                match slot.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
+                    Ok(_) => break Some((cur, new)),
+                    Err(now) => cur = now,
+                }
+            };
+            if let Some((old, new)) = done {
+                if M::OBSERVES_WRITES {
+                    self.mmu.entry_written(slot, old);
+                }
+                written += 1;
+                flush |= A::mkyoung(old, h) != A::mkyoung(new, h);
+            }
+        }
+        if written == 0 {
+            return Ok(false);
+        }
+        let span = (slots.len() as u64) << shift(h);
+        self.mmu.stats.add_entries_written(written);
         self.table_done();
-        if A::mkyoung(old, h) != A::mkyoung(new, h) {
+        if flush {
             let mut gather = TlbGather::new();
-            gather.add_leaf(va, h);
+            gather.add_range(VirtAddr(base), span, h);
             self.finish(gather, FreeQueue::new());
         }
         Ok(true)

@@ -151,6 +151,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
         };
 
+        // A run the range covers in part is unfolded in the source first,
+        // so the child never gets part of a folded run.
+        self.contpte_unfold_edges(va.0, end);
+
         // Phase 3: copy, then the source's one flush.
         dst.may_hold_global |= self.may_hold_global;
         let mut gather = TlbGather::new();

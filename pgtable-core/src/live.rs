@@ -95,6 +95,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let end = self.check_range(va, len)?;
         let top = A::LEVELS - 1;
         if A::BREAK_BEFORE_MAKE && !opts.allow_bbm {
+            // Changing part of a folded contiguous run unfolds it, which
+            // is break-before-make for the whole run.
+            let differs = |raw, h| A::leaf_prot(raw, h) != prot;
+            if let Some(at) = self.contpte_partial_change(va.0, end, &differs) {
+                return Err(Error::BreakBeforeMake(at));
+            }
             if let Some(at) = self.live_bbm_check(top, self.root, va.0, end, prot) {
                 return Err(Error::BreakBeforeMake(at));
             }
@@ -181,6 +187,33 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     self.live_change(height - 1, c, va, next, prot, stash, gather);
                 }
                 Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
+                Decoded::Leaf(_)
+                    if A::is_cont(raw, height)
+                        && needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) =>
+                {
+                    // A whole folded run (the caller allowed
+                    // break-before-make): all its entries at once, so no
+                    // two disagree in memory type while valid.
+                    let c = A::cont_entries(height) as usize;
+                    let at = index(va, height) & !(c - 1);
+                    let span = c as u64 * crate::level::size(height);
+                    let base = va & !(span - 1);
+                    crate::contpte::break_run::<A, _>(
+                        &self.mmu,
+                        &t.entries[at..at + c],
+                        base,
+                        height,
+                        |o, _, _| A::modify_prot(o, prot, height),
+                    );
+                    self.mmu.stats.add_entries_written(c as u64);
+                    gather.add_range(VirtAddr(base), span, height);
+                    wrote = true;
+                    va = base.wrapping_add(span);
+                    if va == end {
+                        break;
+                    }
+                    continue;
+                }
                 Decoded::Leaf(_) if height > 0 && !covers(va, next, height) => {
                     // (No table: the count was short, see `take`; the
                     // block keeps its protection.)

@@ -72,7 +72,8 @@ use core::marker::PhantomData;
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash};
-use crate::level::{entry_end, index};
+use crate::contpte;
+use crate::level::{entry_end, index, size};
 use crate::{
     generic, Access, AccessFault, AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Prot,
     Slot, TableAlloc, TlbGather, TlbRange, VirtAddr, PAGE_SIZE,
@@ -148,7 +149,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // A run the range covers in part is unfolded first; whole runs are
         // changed entry by entry and keep the hint (Linux
         // `contpte_wrprotect_ptes`): they agree again by the final flush.
-        self.contpte_unfold_edges(va.0, end);
+        self.contpte_unfold_edges_if(va.0, end, &differs);
         let mut gather = TlbGather::new();
         change(
             self,
@@ -203,6 +204,30 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     self.protect_change(height - 1, c, va, next, prot, stash, gather);
                 }
                 Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
+                Decoded::Leaf(_)
+                    if A::is_cont(raw, height)
+                        && needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) =>
+                {
+                    // A whole folded run of blocks: see `protect_ptes`.
+                    let c = A::cont_entries(height) as usize;
+                    let at = index(va, height) & !(c - 1);
+                    let base = va & !((c as u64 * size(height)) - 1);
+                    let lazy = LazyBarrier::new(&self.mmu);
+                    contpte::break_run::<A, _>(
+                        &lazy,
+                        &t.entries[at..at + c],
+                        base,
+                        height,
+                        |o, _, _| A::modify_prot(o, prot, height),
+                    );
+                    gather.add_range(VirtAddr(base), c as u64 * size(height), height);
+                    changed += c as u64;
+                    va = base.wrapping_add(c as u64 * size(height));
+                    if va == end {
+                        break;
+                    }
+                    continue;
+                }
                 Decoded::Leaf(_) if covers(va, next, height) => {
                     let v = VirtAddr(va);
                     let lazy = LazyBarrier::new(&self.mmu);
@@ -318,6 +343,26 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let old = A::ptep_modify_prot_start(&lazy, v, slot);
                     let new = A::modify_prot(old, prot, 0);
                     A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
+                }
+                PteAction::BreakBeforeMake if A::is_cont(raw, 0) => {
+                    // A whole folded run (runs the range covers in part
+                    // were unfolded first): break-before-make for all its
+                    // entries at once, so no two of them disagree in
+                    // memory type while valid; the run stays folded.
+                    let c = A::cont_entries(0) as usize;
+                    let at = k & !(c - 1);
+                    let run = &entries[at..at + c];
+                    let v = va + at as u64 * PAGE_SIZE;
+                    contpte::break_run::<A, _>(&lazy, run, v, 0, |o, _, _| {
+                        A::modify_prot(o, prot, 0)
+                    });
+                    if first == usize::MAX {
+                        first = at;
+                    }
+                    k = at + c;
+                    last = k - 1;
+                    written += c as u64;
+                    continue;
                 }
                 PteAction::BreakBeforeMake => {
                     // See the module docs.

@@ -22,6 +22,7 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{covers, table_at, FreeQueue, Stash};
+use crate::contpte;
 use crate::level::{entry_end, index, shift};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Table, TableAlloc,
@@ -55,6 +56,24 @@ pub(crate) trait Zap<A: Format> {
 pub(crate) struct Deferred {
     head: u64,
     count: usize,
+}
+
+/// Reports of a zap chunk whose first entry is entry `first` of its table:
+/// every whole folded run in it gets the run's accessed/dirty state (Linux
+/// `contpte_ptep_get`; the hardware may have marked any of its entries).
+fn contpte_gather_chunk<A: Format>(old: &mut [u64], first: usize, runs: usize) {
+    let mut p = (runs - first % runs) % runs;
+    while p + runs <= old.len() {
+        let run = &mut old[p..p + runs];
+        if A::is_cont(run[0], 0) {
+            let young = run.iter().any(|&r| A::is_young(r));
+            let dirty = run.iter().any(|&r| A::is_dirty(r));
+            for r in run.iter_mut().filter(|r| **r != 0) {
+                *r = contpte::with_ad::<A>(*r, 0, young, dirty);
+            }
+        }
+        p += runs;
+    }
 }
 
 /// Discards the removed entries (plain [`AddressSpace::unmap`]).
@@ -206,11 +225,30 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Relaxed: private to this thread (see above).
             head = t.entries[0].load(Relaxed);
             let va = t.entries[1].load(Relaxed);
-            for (k, e) in t.entries.iter().enumerate().skip(2) {
-                let raw = e.load(Relaxed);
+            let runs = A::cont_entries(0) as usize;
+            let mut k = 2;
+            while k < t.entries.len() {
+                let raw = t.entries[k].load(Relaxed);
+                if runs != 0 && k % runs == 0 && A::is_cont(raw, 0) {
+                    // A folded run: every page reported with the run's
+                    // accessed/dirty state (Linux `contpte_ptep_get`).
+                    let run = &t.entries[k..k + runs];
+                    let (young, dirty) = contpte::gather_ad::<A>(run);
+                    for (j, e) in run.iter().enumerate() {
+                        let raw = e.load(Relaxed);
+                        if raw == 0 {
+                            continue;
+                        }
+                        let raw = contpte::with_ad::<A>(raw, 0, young, dirty);
+                        (z.f)(Removed::new(va + (((k + j) as u64) << shift(0)), 0, raw));
+                    }
+                    k += runs;
+                    continue;
+                }
                 if raw != 0 {
                     (z.f)(Removed::new(va + ((k as u64) << shift(0)), 0, raw));
                 }
+                k += 1;
             }
             // SAFETY: unlinked, and the TLB flush has completed.
             unsafe { self.alloc.free_table(pa) };
@@ -233,6 +271,27 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) {
         // SAFETY: the subtree is ours; it was reachable until unlinked.
         let t = unsafe { table_at(&self.alloc, pa) };
+        let runs = A::cont_entries(0) as usize;
+        // Relaxed: exclusive access; the swaps below re-read exactly.
+        if height == 0 && runs != 0 && A::is_cont(t.entries[0].load(Relaxed), 0) {
+            // The first run is folded: it is taken and reported whole now,
+            // with its accessed/dirty state ORed over the run (entries 0
+            // and 1 become the link below).
+            let mut old = [0u64; contpte::MAX_RUN];
+            let (mut young, mut dirty) = (false, false);
+            for (o, slot) in old.iter_mut().zip(&t.entries[..runs]) {
+                // Until the flush the hardware may still write it.
+                *o = A::ptep_get_and_clear(&self.mmu, slot);
+                young |= A::is_young(*o);
+                dirty |= A::is_dirty(*o);
+            }
+            for (k, &o) in old[..runs].iter().enumerate() {
+                if o != 0 {
+                    let raw = contpte::with_ad::<A>(o, 0, young, dirty);
+                    z.removed(va + ((k as u64) << shift(0)), 0, raw);
+                }
+            }
+        }
         if height == 0 {
             for k in 0..2 {
                 let slot = &t.entries[k];
@@ -429,8 +488,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut written = 0u64;
         // The removed entries of a chunk (0 where there was none).
         let mut old = [0u64; CHUNK];
-        for (c, chunk) in t.entries[i..i + n].chunks(CHUNK).enumerate() {
+        let runs = A::cont_entries(0) as usize;
+        // Chunks are aligned in the table (the first may be shorter), so a
+        // folded run never straddles two.
+        let mut off = 0;
+        while off < n {
+            let len = (n - off).min(CHUNK - (i + off) % CHUNK);
+            let chunk = &t.entries[i + off..i + off + len];
+            let base = va + ((off as u64) << shift(0));
+            off += len;
             let mut full = true;
+            // The OR of the entries: whether any has the contiguous hint.
+            let mut seen = 0u64;
             for (slot, out) in chunk.iter().zip(old.iter_mut()) {
                 // Relaxed: we hold the address space exclusively; an entry
                 // the hardware may still update is re-read by the swap.
@@ -449,8 +518,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     A::ptep_get_and_clear(&self.mmu, slot)
                 };
                 full &= raw != 0;
+                seen |= raw;
             }
-            let base = va + (((c * CHUNK) as u64) << shift(0));
+            if runs != 0 && A::is_cont(seen, 0) {
+                contpte_gather_chunk::<A>(&mut old[..len], i + off - len, runs);
+            }
             // A full chunk (the common case) is reported by a loop whose
             // every iteration reports, so the compiler may keep what the
             // callback accumulates in registers throughout.

@@ -3,6 +3,7 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::table_at;
+use crate::contpte;
 use crate::level::{entry_end, index, size};
 use crate::{AddressSpace, Arch, Decoded, Error, Level, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr};
 
@@ -15,7 +16,9 @@ pub struct Translation {
     pub level: Level,
     /// Height of the leaf above the PTE level (0 = 4 KiB page).
     pub height: u32,
-    /// The raw leaf entry.
+    /// The raw leaf entry; for a leaf of a folded contiguous run, with the
+    /// accessed/dirty state of the whole run ORed in (Linux
+    /// `contpte_ptep_get`: the hardware may mark any entry of the run).
     pub entry: u64,
     /// The protection the leaf grants.
     pub prot: Prot,
@@ -32,7 +35,9 @@ pub struct Mapping {
     pub size: u64,
     /// Height above the PTE level.
     pub height: u32,
-    /// The raw entry.
+    /// The raw entry; for a leaf of a folded contiguous run, with the
+    /// accessed/dirty state of the whole run ORed in (as
+    /// [`Translation::entry`]).
     pub entry: u64,
 }
 
@@ -53,13 +58,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             match A::decode(raw, h) {
                 Decoded::Table(c) if h > 0 => tpa = c,
                 Decoded::Leaf(pa) => {
+                    let raw = if A::is_cont(raw, h) {
+                        let run = contpte::run_slots::<A>(t, index(va.0, h), h);
+                        let (young, dirty) = contpte::gather_ad::<A>(run);
+                        contpte::with_ad::<A>(raw, h, young, dirty)
+                    } else {
+                        raw
+                    };
                     return Some(Translation {
                         pa: PhysAddr(pa.0 + (va.0 & (size(h) - 1))),
                         level: Level::at_height(h, A::LEVELS),
                         height: h,
                         entry: raw,
                         prot: A::leaf_prot(raw, h),
-                    })
+                    });
                 }
                 _ => return None,
             }
@@ -89,6 +101,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) {
         // SAFETY: the root or a table reached from it.
         let t = unsafe { table_at(&self.alloc, tpa) };
+        // The accessed/dirty state of the folded run last met: (index of
+        // its first entry, young, dirty).
+        let mut run_ad = (usize::MAX, false, false);
         loop {
             let next = entry_end(va, height, end);
             // Relaxed: we hold the address space; the walker may write A/D.
@@ -100,7 +115,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     pa,
                     size: size(height),
                     height,
-                    entry: raw,
+                    entry: if A::is_cont(raw, height) {
+                        let i = index(va, height);
+                        let first = i & !(A::cont_entries(height) as usize - 1);
+                        if run_ad.0 != first {
+                            let run = contpte::run_slots::<A>(t, i, height);
+                            let (young, dirty) = contpte::gather_ad::<A>(run);
+                            run_ad = (first, young, dirty);
+                        }
+                        contpte::with_ad::<A>(raw, height, run_ad.1, run_ad.2)
+                    } else {
+                        raw
+                    },
                 }),
                 _ => {}
             }

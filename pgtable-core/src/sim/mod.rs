@@ -356,6 +356,29 @@ pub struct BbmConflict {
     pub new: u64,
 }
 
+/// A misprogrammed contiguous run (Arm ARM D8.6.1 "Contiguous bit"): an
+/// entry with the hint whose run does not map one aligned, contiguous
+/// physical range with one memory type, or whose entries are not all valid
+/// leaves with the hint. A TLB fill that meets one reports it (the TLB may
+/// then return any of the run's translations); [`SimMachine::check`] also
+/// reports a run whose entries still disagree in permissions after the
+/// operation (Linux `contpte_wrprotect_ptes` lets them differ only until
+/// the operation's flush). Entries that are `0` (cleared, to be flushed)
+/// are tolerated at fill time, not after an operation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ContConflict {
+    /// First address of the run.
+    pub va: VirtAddr,
+    /// Height of its entries.
+    pub height: u32,
+    /// Index in the run of the first entry that disagrees.
+    pub index: u32,
+    /// That entry.
+    pub raw: u64,
+    /// Found by a TLB fill (`true`) or by the check after an operation.
+    pub at_fill: bool,
+}
+
 /// A table linked before its contents were published: the link store was
 /// not ordered after the table's zeroing or entry writes by a publish
 /// point ([`Mmu::publish_barrier`], a walker barrier or a TLB flush), so a
@@ -379,6 +402,8 @@ pub enum CheckError {
     Conflict(BbmConflict),
     /// A table linked before its contents were published.
     Unordered(UnorderedLink),
+    /// A contiguous run whose entries disagree.
+    Contiguous(ContConflict),
 }
 
 impl fmt::Display for CheckError {
@@ -394,6 +419,15 @@ impl fmt::Display for CheckError {
                 f,
                 "break-before-make violated at {} (height {}): {:#x} written while CPU {} cached {:#x}",
                 c.va, c.height, c.new, c.cpu, c.cached
+            ),
+            CheckError::Contiguous(c) => write!(
+                f,
+                "contiguous run at {} (height {}) misprogrammed{}: entry {} is {:#x}",
+                c.va,
+                c.height,
+                if c.at_fill { " at a TLB fill" } else { "" },
+                c.index,
+                c.raw
             ),
             CheckError::Unordered(u) => write!(
                 f,
@@ -449,6 +483,9 @@ pub struct SimStats {
     pub dirty_set: u64,
     /// A/D write-backs retried because the entry changed under the walker.
     pub ad_retries: u64,
+    /// Leaves cached by walks (TLB fills); a folded contiguous run is one
+    /// fill for the whole run.
+    pub tlb_fills: u64,
 }
 
 /// What an agent thread did (see [`SimMachine::spawn_agent`]).
@@ -740,7 +777,7 @@ impl<A: Arch> SimMachine<A> {
     /// agent's way to force its next touch to walk).
     fn drop_cached(&self, va: VirtAddr) {
         let mut s = self.state();
-        s.drop_where(|&(base, h, leaf, _)| leaf && (va.0 & !(crate::level::size(h) - 1)) == base);
+        s.drop_where(|&(base, h, leaf, _)| leaf && (va.0 & !(state::key_span::<A>(h) - 1)) == base);
     }
 
     /// Reads a `u64` of physical memory directly (no translation).
@@ -790,15 +827,41 @@ impl<A: Arch> SimMachine<A> {
         self.state().cpu.tlb.len()
     }
 
-    /// Whether a leaf covering `va` is cached.
+    /// Whether a leaf covering `va` is cached (one for the page, or one
+    /// for its folded contiguous run).
     pub fn tlb_holds(&self, va: VirtAddr) -> bool {
         let s = self.state();
-        (0..A::LEVELS).any(|h| {
-            let base = va.0 & !(crate::level::size(h) - 1);
+        state::leaf_keys::<A>().any(|h| {
+            let base = va.0 & !(state::key_span::<A>(h) - 1);
             [s.cpu.asid, state::GLOBAL]
                 .iter()
                 .any(|&tag| s.cpu.tlb.contains_key(&(base, h, true, tag)))
         })
+    }
+
+    /// Whether the TLB holds one entry for the whole folded contiguous run
+    /// holding `va`.
+    pub fn tlb_holds_run(&self, va: VirtAddr) -> bool {
+        let s = self.state();
+        (0..A::LEVELS).any(|h| {
+            if A::cont_entries(h) == 0 {
+                return false;
+            }
+            let k = h | state::CONT_KEY;
+            let base = va.0 & !(state::key_span::<A>(k) - 1);
+            [s.cpu.asid, state::GLOBAL]
+                .iter()
+                .any(|&tag| s.cpu.tlb.contains_key(&(base, k, true, tag)))
+        })
+    }
+
+    /// Checks every folded contiguous run reachable from the installed
+    /// roots of every CPU: all entries valid leaves with the hint, one
+    /// aligned contiguous physical range, equal permissions and memory
+    /// type (see [`ContConflict`]); also reports a conflict an earlier TLB
+    /// fill met. [`check`](Self::check) includes it.
+    pub fn check_contiguous(&self) -> Result<(), ContConflict> {
+        self.state().check_contiguous::<A>()
     }
 
     /// Sets how many entries the TLB holds (at least 1).
@@ -1051,7 +1114,7 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
     fn flush_tlb_range(&self, range: TlbRange) {
         let mut s = self.state();
         let me = s.sel;
-        s.flush_range(range, self.tag(), me, self.broadcast);
+        s.flush_range::<A>(range, self.tag(), me, self.broadcast);
     }
 
     fn flush_tlb_all(&self) {

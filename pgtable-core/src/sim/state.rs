@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::vec::Vec;
 
 use super::{
-    AdUpdate, BbmConflict, CheckError, PendingWrite, SimFault, SimFaultKind, SimStats, StaleTlb,
-    UnorderedLink,
+    AdUpdate, BbmConflict, CheckError, ContConflict, PendingWrite, SimFault, SimFaultKind,
+    SimStats, StaleTlb, UnorderedLink,
 };
 use crate::level::{index, size};
 use crate::{
@@ -32,6 +32,17 @@ pub(super) struct Cached {
     /// The table-level restrictions of the walk down to this entry, its
     /// own included for a table entry (Arm ARM D8.4.2, Intel SDM 4.6.1).
     pub(super) limits: TableAttrs,
+    /// Number of adjacent entries it was read from (the whole run for a
+    /// folded contiguous run, else 1), starting at `slot`.
+    pub(super) nslots: u32,
+}
+
+impl Cached {
+    /// Whether it was read from the entry at host address `slot`.
+    #[inline]
+    fn from_slot(&self, slot: u64) -> bool {
+        slot.wrapping_sub(self.slot) < 8 * u64::from(self.nslots)
+    }
 }
 
 /// A small, fast, deterministic hasher for the simulator's maps (keys are
@@ -75,6 +86,31 @@ pub(super) type Key = (u64, u32, bool, u32);
 
 /// The tag of global leaves: they match every ASID.
 pub(super) const GLOBAL: u32 = u32::MAX;
+
+/// Flag in a key's height: the entry caches a whole folded contiguous run
+/// of leaves at that height (Arm ARM D8.6.1), its base the run's start.
+pub(super) const CONT_KEY: u32 = 0x100;
+
+/// The size of the region a key's height covers.
+#[inline]
+pub(super) fn key_span<A: Arch>(h: u32) -> u64 {
+    if h & CONT_KEY != 0 {
+        let h = h & !CONT_KEY;
+        u64::from(A::cont_entries(h)) * size(h)
+    } else {
+        size(h)
+    }
+}
+
+/// The key heights a leaf may be cached under: every height, and the run
+/// flag for heights with a contiguous hint (runs first: one entry covers
+/// more).
+pub(super) fn leaf_keys<A: Arch>() -> impl Iterator<Item = u32> {
+    let runs = (0..A::LEVELS)
+        .filter(|&h| A::cont_entries(h) != 0)
+        .map(|h| h | CONT_KEY);
+    runs.chain(0..A::LEVELS)
+}
 
 /// One CPU's translation state: its root registers, current ASID, TLB
 /// and walk cache. Filled from the shared tables; kept until a flush that
@@ -156,6 +192,8 @@ pub(super) struct State {
     pub(super) conflict: Option<BbmConflict>,
     /// The first table linked before its contents were published.
     pub(super) unordered: Option<UnorderedLink>,
+    /// The first misprogrammed contiguous run a TLB fill met.
+    pub(super) contig: Option<ContConflict>,
     /// Publication epoch: advanced by every barrier, publish and flush.
     epoch: u64,
     /// Table frame to the epoch of its last write (or its allocation).
@@ -190,6 +228,7 @@ impl State {
             sel: 0,
             conflict: None,
             unordered: None,
+            contig: None,
             epoch: 0,
             last_write: Map::default(),
             tlb_capacity: 1024,
@@ -353,7 +392,7 @@ impl State {
                 Decoded::Table(c) if h > 0 => {
                     limits = limits.union(A::table_limits(raw, h));
                     let key = (va & !(size(h) - 1), h, false, self.cpu.asid);
-                    self.cache(key, raw, slot, root, limits);
+                    self.cache(key, raw, slot, root, limits, 1);
                     tpa = c;
                 }
                 Decoded::Leaf(_) if A::leaf_allowed(h) => {
@@ -405,22 +444,104 @@ impl State {
         }
     }
 
-    fn cache(&mut self, key: Key, raw: u64, slot: &Slot, root: PhysAddr, limits: TableAttrs) {
+    /// Caches `raw`, read from `nslots` adjacent entries from `slot` on.
+    fn cache(
+        &mut self,
+        key: Key,
+        raw: u64,
+        slot: &Slot,
+        root: PhysAddr,
+        limits: TableAttrs,
+        nslots: u32,
+    ) {
         let slot = slot as *const Slot as u64;
         let c = Cached {
             raw,
             slot,
             root,
             limits,
+            nslots,
         };
+        if key.2 {
+            self.stats.tlb_fills += 1;
+        }
         if self.cpu.tlb.insert(key, c).is_none() {
             self.cpu.fifo.push_back(key);
-            let tlb = &self.cpu.tlb;
-            let keys = self.cpu.by_slot.entry(slot).or_default();
-            keys.retain(|k| *k != key && tlb.get(k).is_some_and(|c| c.slot == slot));
-            keys.push(key);
+            for i in 0..u64::from(nslots) {
+                let s = slot + 8 * i;
+                let tlb = &self.cpu.tlb;
+                let keys = self.cpu.by_slot.entry(s).or_default();
+                keys.retain(|k| *k != key && tlb.get(k).is_some_and(|c| c.from_slot(s)));
+                keys.push(key);
+            }
             self.shrink_to(self.tlb_capacity);
         }
+    }
+
+    /// A walk found the leaf `raw` with the contiguous hint at `height` in
+    /// `slot`, for `va`: checks its run as the hardware may assume it
+    /// (every entry a valid leaf with the hint, one aligned contiguous
+    /// physical range, one memory type; `0` entries are tolerated, see
+    /// [`ContConflict`]) and returns the slot of its first entry and the
+    /// run's first output address, or records the conflict and returns
+    /// `None`.
+    fn run_of<A: Arch>(
+        &mut self,
+        va: u64,
+        height: u32,
+        raw: u64,
+        slot: &'static Slot,
+    ) -> Option<(&'static Slot, u64)> {
+        let n = A::cont_entries(height);
+        if n == 0 {
+            return None;
+        }
+        let step = size(height);
+        let j = (index(va, height) & (n as usize - 1)) as u64;
+        let Decoded::Leaf(pa) = A::decode(raw, height) else {
+            return None;
+        };
+        let base_pa = pa.0.wrapping_sub(j * step);
+        let mem = A::leaf_prot(raw, height).mem;
+        // SAFETY: the run's `n` entries are in the same table as `slot`
+        // (a run is aligned and `n` divides the table's entry count), so
+        // the first is `j` entries before it.
+        let first: &'static Slot = unsafe { &*(slot as *const Slot).sub(j as usize) };
+        let run_va = va & !(u64::from(n) * step - 1);
+        let mut bad = None;
+        if base_pa & (u64::from(n) * step - 1) != 0 {
+            bad = Some((j as u32, raw));
+        }
+        for i in 0..n {
+            if bad.is_some() {
+                break;
+            }
+            // SAFETY: as above, inside the same table.
+            let e: &Slot = unsafe { &*(first as *const Slot).add(i as usize) };
+            let (r, _) = self.walker_read::<A>(e);
+            if r == 0 {
+                continue;
+            }
+            let ok = A::decode(r, height) == Decoded::Leaf(PhysAddr(base_pa + u64::from(i) * step))
+                && A::is_cont(r, height)
+                && A::leaf_prot(r, height).mem == mem;
+            if !ok {
+                bad = Some((i, r));
+            }
+        }
+        if let Some((index, raw)) = bad {
+            if self.contig.is_none() {
+                self.contig = Some(ContConflict {
+                    va: VirtAddr(run_va),
+                    height,
+                    index,
+                    raw,
+                    at_fill: true,
+                });
+            }
+            return None;
+        }
+        Some((first, base_pa))
     }
 
     /// Removes the cached entries for which `drop` holds; returns how many.
@@ -481,16 +602,19 @@ impl State {
         let mru = self
             .cpu
             .mru
-            .filter(|&(b, h, _, tag)| va & !(size(h) - 1) == b && (tag == asid || tag == GLOBAL))
+            .filter(|&(b, h, _, tag)| {
+                va & !(key_span::<A>(h) - 1) == b && (tag == asid || tag == GLOBAL)
+            })
             .map(|k| (k.1, k.3));
         let tags = [asid, GLOBAL];
-        let all = (0..A::LEVELS).flat_map(|h| tags.map(|t| (h, t)));
-        for (h, tag) in mru.into_iter().chain(all) {
-            let base = va & !(size(h) - 1);
-            let Some(c) = self.cpu.tlb.get(&(base, h, true, tag)).copied() else {
+        let all = leaf_keys::<A>().flat_map(|h| tags.map(|t| (h, t)));
+        for (kh, tag) in mru.into_iter().chain(all) {
+            let base = va & !(key_span::<A>(kh) - 1);
+            let Some(c) = self.cpu.tlb.get(&(base, kh, true, tag)).copied() else {
                 continue;
             };
-            self.cpu.mru = Some((base, h, true, tag));
+            let h = kh & !CONT_KEY;
+            self.cpu.mru = Some((base, kh, true, tag));
             match A::hw_access(c.raw, h, access).and_then(|n| c.limits.check(access).map(|()| n)) {
                 Err(f) => {
                     self.stats.tlb_hits += 1;
@@ -543,7 +667,26 @@ impl State {
                 self.cpu.asid
             };
             let root = self.root_for::<A>(va).map_err(fault)?;
-            self.cache((base, h, true, tag), new, leaf.slot, root, leaf.limits);
+            let run = if A::is_cont(new, h) {
+                self.run_of::<A>(va, h, new, leaf.slot)
+            } else {
+                None
+            };
+            match run {
+                // One entry for the whole folded run (Arm ARM D8.6.1),
+                // holding the run's first output address.
+                Some((first, base_pa)) => {
+                    let n = A::cont_entries(h);
+                    let span = u64::from(n) * size(h);
+                    let Decoded::Leaf(pa) = A::decode(new, h) else {
+                        unreachable!("hw_access keeps a leaf a leaf")
+                    };
+                    let raw = new - (pa.0 - base_pa);
+                    let key = (va & !(span - 1), h | CONT_KEY, true, tag);
+                    self.cache(key, raw, first, root, leaf.limits, n);
+                }
+                None => self.cache((base, h, true, tag), new, leaf.slot, root, leaf.limits, 1),
+            }
             let Decoded::Leaf(pa) = A::decode(new, h) else {
                 unreachable!("hw_access keeps a leaf a leaf")
             };
@@ -585,12 +728,19 @@ impl State {
             };
             for k in keys {
                 let Some(c) = cpu.tlb.get(k) else { continue };
-                if c.slot == addr && !A::change_is_safe(c.raw, new, k.1) {
+                let h = k.1 & !CONT_KEY;
+                // The cached value of this entry: a run's entry maps its
+                // part of the run (leaves are linear in the address).
+                if !c.from_slot(addr) {
+                    continue;
+                }
+                let cached = c.raw + (addr - c.slot) / 8 * size(h);
+                if !A::change_is_safe(cached, new, h) {
                     self.conflict = Some(BbmConflict {
                         cpu: i,
                         va: VirtAddr(k.0),
-                        height: k.1,
-                        cached: c.raw,
+                        height: h,
+                        cached,
                         new,
                     });
                     return;
@@ -648,7 +798,13 @@ impl State {
     /// A range flush executed on `cpu` by an MMU whose ASID is `asid`:
     /// global leaves in the range go too, whatever the ASID (x86 `invlpg`,
     /// arm64 `tlbi vae1is`).
-    pub(super) fn flush_range(&mut self, r: TlbRange, asid: u32, cpu: usize, broadcast: bool) {
+    pub(super) fn flush_range<A: Arch>(
+        &mut self,
+        r: TlbRange,
+        asid: u32,
+        cpu: usize,
+        broadcast: bool,
+    ) {
         self.stats.flush_range += 1;
         self.flush_orders();
         let start = r.start.0;
@@ -656,7 +812,7 @@ impl State {
         for i in self.reach(cpu, broadcast) {
             self.select(i);
             let n = self.drop_where(|&(base, h, leaf, tag)| {
-                let elast = base + (size(h) - 1);
+                let elast = base + (key_span::<A>(h) - 1);
                 let overlaps = base <= last && elast >= start;
                 overlaps && (leaf || !r.last_level) && (tag == asid || tag == GLOBAL)
             });
@@ -723,6 +879,15 @@ impl State {
                 Ok(r) if tag == cpu.asid => r,
                 _ => c.root,
             };
+            if h & CONT_KEY != 0 {
+                if let Err(s) = self.check_run::<A>(i, root, base, h & !CONT_KEY, c) {
+                    let rank = |s: &StaleTlb| (!s.leaf, s.height, s.va.0);
+                    if worst.as_ref().is_none_or(|w| rank(&s) < rank(w)) {
+                        worst = Some(s);
+                    }
+                }
+                continue;
+            }
             let fresh = self.fresh::<A>(root, base, h, leaf);
             let ok = match fresh {
                 None => false,
@@ -754,6 +919,129 @@ impl State {
         worst.map_or(Ok(()), Err)
     }
 
+    /// A cached folded run (CPU `cpu`, from `root`, at `base`, entries at
+    /// `h`) against a fresh walk of each of its entries: each must still be
+    /// the same leaf with the hint, mapping its part of the run with the
+    /// cached rights, and the run must not have become clean while the
+    /// cached entry is dirty.
+    fn check_run<A: Arch>(
+        &self,
+        cpu: usize,
+        root: PhysAddr,
+        base: u64,
+        h: u32,
+        c: &Cached,
+    ) -> Result<(), StaleTlb> {
+        let step = size(h);
+        let mut dirty = false;
+        let mut first_bad = None;
+        for i in 0..u64::from(A::cont_entries(h)) {
+            let fresh = self.fresh::<A>(root, base + i * step, h, true);
+            let want = c.raw + i * step;
+            let ok = match fresh {
+                Some((raw, fh)) => {
+                    dirty |= A::is_dirty(raw);
+                    fh == h
+                        && A::is_cont(raw, h)
+                        && A::decode(raw, h) == A::decode(want, h)
+                        && A::leaf_prot(raw, h) == A::leaf_prot(want, h)
+                }
+                None => false,
+            };
+            if !ok && first_bad.is_none() {
+                first_bad = Some((base + i * step, fresh.map(|f| f.0)));
+            }
+        }
+        if first_bad.is_none() && A::is_dirty(c.raw) && !dirty {
+            first_bad = Some((base, self.fresh::<A>(root, base, h, true).map(|f| f.0)));
+        }
+        match first_bad {
+            None => Ok(()),
+            Some((va, fresh)) => Err(StaleTlb {
+                cpu,
+                va: VirtAddr(va),
+                height: h,
+                leaf: true,
+                cached: c.raw,
+                fresh,
+            }),
+        }
+    }
+
+    /// Every folded contiguous run reachable from an installed root of
+    /// any CPU (see [`ContConflict`]), after an operation: all entries
+    /// valid leaves with the hint, one aligned contiguous physical range,
+    /// equal rights and memory type. Reports a fill-time conflict first.
+    pub(super) fn check_contiguous<A: Arch>(&self) -> Result<(), ContConflict> {
+        if let Some(c) = self.contig {
+            return Err(c);
+        }
+        if (0..A::LEVELS).all(|h| A::cont_entries(h) == 0) {
+            return Ok(());
+        }
+        let mut roots: Vec<PhysAddr> = Vec::new();
+        for i in 0..self.parked.len() {
+            let cpu = self.cpu_ref(i);
+            for r in [cpu.root, cpu.upper_root].into_iter().flatten() {
+                if !roots.contains(&r) {
+                    roots.push(r);
+                }
+            }
+        }
+        for r in roots {
+            self.check_runs_in::<A>(r, A::LEVELS - 1, 0)?;
+        }
+        Ok(())
+    }
+
+    /// [`check_contiguous`](Self::check_contiguous) below the table `tpa`
+    /// at height `h`, whose first entry maps `va`.
+    fn check_runs_in<A: Arch>(&self, tpa: PhysAddr, h: u32, va: u64) -> Result<(), ContConflict> {
+        let Ok(t) = self.table(tpa) else {
+            return Ok(());
+        };
+        let n = A::cont_entries(h) as usize;
+        let step = size(h);
+        let mut i = 0;
+        while i < t.entries.len() {
+            // Relaxed: see `walker_read`.
+            let raw = t.entries[i].load(Relaxed);
+            let eva = va.wrapping_add(i as u64 * step);
+            match A::decode(raw, h) {
+                Decoded::Table(c) if h > 0 => self.check_runs_in::<A>(c, h - 1, eva)?,
+                Decoded::Leaf(pa) if n != 0 && A::is_cont(raw, h) => {
+                    let first = i & !(n - 1);
+                    let run = (n as u64) * step;
+                    let base_pa = pa.0.wrapping_sub((i - first) as u64 * step);
+                    let prot = A::leaf_prot(raw, h);
+                    for (k, e) in t.entries[first..first + n].iter().enumerate() {
+                        // Relaxed: as above.
+                        let r = e.load(Relaxed);
+                        let ok = base_pa & (run - 1) == 0
+                            && A::decode(r, h)
+                                == Decoded::Leaf(PhysAddr(base_pa + k as u64 * step))
+                            && A::is_cont(r, h)
+                            && A::leaf_prot(r, h) == prot;
+                        if !ok {
+                            return Err(ContConflict {
+                                va: VirtAddr(va.wrapping_add(first as u64 * step)),
+                                height: h,
+                                index: k as u32,
+                                raw: r,
+                                at_fill: false,
+                            });
+                        }
+                    }
+                    i = first + n;
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
     pub(super) fn check_visible(&self) -> Result<(), PendingWrite> {
         // Report the lowest slot for a deterministic message.
         match self.pending.iter().min_by_key(|(&s, _)| s) {
@@ -769,6 +1057,8 @@ impl State {
         if let Some(u) = self.unordered {
             return Err(CheckError::Unordered(u));
         }
+        self.check_contiguous::<A>()
+            .map_err(CheckError::Contiguous)?;
         self.check_tlb::<A>().map_err(CheckError::Stale)?;
         self.check_visible().map_err(CheckError::Pending)
     }

@@ -145,6 +145,10 @@ impl<A: Arch> Machine for SimSuiteMachine<A> {
                 va: c.va,
                 what: "break-before-make violated: a live entry replaced while its old translation was cached",
             }),
+            Err(CheckError::Contiguous(c)) => Err(Inconsistency {
+                va: c.va,
+                what: "contiguous run misprogrammed: its entries disagree while the hint is set",
+            }),
             Err(CheckError::Unordered(u)) => Err(Inconsistency {
                 va: VirtAddr(u.slot),
                 what: "table linked before its contents were published; entry at host address",
