@@ -115,7 +115,8 @@ fn require_online(outcome: &Outcome, cpus: u32) -> Result<(), String> {
 /// print `ok <name>`: the linear map is folded into contiguous runs, and a
 /// protection change, unmap or move of part of a run unfolds it whole
 /// (the hint gone from all 16 entries, the MMU enforcing the change on
-/// the one page only) while whole runs stay folded. One of
+/// the one page only) while whole runs stay folded, and an in-place
+/// change of part of a run is refused. One of
 /// [`CONTPTE_AD_CASES`] must pass too.
 pub const CONTPTE_CASES: &[&str] = &[
     "contpte_linear_map_folded",
@@ -124,6 +125,7 @@ pub const CONTPTE_CASES: &[&str] = &[
     "contpte_partial_unmap",
     "contpte_misaligned_move",
     "contpte_congruent_move",
+    "contpte_live_protect_of_part_refused",
     "contpte_cases_free_their_tables",
 ];
 

@@ -4,6 +4,8 @@
 // As in space.rs: failures carry their message inline.
 #![allow(clippy::result_large_err)]
 
+use pgtable_core::{Error, LiveOptions};
+
 use super::*;
 
 pub(super) fn partial_protect(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
@@ -301,4 +303,34 @@ pub(super) fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
         }
     );
     expect_folded(s, "after the accessed/dirty updates", WINDOW, 0)
+}
+
+pub(super) fn live_protect_refused(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
+    const IN_RUN: u64 = 3;
+    map_marked(s, WINDOW, mem.pages, RUN)?;
+    expect_folded(s, "after map", WINDOW, 0)?;
+    let before = run_entries(s, WINDOW, 0)?;
+    // In place, one page of a folded run cannot change: its 16 entries
+    // would disagree while the hint is set, and unfolding them needs
+    // break-before-make, which an in-place change does not allow.
+    let va = WINDOW + IN_RUN * PAGE;
+    let r = s.change_protection_live(VirtAddr(va), PAGE, Prot::READ_ONLY, LiveOptions::IN_PLACE);
+    ensure!(
+        r == Err(Error::BreakBeforeMake(VirtAddr(va))),
+        "protecting one page of a folded run in place: {r:?}, expected BreakBeforeMake({va:#x})"
+    );
+    let after = run_entries(s, WINDOW, 0)?;
+    ensure!(
+        before == after,
+        "the refused change wrote the run: {before:x?} before, {after:x?} after"
+    );
+    store_ok("the page after the refused change", va + 8, 1)?;
+    // With break-before-make allowed, the run is unfolded and the page
+    // changed.
+    s.change_protection_live(VirtAddr(va), PAGE, Prot::READ_ONLY, LiveOptions::ALLOW_BBM)
+        .map_err(|e| Why::new(format_args!("change_protection_live with BBM: {e}")))?;
+    expect_unfolded(s, "after the change with BBM", WINDOW, 0)?;
+    store_faults("a store to the page made read-only", va)?;
+    store_ok("a neighbour", va + PAGE + 8, 1)?;
+    reads_markers("the run", WINDOW, 0, RUN)
 }

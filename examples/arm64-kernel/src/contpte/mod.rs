@@ -26,6 +26,10 @@
 //!   and the old addresses fault;
 //! - `contpte_congruent_move`: a move to a congruent destination keeps
 //!   the runs folded; a move of part of a run unfolds the rest of it;
+//! - `contpte_live_protect_of_part_refused`: `change_protection_live`
+//!   refuses to change one page of a folded run in place
+//!   (`Error::BreakBeforeMake`, nothing written), and with
+//!   break-before-make allowed unfolds the run and changes the page;
 //! - `contpte_access_dirty_aggregation` (hardware access flag and dirty
 //!   state: FEAT_HAFDBS, which `set_tcr` enables through TCR_EL1.HA/HD
 //!   only where ID_AA64MMFR1_EL1.HAFDBS reports it) or
@@ -313,6 +317,10 @@ pub fn cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, pool: 
     run("contpte_partial_unmap", cases::partial_unmap);
     run("contpte_misaligned_move", cases::misaligned_move);
     run("contpte_congruent_move", cases::congruent_move);
+    run(
+        "contpte_live_protect_of_part_refused",
+        cases::live_protect_refused,
+    );
     if hw.hardware() {
         run("contpte_access_dirty_aggregation", |s, m, _| {
             cases::access_dirty(s, m, true)
