@@ -111,7 +111,7 @@ fn require_online(outcome: &Outcome, cpus: u32) -> Result<(), String> {
     }
 }
 
-/// The kernel's `contpte_` cases (src/contpte.rs), each of which must
+/// The kernel's `contpte_` cases (src/contpte/), each of which must
 /// print `ok <name>`: the linear map is folded into contiguous runs, and a
 /// protection change, unmap or move of part of a run unfolds it whole
 /// (the hint gone from all 16 entries, the MMU enforcing the change on
