@@ -7,6 +7,7 @@
 use pgtable_core::{Error, LiveOptions};
 
 use super::*;
+use crate::space::expect_permission;
 
 pub(super) fn partial_protect(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     const RO: u64 = 5;
@@ -198,22 +199,44 @@ fn library_ad(s: &KernelSpace, va: u64) -> Result<(bool, bool), Why> {
 }
 
 /// A store to page `p` of the run at [`WINDOW`]: the hardware marks an
-/// entry of the run dirty, or (`hardware == false`) the write fault's
-/// software path does first, as a kernel without FEAT_HAFDBS would.
+/// entry of the run dirty, or (`hardware == false`, TCR_EL1.HD clear) the
+/// store to the clean page faults and the write fault's software path
+/// (`ptep_set_access_flags`) marks it dirty before the store is made
+/// again, as a kernel without FEAT_HAFDBS does.
 fn dirtying_store(s: &mut KernelSpace, p: u64, v: u64, hardware: bool) -> R {
-    let va = WINDOW + p * PAGE;
+    let va = WINDOW + p * PAGE + 8;
     if !hardware {
-        s.ptep_set_access_flags(VirtAddr(va), FaultFlags::DIRTY)
+        // SAFETY: the window maps only pool frames of the cases.
+        let r = unsafe { probe::write_u64(va, v) };
+        expect_permission(
+            "a store to a clean page without TCR_EL1.HD",
+            r,
+            EC_DABT_CUR,
+            va,
+            true,
+        )?;
+        s.ptep_set_access_flags(VirtAddr(va & !(PAGE - 1)), FaultFlags::DIRTY)
             .map_err(|e| Why::new(format_args!("ptep_set_access_flags (write): {e}")))?;
     }
-    store_ok("a store", va + 8, v)
+    store_ok("a store", va, v)
 }
 
-/// A load from page `p` of the run at [`WINDOW`], after the access
-/// fault's software path when `hardware == false`.
+/// A load from page `p` of the run at [`WINDOW`]. Without TCR_EL1.HA
+/// (`hardware == false`), a load through an entry whose access flag is
+/// clear takes an Access flag fault, and the fault's software path
+/// (`ptep_set_access_flags`) sets it before the load is made again.
 fn accessing_load(s: &mut KernelSpace, p: u64, hardware: bool) -> R {
     let va = WINDOW + p * PAGE;
-    if !hardware {
+    if !hardware && s.entry(VirtAddr(va), 0).is_some_and(|e| e & AF == 0) {
+        match probe::read_u64(va) {
+            Ok(v) => fail!("a load from {va:#x} with the access flag clear and TCR_EL1.HA clear did not fault (read {v:#x})"),
+            Err(f) => ensure!(
+                f.class() == EC_DABT_CUR && f.esr & 0x3c == 0x08 && f.far == va,
+                "a load from {va:#x} with the access flag clear: ESR {:#x} FAR {:#x}, expected an Access flag fault",
+                f.esr,
+                f.far
+            ),
+        }
         s.ptep_set_access_flags(VirtAddr(va), FaultFlags::ACCESS)
             .map_err(|e| Why::new(format_args!("ptep_set_access_flags (read): {e}")))?;
     }

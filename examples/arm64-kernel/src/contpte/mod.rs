@@ -32,10 +32,13 @@
 //!   break-before-make allowed unfolds the run and changes the page;
 //! - `contpte_access_dirty_aggregation` (hardware access flag and dirty
 //!   state: FEAT_HAFDBS, which `set_tcr` enables through TCR_EL1.HA/HD
-//!   only where ID_AA64MMFR1_EL1.HAFDBS reports it) or
-//!   `contpte_access_dirty_aggregation_software` (without them: the
-//!   kernel's fault path, `ptep_set_access_flags`, stands in for the
-//!   hardware): on a run of user pages (created clean), the accessed and
+//!   only where ID_AA64MMFR1_EL1.HAFDBS reports it; run only there) and
+//!   `contpte_access_dirty_aggregation_software` (always, with TCR_EL1.HA
+//!   and HD cleared for the case where they were set: a store to a clean
+//!   page takes a permission fault, a load through a cleared access flag
+//!   an Access flag fault, and the kernel's fault path,
+//!   `ptep_set_access_flags`, does what the hardware would): on a run of
+//!   user pages (created clean), the accessed and
 //!   dirty state is gathered over the 16 entries whichever one got the
 //!   update (`ptep_get`), and cleared over the run with one flush of the
 //!   whole run (`test_and_clear_young`, `clear_refs`), so the next access
@@ -59,10 +62,12 @@
 mod cases;
 mod linear;
 
+use aarch64_cpu::asm::barrier::{isb, SY};
 use aarch64_cpu::registers::{ID_AA64MMFR1_EL1, TCR_EL1};
 use pgtable_arm64::desc::{
     is_contiguous, is_hw_dirty, AF, AP_RDONLY, CONT, DBM, OA_MASK, SW_DIRTY,
 };
+use pgtable_arm64::mmu::local_flush_tlb_all;
 use pgtable_core::{ClearRefs, Decoded, FaultFlags, Format, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
@@ -135,6 +140,33 @@ impl HwAd {
     fn hardware(self) -> bool {
         self.ha && self.hd
     }
+}
+
+/// TCR_EL1.HA (bit 39) and TCR_EL1.HD (bit 40).
+const TCR_HA_HD: u64 = (1 << 39) | (1 << 40);
+
+/// Runs `f` with the hardware access-flag and dirty-state updates off
+/// (TCR_EL1.HA and TCR_EL1.HD clear) on this CPU, the only one running,
+/// then turns them back on as they were. Every entry the kernel itself
+/// uses has the access flag set and its writable leaves are created
+/// dirty, so nothing but the case's own pages needs the updates meanwhile.
+fn without_hw_ad(hw: HwAd, f: impl FnOnce() -> R) -> R {
+    use tock_registers::interfaces::Writeable;
+    if !(hw.ha || hw.hd) {
+        return f();
+    }
+    let tcr = TCR_EL1.get();
+    TCR_EL1.set(tcr & !TCR_HA_HD);
+    // The write takes effect after the isb; the architecture lets TLB
+    // entries hold TCR_EL1 fields, so the local flush drops those made
+    // under the old value.
+    isb(SY);
+    local_flush_tlb_all();
+    let r = f();
+    TCR_EL1.set(tcr);
+    isb(SY);
+    local_flush_tlb_all();
+    r
 }
 
 /// Writes word 0 of the frame at `pa` through the linear map.
@@ -325,11 +357,12 @@ pub fn cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, pool: 
         run("contpte_access_dirty_aggregation", |s, m, _| {
             cases::access_dirty(s, m, true)
         });
-    } else {
-        run("contpte_access_dirty_aggregation_software", |s, m, _| {
-            cases::access_dirty(s, m, false)
-        });
     }
+    // The software path: on a CPU without FEAT_HAFDBS as it is; on one
+    // with it, with TCR_EL1.HA/HD cleared for the case.
+    run("contpte_access_dirty_aggregation_software", |s, m, hw| {
+        without_hw_ad(hw, || cases::access_dirty(s, m, false))
+    });
     t.case("contpte_cases_free_their_tables", || {
         let (live, _) = memory::tables_live();
         ensure!(
