@@ -9,6 +9,7 @@ use pgtable_core::{Error, LiveOptions};
 use super::*;
 use crate::space::expect_permission;
 
+/// `contpte_partial_protect`.
 pub(super) fn partial_protect(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     const RO: u64 = 5;
     map_marked(s, WINDOW, mem.pages, PAGES)?;
@@ -38,6 +39,7 @@ pub(super) fn partial_protect(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     reads_markers("after protecting the run", WINDOW + CONT_PTE, RUN, RUN)
 }
 
+/// `contpte_block_run_split`.
 pub(super) fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     const SPLIT: u64 = 6;
     s.map(
@@ -53,7 +55,6 @@ pub(super) fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
         store_ok("before the change", BLOCKS_VA + b * BLOCK + 0x1008, b)?;
     }
     // The page at 0x1000 of block SPLIT becomes read-only.
-    // One page in the middle of block SPLIT.
     let va = BLOCKS_VA + SPLIT * BLOCK + 0x1000;
     s.change_protection(VirtAddr(va), PAGE, Prot::READ_ONLY)
         .map_err(|e| Why::new(format_args!("change_protection of a page of a block: {e}")))?;
@@ -89,6 +90,7 @@ pub(super) fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     store_ok("the page before the read-only one", va - PAGE, 1)
 }
 
+/// `contpte_partial_unmap`.
 pub(super) fn partial_unmap(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     const HOLE: u64 = 9;
     map_marked(s, WINDOW, mem.pages, PAGES)?;
@@ -124,6 +126,7 @@ pub(super) fn partial_unmap(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     Ok(())
 }
 
+/// `contpte_misaligned_move`.
 pub(super) fn misaligned_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     // Not 64 KiB-congruent with the frames (which are 64 KiB aligned).
     const DST: u64 = MOVED + PAGE;
@@ -144,6 +147,7 @@ pub(super) fn misaligned_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     store_ok("at the destination", DST + 8, 1)
 }
 
+/// `contpte_congruent_move`.
 pub(super) fn congruent_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     const PART: (u64, u64) = (6, 4);
     map_marked(s, WINDOW, mem.pages, PAGES)?;
@@ -243,6 +247,8 @@ fn accessing_load(s: &mut KernelSpace, p: u64, hardware: bool) -> R {
     load_is("a load", va, MARK ^ p)
 }
 
+/// `contpte_access_dirty_aggregation` (`hardware`) and
+/// `contpte_access_dirty_aggregation_software`.
 pub(super) fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
     const STORE: u64 = 7;
     const LOAD: u64 = 12;
@@ -328,6 +334,7 @@ pub(super) fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
     expect_folded(s, "after the accessed/dirty updates", WINDOW, 0)
 }
 
+/// `contpte_live_protect_of_part_refused`.
 pub(super) fn live_protect_refused(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     const IN_RUN: u64 = 3;
     map_marked(s, WINDOW, mem.pages, RUN)?;
