@@ -579,7 +579,9 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     #[inline]
     fn modify_prot(raw: u64, prot: Prot, height: u32) -> u64 {
         // Keep the address, the access flag, the contiguous hint and the
-        // software bits; carry the dirty state across (Linux `pte_modify`:
+        // software bits (the hint is right to keep: the algorithms change
+        // a folded run whole, or unfold it first, so all 16 entries get
+        // the same new protection); carry the dirty state across (Linux `pte_modify`:
         // hardware dirty becomes software dirty, and a writable result of a
         // dirty leaf is made hardware dirty again).
         let dirty = Self::is_dirty(raw);
@@ -597,7 +599,8 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     #[inline]
     fn split_leaf(raw: u64, height: u32) -> u64 {
         // The contiguous hint describes 16 entries of the parent's size; it
-        // does not carry over to the children.
+        // does not carry over to the children (and the algorithms unfold
+        // the block's run, its 15 siblings included, before a split).
         let child = raw & !CONT;
         if height == 1 {
             child | TABLE_OR_PAGE

@@ -111,6 +111,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if h == height {
                 return Some(t);
             }
+            // Relaxed: we hold the address space; the hardware changes
+            // accessed/dirty state only, never the kind of entry.
             match A::decode(t.entries[index(va, h)].load(Relaxed), h) {
                 Decoded::Table(c) => pa = c,
                 _ => return None,
@@ -157,10 +159,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> bool {
         let mut did = false;
         for height in 0..A::LEVELS {
-            for at in self.partial_runs(va, end, height) {
-                if let Some(v) = at {
-                    did |= self.contpte_unfold_if(v, height, changes);
-                }
+            for v in self.partial_runs(va, end, height).into_iter().flatten() {
+                did |= self.contpte_unfold_if(v, height, changes);
             }
         }
         did
@@ -330,7 +330,13 @@ pub(crate) fn break_run<A: Arch, M: Mmu>(
         last_level: true,
     });
     for (o, s) in old.iter().zip(slots) {
-        A::set_pte_nosync(mmu, s, make(*o, young, dirty));
+        // Only leaves are made again (a folded run holds nothing else; an
+        // entry that was not a leaf goes back as it was).
+        match A::decode(*o, height) {
+            Decoded::Leaf(_) => A::set_pte_nosync(mmu, s, make(*o, young, dirty)),
+            Decoded::None => {}
+            _ => A::set_pte_nosync(mmu, s, *o),
+        }
     }
 }
 

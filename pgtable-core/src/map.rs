@@ -27,6 +27,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// the block size; 4 KiB pages elsewhere. No TLB maintenance is needed
     /// (nothing valid is replaced).
     ///
+    /// Where the format has a contiguous hint ([`Format::cont_entries`]:
+    /// arm64 runs of 16 pages or 16 2 MiB blocks, Arm ARM D8.6.1), every
+    /// aligned run that this call maps whole, with the physical address
+    /// congruent to the virtual one modulo the run size, is written with
+    /// the hint (Linux `contpte_set_ptes`), unless `opts` say
+    /// [`no_contiguous`](MapOptions::no_contiguous). The choice is made
+    /// once per table span, so the per-entry loop is unchanged. Runs that
+    /// two calls map half each are not folded.
+    ///
+    /// [`Format::cont_entries`]: crate::Format::cont_entries
+    ///
     /// # Errors
     ///
     /// Misaligned or zero length, a range outside the address space, a

@@ -234,6 +234,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             pending.flush::<A, _>(&self.mmu);
         }
         self.may_hold_global |= prot.global();
+        // Runs covered in part are unfolded (flushed at once, as
+        // break-before-make needs), as `change_protection` does.
+        self.contpte_unfold_edges_if(va.0, end, &differs);
         self.protect_change(top, self.root, va.0, end, prot, &mut stash, &mut tlb.tlb);
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         let short = stash.short;

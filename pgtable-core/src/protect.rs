@@ -344,13 +344,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let new = A::modify_prot(old, prot, 0);
                     A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
                 }
-                PteAction::BreakBeforeMake if A::is_cont(raw, 0) => {
+                PteAction::BreakBeforeMake if A::is_cont(raw, 0) && whole_run::<A>(i, k, n) => {
                     // A whole folded run (runs the range covers in part
                     // were unfolded first): break-before-make for all its
                     // entries at once, so no two of them disagree in
                     // memory type while valid; the run stays folded.
                     let c = A::cont_entries(0) as usize;
-                    let at = k & !(c - 1);
+                    let at = ((i + k) & !(c - 1)) - i;
                     let run = &entries[at..at + c];
                     let v = va + at as u64 * PAGE_SIZE;
                     contpte::break_run::<A, _>(&lazy, run, v, 0, |o, _, _| {
@@ -390,6 +390,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.mmu.stats.add_entries_written(written);
         self.table_done();
     }
+}
+
+/// Whether entry `k` of the PTE loop's `n` entries (from table index `i`)
+/// lies in a contiguous run that the loop covers whole.
+#[inline]
+fn whole_run<A: Arch>(i: usize, k: usize, n: usize) -> bool {
+    let c = A::cont_entries(0) as usize;
+    let first = (i + k) & !(c.max(1) - 1);
+    c != 0 && first >= i && first + c <= i + n
 }
 
 /// What the PTE loop does with leaves of one attribute word.

@@ -99,12 +99,22 @@ pub fn busy(us: u64) {
 /// Pages, a partly covered block, a whole block and a swap entry: each
 /// removed entry is reported once, with its address, size and dirty state;
 /// the tables end as plain unmap leaves them.
+///
+/// The counts here are per entry, so the user pages are mapped without the
+/// contiguous hint (a folded run reports the run's accessed/dirty state for
+/// each of its pages: see `pgtable-arm64/tests/contpte.rs`).
 pub fn unmap_with_reports_each_removed_entry<A: Arch>() {
     let (m, mut s) = setup::<A>();
     // [0, 4M): two 2 MiB blocks (pages where the format has none).
     map(&mut s, 0, 2 * M2, KRW, MapOptions::PMD_BLOCKS);
     // [4M, 4M + 64K): 16 pages, then a swap entry in the 17th.
-    map(&mut s, 2 * M2, 16 * K4, URW, MapOptions::PAGES);
+    map(
+        &mut s,
+        2 * M2,
+        16 * K4,
+        URW,
+        MapOptions::PAGES.no_contiguous(),
+    );
     let swap_va = VA + 2 * M2 + 16 * K4;
     // SAFETY: an empty PTE slot of an existing table gets a value that
     // decodes as not present, as `slot` allows.
@@ -173,7 +183,13 @@ pub fn unmap_with_reports_each_removed_entry<A: Arch>() {
 pub fn unmap_with_reports_leaves_of_whole_tables<A: Arch>() {
     let (m, mut s) = setup::<A>();
     let live0 = m.alloc().live();
-    map(&mut s, 0, 2 * M2 + 8 * K4, URW, MapOptions::PAGES);
+    map(
+        &mut s,
+        0,
+        2 * M2 + 8 * K4,
+        URW,
+        MapOptions::PAGES.no_contiguous(),
+    );
     m.hw_touch(VirtAddr(VA + M2 + 7 * K4), true).unwrap();
     let mut got = BTreeSet::new();
     let mut dirty = 0;
@@ -224,7 +240,13 @@ pub fn unmap_with_loses_no_dirty_state_under_the_agent<A: Arch + Send>(rounds: u
     let pages = 16u64;
     let (m, mut s) = setup::<A>();
     // Keep the PTE table across rounds (only the pages come and go).
-    map(&mut s, pages * K4, K4, URW, MapOptions::PAGES);
+    map(
+        &mut s,
+        pages * K4,
+        K4,
+        URW,
+        MapOptions::PAGES.no_contiguous(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let agent = m.spawn_agent(VirtAddr(VA), pages * K4, stop.clone());
     let mut reported = 0u64;
@@ -234,7 +256,13 @@ pub fn unmap_with_loses_no_dirty_state_under_the_agent<A: Arch + Send>(rounds: u
     // (bounded in time: the machine may be busy).
     while done < rounds || (m.stats().dirty_set < 200 && t0.elapsed().as_secs() < 20) {
         done += 1;
-        map(&mut s, 0, pages * K4, URW, MapOptions::PAGES);
+        map(
+            &mut s,
+            0,
+            pages * K4,
+            URW,
+            MapOptions::PAGES.no_contiguous(),
+        );
         s.unmap_with(VirtAddr(VA), pages * K4, |r| {
             reported += u64::from(r.dirty());
             // A consumer that takes its time (freeing the page): the
@@ -451,7 +479,13 @@ pub fn clear_refs_harvests_blocks_whole<A: Arch>() {
 pub fn clear_refs_loses_no_update_under_the_agent<A: Arch + Send>(rounds: usize) {
     let pages = 64u64;
     let (m, mut s) = setup::<A>();
-    map(&mut s, 0, pages * K4, URW, MapOptions::PAGES);
+    map(
+        &mut s,
+        0,
+        pages * K4,
+        URW,
+        MapOptions::PAGES.no_contiguous(),
+    );
     // Start with everything old and clean.
     s.clear_refs(VirtAddr(VA), pages * K4, ClearRefs::ALL, |_| {})
         .unwrap();
