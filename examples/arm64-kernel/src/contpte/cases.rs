@@ -331,7 +331,30 @@ pub(super) fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
             "the fault path (ptep_set_access_flags)"
         }
     );
-    expect_folded(s, "after the accessed/dirty updates", WINDOW, 0)
+    expect_folded(s, "after the accessed/dirty updates", WINDOW, 0)?;
+    // Unmapping the run reports every page with the run's state: one
+    // entry was marked dirty, but which page was written is not known.
+    let mut seen = 0u16;
+    let mut bad: Option<(u64, Option<PhysAddr>, bool)> = None;
+    s.unmap_with(VirtAddr(WINDOW), CONT_PTE, |x| {
+        let p = (x.va().0 - WINDOW) / PAGE;
+        if p < RUN && x.pa() == Some(PhysAddr(mem.pages + p * PAGE)) && x.dirty() {
+            seen |= 1 << p;
+        } else {
+            bad.get_or_insert((x.va().0, x.pa(), x.dirty()));
+        }
+    })
+    .map_err(|e| Why::new(format_args!("unmap_with: {e}")))?;
+    if let Some((va, pa, d)) = bad {
+        fail!(
+            "unmap_with reported {va:#x} -> {pa:x?}, dirty {d}: expected a dirty page of the run"
+        );
+    }
+    ensure!(
+        seen == 0xffff,
+        "unmap_with reported pages {seen:#06x} of the run dirty, expected all 16"
+    );
+    load_faults("the unmapped run", WINDOW + STORE * PAGE)
 }
 
 /// `contpte_live_protect_of_part_refused`.

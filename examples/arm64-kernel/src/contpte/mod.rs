@@ -42,7 +42,8 @@
 //!   dirty state is gathered over the 16 entries whichever one got the
 //!   update (`ptep_get`), and cleared over the run with one flush of the
 //!   whole run (`test_and_clear_young`, `clear_refs`), so the next access
-//!   through a translation the TLB held sets it again;
+//!   through a translation the TLB held sets it again; `unmap_with`
+//!   reports every page of the run dirty;
 //! - `contpte_cases_free_their_tables`: every table frame came back.
 //!
 //! Two kinds of evidence: the MMU's (a store to the protected page faults,
