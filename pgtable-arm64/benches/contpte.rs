@@ -24,8 +24,8 @@ const PA: PhysAddr = PhysAddr(2 * G1);
 type Space = AddressSpace<Arm64, NoopMmu, Arena>;
 
 const VARIANTS: [(&str, MapOptions); 2] = [
-    ("folded", MapOptions::PAGES),
     ("unfolded", MapOptions::PAGES.no_contiguous()),
+    ("folded", MapOptions::PAGES),
 ];
 
 fn space() -> Space {
@@ -106,7 +106,7 @@ fn protect(c: &mut Criterion) {
 /// TLB fills of the simulated MMU for loading every page of 1 GiB once.
 fn tlb_fills(opts: MapOptions) -> u64 {
     let m = SimMachine::<Arm64>::new();
-    let s = AddressSpace::new(m.mmu(), m.alloc()).unwrap();
+    let s = AddressSpace::<Arm64, _, _>::new(m.mmu(), m.alloc()).unwrap();
     // SAFETY: a simulated MMU; only the simulated walker uses the tables.
     let mut s = unsafe { Installed::new(s) };
     s.map(VA, PA, G1, Prot::READ_WRITE, opts).unwrap();

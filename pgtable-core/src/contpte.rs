@@ -42,7 +42,7 @@ pub(crate) fn run_size<A: Format>(height: u32) -> u64 {
 /// the hint. It is made of the aligned runs that the range covers whole,
 /// when the physical address is congruent to the virtual one modulo the run
 /// size (so each run maps one aligned physical run) and `opts` allow it;
-/// `len` is `0` otherwise. `end` may be `0` for the top of the address
+/// otherwise `(end, 0)` (the whole range is the unfolded head). `end` may be `0` for the top of the address
 /// space (2^64).
 #[inline]
 pub(crate) fn fold_span<A: Format>(
@@ -54,12 +54,12 @@ pub(crate) fn fold_span<A: Format>(
 ) -> (u64, u64) {
     let run = run_size::<A>(height);
     if run == 0 || !opts.allows_contiguous() || (va ^ pa) & (run - 1) != 0 {
-        return (va, 0);
+        return (end, 0);
     }
     let len = end.wrapping_sub(va);
     let head = va.wrapping_neg() & (run - 1);
     if head >= len {
-        return (va, 0);
+        return (end, 0);
     }
     (va + head, (len - head) & !(run - 1))
 }

@@ -168,7 +168,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Three spans, each with one template: unfolded head, folded
             // whole runs, unfolded tail (see `contpte::fold_span`).
             let (lo, folded) = contpte::fold_span::<A>(0, va, end, pa, opts);
-            let head = ((lo - va) / PAGE_SIZE) as usize;
+            let head = (lo.wrapping_sub(va) / PAGE_SIZE) as usize;
             let mid = (folded / PAGE_SIZE) as usize;
             let spans = [
                 (i, i + head, template),
@@ -186,12 +186,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     }
                 }
             } else {
-                for (a, b, template) in spans {
-                    for e in &t.entries[a..b] {
-                        A::set_pte_nosync(&self.mmu, e, template | pa);
-                        pa += PAGE_SIZE;
-                    }
-                }
+                // Three plain loops (one per span), each the tight
+                // template-OR-address store loop.
+                let (h, m) = (spans[0].1, spans[1].1);
+                pa = fill::<A, _>(&self.mmu, &t.entries[i..h], spans[0].2, pa, PAGE_SIZE);
+                pa = fill::<A, _>(&self.mmu, &t.entries[h..m], spans[1].2, pa, PAGE_SIZE);
+                fill::<A, _>(&self.mmu, &t.entries[m..i + n], spans[2].2, pa, PAGE_SIZE);
             }
             self.mmu.stats.add_entries_written(n as u64);
             self.table_done();
@@ -205,19 +205,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let template = A::leaf_template(prot, height);
             let i = index(va, height);
             let n = (end.wrapping_sub(va) >> shift(height)) as usize;
-            let head = ((lo - va) >> shift(height)) as usize;
+            let head = (lo.wrapping_sub(va) >> shift(height)) as usize;
             let mid = (folded >> shift(height)) as usize;
             let spans = [
                 (i, i + head, template),
                 (i + head, i + head + mid, A::mk_cont(template, height)),
                 (i + head + mid, i + n, template),
             ];
-            for (a, b, template) in spans {
-                for e in &t.entries[a..b] {
-                    A::set_pte_nosync(&self.mmu, e, template | pa);
-                    pa += size(height);
-                }
-            }
+            let (h, m) = (spans[0].1, spans[1].1);
+            let step = size(height);
+            pa = fill::<A, _>(&self.mmu, &t.entries[i..h], spans[0].2, pa, step);
+            pa = fill::<A, _>(&self.mmu, &t.entries[h..m], spans[1].2, pa, step);
+            fill::<A, _>(&self.mmu, &t.entries[m..i + n], spans[2].2, pa, step);
             self.mmu.stats.add_entries_written(n as u64);
             self.table_done();
             return;
@@ -273,6 +272,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             self.table_done();
         }
     }
+}
+
+/// Writes `template | pa` into each of `entries`, `pa` advancing by `step`
+/// (the nosync setter: the caller issues the table's barrier); returns
+/// the next `pa`.
+#[inline(always)]
+fn fill<A: Arch, M: Mmu>(
+    mmu: &M,
+    entries: &[crate::Slot],
+    template: u64,
+    mut pa: u64,
+    step: u64,
+) -> u64 {
+    for e in entries {
+        A::set_pte_nosync(mmu, e, template | pa);
+        pa = pa.wrapping_add(step);
+    }
+    pa
 }
 
 /// Whether every entry of `[va, end)` (within one table at `height`) is a

@@ -40,7 +40,7 @@ pub(super) struct Cached {
 impl Cached {
     /// Whether it was read from the entry at host address `slot`.
     #[inline]
-    fn from_slot(&self, slot: u64) -> bool {
+    fn read_from(&self, slot: u64) -> bool {
         slot.wrapping_sub(self.slot) < 8 * u64::from(self.nslots)
     }
 }
@@ -471,7 +471,7 @@ impl State {
                 let s = slot + 8 * i;
                 let tlb = &self.cpu.tlb;
                 let keys = self.cpu.by_slot.entry(s).or_default();
-                keys.retain(|k| *k != key && tlb.get(k).is_some_and(|c| c.from_slot(s)));
+                keys.retain(|k| *k != key && tlb.get(k).is_some_and(|c| c.read_from(s)));
                 keys.push(key);
             }
             self.shrink_to(self.tlb_capacity);
@@ -731,7 +731,7 @@ impl State {
                 let h = k.1 & !CONT_KEY;
                 // The cached value of this entry: a run's entry maps its
                 // part of the run (leaves are linear in the address).
-                if !c.from_slot(addr) {
+                if !c.read_from(addr) {
                     continue;
                 }
                 let cached = c.raw + (addr - c.slot) / 8 * size(h);
