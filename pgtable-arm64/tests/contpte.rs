@@ -1,14 +1,14 @@
 //! Contiguous mappings (Arm ARM D8.6.1 "Contiguous bit"; Linux
 //! `arch/arm64/mm/contpte.c`) on the simulator: folding on map, unfolding
 //! before a change to part of a run, whole-run changes, accessed/dirty
-//! aggregation, moves, and the simulator's checks.
+//! aggregation and moves; `contpte_sim.rs` has the simulator's own checks.
 
-use pgtable_arm64::desc::{self, is_contiguous};
+use pgtable_arm64::desc::is_contiguous;
 use pgtable_arm64::Arm64;
-use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimMachine, SimMmu};
+use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
-    Access, AddressSpace, Arch, ClearRefs, CopyMode, Error, FaultFlags, Format, LiveOptions,
-    MapOptions, MemType, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr,
+    Access, AddressSpace, ClearRefs, CopyMode, Error, FaultFlags, Format, LiveOptions, MapOptions,
+    MemType, PhysAddr, Prot, VirtAddr,
 };
 
 const PAGE: u64 = 4096;
@@ -557,175 +557,6 @@ fn contpte_tlb_fills_of_a_gib_are_16_times_fewer_folded() {
     assert_eq!(unfolded, 16 * folded);
 }
 
-/// A run whose hint outlives a change to part of it: the simulator reports
-/// the disagreeing permissions after the operation.
-#[test]
-fn contpte_sim_catches_a_hint_left_on_a_partly_changed_run() {
-    let (m, mut s) = machine();
-    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
-    m.check().unwrap();
-    // What `change_protection` of one page did before it unfolded runs:
-    // that entry alone made read-only, the hint kept.
-    // SAFETY: a leaf changed in place into another leaf of the format;
-    // the test flushes nothing because nothing is cached.
-    let slot = unsafe { s.slot(VA.add(PAGE), 0) }.unwrap();
-    let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
-    let ro = Arm64::modify_prot(raw, Prot::READ_ONLY, 0);
-    assert!(is_contiguous(ro));
-    Arm64::set_pte_at(s.mmu(), VA.add(PAGE), slot, ro);
-    match m.check() {
-        Err(CheckError::Contiguous(c)) => {
-            assert_eq!((c.va, c.height, c.index), (VA, 0, 1));
-            assert!(!c.at_fill);
-        }
-        other => panic!("not caught: {other:?}"),
-    }
-}
-
-/// An output address that breaks the run: a TLB fill through the run
-/// reports it.
-#[test]
-fn contpte_sim_catches_a_fill_through_a_misprogrammed_run() {
-    let (m, mut s) = machine();
-    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
-    // SAFETY: a leaf replaced by another leaf while nothing is cached.
-    let slot = unsafe { s.slot(VA.add(9 * PAGE), 0) }.unwrap();
-    let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
-    Arm64::set_pte_at(s.mmu(), VA.add(9 * PAGE), slot, raw + 0x10_0000);
-    m.access(VA, Access::READ).unwrap();
-    match m.check() {
-        Err(CheckError::Contiguous(c)) => {
-            assert_eq!((c.va, c.index), (VA, 9));
-            assert!(c.at_fill);
-        }
-        other => panic!("not caught: {other:?}"),
-    }
-}
-
-/// An unfold without the flush between clearing the entries and writing
-/// them again: the cached run translation meets entries without the hint
-/// (a break-before-make violation, Arm ARM D8.16).
-#[test]
-fn contpte_sim_catches_an_unfold_without_the_flush() {
-    let (m, mut s) = machine();
-    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
-    touch(&m, VA, RUN);
-    assert!(m.tlb_holds_run(VA));
-    let mmu = s.mmu().clone();
-    let mut old = Vec::new();
-    for k in 0..16 {
-        // SAFETY: the run's leaves are cleared and made again as the same
-        // leaves without the hint (the broken part is the missing flush).
-        let slot = unsafe { s.slot(VA.add(k * PAGE), 0) }.unwrap();
-        old.push(Arm64::ptep_get_and_clear(&mmu, slot));
-    }
-    // (The flush of the run belongs here.)
-    for (k, o) in old.into_iter().enumerate() {
-        // SAFETY: as above.
-        let slot = unsafe { s.slot(VA.add(k as u64 * PAGE), 0) }.unwrap();
-        Arm64::set_pte_at(&mmu, VA.add(k as u64 * PAGE), slot, o & !desc::CONT);
-    }
-    match m.check() {
-        Err(CheckError::Conflict(c)) => assert_eq!(c.va, VA),
-        other => panic!("not caught: {other:?}"),
-    }
-}
-
-/// A simulated MMU whose other CPU loads every page of `[va, va + len)`
-/// right after each TLB flush: it sees every intermediate state an
-/// operation's flushes expose, so a moment in which a folded run has valid
-/// entries that disagree (in output address or memory type) is a TLB fill
-/// through a misprogrammed run.
-struct Prober {
-    inner: SimMmu<Arm64>,
-    machine: SimMachine<Arm64>,
-    va: VirtAddr,
-    len: u64,
-}
-
-impl Prober {
-    fn probe(&self) {
-        for k in 0..self.len / PAGE {
-            // Faults are expected (cleared entries); conflicts are recorded
-            // by the simulator.
-            let _ = self.machine.access(self.va.add(k * PAGE), Access::READ);
-        }
-    }
-}
-
-// SAFETY: forwards every operation to the simulated MMU; the probes only
-// read through the simulated walker.
-unsafe impl Mmu for Prober {
-    const OBSERVES_WRITES: bool = true;
-    fn walker_barrier(&self) {
-        self.inner.walker_barrier()
-    }
-    fn publish_barrier(&self) {
-        self.inner.publish_barrier()
-    }
-    fn flush_tlb_range(&self, range: TlbRange) {
-        self.inner.flush_tlb_range(range);
-        self.probe();
-    }
-    fn flush_tlb_all(&self) {
-        self.inner.flush_tlb_all();
-        self.probe();
-    }
-    fn flush_tlb_mm(&self) {
-        self.inner.flush_tlb_mm();
-        self.probe();
-    }
-    unsafe fn install_root(&self, root: PhysAddr) {
-        // SAFETY: forwarded.
-        unsafe { self.inner.install_root(root) }
-    }
-    fn entry_written(&self, slot: &Slot, old: u64) {
-        self.inner.entry_written(slot, old)
-    }
-}
-
-/// The break-before-make rule for the 16 entries: no flush of any
-/// operation on folded runs (unfolding a run, a memory-type change of
-/// whole runs, partial and whole protects, unmaps) exposes a run whose
-/// valid entries disagree; a CPU probing the range at every flush finds
-/// either the old run, the new one, or invalid entries.
-#[test]
-fn contpte_no_flush_exposes_a_run_with_disagreeing_entries() {
-    let m = SimMachine::<Arm64>::new();
-    let len = 4 * RUN;
-    let mmu = Prober {
-        inner: m.mmu(),
-        machine: m.clone(),
-        va: VA,
-        len,
-    };
-    let s = AddressSpace::<Arm64, _, _>::new(mmu, m.alloc()).unwrap();
-    // SAFETY: the prober forwards `install_root` to a simulated MMU.
-    let mut s = unsafe { Installed::new(s) };
-    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
-    touch(&m, VA, len);
-    let nc = Prot::READ_WRITE.with_mem(MemType::NormalNonCacheable);
-    s.change_protection(VA, 2 * RUN, nc).unwrap();
-    m.check().unwrap();
-    s.change_protection(VA.add(3 * PAGE), RUN, Prot::READ_WRITE)
-        .unwrap();
-    m.check().unwrap();
-    s.change_protection(VA.add(2 * RUN + PAGE), PAGE, nc)
-        .unwrap();
-    m.check().unwrap();
-    s.unmap(VA.add(3 * RUN + 5 * PAGE), PAGE).unwrap();
-    m.check().unwrap();
-    assert_eq!(
-        s.translate(VA.add(RUN + 2 * PAGE)).unwrap().prot,
-        Prot::READ_WRITE
-    );
-    assert_eq!(s.translate(VA.add(RUN + 3 * PAGE)).unwrap().prot, nc);
-}
-
 #[test]
 fn contpte_gathered_forms_unfold_partial_runs_too() {
     let (m, mut s) = machine();
@@ -757,4 +588,22 @@ fn contpte_gathered_forms_unfold_partial_runs_too() {
         assert_eq!(d, k < 32, "page {k}");
     }
     assert!(Arm64::is_dirty(s.entry(VA.add(RUN), 0).unwrap()));
+}
+
+#[test]
+fn contpte_swap_entry_never_replaces_part_of_a_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, user_rw(), MapOptions::PAGES).unwrap();
+    let before = ptes(&s, VA, RUN);
+    // A software entry goes only where nothing is mapped: never into a run.
+    assert_eq!(
+        s.set_swap_entry(VA.add(3 * PAGE), 7),
+        Err(Error::AlreadyMapped(VA.add(3 * PAGE)))
+    );
+    assert_eq!(ptes(&s, VA, RUN), before);
+    // After unmapping one page (which unfolds the run) it may.
+    s.unmap(VA.add(3 * PAGE), PAGE).unwrap();
+    s.set_swap_entry(VA.add(3 * PAGE), 7).unwrap();
+    assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
+    m.check().unwrap();
 }
