@@ -3,7 +3,7 @@
 //! before a change to part of a run, whole-run changes, accessed/dirty
 //! aggregation and moves; `contpte_sim.rs` has the simulator's own checks.
 
-use pgtable_arm64::desc::is_contiguous;
+use pgtable_arm64::format::is_contiguous;
 use pgtable_arm64::Arm64;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{

@@ -2,7 +2,7 @@
 //! bit"): broken variants of the contpte rules it must catch, and a CPU
 //! that probes every intermediate state an operation's flushes expose.
 
-use pgtable_arm64::desc::{self, is_contiguous};
+use pgtable_arm64::format::{self, is_contiguous};
 use pgtable_arm64::Arm64;
 use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
@@ -100,7 +100,7 @@ fn contpte_sim_catches_an_unfold_without_the_flush() {
     for (k, o) in old.into_iter().enumerate() {
         // SAFETY: as above.
         let slot = unsafe { s.slot(VA.add(k as u64 * PAGE), 0) }.unwrap();
-        Arm64::set_pte_at(&mmu, VA.add(k as u64 * PAGE), slot, o & !desc::CONT);
+        Arm64::set_pte_at(&mmu, VA.add(k as u64 * PAGE), slot, o & !format::CONT);
     }
     match m.check() {
         Err(CheckError::Conflict(c)) => assert_eq!(c.va, VA),

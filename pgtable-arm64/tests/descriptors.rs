@@ -2,7 +2,7 @@
 //! the Arm ARM (D8.3): every kind (table, L1 block, L2 block, L3 page) at
 //! every level, both formats.
 
-use pgtable_arm64::desc::{self, HwFeatures};
+use pgtable_arm64::format::{self, HwFeatures};
 use pgtable_arm64::{Arm64, Arm64Va39, Descriptor, MAIR_VALUE};
 use pgtable_core::{Access, AccessFault, Decoded, Format, MemType, PhysAddr, Prot};
 
@@ -152,31 +152,31 @@ fn every_prot_round_trips_at_every_leaf_level() {
 #[test]
 fn mair_layout_matches_attr_indices() {
     let byte = |i: u64| (MAIR_VALUE >> (8 * i)) & 0xff;
-    let idx = |m| desc::attr_index(m);
+    let idx = |m| format::attr_index(m);
     assert_eq!(byte(idx(MemType::Normal)), 0xff);
     assert_eq!(byte(idx(MemType::NormalNonCacheable)), 0x44);
     assert_eq!(byte(idx(MemType::Device)), 0x04);
     for i in 3..8 {
         assert_eq!(byte(i), 0x00, "Device-nGnRnE");
-        assert_eq!(desc::mem_type(i), MemType::Device);
+        assert_eq!(format::mem_type(i), MemType::Device);
     }
 }
 
 #[test]
 fn contiguous_hint_is_queryable_and_survives_modify_but_not_split() {
     let raw = Arm64::leaf(PhysAddr(0x20_0000), Prot::READ_WRITE, 0);
-    assert!(!desc::is_contiguous(raw));
-    let cont = desc::mk_contiguous(raw);
+    assert!(!format::is_contiguous(raw));
+    let cont = format::mk_contiguous(raw);
     assert_eq!(cont, raw | 1 << 52);
-    assert!(desc::is_contiguous(cont));
+    assert!(format::is_contiguous(cont));
     assert!(Descriptor(cont).contiguous());
-    assert!(desc::is_contiguous(Arm64::modify_prot(
+    assert!(format::is_contiguous(Arm64::modify_prot(
         cont,
         Prot::READ_ONLY,
         0
     )));
-    let block = desc::mk_contiguous(Arm64::leaf(PhysAddr(0x4000_0000), Prot::READ_WRITE, 1));
-    assert!(!desc::is_contiguous(Arm64::split_leaf(block, 1)));
+    let block = format::mk_contiguous(Arm64::leaf(PhysAddr(0x4000_0000), Prot::READ_WRITE, 1));
+    assert!(!format::is_contiguous(Arm64::split_leaf(block, 1)));
 }
 
 #[test]
@@ -224,7 +224,7 @@ fn modify_prot_keeps_address_access_flag_and_dirty_state() {
     // Writable again: hardware dirty again (AP[2] clear).
     let rw = Arm64::modify_prot(ro, rw_user, 0);
     assert_eq!(rw, dirty | 1 << 55);
-    assert!(desc::is_hw_dirty(rw));
+    assert!(format::is_hw_dirty(rw));
     // A clean leaf stays clean; an old (AF clear) leaf stays old.
     let old = clean & !(1 << 10);
     let m = Arm64::modify_prot(old, ro_user, 0);
@@ -263,7 +263,7 @@ fn hardware_marks_dbm_leaves_dirty_and_refuses_read_only_stores() {
     assert_eq!(Arm64::hw_access(rw_user, 0, UR), Ok(rw_user));
     // Without FEAT_HAFDBS dirty management the store faults.
     assert_eq!(
-        desc::hw_access_with(rw_user, 0, UW, HwFeatures::NONE),
+        format::hw_access_with(rw_user, 0, UW, HwFeatures::NONE),
         Err(AccessFault::Write)
     );
     // Read-only (no DBM): a store faults even with HAFDBS.
@@ -285,7 +285,7 @@ fn hardware_sets_the_access_flag_only_with_hafdbs() {
     assert!(!Arm64::is_young(old) && !Arm64::is_settled(old, 1));
     assert_eq!(Arm64::hw_access(old, 1, Access::READ), Ok(old | 1 << 10));
     assert_eq!(
-        desc::hw_access_with(old, 1, Access::READ, HwFeatures::NONE),
+        format::hw_access_with(old, 1, Access::READ, HwFeatures::NONE),
         Err(AccessFault::AccessFlag)
     );
     // A faulting access leaves the entry as it was.

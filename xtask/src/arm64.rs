@@ -7,7 +7,8 @@
 //! [`SPACE_CASES`] and [`SMP_CASES`] (the kernel's own checks of its
 //! address-space split and of TLB shootdown across CPUs, which the
 //! suite's summary would not miss if the kernel stopped running them),
-//! and the kernel's report that all [`CPUS`] CPUs came up.
+//! the same for [`CONTPTE_CASES`] (contiguous mappings), and the kernel's
+//! report that all [`CPUS`] CPUs came up.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -110,6 +111,28 @@ fn require_online(outcome: &Outcome, cpus: u32) -> Result<(), String> {
     }
 }
 
+/// The kernel's `contpte_` cases (src/contpte/), each of which must
+/// print `ok <name>`: the linear map is folded into contiguous runs, and a
+/// protection change, unmap or move of part of a run unfolds it whole
+/// (the hint gone from all 16 entries, the MMU enforcing the change on
+/// the one page only) while whole runs stay folded, an in-place change of
+/// part of a run is refused, and the accessed/dirty state is gathered
+/// over a run, from the hardware's updates (`-cpu max` has FEAT_HAFDBS,
+/// which `space_unmap_reports` needs too) and from the kernel's fault
+/// path with them turned off.
+pub const CONTPTE_CASES: &[&str] = &[
+    "contpte_linear_map_folded",
+    "contpte_partial_protect",
+    "contpte_block_run_split",
+    "contpte_partial_unmap",
+    "contpte_misaligned_move",
+    "contpte_congruent_move",
+    "contpte_live_protect_of_part_refused",
+    "contpte_access_dirty_aggregation",
+    "contpte_access_dirty_aggregation_software",
+    "contpte_cases_free_their_tables",
+];
+
 /// Upper bound for one run (the release kernel takes 10-20 s under TCG).
 const TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -169,7 +192,8 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     judge(&outcome, EXIT_SUCCESS)?;
     require_ok(&outcome, SPACE_CASES)?;
     require_online(&outcome, CPUS)?;
-    require_ok(&outcome, SMP_CASES)
+    require_ok(&outcome, SMP_CASES)?;
+    require_ok(&outcome, CONTPTE_CASES)
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! with pgtable through the batched-barrier path (one lazy-MMU scope: the
 //! walker barrier is issued once at the end, as in Linux "arm64: mm: Batch
 //! dsb and isb when populating pgtables"), blocks wherever alignment
-//! allows.
+//! allows, and aligned runs of 16 pages or 16 blocks folded with the
+//! contiguous hint (except the image's rodata and data; see [`UNFOLDED`]).
 //!
 //! W^X, as Linux maps its image (`map_kernel_segment`) and its linear map:
 //!
@@ -93,6 +94,15 @@ impl Image {
     }
 }
 
+/// The image's rodata and data are mapped without the contiguous hint
+/// (as Linux maps its rodata with `NO_CONT_MAPPINGS`): the kernel changes
+/// single pages of them in place (`change_protection_live`, which never
+/// goes through an invalid entry, so it cannot unfold a run), and unmaps
+/// the secondaries' stack guard pages. Everything else, the linear map
+/// included, is folded into 64 KiB runs of pages and 32 MiB runs of
+/// 2 MiB blocks wherever a run is aligned and whole.
+const UNFOLDED: MapOptions = MapOptions::BLOCKS.no_contiguous();
+
 /// Maps `[from, to)` of physical memory at its linear-map address.
 fn linear(space: &mut KernelSpace, from: u64, to: u64, prot: Prot) -> Result<(), Error> {
     if to > from {
@@ -108,14 +118,19 @@ fn linear(space: &mut KernelSpace, from: u64, to: u64, prot: Prot) -> Result<(),
 }
 
 /// Maps the image section `[va.0, va.1)` at its load address.
-fn section(space: &mut KernelSpace, va: (u64, u64), prot: Prot) -> Result<(), Error> {
+fn section(
+    space: &mut KernelSpace,
+    va: (u64, u64),
+    prot: Prot,
+    opts: MapOptions,
+) -> Result<(), Error> {
     if va.1 > va.0 {
         space.map(
             VirtAddr(va.0),
             PhysAddr(kimage_to_phys(va.0)),
             va.1 - va.0,
             prot,
-            MapOptions::BLOCKS,
+            opts,
         )?;
     }
     Ok(())
@@ -138,10 +153,10 @@ pub fn build(l: &Layout, img: &Image) -> Result<KernelSpace, Error> {
         linear(s, l.ram.0, ro_alias.0, DATA)?;
         linear(s, ro_alias.0, ro_alias.1, RODATA)?;
         linear(s, ro_alias.1, l.ram.1, DATA)?;
-        section(s, img.text, TEXT)?;
-        section(s, img.rodata, RODATA)?;
-        section(s, img.data, DATA)?;
-        section(s, img.stack, DATA)
+        section(s, img.text, TEXT, MapOptions::BLOCKS)?;
+        section(s, img.rodata, RODATA, UNFOLDED)?;
+        section(s, img.data, DATA, UNFOLDED)?;
+        section(s, img.stack, DATA, MapOptions::BLOCKS)
     })?;
     let st = space.stats();
     let mut blocks = [0u64; 3];

@@ -26,9 +26,12 @@
 //!    benchmark runs, and the secondaries are turned off again;
 //! 5. the `space_` cases ([`space`], [`space_mm`]): W^X of the kernel map,
 //!    EL0 isolation, user spaces switched by ASID, judged by the MMU;
-//! 6. the suite on the test space (every case but those at the end of
+//! 6. the `contpte_` cases ([`contpte`]): contiguous runs of the linear
+//!    map and of the test space, partial changes of runs, moves and the
+//!    accessed/dirty state gathered over a run;
+//! 7. the suite on the test space (every case but those at the end of
 //!    the upper half), then the upper-half cases on the live kernel space;
-//! 7. the benchmarks, on the test space and on spaces of their own that
+//! 8. the benchmarks, on the test space and on spaces of their own that
 //!    take TTBR0_EL1 in turn.
 //!
 //! Orientation:
@@ -43,6 +46,8 @@
 //! - `user.rs`: a user space, the user program, running it at EL0;
 //! - `space.rs`: the `space_` cases of the kernel map and of EL0;
 //! - `asids.rs`: switching user spaces by ASID;
+//! - `contpte.rs`: the `contpte_` cases of contiguous mappings (the
+//!   contiguous hint) and the count of the linear map's folded runs;
 //! - `space_mm/`: the `space_` cases of user spaces switched by ASID
 //!   (isolation, stale translations, roll-over, fork, swap entries, live
 //!   kernel protection) and the table of switches and flushes;
@@ -61,9 +66,9 @@
 //! QEMU answers with the kernel file name followed by the `-append` text:
 //! simpler than reading `/chosen/bootargs` from the device tree.
 //!
-//! The run ends through semihosting with exit code 33 when every suite
-//! and `space_` case passed and 35 otherwise (also on any unexpected
-//! exception or panic).
+//! The run ends through semihosting with exit code 33 when every suite,
+//! `space_`, `smp_` and `contpte_` case passed and 35 otherwise (also on
+//! any unexpected exception or panic).
 #![no_std]
 #![no_main]
 
@@ -71,6 +76,7 @@ mod asids;
 mod bench;
 mod boot;
 mod console;
+mod contpte;
 mod fdt;
 mod kmap;
 mod machine;
@@ -291,6 +297,8 @@ extern "C" fn kernel_main() -> ! {
     space::kernel_cases(&mut tally, &img);
     space::user_cases(&mut tally, &kspace, &mut test, layout.pool.0);
     space_mm::cases(&mut tally, &mut kspace, &mut test, &img, layout.pool);
+    let mut cont = space::Tally::default();
+    contpte::cases(&mut cont, &kspace, &mut test, layout.pool);
 
     let cfg = Config {
         seed: opts.seed,
@@ -319,8 +327,8 @@ extern "C" fn kernel_main() -> ! {
         "suite on the emulated MMU: {} probe accesses, {} faults caught, {} EMULATED ticks; table frames live {live} (before {live_before}), peak {peak}",
         mach.accesses, mach.faults, t
     );
-    let passed = low.passed + high.passed + tally.passed + smp_passed;
-    let mut failed = low.failed + high.failed + tally.failed + smp_failed;
+    let passed = low.passed + high.passed + tally.passed + smp_passed + cont.passed;
+    let mut failed = low.failed + high.failed + tally.failed + smp_failed + cont.failed;
     if live != live_before {
         println!(
             "FAIL suite_frees_its_tables: {live_before} table frames live before, {live} after"
@@ -343,6 +351,10 @@ extern "C" fn kernel_main() -> ! {
         tally.passed, tally.failed, low.passed, high.passed, low.failed, high.failed
     );
     println!("smp cases: {smp_passed} passed, {smp_failed} failed");
+    println!(
+        "contpte cases: {} passed, {} failed",
+        cont.passed, cont.failed
+    );
     println!("{passed} passed, {failed} failed");
     if failed == 0 && passed > 0 {
         semihost::exit(semihost::EXIT_SUCCESS)
