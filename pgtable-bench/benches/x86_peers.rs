@@ -95,8 +95,8 @@ fn space(prot: Prot) -> Space<X86_64> {
 ///   get-and-clear, `xchg`).
 /// - `pgtable-noreport`: plain `unmap` for reference (unlinks whole tables
 ///   without visiting their entries).
-/// - `x86_64`: the x86_64 crate's `unmap` per page, which returns the
-///   frame (no dirty state), summing the frames, then
+/// - `x86_64+clean_up`: the x86_64 crate's `unmap` per page, which returns
+///   the frame (no dirty state), summing the frames, then
 ///   `clean_up_addr_range` to free the emptied tables as pgtable does.
 ///
 /// `x86-fault-4K`: install one 4 KiB page where its tables exist (a page
@@ -105,7 +105,7 @@ fn space(prot: Prot) -> Space<X86_64> {
 /// 32,704. `pgtable`: `install_pte`; `x86_64`: `map_to`.
 fn report_and_fault(c: &mut Criterion) {
     let mut g = c.benchmark_group("x86-unmap-report-4K");
-    g.sample_size(20);
+    g.sample_size(harness::sample_size());
     g.throughput(Throughput::Elements(PAGES));
     let user = Prot::new(Prot::WRITE | Prot::USER);
     for (name, prot, report) in [
@@ -154,7 +154,7 @@ fn report_and_fault(c: &mut Criterion) {
     x.map_pages(VA, G1);
     let sum = x.unmap_pages_summing(VA, G1);
     assert_eq!(sum, (0..PAGES).map(|i| PA + i * PAGE).sum::<u64>());
-    g.bench_function("x86_64", |b| {
+    g.bench_function("x86_64+clean_up", |b| {
         b.iter_custom(|iters| {
             let mut t = Duration::ZERO;
             for _ in 0..iters {
@@ -175,7 +175,7 @@ fn report_and_fault(c: &mut Criterion) {
     const TABLES: u64 = 64;
     let regions: Vec<u64> = (0..TABLES).map(|k| VA + k * M2).collect();
     let mut g = c.benchmark_group("x86-fault-4K");
-    g.sample_size(20);
+    g.sample_size(harness::sample_size());
     g.throughput(Throughput::Elements(N * TABLES));
     let mut s = space(Prot::READ_WRITE);
     for &r in &regions {
@@ -270,7 +270,7 @@ fn report_and_fault(c: &mut Criterion) {
 fn fork(c: &mut Criterion) {
     let user = Prot::new(Prot::WRITE | Prot::USER);
     let mut g = c.benchmark_group("x86-fork-4K");
-    g.sample_size(20);
+    g.sample_size(harness::sample_size());
     g.throughput(Throughput::Elements(PAGES));
     for (name, mode) in [
         ("pgtable-cow", CopyMode::Cow),

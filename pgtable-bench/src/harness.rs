@@ -571,9 +571,19 @@ fn probes(va: u64) -> [u64; 3] {
     [va, va + G1 / 2 + 3 * PAGE + 0x123, va + G1 - 1]
 }
 
+/// Samples per benchmark: 20, or criterion's minimum of 10 when
+/// `PGTABLE_BENCH_QUICK` is set (`cargo xtask bench --quick`).
+pub fn sample_size() -> usize {
+    if std::env::var_os("PGTABLE_BENCH_QUICK").is_some() {
+        10
+    } else {
+        20
+    }
+}
+
 fn group<'c>(c: &'c mut Criterion, name: &str, elements: u64) -> BenchmarkGroup<'c, WallTime> {
     let mut g = c.benchmark_group(name);
-    g.sample_size(20);
+    g.sample_size(sample_size());
     g.throughput(Throughput::Elements(elements));
     g
 }
