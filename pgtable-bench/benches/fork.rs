@@ -19,7 +19,7 @@
 //!   empty space, the closest operation the peer crates have (the `x86_64`
 //!   crate and page_table_multiarch have no fork or range copy; their
 //!   numbers for mapping this range are the `x86-map-4K` group of
-//!   `pgtable-x86/benches/peers.rs`). A copy reads the source on top of
+//!   `pgtable-bench/benches/x86_peers.rs`). A copy reads the source on top of
 //!   writing what a map writes.
 //!
 //! Tables live in the [`Arena`]; the MMU is [`NoopMmu`] (no TLB work), the

@@ -180,8 +180,8 @@ pub mod ptm {
     use pgtable_arm64::Arm64;
     use pgtable_core::{Format, MemType, Prot};
 
-    use crate::harness::ptm::{Handler, Ptm};
     use crate::harness::Subject;
+    use crate::ptm::{Handler, Ptm};
 
     /// Output address bits 47:12 of a page, block or table descriptor.
     const OA: u64 = 0x0000_ffff_ffff_f000;

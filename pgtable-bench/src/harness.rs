@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `<arch>-map-4K` | map 1 GiB of 4 KiB pages into an empty range | median / 262,144 |
 //! | `<arch>-protect-4K` | toggle 1 GiB of 4 KiB pages RW <-> RO (every entry changes) | median / 262,144 |
-//! | `<arch>-unmap-4K` | unmap 1 GiB of 4 KiB pages | median / 262,144 |
+//! | `<arch>-unmap-4K` | unmap 8 separate 1 GiB ranges of 4 KiB pages (8 calls) | median / 2,097,152 |
 //! | `<arch>-map-2M` | map 32 separate 1 GiB ranges of 2 MiB blocks (32 calls) | median / 16,384 |
 //! | `<arch>-move-1G` | move 1 GiB of 4 KiB pages (pgtable only: no peer can) | PUD: median; PTE: median / 262,144 |
 //!
@@ -65,15 +65,17 @@
 //!   `x86_64` crate's `unmap` returns each frame (its design), which the
 //!   `unmap-4K` group discards.
 //! - **The clock is amortised.** A pair of clock reads costs about 65 ns;
-//!   every timed sample covers at least 16,000 entries (one 1 GiB ranged
-//!   operation, or a batch of calls between one pair of clock reads), so
-//!   the clock is below 0.1 % of any figure.
+//!   every timed sample covers at least 16,000 entries and tens of
+//!   microseconds (one 1 GiB ranged operation, or a batch of calls between
+//!   one pair of clock reads), so the clock is about 0.1 % of a figure or
+//!   less.
 //!
-//! Clock: with `PEERS_CLOCK=thread` (Linux) the timed parts are measured in
-//! the thread's CPU time instead of wall time, which leaves out the time
-//! the thread waited for a CPU on a loaded, shared machine (criterion still
-//! calls it "time"). A read of that clock is a system call (about 0.3 µs),
-//! still well below 1 % of every sample.
+//! Clock: with `PEERS_CLOCK=thread` (Linux; `cargo xtask bench` sets it)
+//! the timed parts are measured in the thread's CPU time instead of wall
+//! time, which leaves out the time the thread waited for a CPU on a
+//! loaded, shared machine (criterion still calls it "time"). A read of
+//! that clock is a system call (under a microsecond); the shortest timed
+//! sample, pgtable's `unmap-4K` batch, lasts about 50 µs.
 //!
 //! [`Arena`]: pgtable_core::Arena
 
@@ -107,6 +109,10 @@ pub const VA2: u64 = 64 * G1;
 pub const PA: u64 = 4 * G1 + M2;
 /// Ranges per timed sample of `<arch>-map-2M` (see the module docs).
 pub const BLOCK_BATCH: u64 = 32;
+/// Ranges per timed sample of `<arch>-unmap-4K`: pgtable unlinks whole
+/// PTE tables without visiting their entries, so one 1 GiB unmap takes
+/// only microseconds.
+pub const UNMAP_BATCH: u64 = 8;
 
 /// The clock of the timed parts (see the module docs).
 pub mod clock {
@@ -377,118 +383,6 @@ impl<A: Arch> Subject for Pgtable<A> {
     }
 }
 
-// ----- page_table_multiarch -----
-
-/// The `page_table_multiarch` subject: the crate's generic `PageTable64`
-/// engine, ranged calls through a cursor (`map_region` / `protect_region`
-/// / `unmap_region`, each a loop of per-page walks from the root inside the
-/// crate), table frames from [`frames`], zeroed by the crate when it
-/// creates a table. Each architecture picks the metadata and entry types.
-/// Its TLB flush runs only on `target_os = "none"`, so none happens here.
-/// `unmap_region` keeps emptied tables (they are freed when the table is
-/// dropped). Its flag update is a plain read-modify-write, not A/D-safe.
-pub mod ptm {
-    use memory_addr::{PhysAddr, VirtAddr};
-    use page_table_multiarch::{
-        GenericPTE, MappingFlags, PageSize, PageTable64, PagingHandler, PagingMetaData,
-    };
-
-    use super::{frames, Subject, PA};
-
-    const RW: MappingFlags = MappingFlags::READ.union(MappingFlags::WRITE);
-    const RO: MappingFlags = MappingFlags::READ;
-
-    /// Table frames from the shared free list.
-    pub struct Handler;
-
-    impl PagingHandler for Handler {
-        fn alloc_frames(num: usize, align: usize) -> Option<PhysAddr> {
-            assert!(num == 1 && align <= 4096, "tables are single frames");
-            Some(PhysAddr::from_usize(frames::alloc()))
-        }
-        fn dealloc_frames(paddr: PhysAddr, num: usize) {
-            assert_eq!(num, 1);
-            frames::free(paddr.as_usize());
-        }
-        fn phys_to_virt(paddr: PhysAddr) -> VirtAddr {
-            VirtAddr::from_usize(paddr.as_usize())
-        }
-    }
-
-    /// A table of metadata `M` and entries `P`, its frames from [`Handler`].
-    pub struct Ptm<M: PagingMetaData, P: GenericPTE>(Option<PageTable64<M, P, Handler>>);
-
-    impl<M: PagingMetaData, P: GenericPTE> Ptm<M, P> {
-        /// The subject, starting from `table` (fresh, from `try_new`).
-        pub fn new(table: PageTable64<M, P, Handler>) -> Ptm<M, P> {
-            Ptm(Some(table))
-        }
-        fn pt(&mut self) -> &mut PageTable64<M, P, Handler> {
-            self.0.as_mut().unwrap()
-        }
-    }
-
-    impl<M: PagingMetaData<VirtAddr = VirtAddr>, P: GenericPTE> Subject for Ptm<M, P> {
-        fn map_pages(&mut self, va: u64, len: u64) {
-            let base = va as usize;
-            let pa_of = |v: VirtAddr| PhysAddr::from_usize(v.as_usize() - base + PA as usize);
-            self.pt()
-                .cursor()
-                .map_region(VirtAddr::from_usize(base), pa_of, len as usize, RW, false)
-                .unwrap();
-        }
-        /// One ranged call; PA is not 1 GiB-aligned, so it picks 2 MiB blocks.
-        fn map_blocks(&mut self, va: u64, len: u64) {
-            let base = va as usize;
-            let pa_of = |v: VirtAddr| PhysAddr::from_usize(v.as_usize() - base + PA as usize);
-            self.pt()
-                .cursor()
-                .map_region(VirtAddr::from_usize(base), pa_of, len as usize, RW, true)
-                .unwrap();
-        }
-        fn protect(&mut self, va: u64, len: u64, writable: bool) {
-            let flags = if writable { RW } else { RO };
-            self.pt()
-                .cursor()
-                .protect_region(VirtAddr::from_usize(va as usize), len as usize, flags)
-                .unwrap();
-        }
-        /// Keeps the emptied tables.
-        fn unmap_pages(&mut self, va: u64, len: u64) {
-            self.pt()
-                .cursor()
-                .unmap_region(VirtAddr::from_usize(va as usize), len as usize)
-                .unwrap();
-        }
-        fn unmap_blocks(&mut self, va: u64, len: u64) {
-            self.unmap_pages(va, len);
-        }
-        /// The only way to free its tables: drop the whole table.
-        fn reset(&mut self) {
-            self.0 = None;
-            self.0 = Some(PageTable64::try_new().unwrap());
-        }
-        fn translate(&self, va: u64) -> Option<(u64, bool, u64)> {
-            let pt = self.0.as_ref().unwrap();
-            let (pa, flags, size) = pt.query(VirtAddr::from_usize(va as usize)).ok()?;
-            let size = match size {
-                PageSize::Size4K => 4096,
-                PageSize::Size2M => 2 << 20,
-                PageSize::Size1G => 1 << 30,
-                PageSize::Size1M => 1 << 20,
-            };
-            Some((
-                pa.as_usize() as u64,
-                flags.contains(MappingFlags::WRITE),
-                size,
-            ))
-        }
-        fn tables_held(&self) -> usize {
-            frames::in_use()
-        }
-    }
-}
-
 // ----- the benchmarks -----
 
 /// Runs the five groups `<arch>-…` (see the module docs) on architecture
@@ -663,7 +557,8 @@ fn bench_protect<A: Arch + 'static>(c: &mut Criterion, group_name: &str, subject
 }
 
 fn bench_unmap(c: &mut Criterion, group_name: &str, subjects: &mut Subjects, mut extra: Subjects) {
-    let mut g = group(c, group_name, PAGES);
+    let ranges: Vec<u64> = (0..UNMAP_BATCH).map(|k| VA + k * G1).collect();
+    let mut g = group(c, group_name, PAGES * UNMAP_BATCH);
     for (name, s) in subjects.iter_mut().chain(extra.iter_mut()) {
         let s = &mut **s;
         s.map_pages(VA, G1);
@@ -677,7 +572,7 @@ fn bench_unmap(c: &mut Criterion, group_name: &str, subjects: &mut Subjects, mut
                 timed_batch(
                     s,
                     iters,
-                    &[VA],
+                    &ranges,
                     |s, va| s.map_pages(va, G1),
                     |s, va| s.unmap_pages(va, G1),
                     |_, _| {},

@@ -7,7 +7,7 @@
 //!   the root; the `MapperFlush` is `ignore()`d. Its leaves are bit for bit
 //!   pgtable's kernel leaves, A and D included.
 //! - [`ptm_subject`]: page_table_multiarch's `x86_64::X64PageTable` (x86_64
-//!   hosts only) in the harness's [`ptm`](crate::harness::ptm) subject.
+//!   hosts only) in the harness's [`ptm`](crate::ptm) subject.
 
 use std::ptr::NonNull;
 
@@ -236,7 +236,7 @@ impl Subject for X86_64Crate {
 /// page_table_multiarch's x86_64 table in the harness's `ptm` subject.
 #[cfg(target_arch = "x86_64")]
 pub fn ptm_subject() -> impl Subject {
-    crate::harness::ptm::Ptm::new(page_table_multiarch::x86_64::X64PageTable::try_new().unwrap())
+    crate::ptm::Ptm::new(page_table_multiarch::x86_64::X64PageTable::try_new().unwrap())
 }
 
 /// The VA the benchmarks use is below 512 GiB (see [`X86_64Crate::reset`]).

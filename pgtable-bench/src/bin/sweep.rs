@@ -14,7 +14,10 @@
 //!   pages, every entry changes: plain stores), `move-pte` (`MoveOptions::PTES_ONLY`, per page),
 //!   `move-pmd` (`PMD_ONLY`, per GiB) and `move` (the default: whole PUD
 //!   entries where the range covers them, PMD entries below 1 GiB; per
-//!   GiB). The moves go between two 1 GiB-aligned ranges.
+//!   GiB). The moves go between two 1 GiB-aligned ranges. `floor` is not
+//!   pgtable: one relaxed 8-byte atomic store per page into a buffer as
+//!   large as the PTE tables of the range, the host's floor for any code
+//!   that writes one entry per page.
 //! - `memory,<arch>,<subject>,<state>,<bytes>`: table memory, in bytes per
 //!   GiB, that each subject holds below its root with 1 GiB mapped
 //!   (`mapped-4K`, `mapped-2M`) and after unmapping it (`unmapped-4K`,
@@ -22,6 +25,8 @@
 // Reached only by `cargo xtask bench`; `missing_docs` is for libraries.
 #![allow(missing_docs)]
 
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use pgtable_arm64::Arm64;
@@ -70,9 +75,31 @@ fn sweep_one(
     median / (n * size / unit) as f64
 }
 
+/// The host floor (see the module docs): ns per page.
+fn floor(size: u64, samples: usize) -> f64 {
+    let pages = (G1.max(size) / PAGE) as usize;
+    let buf: Vec<AtomicU64> = (0..pages).map(|_| AtomicU64::new(0)).collect();
+    let mut t: Vec<Duration> = Vec::with_capacity(samples);
+    for i in 0..=samples {
+        let t0 = clock::now();
+        for (k, e) in buf.iter().enumerate() {
+            // Relaxed: nobody else reads the buffer; the store is the work.
+            e.store(k as u64 | 1, Relaxed);
+        }
+        let dt = clock::now() - t0;
+        black_box(&buf);
+        if i > 0 {
+            t.push(dt);
+        }
+    }
+    t.sort();
+    t[t.len() / 2].as_nanos() as f64 / pages as f64
+}
+
 fn sweep(sizes: &[u64], samples: usize) {
     let mut s = Pgtable::<X86_64>::new(false);
     for &size in sizes {
+        println!("sweep,floor,{size},{:.4},page", floor(size, samples));
         let (page, gib) = (PAGE, G1);
         let ns = sweep_one(
             &mut s,
