@@ -22,7 +22,9 @@
 //!   `modify_flags` per descriptor (an atomic swap per entry, not A/D-safe:
 //!   the flags are read before the swap), and unmap = `map_range` with
 //!   invalid (empty) attributes, which frees a subtable its range covers
-//!   whole, as pgtable does. The mapping is never activated: for an active
+//!   whole, as pgtable does (a table the range covers in part stays even
+//!   when it becomes empty: the level 1 table above a 1 GiB range; pgtable
+//!   frees that too). The mapping is never activated: for an active
 //!   mapping it first walks the range to check break-before-make rules and
 //!   invalidates the TLB per entry (compiled out off aarch64), which
 //!   pgtable's `NoopMmu` run has no counterpart for. Its table frames come
