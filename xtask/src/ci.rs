@@ -1,5 +1,4 @@
-//! `cargo xtask ci`, `cargo xtask bench`, `cargo xtask soak` and
-//! `cargo xtask miri`.
+//! `cargo xtask ci`, `cargo xtask soak` and `cargo xtask miri`.
 
 use std::process::Command;
 
@@ -188,14 +187,6 @@ const KERNELS: [(&str, &str); 2] = [
     ("examples/arm64-kernel", "aarch64-unknown-none"),
     ("examples/x86-kernel", "x86_64-unknown-none"),
 ];
-
-/// The host criterion benchmarks, then Linux's own mremap of 1 GiB on this
-/// machine next to the x86 kernel's in-kernel benchmarks (booted in QEMU).
-pub fn bench() -> Result<(), String> {
-    sh(cargo().args(["bench", "--workspace", "--all-features"]))?;
-    crate::linux_mremap::bench()?;
-    crate::x86::bench()
-}
 
 /// Operations per format in a soak run unless `--ops` says otherwise.
 const SOAK_OPS: u64 = 1_000_000;

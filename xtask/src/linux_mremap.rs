@@ -2,7 +2,7 @@
 //! in-kernel `move_page_tables` figures (the Linux patches quote 40–73 µs
 //! PUD, 144–160 µs PMD, 3.5–3.7 ms PTE).
 //!
-//! Three layouts, 10 iterations each:
+//! Three layouts, 10 iterations each (3 with `cargo xtask bench --quick`):
 //!
 //! - **PUD-aligned**: source and destination 1 GiB aligned, so Linux moves
 //!   one PUD entry (HAVE_MOVE_PUD);
@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 const G1: usize = 1 << 30;
 const M2: usize = 2 << 20;
 const PAGE: usize = 4096;
-const ITERS: usize = 10;
 
 /// A private anonymous reservation of address space, unmapped on drop.
 struct Reservation {
@@ -142,14 +141,16 @@ fn one_move(src_off: usize, dst_off: usize) -> Result<Duration, String> {
     Ok(dt)
 }
 
-/// Measures and prints the table; Err if a move failed or lost data.
-pub fn bench() -> Result<(), String> {
+/// Measures (`iters` moves per layout) and prints the table; returns the
+/// median ns of the PUD-aligned, PMD-aligned and misaligned layouts. Err
+/// if a move failed or lost data.
+pub fn bench(iters: usize) -> Result<[u128; 3], String> {
     let layouts: [(&str, usize, usize); 3] = [
         ("PUD-aligned", 0, 0),
         ("PMD-aligned", M2, M2),
         ("misaligned (PTE)", PAGE, 2 * PAGE),
     ];
-    let mut ns = [[0u128; ITERS]; 3];
+    let mut ns = vec![vec![0u128; iters]; 3];
     for (k, &(name, s, d)) in layouts.iter().enumerate() {
         eprintln!("xtask: linux mremap: {name} ...");
         for slot in ns[k].iter_mut() {
@@ -176,7 +177,7 @@ pub fn bench() -> Result<(), String> {
     for (i, ((pud, pmd), pte)) in ns[0].iter().zip(&ns[1]).zip(&ns[2]).enumerate() {
         println!("{:>6}  {:>14}  {:>14}  {:>18}", i + 1, pud, pmd, pte);
     }
-    let mean = |v: &[u128; ITERS]| v.iter().sum::<u128>() as f64 / ITERS as f64;
+    let mean = |v: &[u128]| v.iter().sum::<u128>() as f64 / iters as f64;
     println!(
         "{:>6}  {:>14.1}  {:>14.1}  {:>18.1}   <-- Mean time in nanoseconds",
         "mean",
@@ -184,7 +185,12 @@ pub fn bench() -> Result<(), String> {
         mean(&ns[1]),
         mean(&ns[2])
     );
-    Ok(())
+    let median = |v: &[u128]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    Ok([median(&ns[0]), median(&ns[1]), median(&ns[2])])
 }
 
 #[cfg(test)]

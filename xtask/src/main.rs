@@ -9,9 +9,12 @@
 //! - `cargo xtask qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N]`:
 //!   builds the tiny kernels, boots them in QEMU, streams their console and
 //!   succeeds only on the agreed exit code and a final `N passed, 0 failed`.
-//! - `cargo xtask bench`: the host criterion benchmarks, Linux's own
+//! - `cargo xtask bench [--quick]`: the host benchmarks of pgtable-bench
+//!   (criterion, pgtable against its peers, and a size sweep), Linux's own
 //!   `mremap` of 1 GiB on this machine, and the x86 kernel's in-kernel
-//!   benchmarks (booted in QEMU) in the same run.
+//!   benchmarks (booted in QEMU) in the same run, drawn into the report
+//!   `target/bench-report/index.html` (with `summary.md`). `--quick`:
+//!   shorter measurements and fewer sizes (a few minutes).
 //! - `cargo xtask soak [--ops N] [--seed S]`: the model test (random
 //!   operation sequences against a reference model) with a million
 //!   operations per format (or `N`), optimised with overflow checks and
@@ -21,11 +24,13 @@
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 
 mod arm64;
+mod bench;
 mod ci;
 mod linux_mremap;
 mod qemu;
 #[cfg(test)]
 mod readme;
+mod report;
 mod x86;
 
 use std::process::ExitCode;
@@ -45,7 +50,7 @@ pub struct QemuOpts {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench | soak [--ops N] [--seed S] | miri>"
+        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench [--quick] | soak [--ops N] [--seed S] | miri>"
     );
     ExitCode::from(2)
 }
@@ -63,7 +68,11 @@ fn main() -> ExitCode {
             Ok(opts) => qemu_test(&opts),
             Err(e) => Err(e),
         },
-        "bench" => ci::bench(),
+        "bench" => match args[1..] {
+            [] => bench::run(false),
+            [ref q] if q == "--quick" => bench::run(true),
+            _ => return usage(),
+        },
         "soak" => match parse_soak_opts(&args[1..]) {
             Ok((ops, seed)) => ci::soak(ops, seed),
             Err(e) => Err(e),

@@ -345,13 +345,15 @@ const PVM_THRESHOLD: &str = "threshold_mb=1";
 
 /// `cargo xtask bench`'s x86 part: boots the kernel and runs its
 /// benchmarks, after the suite's map and protect cases only (the whole
-/// suite is `qemu-test`'s job).
-pub fn bench() -> Result<(), String> {
+/// suite is `qemu-test`'s job). Returns the console lines and the
+/// accelerator used.
+pub fn bench() -> Result<(Vec<String>, &'static str), String> {
     ensure_qemu(QEMU)?;
     let kernel = build_kernel()?;
     let accel = pick_accel(false);
     let (o, used) = boot_with_fallback(&kernel, accel, "only=map_,protect_")?;
-    judge(&o, SUCCESS_CODE).map_err(|e| format!("x86 kernel benchmarks ({}): {e}", used.name()))
+    judge(&o, SUCCESS_CODE).map_err(|e| format!("x86 kernel benchmarks ({}): {e}", used.name()))?;
+    Ok((o.lines, used.name()))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! 1 GiB of address space, tables in the [`Arena`], no TLB work
 //! ([`NoopMmu`]). Criterion reports the time of one whole 1 GiB operation;
 //! divide the median by 262,144 pages (or 512 blocks) for the per-entry
-//! figure (`cargo xtask bench` prints that table).
+//! figure (criterion's throughput line is its inverse).
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]
 
