@@ -19,8 +19,8 @@ const FEATURE_SETS: [&[&str]; 4] = [
 const LIBS: [&str; 3] = ["pgtable-core", "pgtable-arm64", "pgtable-x86"];
 
 /// fmt, clippy (host + bare-metal, every feature combination), tests, docs
-/// (host and both bare-metal targets), and the minimum supported Rust
-/// version.
+/// (host and both bare-metal targets), the minimum supported Rust
+/// version, and `cargo package --workspace`.
 pub fn ci() -> Result<(), String> {
     for t in TARGETS {
         ensure_target(t)?;
@@ -58,6 +58,10 @@ pub fn ci() -> Result<(), String> {
         .env("RUSTDOCFLAGS", "-D warnings"))?;
     bare_metal_docs()?;
     msrv()?;
+    // What crates.io would receive: every package builds from its own
+    // tarball (unpublished workspace dependencies from a local registry).
+    // `--allow-dirty`: a developer's uncommitted edits are checked too.
+    sh(cargo().args(["package", "--workspace", "--allow-dirty"]))?;
     // The tiny kernels are their own workspaces (bare-metal binaries):
     // formatting and clippy for their target.
     for (dir, target) in KERNELS {
