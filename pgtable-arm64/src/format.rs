@@ -778,7 +778,7 @@ fn set_valid_at<M: Mmu>(mmu: &M, slot: &Slot, val: u64) {
 unsafe impl<const L: u32> Arch for Arm64Format<L> {
     const HAVE_MOVE_PMD: bool = true;
     const HAVE_MOVE_PUD: bool = true;
-    const TLB_FLUSH_CEILING: u64 = crate::tlbi::MAX_TLBI_OPS;
+    const TLB_FLUSH_CEILING: u64 = crate::flush::MAX_TLBI_OPS;
     const NEEDS_WALKER_BARRIER: bool = true;
     const BREAK_BEFORE_MAKE: bool = true;
 

@@ -35,7 +35,7 @@
 //! ## Example
 //!
 //! ```
-//! use pgtable_arm64::{desc, Arm64};
+//! use pgtable_arm64::{format, Arm64};
 //! use pgtable_core::{Decoded, Format, PhysAddr, Prot};
 //!
 //! // A kernel read-write 2 MiB block: AttrIndx 0, SH inner, AF, UXN|PXN,
@@ -44,7 +44,7 @@
 //! let raw = Arm64::leaf(PhysAddr(0x4020_0000), prot, 1);
 //! assert_eq!(raw, 0x0068_0000_4020_0701);
 //! assert_eq!(Arm64::decode(raw, 1), Decoded::Leaf(PhysAddr(0x4020_0000)));
-//! assert!(Arm64::is_dirty(raw) && !desc::is_contiguous(raw));
+//! assert!(Arm64::is_dirty(raw) && !format::is_contiguous(raw));
 //! ```
 #![no_std]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
@@ -62,17 +62,9 @@ pub mod mmu;
 
 pub use bbm::{pgattr_change_is_safe, set_live_entry};
 pub use entry::{Arm64Entry, EntryError};
-/// The former name of [`flush`], kept so that code written against it
-/// still builds.
-#[doc(hidden)]
-pub use flush as tlbi;
 pub use flush::{
     flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
-/// The former name of [`format`], kept so that code written against it
-/// still builds.
-#[doc(hidden)]
-pub use format as desc;
 pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
 #[cfg(target_arch = "aarch64")]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
