@@ -203,10 +203,22 @@ pub(crate) struct Stash {
 }
 
 /// Table frames unlinked by an operation, freed after its TLB flush.
+///
+/// One list per height, linked through the first word of each queued
+/// table. A table queued at height `h > 0` stands for its whole subtree:
+/// the tables below it are found again through its entries `1..` when it
+/// is freed, so they are never written (a subtree costs one store, not one
+/// per table); the child of entry 0, whose slot holds the link, is queued
+/// on its own.
 pub(crate) struct FreeQueue {
-    head: u64,
+    heads: [u64; MAX_LEVELS],
+    nodes: [usize; MAX_LEVELS],
+    /// Every table frame the queue will free.
     pub(crate) count: usize,
 }
+
+/// The most translation levels a format may have (x86 LA57).
+const MAX_LEVELS: usize = 5;
 
 /// Where a recursive walk of the tables stands: the part `[va, end)` of
 /// the range that the table `table` at `height` translates.
@@ -244,7 +256,11 @@ impl Stash {
 
 impl FreeQueue {
     pub(crate) const fn new() -> FreeQueue {
-        FreeQueue { head: 0, count: 0 }
+        FreeQueue {
+            heads: [0; MAX_LEVELS],
+            nodes: [0; MAX_LEVELS],
+            count: 0,
+        }
     }
 }
 
@@ -715,27 +731,80 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Queues an unlinked table for freeing after the TLB flush.
     pub(crate) fn queue_free(&self, q: &mut FreeQueue, pa: PhysAddr) {
+        self.queue_node(q, pa, 0);
+        q.count += 1;
+    }
+
+    /// Links `pa` into the queue's list for `height`.
+    fn queue_node(&self, q: &mut FreeQueue, pa: PhysAddr, height: u32) {
+        let h = height as usize;
         // SAFETY: the frame is ours and unlinked; a walker that still uses a
-        // cached pointer to it reads the link as an invalid entry.
+        // cached pointer to it reads the link as an invalid entry (a value
+        // with the low 12 bits clear, by the `Format` rules).
         let t = unsafe { table_at(&self.alloc, pa) };
         // Relaxed: only this thread follows the link.
-        t.entries[0].store(q.head, Relaxed);
-        q.head = pa.0;
-        q.count += 1;
+        t.entries[0].store(q.heads[h], Relaxed);
+        q.heads[h] = pa.0;
+        q.nodes[h] += 1;
     }
 
     /// Queues an unlinked table at `height` and every table below it.
     pub(crate) fn queue_free_subtree(&self, q: &mut FreeQueue, pa: PhysAddr, height: u32) {
-        if height > 0 {
-            // SAFETY: the subtree is ours; it was reachable until unlinked.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            for e in &t.entries {
-                if let Decoded::Table(c) = A::decode(e.load(Relaxed), height) {
-                    self.queue_free_subtree(q, c, height - 1);
+        if height == 0 {
+            self.queue_free(q, pa);
+            return;
+        }
+        // SAFETY: the subtree is ours; it was reachable until unlinked.
+        let t = unsafe { table_at(&self.alloc, pa) };
+        // Entry 0 is about to hold the link: its subtree goes on its own.
+        // Relaxed: the subtree is unlinked; the hardware may still set
+        // accessed bits in it, which never change an entry's kind.
+        if let Decoded::Table(c) = A::decode(t.entries[0].load(Relaxed), height) {
+            self.queue_free_subtree(q, c, height - 1);
+        }
+        q.count += 1 + self.count_subtree(pa, 1, height);
+        self.queue_node(q, pa, height);
+    }
+
+    /// The number of tables below entries `from..` of the table `pa` at
+    /// `height` (reads tables above the PTE level only).
+    fn count_subtree(&self, pa: PhysAddr, from: usize, height: u32) -> usize {
+        // SAFETY: a table of an unlinked subtree of ours.
+        let t = unsafe { table_at(&self.alloc, pa) };
+        let mut n = 0;
+        for e in &t.entries[from..] {
+            // Relaxed: as in `queue_free_subtree`.
+            if let Decoded::Table(c) = A::decode(e.load(Relaxed), height) {
+                n += 1;
+                if height > 1 {
+                    n += self.count_subtree(c, 0, height - 1);
                 }
             }
         }
-        self.queue_free(q, pa);
+        n
+    }
+
+    /// Frees the tables below entries `from..` of the table `pa` at
+    /// `height`, deepest first.
+    ///
+    /// # Safety
+    ///
+    /// As [`free_queued`](Self::free_queued): the subtree is unlinked and
+    /// the TLB flush has completed.
+    unsafe fn free_below(&mut self, pa: PhysAddr, from: usize, height: u32) {
+        for i in from..crate::level::ENTRIES_PER_TABLE {
+            // SAFETY: the subtree is ours and unreachable (our caller's
+            // guarantee); the reference ends before anything is freed.
+            let raw = unsafe { table_at(&self.alloc, pa) }.entries[i].load(Relaxed);
+            if let Decoded::Table(c) = A::decode(raw, height) {
+                if height > 1 {
+                    // SAFETY: as ours.
+                    unsafe { self.free_below(c, 0, height - 1) };
+                }
+                // SAFETY: unreachable by any walker (our caller's guarantee).
+                unsafe { self.alloc.free_table(c) };
+            }
+        }
     }
 
     /// Flushes the gathered TLB range, then frees the queued tables (in that
@@ -757,15 +826,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// No hardware walker can reach the queued frames any more.
     unsafe fn free_queued(&mut self, mut q: FreeQueue) {
-        while q.count > 0 {
-            let pa = PhysAddr(q.head);
-            // SAFETY: queued frames are ours and unlinked.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            // Relaxed: private to this thread now.
-            q.head = t.entries[0].load(Relaxed);
-            q.count -= 1;
-            // SAFETY: unreachable by any walker (our caller's guarantee).
-            unsafe { self.alloc.free_table(pa) };
+        for h in 0..MAX_LEVELS {
+            while q.nodes[h] > 0 {
+                let pa = PhysAddr(q.heads[h]);
+                // SAFETY: queued frames are ours and unlinked.
+                let t = unsafe { table_at(&self.alloc, pa) };
+                // Relaxed: private to this thread now.
+                q.heads[h] = t.entries[0].load(Relaxed);
+                q.nodes[h] -= 1;
+                if h > 0 {
+                    // SAFETY: the subtree below the queued table is as
+                    // unreachable as the table itself.
+                    unsafe { self.free_below(pa, 1, h as u32) };
+                }
+                // SAFETY: unreachable by any walker (our caller's guarantee).
+                unsafe { self.alloc.free_table(pa) };
+            }
         }
     }
 
