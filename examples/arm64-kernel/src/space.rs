@@ -158,6 +158,32 @@ pub(crate) fn expect_permission(
     }
 }
 
+/// An EL1 load from `va` that must return `want`.
+pub(crate) fn load_is(what: &str, va: u64, want: u64) -> R {
+    match probe::read_u64(va) {
+        Ok(v) => ensure!(
+            v == want,
+            "{what}: {va:#x} reads {v:#x}, expected {want:#x}"
+        ),
+        Err(f) => fail!("{what}: a load from {va:#x} faulted: ESR {:#x}", f.esr),
+    }
+    Ok(())
+}
+
+/// An EL1 load from `va` that must take a translation fault.
+pub(crate) fn load_faults(what: &str, va: u64) -> R {
+    match probe::read_u64(va) {
+        Ok(v) => fail!("{what}: {va:#x} still translates (reads {v:#x})"),
+        Err(f) => ensure!(
+            f.class() == EC_DABT_CUR && is_translation_fault(f.esr) && f.far == va,
+            "{what}: a load from {va:#x}: ESR {:#x} FAR {:#x}, expected a translation fault",
+            f.esr,
+            f.far
+        ),
+    }
+    Ok(())
+}
+
 /// A store of the word already there (so nothing changes if the MMU
 /// wrongly allows it) must fault with a permission fault.
 pub(crate) fn store_faults(what: &str, va: u64) -> R {

@@ -76,8 +76,8 @@ use crate::kmap::KernelSpace;
 use crate::memory::{self, phys_to_virt, KERNEL_VA_END, PAGE_OFFSET};
 use crate::platform::Arm64;
 use crate::println;
-use crate::probe::{self, is_translation_fault, EC_DABT_CUR};
-use crate::space::{ensure, fail, store_faults, Tally, Why, R};
+use crate::probe::{self, EC_DABT_CUR};
+use crate::space::{ensure, fail, load_faults, load_is, store_faults, Tally, Why, R};
 
 /// Where the cases map, in the test space (away from the suite's window,
 /// the benchmarks' and the `smp_` cases').
@@ -175,32 +175,6 @@ fn poke(pa: u64, v: u64) {
     // SAFETY: pool frames hold no Rust object; the linear map maps them
     // read-write.
     unsafe { (phys_to_virt(pa) as *mut u64).write_volatile(v) };
-}
-
-/// An EL1 load from `va` that must return `want`.
-fn load_is(what: &str, va: u64, want: u64) -> R {
-    match probe::read_u64(va) {
-        Ok(v) => ensure!(
-            v == want,
-            "{what}: {va:#x} reads {v:#x}, expected {want:#x}"
-        ),
-        Err(f) => fail!("{what}: a load from {va:#x} faulted: ESR {:#x}", f.esr),
-    }
-    Ok(())
-}
-
-/// An EL1 load from `va` that must take a translation fault.
-fn load_faults(what: &str, va: u64) -> R {
-    match probe::read_u64(va) {
-        Ok(v) => fail!("{what}: {va:#x} still translates (reads {v:#x})"),
-        Err(f) => ensure!(
-            f.class() == EC_DABT_CUR && is_translation_fault(f.esr) && f.far == va,
-            "{what}: a load from {va:#x}: ESR {:#x} FAR {:#x}, expected a translation fault",
-            f.esr,
-            f.far
-        ),
-    }
-    Ok(())
 }
 
 /// An EL1 store of `v` to `va` that must work.

@@ -61,8 +61,10 @@ use crate::kmap::{Image, KernelSpace, DATA, RODATA};
 use crate::memory::{self, phys_to_virt, KernelTables, PAGE_OFFSET};
 use crate::platform::{lower_mmu, Arm64, FlushCounts};
 use crate::println;
-use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_CUR, EC_DABT_LOWER, EC_SVC64};
-use crate::space::{ensure, expect_user_abort, fail, store_faults, Tally, Why, R};
+use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_LOWER, EC_SVC64};
+use crate::space::{
+    ensure, expect_user_abort, fail, load_faults, load_is, store_faults, Tally, Why, R,
+};
 use crate::user::{enter_user, load_program, ProgramLayout, USER_CODE};
 
 /// The user address every space of a case maps, each to its own frame.
@@ -143,32 +145,6 @@ fn at<const N: usize>(ps: &mut [Option<Proc>; N], i: usize) -> Result<&mut Proc,
         Some(p) => Ok(p),
         None => fail!("space {i} was not built"),
     }
-}
-
-/// An EL1 load from `va` that must return `want`.
-fn load_is(what: &str, va: u64, want: u64) -> R {
-    match probe::read_u64(va) {
-        Ok(v) => ensure!(
-            v == want,
-            "{what}: {va:#x} reads {v:#x}, expected {want:#x}"
-        ),
-        Err(f) => fail!("{what}: a load from {va:#x} faulted: ESR {:#x}", f.esr),
-    }
-    Ok(())
-}
-
-/// An EL1 load from `va` that must take a translation fault.
-fn load_faults(what: &str, va: u64) -> R {
-    match probe::read_u64(va) {
-        Ok(v) => fail!("{what}: {va:#x} still translates (reads {v:#x})"),
-        Err(f) => ensure!(
-            f.class() == EC_DABT_CUR && is_translation_fault(f.esr) && f.far == va,
-            "{what}: a load from {va:#x}: ESR {:#x} FAR {:#x}, expected a translation fault",
-            f.esr,
-            f.far
-        ),
-    }
-    Ok(())
 }
 
 /// An EL1 store of `v` to user memory at `va` that must work.
