@@ -607,3 +607,108 @@ fn contpte_swap_entry_never_replaces_part_of_a_run() {
     assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
     m.check().unwrap();
 }
+
+/// A user store at `va`, through the simulated TLB.
+const USER_STORE: Access = Access {
+    write: true,
+    exec: false,
+    user: true,
+};
+
+/// The pages of `[va, va + len)` a user store reaches through the
+/// simulated MMU (TLB included), as page indices.
+fn storable(m: &SimMachine<Arm64>, va: VirtAddr, len: u64, step: u64) -> Vec<u64> {
+    (0..len / step)
+        .filter(|&k| m.access(va.add(k * step), USER_STORE).is_ok())
+        .collect()
+}
+
+/// Linux `contpte_ptep_set_access_flags`: a write fault that makes one
+/// page of a write-protected folded run writable unfolds the run first and
+/// changes that page alone; the others stay shared read-only with the
+/// child.
+#[test]
+fn contpte_write_fault_on_a_cow_run_makes_only_that_page_writable() {
+    let (m, mut s) = machine();
+    let m2 = SimMachine::<Arm64>::new();
+    let mut child = AddressSpace::new(m2.mmu(), m2.alloc()).unwrap();
+    s.map(VA, PA, 2 * RUN, user_rw(), MapOptions::PAGES)
+        .unwrap();
+    s.copy_page_range(&mut child, VA, 2 * RUN, CopyMode::Cow)
+        .unwrap();
+    let child_before = (0..32)
+        .map(|k| child.entry(VA.add(k * PAGE), 0))
+        .collect::<Vec<_>>();
+    // The read-only run is cached whole.
+    touch(&m, VA, 2 * RUN);
+    assert!(m.tlb_holds_run(VA));
+    assert_eq!(storable(&m, VA, 2 * RUN, PAGE), Vec::<u64>::new());
+    // An access fault (accessed state only) keeps the run folded.
+    assert!(s.test_and_clear_young(VA.add(PAGE)).unwrap());
+    assert!(s
+        .ptep_set_access_flags(VA.add(5 * PAGE), FaultFlags::ACCESS)
+        .unwrap());
+    assert!(hints(&s, VA, RUN, 0).iter().all(|&c| c));
+    // The write fault on page 3.
+    assert!(s
+        .ptep_set_access_flags(VA.add(3 * PAGE), FaultFlags::WRITE)
+        .unwrap());
+    m.check().unwrap();
+    for k in 0..16 {
+        let raw = s.entry(VA.add(k * PAGE), 0).unwrap();
+        assert_eq!(Arm64::leaf_prot(raw, 0).writable(), k == 3, "page {k}");
+        assert!(!is_contiguous(raw), "page {k} keeps the hint");
+        assert_eq!(s.translate(VA.add(k * PAGE)).unwrap().pa.0, PA.0 + k * PAGE);
+    }
+    // The other run is untouched and still folded.
+    assert!(hints(&s, VA.add(RUN), RUN, 0).iter().all(|&c| c));
+    assert_eq!(storable(&m, VA, 2 * RUN, PAGE), vec![3]);
+    let child_after = (0..32)
+        .map(|k| child.entry(VA.add(k * PAGE), 0))
+        .collect::<Vec<_>>();
+    assert_eq!(child_after, child_before);
+    m.check().unwrap();
+}
+
+/// The same rule for a folded run of 2 MiB blocks: a write fault on one
+/// block unfolds the 32 MiB run and makes that block alone writable.
+#[test]
+fn contpte_write_fault_on_a_read_only_block_run_makes_only_that_block_writable() {
+    let (m, mut s) = machine();
+    let va = VirtAddr(0x4000_0000);
+    let block = 2u64 << 20;
+    s.map(va, PhysAddr(0x4000_0000), PMD_RUN, Prot::USER, MapOptions::PMD_BLOCKS)
+        .unwrap();
+    assert!(hints(&s, va, PMD_RUN, 1).iter().all(|&c| c));
+    for k in 0..16 {
+        m.access(va.add(k * block), Access::READ).unwrap();
+    }
+    assert!(m.tlb_holds_run(va));
+    assert!(s
+        .ptep_set_access_flags(va.add(3 * block + PAGE), FaultFlags::WRITE)
+        .unwrap());
+    m.check().unwrap();
+    for k in 0..16 {
+        let raw = s.entry(va.add(k * block), 1).unwrap();
+        assert_eq!(Arm64::leaf_prot(raw, 1).writable(), k == 3, "block {k}");
+        assert!(!is_contiguous(raw), "block {k} keeps the hint");
+    }
+    assert_eq!(storable(&m, va, PMD_RUN, block), vec![3]);
+    // A dirty fault on a writable block of a folded run stays whole-run.
+    let va2 = va.add(2 * PMD_RUN);
+    s.map(
+        va2,
+        PhysAddr(0x4000_0000 + 2 * PMD_RUN),
+        PMD_RUN,
+        Prot::USER | Prot::WRITE,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
+    s.ptep_set_access_flags(va2.add(7 * block), FaultFlags::DIRTY)
+        .unwrap();
+    assert!(hints(&s, va2, PMD_RUN, 1).iter().all(|&c| c));
+    for k in 0..16 {
+        assert!(s.ptep_get(va2.add(k * block)).unwrap().dirty(), "block {k}");
+    }
+    m.check().unwrap();
+}
