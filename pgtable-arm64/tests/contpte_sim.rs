@@ -199,3 +199,93 @@ fn contpte_no_flush_exposes_a_run_with_disagreeing_entries() {
     );
     assert_eq!(s.translate(VA.add(RUN + 3 * PAGE)).unwrap().prot, nc);
 }
+
+/// A user store, through the simulated TLB.
+const USER_STORE: Access = Access {
+    write: true,
+    exec: false,
+    user: true,
+};
+
+/// The check of a write fault on page `granted` of the run at `va`: the
+/// pages other than `granted` that a user store reaches through the
+/// simulated MMU (TLB included). A write fault grants its own page only.
+fn stray_stores(m: &SimMachine<Arm64>, va: VirtAddr, granted: u64) -> Vec<u64> {
+    (0..16)
+        .filter(|&k| k != granted && m.access(va.add(k * PAGE), USER_STORE).is_ok())
+        .collect()
+}
+
+/// A read-only folded run, cached whole.
+fn read_only_run() -> (SimMachine<Arm64>, Space) {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, Prot::USER, MapOptions::PAGES).unwrap();
+    touch(&m, VA, RUN);
+    assert!(m.tlb_holds_run(VA));
+    (m, s)
+}
+
+/// The correct write fault (the run unfolded, one entry made writable):
+/// page 3 takes a store, no other page does, and the run check passes.
+#[test]
+fn contpte_sim_a_write_fault_grants_a_store_to_its_page_only() {
+    let (m, mut s) = read_only_run();
+    assert!(s
+        .ptep_set_access_flags(VA.add(3 * PAGE), pgtable_core::FaultFlags::WRITE)
+        .unwrap());
+    m.check().unwrap();
+    assert!(m.access(VA.add(3 * PAGE), USER_STORE).is_ok());
+    assert_eq!(stray_stores(&m, VA, 3), Vec::<u64>::new());
+    m.check().unwrap();
+}
+
+/// What `ptep_set_access_flags` did when the write permission went over
+/// the whole run like its accessed/dirty state: every entry made writable
+/// (the run stays consistent, so the run check cannot see it), and a store
+/// to page 4 succeeds.
+#[test]
+fn contpte_sim_catches_a_write_fault_applied_to_the_whole_run() {
+    let (m, s) = read_only_run();
+    for k in 0..16 {
+        let va = VA.add(k * PAGE);
+        // SAFETY: a leaf of the run changed in place into a more permissive
+        // leaf of the same output address; flushed below.
+        let slot = unsafe { s.slot(va, 0) }.unwrap();
+        let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
+        let rw = Arm64::mkdirty(Arm64::modify_prot(raw, Prot::USER | Prot::WRITE, 0), 0);
+        Arm64::set_pte_at(s.mmu(), va, slot, rw);
+    }
+    s.mmu().flush_tlb_range(TlbRange {
+        start: VA,
+        end: VA.add(RUN),
+        stride_shift: 12,
+        last_level: true,
+    });
+    m.check().unwrap();
+    assert_eq!(stray_stores(&m, VA, 3), (0..16).filter(|&k| k != 3).collect::<Vec<_>>());
+}
+
+/// The other wrong fix: page 3 alone made writable with the hint kept.
+/// The run's entries now disagree in their permissions, which the run
+/// check reports.
+#[test]
+fn contpte_sim_catches_a_write_fault_that_keeps_the_hint() {
+    let (m, s) = read_only_run();
+    let va = VA.add(3 * PAGE);
+    // SAFETY: one leaf of the run made writable in place; flushed below.
+    let slot = unsafe { s.slot(va, 0) }.unwrap();
+    let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
+    let rw = Arm64::modify_prot(raw, Prot::USER | Prot::WRITE, 0);
+    assert!(is_contiguous(rw));
+    Arm64::set_pte_at(s.mmu(), va, slot, rw);
+    s.mmu().flush_tlb_range(TlbRange {
+        start: va,
+        end: va.add(PAGE),
+        stride_shift: 12,
+        last_level: true,
+    });
+    match m.check() {
+        Err(CheckError::Contiguous(c)) => assert_eq!((c.va, c.height), (VA, 0)),
+        other => panic!("not caught: {other:?}"),
+    }
+}
