@@ -712,3 +712,47 @@ fn contpte_write_fault_on_a_read_only_block_run_makes_only_that_block_writable()
     }
     m.check().unwrap();
 }
+
+/// `clear_refs` of part of a folded run of 2 MiB blocks, from an address
+/// inside a block: the whole run is cleared, and every block the range
+/// touches is reported once, with the run's state.
+#[test]
+fn contpte_clear_refs_of_part_of_a_block_run_reports_each_block_once() {
+    let (m, mut s) = machine();
+    let va = VirtAddr(0x4000_0000);
+    let block = 2u64 << 20;
+    s.map(va, PhysAddr(0x4000_0000), PMD_RUN, Prot::READ_WRITE, MapOptions::PMD_BLOCKS)
+        .unwrap();
+    m.hw_touch(va.add(9 * block), true).unwrap();
+    let mut seen = Vec::new();
+    s.clear_refs(va.add(PAGE), PAGE, ClearRefs::YOUNG, |e| {
+        seen.push((e.va(), e.height(), e.young()))
+    })
+    .unwrap();
+    m.check().unwrap();
+    assert_eq!(seen, vec![(va, 1, true)]);
+    for k in 0..16 {
+        assert!(!s.ptep_get(va.add(k * block)).unwrap().young(), "block {k}");
+    }
+    // 4 MiB from inside the first block: three blocks touched.
+    m.hw_touch(va.add(9 * block), true).unwrap();
+    let mut seen = Vec::new();
+    s.clear_refs(va.add(PAGE), 4 << 20, ClearRefs::ALL, |e| {
+        seen.push((e.va(), e.young(), e.dirty()))
+    })
+    .unwrap();
+    m.check().unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            (va, true, true),
+            (va.add(block), true, true),
+            (va.add(2 * block), true, true)
+        ]
+    );
+    for k in 0..16 {
+        let e = s.ptep_get(va.add(k * block)).unwrap();
+        assert!(!e.young() && !e.dirty(), "block {k}");
+    }
+    assert!(hints(&s, va, PMD_RUN, 1).iter().all(|&c| c));
+}
