@@ -8,7 +8,7 @@ use pgtable_arm64::Arm64;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
     Access, AddressSpace, ClearRefs, CopyMode, Error, FaultFlags, Format, LiveOptions, MapOptions,
-    MemType, PhysAddr, Prot, VirtAddr,
+    MemType, PhysAddr, Prot, Removed, VirtAddr,
 };
 
 const PAGE: u64 = 4096;
@@ -755,4 +755,77 @@ fn contpte_clear_refs_of_part_of_a_block_run_reports_each_block_once() {
         assert!(!e.young() && !e.dirty(), "block {k}");
     }
     assert!(hints(&s, va, PMD_RUN, 1).iter().all(|&c| c));
+}
+
+/// `unmap_with` through a caller's gather, finished at once (the one place
+/// this file's new checks use the gathered form).
+fn unmap_with_gathered(s: &mut Space, va: VirtAddr, len: u64, f: impl FnMut(Removed<Arm64>)) {
+    let mut tlb = s.tlb_gather_mmu();
+    s.unmap_with_gathered(&mut tlb, va, len, f).unwrap();
+    s.tlb_finish_mmu(tlb).unwrap();
+}
+
+/// `unmap_with` of whole folded runs of 2 MiB blocks reports every block
+/// with the run's accessed/dirty state (Linux `huge_ptep_get`): the
+/// hardware marks the one entry it walked, so a store through the last
+/// block of a run dirties the whole run's report. A run within a PMD
+/// table, a PMD table unmapped whole, and the gathered form; and the same
+/// for a whole table of pages in the gathered form.
+#[test]
+fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
+    let block = 2u64 << 20;
+    let dirty_blocks = |s: &mut Space, va: VirtAddr, len: u64, gathered: bool| {
+        let mut dirty = Vec::new();
+        let f = |r: Removed<Arm64>| {
+            assert_eq!(r.height(), 1);
+            if r.dirty() {
+                dirty.push((r.va().0 - va.0) / block)
+            }
+        };
+        if gathered {
+            unmap_with_gathered(s, va, len, f);
+        } else {
+            s.unmap_with(va, len, f).unwrap();
+        }
+        dirty.sort();
+        dirty
+    };
+    for gathered in [false, true] {
+        let (m, mut s) = machine();
+        // One run inside a PMD table.
+        let va = VirtAddr(0x4000_0000);
+        s.map(va, PhysAddr(0x4000_0000), PMD_RUN, user_rw(), MapOptions::PMD_BLOCKS)
+            .unwrap();
+        m.write_u64(va.add(31 << 20), 1).unwrap();
+        assert_eq!(
+            dirty_blocks(&mut s, va, PMD_RUN, gathered),
+            (0..16).collect::<Vec<_>>(),
+            "gathered: {gathered}"
+        );
+        m.check().unwrap();
+        // A PMD table (1 GiB, 32 runs) unmapped whole; run 5 stored to.
+        let va = VirtAddr(1 << 31);
+        s.map(va, PhysAddr(1 << 31), 1 << 30, user_rw(), MapOptions::PMD_BLOCKS)
+            .unwrap();
+        m.write_u64(va.add(5 * PMD_RUN + 9 * block), 1).unwrap();
+        assert_eq!(
+            dirty_blocks(&mut s, va, 1 << 30, gathered),
+            (80..96).collect::<Vec<_>>(),
+            "gathered: {gathered}"
+        );
+        m.check().unwrap();
+    }
+    // Pages: a whole PTE table in the gathered form.
+    let (m, mut s) = machine();
+    s.map(VA, PA, 2 << 20, user_rw(), MapOptions::PAGES).unwrap();
+    m.write_u64(VA.add(3 * RUN + 15 * PAGE), 1).unwrap();
+    let mut dirty = Vec::new();
+    unmap_with_gathered(&mut s, VA, 2 << 20, |r| {
+        if r.dirty() {
+            dirty.push((r.va().0 - VA.0) / PAGE)
+        }
+    });
+    dirty.sort();
+    assert_eq!(dirty, (48..64).collect::<Vec<_>>());
+    m.check().unwrap();
 }
