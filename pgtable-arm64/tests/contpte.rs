@@ -677,8 +677,14 @@ fn contpte_write_fault_on_a_read_only_block_run_makes_only_that_block_writable()
     let (m, mut s) = machine();
     let va = VirtAddr(0x4000_0000);
     let block = 2u64 << 20;
-    s.map(va, PhysAddr(0x4000_0000), PMD_RUN, Prot::USER, MapOptions::PMD_BLOCKS)
-        .unwrap();
+    s.map(
+        va,
+        PhysAddr(0x4000_0000),
+        PMD_RUN,
+        Prot::USER,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
     assert!(hints(&s, va, PMD_RUN, 1).iter().all(|&c| c));
     for k in 0..16 {
         m.access(va.add(k * block), Access::READ).unwrap();
@@ -721,8 +727,14 @@ fn contpte_clear_refs_of_part_of_a_block_run_reports_each_block_once() {
     let (m, mut s) = machine();
     let va = VirtAddr(0x4000_0000);
     let block = 2u64 << 20;
-    s.map(va, PhysAddr(0x4000_0000), PMD_RUN, Prot::READ_WRITE, MapOptions::PMD_BLOCKS)
-        .unwrap();
+    s.map(
+        va,
+        PhysAddr(0x4000_0000),
+        PMD_RUN,
+        Prot::READ_WRITE,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
     m.hw_touch(va.add(9 * block), true).unwrap();
     let mut seen = Vec::new();
     s.clear_refs(va.add(PAGE), PAGE, ClearRefs::YOUNG, |e| {
@@ -794,8 +806,14 @@ fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
         let (m, mut s) = machine();
         // One run inside a PMD table.
         let va = VirtAddr(0x4000_0000);
-        s.map(va, PhysAddr(0x4000_0000), PMD_RUN, user_rw(), MapOptions::PMD_BLOCKS)
-            .unwrap();
+        s.map(
+            va,
+            PhysAddr(0x4000_0000),
+            PMD_RUN,
+            user_rw(),
+            MapOptions::PMD_BLOCKS,
+        )
+        .unwrap();
         m.write_u64(va.add(31 << 20), 1).unwrap();
         assert_eq!(
             dirty_blocks(&mut s, va, PMD_RUN, gathered),
@@ -805,8 +823,14 @@ fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
         m.check().unwrap();
         // A PMD table (1 GiB, 32 runs) unmapped whole; run 5 stored to.
         let va = VirtAddr(1 << 31);
-        s.map(va, PhysAddr(1 << 31), 1 << 30, user_rw(), MapOptions::PMD_BLOCKS)
-            .unwrap();
+        s.map(
+            va,
+            PhysAddr(1 << 31),
+            1 << 30,
+            user_rw(),
+            MapOptions::PMD_BLOCKS,
+        )
+        .unwrap();
         m.write_u64(va.add(5 * PMD_RUN + 9 * block), 1).unwrap();
         assert_eq!(
             dirty_blocks(&mut s, va, 1 << 30, gathered),
@@ -817,7 +841,8 @@ fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
     }
     // Pages: a whole PTE table in the gathered form.
     let (m, mut s) = machine();
-    s.map(VA, PA, 2 << 20, user_rw(), MapOptions::PAGES).unwrap();
+    s.map(VA, PA, 2 << 20, user_rw(), MapOptions::PAGES)
+        .unwrap();
     m.write_u64(VA.add(3 * RUN + 15 * PAGE), 1).unwrap();
     let mut dirty = Vec::new();
     unmap_with_gathered(&mut s, VA, 2 << 20, |r| {
@@ -827,5 +852,35 @@ fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
     });
     dirty.sort();
     assert_eq!(dirty, (48..64).collect::<Vec<_>>());
+    m.check().unwrap();
+}
+
+/// The single-entry installs (`install_pte`, `set_swap_entry`, `swap_in`)
+/// only fill an entry that is none or a software entry, which a folded run
+/// never holds: on a page of a run they refuse and change nothing; in the
+/// hole that a partial unmap leaves (which unfolded the run) they work and
+/// fold nothing.
+#[test]
+fn contpte_single_entry_installs_never_change_a_folded_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, user_rw(), MapOptions::PAGES).unwrap();
+    let before = ptes(&s, VA, RUN);
+    let at = VA.add(6 * PAGE);
+    assert_eq!(
+        s.install_pte(at, PhysAddr(0x9000_0000), user_rw()),
+        Err(Error::AlreadyMapped(at))
+    );
+    assert_eq!(
+        s.swap_in(at, PhysAddr(0x9000_0000), user_rw()),
+        Err(Error::NoSwapEntry(at))
+    );
+    assert_eq!(ptes(&s, VA, RUN), before);
+    s.unmap(at, PAGE).unwrap();
+    s.set_swap_entry(at, 3).unwrap();
+    assert_eq!(s.swap_in(at, PhysAddr(PA.0 + 6 * PAGE), user_rw()), Ok(3));
+    s.unmap(at, PAGE).unwrap();
+    s.install_pte(at, PhysAddr(PA.0 + 6 * PAGE), user_rw())
+        .unwrap();
+    assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
     m.check().unwrap();
 }

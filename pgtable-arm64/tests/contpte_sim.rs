@@ -265,7 +265,10 @@ fn contpte_sim_catches_a_write_fault_applied_to_the_whole_run() {
         last_level: true,
     });
     m.check().unwrap();
-    assert_eq!(stray_stores(&m, VA, 3), (0..16).filter(|&k| k != 3).collect::<Vec<_>>());
+    assert_eq!(
+        stray_stores(&m, VA, 3),
+        (0..16).filter(|&k| k != 3).collect::<Vec<_>>()
+    );
 }
 
 /// The other wrong fix: page 3 alone made writable with the hint kept.
@@ -328,7 +331,9 @@ fn stored_block_run() -> (SimMachine<Arm64>, Space, Vec<VirtAddr>) {
     let stored = vec![BLOCK_RUN.add(2 * BLOCK + 8), BLOCK_RUN.add(15 * BLOCK + 8)];
     store(&m, &stored);
     assert!(Arm64::is_dirty(s.entry(BLOCK_RUN, 1).unwrap()));
-    assert!(!Arm64::is_dirty(s.entry(BLOCK_RUN.add(15 * BLOCK), 1).unwrap()));
+    assert!(!Arm64::is_dirty(
+        s.entry(BLOCK_RUN.add(15 * BLOCK), 1).unwrap()
+    ));
     (m, s, stored)
 }
 
@@ -345,16 +350,21 @@ fn store(m: &SimMachine<Arm64>, at: &[VirtAddr]) {
 fn contpte_sim_reports_see_a_store_recorded_in_another_entry_of_the_run() {
     let (m, mut s, stored) = stored_block_run();
     let mut reports = Vec::new();
-    s.clear_refs(BLOCK_RUN.add(PAGE), 2 * BLOCK, pgtable_core::ClearRefs::ALL, |e| {
-        reports.push((e.va(), BLOCK, e.dirty()))
-    })
+    s.clear_refs(
+        BLOCK_RUN.add(PAGE),
+        2 * BLOCK,
+        pgtable_core::ClearRefs::ALL,
+        |e| reports.push((e.va(), BLOCK, e.dirty())),
+    )
     .unwrap();
     m.check().unwrap();
     assert_eq!(lost_stores(&stored[..1], &reports), Vec::<VirtAddr>::new());
     store(&m, &stored);
     let mut reports = Vec::new();
-    s.unmap_with(BLOCK_RUN, 16 * BLOCK, |r| reports.push((r.va(), BLOCK, r.dirty())))
-        .unwrap();
+    s.unmap_with(BLOCK_RUN, 16 * BLOCK, |r| {
+        reports.push((r.va(), BLOCK, r.dirty()))
+    })
+    .unwrap();
     m.check().unwrap();
     assert_eq!(reports.len(), 16);
     assert_eq!(lost_stores(&stored, &reports), Vec::<VirtAddr>::new());
