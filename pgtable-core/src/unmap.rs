@@ -160,7 +160,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// tables that are unlinked whole are reported too. Every entry of a
     /// folded contiguous run (pages or blocks) is reported with the
     /// accessed/dirty state ORed over the run (Linux `contpte_ptep_get`,
-    /// `huge_ptep_get`), as the hardware marks whichever entry it walked.
+    /// `huge_ptep_get`): the hardware may record a store in any entry of it.
     ///
     /// The report is the value the entry held when it was taken out: an
     /// atomic get-and-clear (Linux `ptep_get_and_clear`) where the
