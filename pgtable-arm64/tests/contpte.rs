@@ -8,7 +8,7 @@ use pgtable_arm64::Arm64;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
     Access, AddressSpace, ClearRefs, CopyMode, Error, FaultFlags, Format, LiveOptions, MapOptions,
-    MemType, PhysAddr, Prot, VirtAddr,
+    MemType, PhysAddr, Prot, Removed, VirtAddr,
 };
 
 const PAGE: u64 = 4096;
@@ -604,6 +604,283 @@ fn contpte_swap_entry_never_replaces_part_of_a_run() {
     // After unmapping one page (which unfolds the run) it may.
     s.unmap(VA.add(3 * PAGE), PAGE).unwrap();
     s.set_swap_entry(VA.add(3 * PAGE), 7).unwrap();
+    assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
+    m.check().unwrap();
+}
+
+/// A user store at `va`, through the simulated TLB.
+const USER_STORE: Access = Access {
+    write: true,
+    exec: false,
+    user: true,
+};
+
+/// The pages of `[va, va + len)` a user store reaches through the
+/// simulated MMU (TLB included), as page indices.
+fn storable(m: &SimMachine<Arm64>, va: VirtAddr, len: u64, step: u64) -> Vec<u64> {
+    (0..len / step)
+        .filter(|&k| m.access(va.add(k * step), USER_STORE).is_ok())
+        .collect()
+}
+
+/// Linux `contpte_ptep_set_access_flags`: a write fault that makes one
+/// page of a write-protected folded run writable unfolds the run first and
+/// changes that page alone; the others stay shared read-only with the
+/// child.
+#[test]
+fn contpte_write_fault_on_a_cow_run_makes_only_that_page_writable() {
+    let (m, mut s) = machine();
+    let m2 = SimMachine::<Arm64>::new();
+    let mut child = AddressSpace::new(m2.mmu(), m2.alloc()).unwrap();
+    s.map(VA, PA, 2 * RUN, user_rw(), MapOptions::PAGES)
+        .unwrap();
+    s.copy_page_range(&mut child, VA, 2 * RUN, CopyMode::Cow)
+        .unwrap();
+    let child_before = (0..32)
+        .map(|k| child.entry(VA.add(k * PAGE), 0))
+        .collect::<Vec<_>>();
+    // The read-only run is cached whole.
+    touch(&m, VA, 2 * RUN);
+    assert!(m.tlb_holds_run(VA));
+    assert_eq!(storable(&m, VA, 2 * RUN, PAGE), Vec::<u64>::new());
+    // An access fault (accessed state only) keeps the run folded.
+    assert!(s.test_and_clear_young(VA.add(PAGE)).unwrap());
+    assert!(s
+        .ptep_set_access_flags(VA.add(5 * PAGE), FaultFlags::ACCESS)
+        .unwrap());
+    assert!(hints(&s, VA, RUN, 0).iter().all(|&c| c));
+    // The write fault on page 3.
+    assert!(s
+        .ptep_set_access_flags(VA.add(3 * PAGE), FaultFlags::WRITE)
+        .unwrap());
+    m.check().unwrap();
+    for k in 0..16 {
+        let raw = s.entry(VA.add(k * PAGE), 0).unwrap();
+        assert_eq!(Arm64::leaf_prot(raw, 0).writable(), k == 3, "page {k}");
+        assert!(!is_contiguous(raw), "page {k} keeps the hint");
+        assert_eq!(s.translate(VA.add(k * PAGE)).unwrap().pa.0, PA.0 + k * PAGE);
+    }
+    // The other run is untouched and still folded.
+    assert!(hints(&s, VA.add(RUN), RUN, 0).iter().all(|&c| c));
+    assert_eq!(storable(&m, VA, 2 * RUN, PAGE), vec![3]);
+    let child_after = (0..32)
+        .map(|k| child.entry(VA.add(k * PAGE), 0))
+        .collect::<Vec<_>>();
+    assert_eq!(child_after, child_before);
+    m.check().unwrap();
+}
+
+/// The same rule for a folded run of 2 MiB blocks: a write fault on one
+/// block unfolds the 32 MiB run and makes that block alone writable.
+#[test]
+fn contpte_write_fault_on_a_read_only_block_run_makes_only_that_block_writable() {
+    let (m, mut s) = machine();
+    let va = VirtAddr(0x4000_0000);
+    let block = 2u64 << 20;
+    s.map(
+        va,
+        PhysAddr(0x4000_0000),
+        PMD_RUN,
+        Prot::USER,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
+    assert!(hints(&s, va, PMD_RUN, 1).iter().all(|&c| c));
+    for k in 0..16 {
+        m.access(va.add(k * block), Access::READ).unwrap();
+    }
+    assert!(m.tlb_holds_run(va));
+    assert!(s
+        .ptep_set_access_flags(va.add(3 * block + PAGE), FaultFlags::WRITE)
+        .unwrap());
+    m.check().unwrap();
+    for k in 0..16 {
+        let raw = s.entry(va.add(k * block), 1).unwrap();
+        assert_eq!(Arm64::leaf_prot(raw, 1).writable(), k == 3, "block {k}");
+        assert!(!is_contiguous(raw), "block {k} keeps the hint");
+    }
+    assert_eq!(storable(&m, va, PMD_RUN, block), vec![3]);
+    // A dirty fault on a writable block of a folded run stays whole-run.
+    let va2 = va.add(2 * PMD_RUN);
+    s.map(
+        va2,
+        PhysAddr(0x4000_0000 + 2 * PMD_RUN),
+        PMD_RUN,
+        Prot::USER | Prot::WRITE,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
+    s.ptep_set_access_flags(va2.add(7 * block), FaultFlags::DIRTY)
+        .unwrap();
+    assert!(hints(&s, va2, PMD_RUN, 1).iter().all(|&c| c));
+    for k in 0..16 {
+        assert!(s.ptep_get(va2.add(k * block)).unwrap().dirty(), "block {k}");
+    }
+    m.check().unwrap();
+}
+
+/// `clear_refs` of part of a folded run of 2 MiB blocks, from an address
+/// inside a block: the whole run is cleared, and every block the range
+/// touches is reported once, with the run's state.
+#[test]
+fn contpte_clear_refs_of_part_of_a_block_run_reports_each_block_once() {
+    let (m, mut s) = machine();
+    let va = VirtAddr(0x4000_0000);
+    let block = 2u64 << 20;
+    s.map(
+        va,
+        PhysAddr(0x4000_0000),
+        PMD_RUN,
+        Prot::READ_WRITE,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
+    m.hw_touch(va.add(9 * block), true).unwrap();
+    let mut seen = Vec::new();
+    s.clear_refs(va.add(PAGE), PAGE, ClearRefs::YOUNG, |e| {
+        seen.push((e.va(), e.height(), e.young()))
+    })
+    .unwrap();
+    m.check().unwrap();
+    assert_eq!(seen, vec![(va, 1, true)]);
+    for k in 0..16 {
+        assert!(!s.ptep_get(va.add(k * block)).unwrap().young(), "block {k}");
+    }
+    // 4 MiB from inside the first block: three blocks touched.
+    m.hw_touch(va.add(9 * block), true).unwrap();
+    let mut seen = Vec::new();
+    s.clear_refs(va.add(PAGE), 4 << 20, ClearRefs::ALL, |e| {
+        seen.push((e.va(), e.young(), e.dirty()))
+    })
+    .unwrap();
+    m.check().unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            (va, true, true),
+            (va.add(block), true, true),
+            (va.add(2 * block), true, true)
+        ]
+    );
+    for k in 0..16 {
+        let e = s.ptep_get(va.add(k * block)).unwrap();
+        assert!(!e.young() && !e.dirty(), "block {k}");
+    }
+    assert!(hints(&s, va, PMD_RUN, 1).iter().all(|&c| c));
+}
+
+/// `unmap_with` through a caller's gather, finished at once (the one place
+/// this file's new checks use the gathered form).
+fn unmap_with_gathered(s: &mut Space, va: VirtAddr, len: u64, f: impl FnMut(Removed<Arm64>)) {
+    let mut tlb = s.tlb_gather_mmu();
+    s.unmap_with_gathered(&mut tlb, va, len, f).unwrap();
+    s.tlb_finish_mmu(tlb).unwrap();
+}
+
+/// `unmap_with` of whole folded runs of 2 MiB blocks reports every block
+/// with the run's accessed/dirty state (Linux `huge_ptep_get`): the
+/// hardware marks the one entry it walked, so a store through the last
+/// block of a run dirties the whole run's report. A run within a PMD
+/// table, a PMD table unmapped whole, and the gathered form; and the same
+/// for a whole table of pages in the gathered form.
+#[test]
+fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
+    let block = 2u64 << 20;
+    let dirty_blocks = |s: &mut Space, va: VirtAddr, len: u64, gathered: bool| {
+        let mut dirty = Vec::new();
+        let f = |r: Removed<Arm64>| {
+            assert_eq!(r.height(), 1);
+            if r.dirty() {
+                dirty.push((r.va().0 - va.0) / block)
+            }
+        };
+        if gathered {
+            unmap_with_gathered(s, va, len, f);
+        } else {
+            s.unmap_with(va, len, f).unwrap();
+        }
+        dirty.sort();
+        dirty
+    };
+    for gathered in [false, true] {
+        let (m, mut s) = machine();
+        // One run inside a PMD table.
+        let va = VirtAddr(0x4000_0000);
+        s.map(
+            va,
+            PhysAddr(0x4000_0000),
+            PMD_RUN,
+            user_rw(),
+            MapOptions::PMD_BLOCKS,
+        )
+        .unwrap();
+        m.write_u64(va.add(31 << 20), 1).unwrap();
+        assert_eq!(
+            dirty_blocks(&mut s, va, PMD_RUN, gathered),
+            (0..16).collect::<Vec<_>>(),
+            "gathered: {gathered}"
+        );
+        m.check().unwrap();
+        // A PMD table (1 GiB, 32 runs) unmapped whole; run 5 stored to.
+        let va = VirtAddr(1 << 31);
+        s.map(
+            va,
+            PhysAddr(1 << 31),
+            1 << 30,
+            user_rw(),
+            MapOptions::PMD_BLOCKS,
+        )
+        .unwrap();
+        m.write_u64(va.add(5 * PMD_RUN + 9 * block), 1).unwrap();
+        assert_eq!(
+            dirty_blocks(&mut s, va, 1 << 30, gathered),
+            (80..96).collect::<Vec<_>>(),
+            "gathered: {gathered}"
+        );
+        m.check().unwrap();
+    }
+    // Pages: a whole PTE table in the gathered form.
+    let (m, mut s) = machine();
+    s.map(VA, PA, 2 << 20, user_rw(), MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(VA.add(3 * RUN + 15 * PAGE), 1).unwrap();
+    let mut dirty = Vec::new();
+    unmap_with_gathered(&mut s, VA, 2 << 20, |r| {
+        if r.dirty() {
+            dirty.push((r.va().0 - VA.0) / PAGE)
+        }
+    });
+    dirty.sort();
+    assert_eq!(dirty, (48..64).collect::<Vec<_>>());
+    m.check().unwrap();
+}
+
+/// The single-entry installs (`install_pte`, `set_swap_entry`, `swap_in`)
+/// only fill an entry that is none or a software entry, which a folded run
+/// never holds: on a page of a run they refuse and change nothing; in the
+/// hole that a partial unmap leaves (which unfolded the run) they work and
+/// fold nothing.
+#[test]
+fn contpte_single_entry_installs_never_change_a_folded_run() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, user_rw(), MapOptions::PAGES).unwrap();
+    let before = ptes(&s, VA, RUN);
+    let at = VA.add(6 * PAGE);
+    assert_eq!(
+        s.install_pte(at, PhysAddr(0x9000_0000), user_rw()),
+        Err(Error::AlreadyMapped(at))
+    );
+    assert_eq!(
+        s.swap_in(at, PhysAddr(0x9000_0000), user_rw()),
+        Err(Error::NoSwapEntry(at))
+    );
+    assert_eq!(ptes(&s, VA, RUN), before);
+    s.unmap(at, PAGE).unwrap();
+    s.set_swap_entry(at, 3).unwrap();
+    assert_eq!(s.swap_in(at, PhysAddr(PA.0 + 6 * PAGE), user_rw()), Ok(3));
+    s.unmap(at, PAGE).unwrap();
+    s.install_pte(at, PhysAddr(PA.0 + 6 * PAGE), user_rw())
+        .unwrap();
     assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
     m.check().unwrap();
 }

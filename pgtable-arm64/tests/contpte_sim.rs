@@ -1,6 +1,9 @@
 //! The simulator's checks of contiguous runs (Arm ARM D8.6.1 "Contiguous
-//! bit"): broken variants of the contpte rules it must catch, and a CPU
-//! that probes every intermediate state an operation's flushes expose.
+//! bit"): broken variants of the contpte rules it must catch, a CPU that
+//! probes every intermediate state an operation's flushes expose, stores
+//! through the simulator after a write fault on one page of a run, and
+//! reports checked against the stores a run took when the hardware records
+//! their dirty state in another entry of the run.
 
 use pgtable_arm64::format::{self, is_contiguous};
 use pgtable_arm64::Arm64;
@@ -198,4 +201,208 @@ fn contpte_no_flush_exposes_a_run_with_disagreeing_entries() {
         Prot::READ_WRITE
     );
     assert_eq!(s.translate(VA.add(RUN + 3 * PAGE)).unwrap().prot, nc);
+}
+
+/// A user store, through the simulated TLB.
+const USER_STORE: Access = Access {
+    write: true,
+    exec: false,
+    user: true,
+};
+
+/// The check of a write fault on page `granted` of the run at `va`: the
+/// pages other than `granted` that a user store reaches through the
+/// simulated MMU (TLB included). A write fault grants its own page only.
+fn stray_stores(m: &SimMachine<Arm64>, va: VirtAddr, granted: u64) -> Vec<u64> {
+    (0..16)
+        .filter(|&k| k != granted && m.access(va.add(k * PAGE), USER_STORE).is_ok())
+        .collect()
+}
+
+/// A read-only folded run, cached whole.
+fn read_only_run() -> (SimMachine<Arm64>, Space) {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, Prot::USER, MapOptions::PAGES).unwrap();
+    touch(&m, VA, RUN);
+    assert!(m.tlb_holds_run(VA));
+    (m, s)
+}
+
+/// The correct write fault (the run unfolded, one entry made writable):
+/// page 3 takes a store, no other page does, and the run check passes.
+#[test]
+fn contpte_sim_a_write_fault_grants_a_store_to_its_page_only() {
+    let (m, mut s) = read_only_run();
+    assert!(s
+        .ptep_set_access_flags(VA.add(3 * PAGE), pgtable_core::FaultFlags::WRITE)
+        .unwrap());
+    m.check().unwrap();
+    assert!(m.access(VA.add(3 * PAGE), USER_STORE).is_ok());
+    assert_eq!(stray_stores(&m, VA, 3), Vec::<u64>::new());
+    m.check().unwrap();
+}
+
+/// What `ptep_set_access_flags` did when the write permission went over
+/// the whole run like its accessed/dirty state: every entry made writable
+/// (the run stays consistent, so the run check cannot see it), and a store
+/// to page 4 succeeds.
+#[test]
+fn contpte_sim_catches_a_write_fault_applied_to_the_whole_run() {
+    let (m, s) = read_only_run();
+    for k in 0..16 {
+        let va = VA.add(k * PAGE);
+        // SAFETY: a leaf of the run changed in place into a more permissive
+        // leaf of the same output address; flushed below.
+        let slot = unsafe { s.slot(va, 0) }.unwrap();
+        let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
+        let rw = Arm64::mkdirty(Arm64::modify_prot(raw, Prot::USER | Prot::WRITE, 0), 0);
+        Arm64::set_pte_at(s.mmu(), va, slot, rw);
+    }
+    s.mmu().flush_tlb_range(TlbRange {
+        start: VA,
+        end: VA.add(RUN),
+        stride_shift: 12,
+        last_level: true,
+    });
+    m.check().unwrap();
+    assert_eq!(
+        stray_stores(&m, VA, 3),
+        (0..16).filter(|&k| k != 3).collect::<Vec<_>>()
+    );
+}
+
+/// The other wrong fix: page 3 alone made writable with the hint kept.
+/// The run's entries now disagree in their permissions, which the run
+/// check reports.
+#[test]
+fn contpte_sim_catches_a_write_fault_that_keeps_the_hint() {
+    let (m, s) = read_only_run();
+    let va = VA.add(3 * PAGE);
+    // SAFETY: one leaf of the run made writable in place; flushed below.
+    let slot = unsafe { s.slot(va, 0) }.unwrap();
+    let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
+    let rw = Arm64::modify_prot(raw, Prot::USER | Prot::WRITE, 0);
+    assert!(is_contiguous(rw));
+    Arm64::set_pte_at(s.mmu(), va, slot, rw);
+    s.mmu().flush_tlb_range(TlbRange {
+        start: va,
+        end: va.add(PAGE),
+        stride_shift: 12,
+        last_level: true,
+    });
+    match m.check() {
+        Err(CheckError::Contiguous(c)) => assert_eq!((c.va, c.height), (VA, 0)),
+        other => panic!("not caught: {other:?}"),
+    }
+}
+
+const BLOCK: u64 = 2 << 20;
+const BLOCK_RUN: VirtAddr = VirtAddr(0x4000_0000);
+
+/// The check of a report: the addresses a store reached through the
+/// simulator that no report of `(va, size, dirty)` calls dirty. A caller
+/// that trusts such a report drops the data of a page it takes for clean.
+fn lost_stores(stored: &[VirtAddr], reports: &[(VirtAddr, u64, bool)]) -> Vec<VirtAddr> {
+    stored
+        .iter()
+        .copied()
+        .filter(|a| {
+            !reports
+                .iter()
+                .any(|&(va, len, d)| d && (va.0..va.0 + len).contains(&a.0))
+        })
+        .collect()
+}
+
+/// A folded run of 2 MiB blocks on a machine whose hardware records the
+/// dirty state of the run in its first entry, and stores into blocks 2
+/// and 15: only block 0's own entry turns dirty.
+fn stored_block_run() -> (SimMachine<Arm64>, Space, Vec<VirtAddr>) {
+    let (m, mut s) = machine();
+    s.map(
+        BLOCK_RUN,
+        PhysAddr(BLOCK_RUN.0),
+        16 * BLOCK,
+        Prot::USER | Prot::WRITE,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
+    m.set_run_ad_on_first_entry(true);
+    let stored = vec![BLOCK_RUN.add(2 * BLOCK + 8), BLOCK_RUN.add(15 * BLOCK + 8)];
+    store(&m, &stored);
+    assert!(Arm64::is_dirty(s.entry(BLOCK_RUN, 1).unwrap()));
+    assert!(!Arm64::is_dirty(
+        s.entry(BLOCK_RUN.add(15 * BLOCK), 1).unwrap()
+    ));
+    (m, s, stored)
+}
+
+fn store(m: &SimMachine<Arm64>, at: &[VirtAddr]) {
+    for &a in at {
+        m.write_u64(a, 1).unwrap();
+    }
+}
+
+/// The correct reports (`clear_refs` of part of the run from inside a
+/// block, then `unmap_with` of the run) give every block the run's state:
+/// no store is lost.
+#[test]
+fn contpte_sim_reports_see_a_store_recorded_in_another_entry_of_the_run() {
+    let (m, mut s, stored) = stored_block_run();
+    let mut reports = Vec::new();
+    s.clear_refs(
+        BLOCK_RUN.add(PAGE),
+        2 * BLOCK,
+        pgtable_core::ClearRefs::ALL,
+        |e| reports.push((e.va(), BLOCK, e.dirty())),
+    )
+    .unwrap();
+    m.check().unwrap();
+    assert_eq!(lost_stores(&stored[..1], &reports), Vec::<VirtAddr>::new());
+    store(&m, &stored);
+    let mut reports = Vec::new();
+    s.unmap_with(BLOCK_RUN, 16 * BLOCK, |r| {
+        reports.push((r.va(), BLOCK, r.dirty()))
+    })
+    .unwrap();
+    m.check().unwrap();
+    assert_eq!(reports.len(), 16);
+    assert_eq!(lost_stores(&stored, &reports), Vec::<VirtAddr>::new());
+}
+
+/// What `unmap_with` reported for a folded run of blocks before it ORed
+/// the run's state: each block's own entry. The check finds both stores
+/// lost (the hardware recorded them in block 0).
+#[test]
+fn contpte_sim_catches_a_report_of_each_blocks_own_state() {
+    let (m, mut s, stored) = stored_block_run();
+    let reports: Vec<_> = (0..16)
+        .map(|k| {
+            let va = BLOCK_RUN.add(k * BLOCK);
+            (va, BLOCK, Arm64::is_dirty(s.entry(va, 1).unwrap()))
+        })
+        .collect();
+    s.unmap(BLOCK_RUN, 16 * BLOCK).unwrap();
+    m.check().unwrap();
+    assert_eq!(lost_stores(&stored, &reports), stored);
+}
+
+/// What `clear_refs` reported for part of a folded run of blocks from an
+/// address inside a block: one report every 2 MiB from that address, so
+/// the block holding the range's last byte is missed and its store lost.
+#[test]
+fn contpte_sim_catches_a_report_loop_that_skips_a_block() {
+    let (m, s, stored) = stored_block_run();
+    let (start, end) = (BLOCK_RUN.0 + PAGE, BLOCK_RUN.0 + PAGE + 2 * BLOCK);
+    let (young, dirty) = (0..16).fold((false, false), |(y, d), k| {
+        let raw = s.entry(BLOCK_RUN.add(k * BLOCK), 1).unwrap();
+        (y | Arm64::is_young(raw), d | Arm64::is_dirty(raw))
+    });
+    assert!(young && dirty);
+    let reports: Vec<_> = (start..end)
+        .step_by(BLOCK as usize)
+        .map(|v| (VirtAddr(v & !(BLOCK - 1)), BLOCK, dirty))
+        .collect();
+    m.check().unwrap();
+    assert_eq!(lost_stores(&stored[..1], &reports), stored[..1].to_vec());
 }

@@ -144,6 +144,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// invalidates the faulting address, SDM Vol. 3A §4.10.4.1; this crate
     /// flushes on both, one page.)
     ///
+    /// In a folded contiguous run (arm64, [`Format::cont_entries`]) the
+    /// accessed/dirty change is made on every entry of the run, which stays
+    /// folded; a change of the write permission is made on the one entry
+    /// after its run is unfolded (break-before-make for the whole run), so
+    /// the other pages of the run stay read-only (Linux
+    /// `contpte_ptep_set_access_flags`).
+    ///
+    /// [`Format::cont_entries`]: crate::Format::cont_entries
+    ///
     /// # Errors
     ///
     /// [`Error::OutOfRange`] outside the address space,
@@ -158,17 +167,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if !A::va_ok(va.0) {
             return Err(Error::OutOfRange(va));
         }
-        let (slot, h) = self.find_leaf(va).ok_or(Error::NotMapped(va))?;
-        // A folded contiguous run is one translation: the change applies
-        // to every entry of it (Linux `contpte_ptep_set_access_flags`).
-        // Relaxed: the compare-exchange below re-checks it.
-        let (slots, base) = match A::is_cont(slot.load(Relaxed), h) {
-            true => match self.folded_run(va.0, h) {
-                Some((run, base)) => (run, base),
-                None => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
-            },
-            false => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
-        };
+        let (mut slot, h) = self.find_leaf(va).ok_or(Error::NotMapped(va))?;
         let change = |cur: u64| {
             let mut new = A::mkyoung(cur, h);
             if flags.write {
@@ -182,6 +181,38 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 new = A::mkdirty(new, h);
             }
             new
+        };
+        // Relaxed: the kind of entry and its permissions do not change
+        // under us (the hardware sets accessed/dirty state only).
+        let raw = slot.load(Relaxed);
+        if matches!(A::decode(raw, h), Decoded::Leaf(_))
+            && A::is_cont(raw, h)
+            && flags.write
+            && !A::leaf_prot(raw, h).writable()
+        {
+            // The write permission of one entry of a folded run changes:
+            // the run is unfolded first (break-before-make for the whole
+            // run) and only this entry is made writable, as Linux
+            // `contpte_ptep_set_access_flags` does. Making the whole run
+            // writable would also grant stores to pages the fault did not
+            // ask for (after a copy-on-write fork: pages still shared).
+            let one = A::clear_cont(raw, h);
+            if needs_bbm::<A>(one, change(one), h) {
+                return Err(Error::BreakBeforeMake(va));
+            }
+            self.contpte_unfold(va.0, h);
+            slot = self.find_leaf(va).ok_or(Error::NotMapped(va))?.0;
+        }
+        // A folded contiguous run is one translation: an accessed/dirty
+        // change applies to every entry of it (Linux
+        // `contpte_ptep_set_access_flags`).
+        // Relaxed: the compare-exchange below re-checks it.
+        let (slots, base) = match A::is_cont(slot.load(Relaxed), h) {
+            true => match self.folded_run(va.0, h) {
+                Some((run, base)) => (run, base),
+                None => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
+            },
+            false => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
         };
         // Checked before anything is written: the entries of a run share
         // their attributes, so the first decides.

@@ -277,6 +277,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     } else {
                         base.wrapping_add(run)
                     };
+                    // Each entry the range touches, once: `va` may lie
+                    // inside a block (a block covered in part is reported
+                    // whole), so step to the next entry boundary.
                     let mut v = va;
                     while v != stop {
                         let k = (v - base) / step;
@@ -288,7 +291,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                             height,
                             contpte::with_ad::<A>(now, height, young, dirty),
                         ));
-                        v = v.wrapping_add(step);
+                        v = entry_end(v, height, stop);
                     }
                     va = stop;
                     if va == end {

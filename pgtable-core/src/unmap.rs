@@ -25,7 +25,7 @@ use crate::aspace::{covers, table_at, FreeQueue, Stash, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, shift};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Table, TableAlloc,
+    AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Slot, Table, TableAlloc,
     TlbGather, VirtAddr,
 };
 
@@ -157,7 +157,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// the caller must release). A block removed whole is one report of
     /// its size; a block the range covers in part is split first and the
     /// removed part reported page by page (or block by block). Entries of
-    /// tables that are unlinked whole are reported too.
+    /// tables that are unlinked whole are reported too. Every entry of a
+    /// folded contiguous run (pages or blocks) is reported with the
+    /// accessed/dirty state ORed over the run (Linux `contpte_ptep_get`,
+    /// `huge_ptep_get`): the hardware may record a store in any entry of it.
     ///
     /// The report is the value the entry held when it was taken out: an
     /// atomic get-and-clear (Linux `ptep_get_and_clear`) where the
@@ -321,6 +324,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             match A::decode(raw, height) {
                 Decoded::None => {}
                 Decoded::Table(c) => self.defer_subtree(q, c, height - 1, eva, z),
+                Decoded::Leaf(_) if A::is_cont(raw, height) => {
+                    // The first entry of a folded run of blocks: the whole
+                    // run is taken now (its other entries then read as
+                    // none).
+                    let slots = contpte::run_slots::<A>(t, i, height);
+                    self.zap_block_run(slots, eva, height, z);
+                }
                 Decoded::Leaf(_) => {
                     let old = if A::is_settled(raw, height) {
                         raw
@@ -333,6 +343,27 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
         }
         self.queue_free(q, pa);
+    }
+
+    /// Takes the folded run of blocks `slots` at `height` (first address
+    /// `base`) out whole and reports every entry of it with the run's
+    /// accessed/dirty state (Linux `huge_ptep_get`: the hardware may have
+    /// marked any entry of the run, whichever it walked).
+    fn zap_block_run<Z: Zap<A>>(&self, slots: &[Slot], base: u64, height: u32, z: &mut Z) {
+        let mut old = [0u64; contpte::MAX_RUN];
+        let (mut young, mut dirty) = (false, false);
+        for (o, slot) in old.iter_mut().zip(slots) {
+            // Until the flush the hardware may still write it.
+            *o = A::pmdp_huge_get_and_clear(&self.mmu, slot);
+            young |= A::is_young(*o);
+            dirty |= A::is_dirty(*o);
+        }
+        for (k, &o) in old[..slots.len()].iter().enumerate() {
+            if o != 0 {
+                let raw = contpte::with_ad::<A>(o, height, young, dirty);
+                z.removed(base + ((k as u64) << shift(height)), height, raw);
+            }
+        }
     }
 
     /// The three phases of unmap, leaving the flush and the frees to the
@@ -410,6 +441,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     written += 1;
                     invalid_cleared = true;
                     z.removed(va, height, raw);
+                }
+                Decoded::Leaf(_) if Z::REPORT && height > 0 && A::is_cont(raw, height) => {
+                    // The first entry of a folded run of blocks, which the
+                    // range covers whole (runs covered in part were
+                    // unfolded first): the whole run is taken now (its
+                    // other entries then read as none).
+                    let run = contpte::run_size::<A>(height);
+                    debug_assert_eq!(va & (run - 1), 0, "a folded run covered in part");
+                    let slots = contpte::run_slots::<A>(t, index(va, height), height);
+                    self.zap_block_run(slots, va, height, z);
+                    written += slots.len() as u64;
+                    gather.add_range(VirtAddr(va), run, height);
                 }
                 Decoded::Leaf(_) if height == 0 || covers(va, next, height) => {
                     let old = if Z::REPORT && !(z.trust_settled() && A::is_settled(raw, height)) {

@@ -865,6 +865,16 @@ impl<A: Arch> SimMachine<A> {
         self.state().check_contiguous::<A>()
     }
 
+    /// Makes the hardware record the accessed/dirty update of a leaf in a
+    /// folded contiguous run in the run's first entry rather than in the
+    /// entry it walked (off by default). The hardware may record it in any
+    /// entry of the run, which is why Linux `contpte_ptep_get` ORs the
+    /// run's states: with this on, software that reads one entry's own
+    /// state (a report, a harvest) misses a store the run took.
+    pub fn set_run_ad_on_first_entry(&self, on: bool) {
+        self.state().run_ad_first = on;
+    }
+
     /// Sets how many entries the TLB holds (at least 1).
     pub fn set_tlb_capacity(&self, n: usize) {
         let mut s = self.state();

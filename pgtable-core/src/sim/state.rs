@@ -199,6 +199,11 @@ pub(super) struct State {
     /// Table frame to the epoch of its last write (or its allocation).
     last_write: Map<u64, u64>,
     pub(super) tlb_capacity: usize,
+    /// Accessed/dirty updates of a leaf in a folded run go to the run's
+    /// first entry ([`SimMachine::set_run_ad_on_first_entry`]).
+    ///
+    /// [`SimMachine::set_run_ad_on_first_entry`]: super::SimMachine::set_run_ad_on_first_entry
+    pub(super) run_ad_first: bool,
     /// Slot address to the value the walker still sees (arm64 model) and
     /// the latest value written.
     pub(super) pending: Map<u64, (u64, u64)>,
@@ -232,6 +237,7 @@ impl State {
             epoch: 0,
             last_write: Map::default(),
             tlb_capacity: 1024,
+            run_ad_first: false,
             pending: Map::default(),
             stats: SimStats::default(),
         }
@@ -584,6 +590,34 @@ impl State {
         }
     }
 
+    /// With `run_ad_first`, where the hardware records the accessed/dirty
+    /// update `access` makes to the leaf it walked at `va` when that leaf
+    /// is in a folded run: the run's first entry, its value and the
+    /// updated value. `None`: in the walked entry itself.
+    fn run_ad_target<A: Arch>(
+        &mut self,
+        va: u64,
+        leaf: &Leaf<'static>,
+        access: Access,
+    ) -> Option<(&'static Slot, u64, u64)> {
+        let h = leaf.height;
+        let n = A::cont_entries(h) as usize;
+        if !self.run_ad_first || n == 0 || !A::is_cont(leaf.raw, h) {
+            return None;
+        }
+        let j = index(va, h) & (n - 1);
+        // SAFETY: the run's `n` entries are in the same table as the walked
+        // one (a run is aligned and `n` divides the table's entry count),
+        // so the first is `j` entries before it.
+        let first: &'static Slot = unsafe { &*(leaf.slot as *const Slot).sub(j) };
+        let (raw, stale) = self.walker_read::<A>(first);
+        if stale || !A::is_cont(raw, h) {
+            return None;
+        }
+        let set = A::hw_access(raw, h, access).ok()?;
+        Some((first, raw, set))
+    }
+
     /// Performs `access` at `va`: the output address of the byte, plus the
     /// accessed/dirty update the walker made.
     pub(super) fn access<A: Arch>(
@@ -645,18 +679,19 @@ impl State {
                 .map_err(|f| fault(SimFaultKind::Permission(f)))?;
             let mut upd = AdUpdate::default();
             if new != leaf.raw && !leaf.stale {
+                // The entry that records the update: the one walked, or
+                // the first of its folded run.
+                let (slot, old, set) = self
+                    .run_ad_target::<A>(va, &leaf, access)
+                    .unwrap_or((leaf.slot, leaf.raw, new));
                 // Relaxed: hardware A/D updates are atomic read-modify-writes
                 // of the entry; only atomicity matters against software.
-                if leaf
-                    .slot
-                    .compare_exchange(leaf.raw, new, Relaxed, Relaxed)
-                    .is_err()
-                {
+                if slot.compare_exchange(old, set, Relaxed, Relaxed).is_err() {
                     self.stats.ad_retries += 1;
                     continue;
                 }
-                upd.accessed = A::is_young(new) && !A::is_young(leaf.raw);
-                upd.dirty = A::is_dirty(new) && !A::is_dirty(leaf.raw);
+                upd.accessed = A::is_young(set) && !A::is_young(old);
+                upd.dirty = A::is_dirty(set) && !A::is_dirty(old);
                 self.stats.accessed_set += u64::from(upd.accessed);
                 self.stats.dirty_set += u64::from(upd.dirty);
             }
