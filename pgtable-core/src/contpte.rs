@@ -166,7 +166,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         did
     }
 
-    /// The first address in `[va, end)` of a folded run that the range
+    /// The lowest address in `[va, end)` of a folded run that the range
     /// covers in part and whose leaf `changes` says would change: the
     /// operation would have to unfold it, which needs break-before-make.
     pub(crate) fn contpte_partial_change(
@@ -175,19 +175,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         end: u64,
         changes: &impl Fn(u64, u32) -> bool,
     ) -> Option<VirtAddr> {
+        let mut first: Option<u64> = None;
         for height in 0..A::LEVELS {
             for v in self.partial_runs(va, end, height).into_iter().flatten() {
                 if let Some((slots, _)) = self.folded_run(v, height) {
                     // Relaxed: we hold the address space; the hardware
                     // changes accessed/dirty state only.
                     let raw = slots[0].load(Relaxed);
-                    if changes(raw, height) {
-                        return Some(VirtAddr(v));
+                    if changes(raw, height) && first.is_none_or(|f| v < f) {
+                        first = Some(v);
                     }
                 }
             }
         }
-        None
+        first.map(VirtAddr)
     }
 
     /// The addresses in `[va, end)` whose run at `height` the range covers

@@ -96,12 +96,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let top = A::LEVELS - 1;
         if A::BREAK_BEFORE_MAKE && !opts.allow_bbm {
             // Changing part of a folded contiguous run unfolds it, which
-            // is break-before-make for the whole run.
+            // is break-before-make for the whole run. The error names the
+            // lower of the two first addresses (the walk goes up from `va`).
             let differs = |raw, h| A::leaf_prot(raw, h) != prot;
-            if let Some(at) = self.contpte_partial_change(va.0, end, &differs) {
-                return Err(Error::BreakBeforeMake(at));
-            }
-            if let Some(at) = self.live_bbm_check(top, self.root, va.0, end, prot) {
+            let partial = self.contpte_partial_change(va.0, end, &differs);
+            let entry = self.live_bbm_check(top, self.root, va.0, end, prot);
+            if let Some(at) = partial.into_iter().chain(entry).min() {
                 return Err(Error::BreakBeforeMake(at));
             }
         }
