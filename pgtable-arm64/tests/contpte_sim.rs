@@ -191,11 +191,13 @@ fn contpte_whole_run_permission_changes_in_place_are_accepted_while_cached() {
     s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     touch(&m, VA, len);
+    // Writable and clean: the get-and-clear transaction, entry by entry.
+    s.change_protection(VA, len, Prot::READ_WRITE | Prot::EXEC)
+        .unwrap();
+    m.check().unwrap();
     let live = pgtable_core::LiveOptions::IN_PLACE;
     s.change_protection_live(VA, len, Prot::READ_ONLY, live)
         .unwrap();
-    m.check().unwrap();
-    s.change_protection(VA, len, Prot::READ_EXEC).unwrap();
     m.check().unwrap();
     let nc = Prot::READ_ONLY.with_mem(MemType::NormalNonCacheable);
     s.change_protection(VA, len, nc).unwrap();
