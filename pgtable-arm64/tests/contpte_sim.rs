@@ -108,13 +108,13 @@ fn contpte_sim_catches_an_unfold_without_the_flush() {
     }
 }
 
-/// Rewrites every entry of the cached run at `VA` in place, one at a time
-/// (no break, no flush in between), as `f(raw)`, then flushes the run:
-/// what an operation that changed a folded run entry by entry without
-/// unfolding it would do.
-fn rewrite_run_in_place(m: &SimMachine<Arm64>, s: &mut Space, f: impl Fn(u64) -> u64) {
-    touch(m, VA, RUN);
-    assert!(m.tlb_holds_run(VA));
+/// Has `cpu` cache the run at `VA`, then rewrites every entry of it in
+/// place, one at a time (no break, no flush in between), as `f(raw)`, and
+/// flushes the run: what an operation that changed a folded run entry by
+/// entry without unfolding it would do.
+fn rewrite_run_in_place(cpu: &SimMachine<Arm64>, s: &mut Space, f: impl Fn(u64) -> u64) {
+    touch(cpu, VA, RUN);
+    assert!(cpu.tlb_holds_run(VA));
     let mmu = s.mmu().clone();
     for k in 0..16 {
         // SAFETY: a leaf replaced by another leaf of the format at the same
@@ -137,13 +137,20 @@ fn rewrite_run_in_place(m: &SimMachine<Arm64>, s: &mut Space, f: impl Fn(u64) ->
 /// use either's attributes), which the simulator reports at that write.
 #[test]
 fn contpte_sim_catches_an_in_place_memory_type_change_of_a_cached_run_at_the_write() {
-    let (m, mut s) = machine();
+    let m = SimMachine::<Arm64>::with_cpus(2);
+    let s = AddressSpace::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut s = unsafe { Installed::new(s) };
+    // SAFETY: the same complete hierarchy, on the simulated CPU 1.
+    unsafe { m.cpu(1).mmu().install_root(s.root()) };
     s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
+    // CPU 1 holds the run; CPU 0, which writes, does not.
     let nc = Prot::READ_WRITE.with_mem(MemType::NormalNonCacheable);
-    rewrite_run_in_place(&m, &mut s, |raw| Arm64::modify_prot(raw, nc, 0));
+    rewrite_run_in_place(&m.cpu(1), &mut s, |raw| Arm64::modify_prot(raw, nc, 0));
+    assert!(!m.tlb_holds_run(VA));
     match m.check_contiguous() {
-        Err(c) => assert_eq!((c.va, c.index, c.cached_on), (VA, 0, Some(0))),
+        Err(c) => assert_eq!((c.va, c.index, c.cached_on), (VA, 0, Some(1))),
         other => panic!("not caught: {other:?}"),
     }
     assert!(m.check().is_err());

@@ -702,7 +702,7 @@ impl State {
         // Relaxed: the value this thread just wrote (or a later one).
         let new = slot.load(Relaxed);
         let addr = slot as *const Slot as u64;
-        if self.contig.is_none() && new != 0 {
+        if self.contig.is_none() && new != 0 && (0..A::LEVELS).any(|h| A::cont_entries(h) != 0) {
             self.check_cached_run::<A>(addr);
         }
         if A::BREAK_BEFORE_MAKE && new != 0 && self.conflict.is_none() {
