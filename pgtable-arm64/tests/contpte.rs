@@ -457,6 +457,36 @@ fn contpte_live_change_of_part_of_a_run_needs_break_before_make() {
     assert_eq!(s.translate(VA.add(PAGE)).unwrap().prot, Prot::READ_WRITE);
 }
 
+/// A live change refused for break-before-make names the first address in
+/// walk order that cannot be changed in place: here the whole first run
+/// (a memory-type change), before the partly covered second run.
+#[test]
+fn contpte_live_refusal_names_the_first_address_in_walk_order() {
+    let (m, mut s) = machine();
+    let va = VirtAddr(0x4000_0000);
+    let nc = Prot::READ_WRITE.with_mem(MemType::NormalNonCacheable);
+    s.map(va, PA, 2 * RUN, nc, MapOptions::PAGES).unwrap();
+    touch(&m, va, 2 * RUN);
+    let before = ptes(&s, va, 2 * RUN);
+    assert_eq!(
+        s.change_protection_live(va, RUN + PAGE, Prot::WRITE, LiveOptions::IN_PLACE),
+        Err(Error::BreakBeforeMake(va))
+    );
+    assert_eq!(ptes(&s, va, 2 * RUN), before);
+    // A partly covered run before a whole one: its first covered address.
+    assert_eq!(
+        s.change_protection_live(
+            va.add(RUN - PAGE),
+            RUN + PAGE,
+            Prot::WRITE,
+            LiveOptions::IN_PLACE
+        ),
+        Err(Error::BreakBeforeMake(va.add(RUN - PAGE)))
+    );
+    assert_eq!(ptes(&s, va, 2 * RUN), before);
+    m.check().unwrap();
+}
+
 #[test]
 fn contpte_fork_of_part_of_a_run_gives_the_child_no_partial_run() {
     let (m, mut s) = machine();

@@ -111,16 +111,125 @@ fn contpte_sim_catches_an_unfold_without_the_flush() {
     }
 }
 
+/// Has `cpu` cache the run at `VA`, then rewrites every entry of it in
+/// place, one at a time (no break, no flush in between), as `f(raw)`, and
+/// flushes the run: what an operation that changed a folded run entry by
+/// entry without unfolding it would do.
+fn rewrite_run_in_place(cpu: &SimMachine<Arm64>, s: &mut Space, f: impl Fn(u64) -> u64) {
+    touch(cpu, VA, RUN);
+    assert!(cpu.tlb_holds_run(VA));
+    let mmu = s.mmu().clone();
+    for k in 0..16 {
+        // SAFETY: a leaf replaced by another leaf of the format at the same
+        // output address (the broken part is doing it in place).
+        let slot = unsafe { s.slot(VA.add(k * PAGE), 0) }.unwrap();
+        let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
+        Arm64::set_pte_at(&mmu, VA.add(k * PAGE), slot, f(raw));
+    }
+    mmu.flush_tlb_range(TlbRange {
+        start: VA,
+        end: VA.add(RUN),
+        stride_shift: 12,
+        last_level: true,
+    });
+}
+
+/// A memory-type change made entry by entry on a cached run: after the
+/// flush the run agrees again, but the first write already gave the cached
+/// run an entry of another memory type (Arm ARM rule RJQQTC: a lookup may
+/// use either's attributes), which the simulator reports at that write.
+#[test]
+fn contpte_sim_catches_an_in_place_memory_type_change_of_a_cached_run_at_the_write() {
+    let m = SimMachine::<Arm64>::with_cpus(2);
+    let s = AddressSpace::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut s = unsafe { Installed::new(s) };
+    // SAFETY: the same complete hierarchy, on the simulated CPU 1.
+    unsafe { m.cpu(1).mmu().install_root(s.root()) };
+    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    // CPU 1 holds the run; CPU 0, which writes, does not.
+    let nc = Prot::READ_WRITE.with_mem(MemType::NormalNonCacheable);
+    rewrite_run_in_place(&m.cpu(1), &mut s, |raw| Arm64::modify_prot(raw, nc, 0));
+    assert!(!m.tlb_holds_run(VA));
+    match m.check_contiguous() {
+        Err(c) => assert_eq!((c.va, c.index, c.cached_on), (VA, 0, Some(1))),
+        other => panic!("not caught: {other:?}"),
+    }
+    assert!(m.check().is_err());
+}
+
+/// Clearing the hint entry by entry on a cached run (an unfold without
+/// break-before-make): a valid entry without the hint inside a cached run
+/// (Arm ARM rule RNGLXZ: a TLB conflict abort even with FEAT_BBM) is
+/// reported at the first write.
+#[test]
+fn contpte_sim_catches_an_in_place_unfold_of_a_cached_run_at_the_write() {
+    let (m, mut s) = machine();
+    s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    rewrite_run_in_place(&m, &mut s, |raw| raw & !format::CONT);
+    match m.check_contiguous() {
+        Err(c) => {
+            assert_eq!((c.va, c.index, c.cached_on), (VA, 0, Some(0)));
+            assert!(!is_contiguous(c.raw));
+        }
+        other => panic!("not caught: {other:?}"),
+    }
+}
+
+/// The correct sequences beside them: a permission change of whole cached
+/// runs entry by entry in place (`change_protection_live`, and the
+/// get-and-clear transaction of `change_protection`) lets the entries
+/// differ only in permissions, and `0`, until the flush (rule RJQQTC), and
+/// a memory-type change breaks the whole run at once: nothing is reported,
+/// although a CPU fills through the runs after every single entry write.
+#[test]
+fn contpte_whole_run_permission_changes_in_place_are_accepted_while_cached() {
+    let m = SimMachine::<Arm64>::new();
+    let len = 2 * RUN;
+    let mmu = Prober {
+        inner: m.mmu(),
+        machine: m.clone(),
+        va: VA,
+        len,
+        on_write: true,
+    };
+    let s = AddressSpace::<Arm64, _, _>::new(mmu, m.alloc()).unwrap();
+    // SAFETY: the prober forwards `install_root` to a simulated MMU.
+    let mut s = unsafe { Installed::new(s) };
+    s.map(VA, PA, len, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    touch(&m, VA, len);
+    // Writable and clean: the get-and-clear transaction, entry by entry.
+    s.change_protection(VA, len, Prot::READ_WRITE | Prot::EXEC)
+        .unwrap();
+    m.check().unwrap();
+    let live = pgtable_core::LiveOptions::IN_PLACE;
+    s.change_protection_live(VA, len, Prot::READ_ONLY, live)
+        .unwrap();
+    m.check().unwrap();
+    let nc = Prot::READ_ONLY.with_mem(MemType::NormalNonCacheable);
+    s.change_protection(VA, len, nc).unwrap();
+    m.check().unwrap();
+    for k in 0..len / PAGE {
+        let e = s.entry(VA.add(k * PAGE), 0).unwrap();
+        assert!(is_contiguous(e));
+        assert_eq!(Arm64::leaf_prot(e, 0), nc);
+    }
+}
+
 /// A simulated MMU whose other CPU loads every page of `[va, va + len)`
-/// right after each TLB flush: it sees every intermediate state an
-/// operation's flushes expose, so a moment in which a folded run has valid
-/// entries that disagree (in output address or memory type) is a TLB fill
-/// through a misprogrammed run.
+/// right after each TLB flush (and, `on_write`, after each observed entry
+/// write): it sees every intermediate state an operation exposes, so a
+/// moment in which a folded run has valid entries that disagree (in output
+/// address or memory type) is a TLB fill through a misprogrammed run.
 struct Prober {
     inner: SimMmu<Arm64>,
     machine: SimMachine<Arm64>,
     va: VirtAddr,
     len: u64,
+    on_write: bool,
 }
 
 impl Prober {
@@ -160,7 +269,10 @@ unsafe impl Mmu for Prober {
         unsafe { self.inner.install_root(root) }
     }
     fn entry_written(&self, slot: &Slot, old: u64) {
-        self.inner.entry_written(slot, old)
+        self.inner.entry_written(slot, old);
+        if self.on_write {
+            self.probe();
+        }
     }
 }
 
@@ -178,6 +290,7 @@ fn contpte_no_flush_exposes_a_run_with_disagreeing_entries() {
         machine: m.clone(),
         va: VA,
         len,
+        on_write: false,
     };
     let s = AddressSpace::<Arm64, _, _>::new(mmu, m.alloc()).unwrap();
     // SAFETY: the prober forwards `install_root` to a simulated MMU.

@@ -21,6 +21,37 @@
 //! - Whole runs inside the range keep their hint: every operation changes
 //!   all `N` entries alike before its final flush (Linux
 //!   `contpte_wrprotect_ptes`).
+//!
+//! # What the entries of a cached run may disagree in
+//!
+//! Until an operation's flush, a CPU may hold the run's old translation
+//! while its entries are rewritten one at a time. The Arm ARM (D8.6.1,
+//! misprogramming the Contiguous bit) decides what that may look like:
+//! - in permissions (and accessed/dirty state) only: allowed. With the
+//!   hint on every entry and one output range, rule RJQQTC makes a lookup
+//!   return one entry's address, permissions and attributes, never a mix
+//!   and never a TLB conflict abort, so the run behaves as a stale TLB
+//!   entry does until the flush. Whole-run permission changes therefore
+//!   go entry by entry, in place (`change_protection_live`, a
+//!   compare-exchange each) or through the get-and-clear transaction
+//!   (`change_protection`), where an entry is also `0` for a moment: a CPU
+//!   that walks it then takes a translation fault, which a user fault
+//!   handler retries (Linux's mprotect leaves whole runs folded and
+//!   cleared entry by entry too: arm64 `modify_prot_start_ptes` through
+//!   `contpte_get_and_clear_full_ptes`); kernel mappings use the in-place
+//!   form;
+//! - in the hint, the output address or the memory type: never while the
+//!   run may be cached. A valid entry without the hint among entries with
+//!   it may raise a TLB conflict abort even with FEAT_BBM level 1 or 2
+//!   (rule RNGLXZ), and another output address or memory type may be used
+//!   for any page of the run (RJQQTC). Such changes break the whole run at
+//!   once ([`break_run`]: clear all `N`, one flush, make all `N`), which a
+//!   live change does only when its caller allows break-before-make.
+//!
+//! The simulator reports a write that makes a cached run's entries
+//! disagree in the hint, output address or memory type at that write, a
+//! TLB fill through such a run, and any disagreement left after an
+//! operation.
 
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -166,7 +197,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         did
     }
 
-    /// The first address in `[va, end)` of a folded run that the range
+    /// The lowest address in `[va, end)` of a folded run that the range
     /// covers in part and whose leaf `changes` says would change: the
     /// operation would have to unfold it, which needs break-before-make.
     pub(crate) fn contpte_partial_change(
@@ -175,19 +206,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         end: u64,
         changes: &impl Fn(u64, u32) -> bool,
     ) -> Option<VirtAddr> {
+        let mut first: Option<u64> = None;
         for height in 0..A::LEVELS {
             for v in self.partial_runs(va, end, height).into_iter().flatten() {
                 if let Some((slots, _)) = self.folded_run(v, height) {
                     // Relaxed: we hold the address space; the hardware
                     // changes accessed/dirty state only.
                     let raw = slots[0].load(Relaxed);
-                    if changes(raw, height) {
-                        return Some(VirtAddr(v));
+                    if changes(raw, height) && first.is_none_or(|f| v < f) {
+                        first = Some(v);
                     }
                 }
             }
         }
-        None
+        first.map(VirtAddr)
     }
 
     /// The addresses in `[va, end)` whose run at `height` the range covers

@@ -27,6 +27,40 @@ use crate::{
 /// fails and is retried with the new value), one walker barrier per table
 /// and one TLB flush at the end. No entry is ever invalid on the way.
 ///
+/// # Folded contiguous runs
+///
+/// A folded run ([`Format::cont_entries`](crate::Format::cont_entries):
+/// arm64 16 pages or 16 blocks with the Contiguous bit) that the range
+/// covers whole is changed in place, entry by entry, keeping the hint on
+/// every entry, when the change needs no break-before-make for a single
+/// entry (permissions, or global to non-global). Between the first and the
+/// last write the run's entries differ in those bits only, which the Arm ARM
+/// (D8.6.1 "The Contiguous bit", rule RJQQTC) constrains: a TLB lookup in
+/// the run returns the output address, permissions and attributes of one
+/// of its entries, never a mix of them and never a TLB conflict abort. So
+/// an access that the old and the new protection both allow never faults,
+/// and any other behaves as with the old translation still cached, until
+/// the final flush. Linux does the same: arm64 `__change_memory_common`
+/// rewrites the entries of a contiguous kernel run one `__set_pte` at a
+/// time (`pageattr_pte_entry`), and `contpte_wrprotect_ptes` write-protects
+/// whole user runs without unfolding them.
+///
+/// Everything else a folded run can need is break-before-make for the
+/// whole run, refused with [`Error::BreakBeforeMake`] unless allowed:
+/// - changing *part* of a run unfolds it (a change of the translation
+///   size: a valid entry without the hint in a cached run may raise a TLB
+///   conflict abort even with FEAT_BBM level 1 or 2, rule RNGLXZ). Linux
+///   does not fold or unfold kernel mappings through its contpte code
+///   ("kernel mappings can't tolerate faults", `mm_is_user` in
+///   `arch/arm64/mm/contpte.c`) and splits live kernel runs only on CPUs
+///   that never raise the conflict abort (`system_supports_bbml2_noabort`);
+/// - a memory-type or non-global to global change of whole runs, which
+///   clears all entries of the run, flushes it once and makes them again.
+///
+/// Map a range that must stay changeable in part without
+/// break-before-make with [`MapOptions::no_contiguous`](crate::MapOptions::no_contiguous)
+/// (as Linux maps the linear map with pages when `can_set_direct_map`).
+///
 /// # When break-before-make is needed
 ///
 /// In place is allowed only where the architecture allows both the old and
@@ -76,15 +110,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Arch::TLB_FLUSH_CEILING`]). Holes are skipped; entries that already
     /// grant `prot` are not written. A block the range covers only in part
     /// is split first: in place on x86, with break-before-make on arm64
-    /// (see below). [`LiveOptions`] states the rules.
+    /// (see below). Folded contiguous runs the range covers whole stay
+    /// folded and are changed entry by entry. [`LiveOptions`] states the
+    /// rules.
     ///
     /// # Errors
     ///
     /// As [`change_protection`](Self::change_protection), and
-    /// [`Error::BreakBeforeMake`] with the first address whose entry
-    /// cannot be changed in place ([`Arch::change_is_safe`]: arm64 memory
-    /// type or non-global to global changes, and splitting a block), unless
-    /// `opts` allows break-before-make. On error nothing was changed.
+    /// [`Error::BreakBeforeMake`] with the first address (in walk order)
+    /// whose entry cannot be changed in place ([`Arch::change_is_safe`]:
+    /// arm64 memory type or non-global to global changes, splitting a
+    /// block, and changing part of a folded contiguous run), unless `opts`
+    /// allows break-before-make. On error nothing was changed.
     pub fn change_protection_live(
         &mut self,
         va: VirtAddr,
@@ -96,12 +133,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let top = A::LEVELS - 1;
         if A::BREAK_BEFORE_MAKE && !opts.allow_bbm {
             // Changing part of a folded contiguous run unfolds it, which
-            // is break-before-make for the whole run.
+            // is break-before-make for the whole run. The error names the
+            // lower of the two first addresses (the walk goes up from `va`).
             let differs = |raw, h| A::leaf_prot(raw, h) != prot;
-            if let Some(at) = self.contpte_partial_change(va.0, end, &differs) {
-                return Err(Error::BreakBeforeMake(at));
-            }
-            if let Some(at) = self.live_bbm_check(top, self.root, va.0, end, prot) {
+            let partial = self.contpte_partial_change(va.0, end, &differs);
+            let entry = self.live_bbm_check(top, self.root, va.0, end, prot);
+            if let Some(at) = partial.into_iter().chain(entry).min() {
                 return Err(Error::BreakBeforeMake(at));
             }
         }

@@ -91,6 +91,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// - A block the range covers only in part is split into next-level
     ///   leaves first; the part outside the range keeps its protection and
     ///   its physical addresses.
+    /// - A folded contiguous run (arm64) the range covers only in part is
+    ///   unfolded first, with break-before-make for the whole run; whole
+    ///   runs stay folded and are changed entry by entry (the get-and-clear
+    ///   transaction, or a plain store for a settled entry), so a CPU may
+    ///   take a translation fault on one of their entries until it is
+    ///   committed (retried by a user fault handler, as after
+    ///   Linux's arm64 `modify_prot_start_ptes`; use
+    ///   [`change_protection_live`](Self::change_protection_live) for
+    ///   mappings that must not fault). A memory-type change breaks whole
+    ///   runs at once.
     /// - Entries that already grant `prot` are not written and add nothing
     ///   to the TLB flush.
     /// - Holes (unmapped parts of the range, and software-only invalid

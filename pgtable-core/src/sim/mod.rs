@@ -360,12 +360,22 @@ pub struct BbmConflict {
 /// A misprogrammed contiguous run (Arm ARM D8.6.1 "Contiguous bit"): an
 /// entry with the hint whose run does not map one aligned, contiguous
 /// physical range with one memory type, or whose entries are not all valid
-/// leaves with the hint. A TLB fill that meets one reports it (the TLB may
-/// then return any of the run's translations); [`SimMachine::check`] also
-/// reports a run whose entries still disagree in permissions after the
-/// operation (Linux `contpte_wrprotect_ptes` lets them differ only until
-/// the operation's flush). Entries that are `0` (cleared, to be flushed)
-/// are tolerated at fill time, not after an operation.
+/// leaves with the hint.
+///
+/// It is reported where the hardware could meet it:
+/// - at a TLB fill through the run (the TLB may then return any of the
+///   run's translations);
+/// - at the write that makes the entries of a run disagree while some
+///   CPU's TLB holds the run (`cached_on`): a valid entry without the hint
+///   (rule RNGLXZ: a TLB conflict abort, even with FEAT_BBM level 1 or 2),
+///   or with another output address or memory type (rule RJQQTC: a lookup
+///   may return any one entry's address and attributes). Permissions may
+///   differ while the run is cached (RJQQTC: each lookup returns one
+///   entry's, as a stale TLB entry would; Linux `contpte_wrprotect_ptes`
+///   changes a whole run entry by entry), and `0` entries (cleared, to be
+///   flushed) are tolerated;
+/// - by [`SimMachine::check`] after the operation, which also reports a
+///   run whose entries still disagree in permissions, or hold a `0`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct ContConflict {
     /// First address of the run.
@@ -378,6 +388,9 @@ pub struct ContConflict {
     pub raw: u64,
     /// Found by a TLB fill (`true`) or by the check after an operation.
     pub at_fill: bool,
+    /// Found at the write that made the entries disagree, while this
+    /// CPU's TLB held the run.
+    pub cached_on: Option<usize>,
 }
 
 /// A table linked before its contents were published: the link store was
@@ -421,15 +434,20 @@ impl fmt::Display for CheckError {
                 "break-before-make violated at {} (height {}): {:#x} written while CPU {} cached {:#x}",
                 c.va, c.height, c.new, c.cpu, c.cached
             ),
-            CheckError::Contiguous(c) => write!(
-                f,
-                "contiguous run at {} (height {}) misprogrammed{}: entry {} is {:#x}",
-                c.va,
-                c.height,
-                if c.at_fill { " at a TLB fill" } else { "" },
-                c.index,
-                c.raw
-            ),
+            CheckError::Contiguous(c) => {
+                write!(
+                    f,
+                    "contiguous run at {} (height {}) misprogrammed",
+                    c.va, c.height
+                )?;
+                if c.at_fill {
+                    f.write_str(" at a TLB fill")?;
+                }
+                if let Some(cpu) = c.cached_on {
+                    write!(f, " by a write while CPU {cpu} cached it")?;
+                }
+                write!(f, ": entry {} is {:#x}", c.index, c.raw)
+            }
             CheckError::Unordered(u) => write!(
                 f,
                 "table {} linked at host {:#x} before its contents were published",

@@ -543,6 +543,7 @@ impl State {
                     index,
                     raw,
                     at_fill: true,
+                    cached_on: None,
                 });
             }
             return None;
@@ -736,6 +737,9 @@ impl State {
         // Relaxed: the value this thread just wrote (or a later one).
         let new = slot.load(Relaxed);
         let addr = slot as *const Slot as u64;
+        if self.contig.is_none() && new != 0 && (0..A::LEVELS).any(|h| A::cont_entries(h) != 0) {
+            self.check_cached_run::<A>(addr);
+        }
         if A::BREAK_BEFORE_MAKE && new != 0 && self.conflict.is_none() {
             self.check_bbm::<A>(addr, new);
         }
@@ -779,6 +783,59 @@ impl State {
                         new,
                     });
                     return;
+                }
+            }
+        }
+    }
+
+    /// The entry at `addr` was written: if some CPU's TLB holds a folded
+    /// run read from it, the run's entries must still agree as the rules
+    /// for a cached run ask (see [`ContConflict`]): every entry that is not
+    /// `0` a valid leaf with the hint, mapping its part of the cached run's
+    /// output range, with its memory type. Permissions may differ until
+    /// the flush (Arm ARM rule RJQQTC).
+    fn check_cached_run<A: Arch>(&mut self, addr: u64) {
+        for i in 0..self.parked.len() {
+            let cpu = self.cpu_ref(i);
+            let Some(keys) = cpu.by_slot.get(&addr) else {
+                continue;
+            };
+            for k in keys {
+                let Some(c) = cpu.tlb.get(k) else { continue };
+                if k.1 & CONT_KEY == 0 || !c.read_from(addr) {
+                    continue;
+                }
+                let h = k.1 & !CONT_KEY;
+                let Decoded::Leaf(base_pa) = A::decode(c.raw, h) else {
+                    continue;
+                };
+                let mem = A::leaf_prot(c.raw, h).mem();
+                let step = size(h);
+                for j in 0..c.nslots {
+                    // SAFETY: the run was filled from `nslots` adjacent
+                    // entries of one table frame from `c.slot` on; the
+                    // arena's frames stay allocated for the life of the
+                    // state, freed or not (see `frames`), and entries are
+                    // atomics.
+                    let e: &Slot = unsafe { &*((c.slot + 8 * u64::from(j)) as *const Slot) };
+                    // Relaxed: see `walker_read`; what is programmed now.
+                    let r = e.load(Relaxed);
+                    let at = PhysAddr(base_pa.0 + u64::from(j) * step);
+                    let ok = r == 0
+                        || (A::decode(r, h) == Decoded::Leaf(at)
+                            && A::is_cont(r, h)
+                            && A::leaf_prot(r, h).mem() == mem);
+                    if !ok {
+                        self.contig = Some(ContConflict {
+                            va: VirtAddr(k.0),
+                            height: h,
+                            index: j,
+                            raw: r,
+                            at_fill: false,
+                            cached_on: Some(i),
+                        });
+                        return;
+                    }
                 }
             }
         }
@@ -1064,6 +1121,7 @@ impl State {
                                 index: k as u32,
                                 raw: r,
                                 at_fill: false,
+                                cached_on: None,
                             });
                         }
                     }
