@@ -582,9 +582,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Err(Error::OutOfRange(va));
         }
         if len - 1 > last - va.0 {
-            // The first address past the range (`last` is below 2^64 - 1
-            // here: a range that ends at the top holds every longer tail).
-            return Err(Error::OutOfRange(VirtAddr(last + 1)));
+            // The first address past the range; past the top of the
+            // 64-bit space there is none, so the range is named by its
+            // start (as `check_canonical` does).
+            return Err(Error::OutOfRange(match last.checked_add(1) {
+                Some(past) => VirtAddr(past),
+                None => va,
+            }));
         }
         Ok(va.0.wrapping_add(len))
     }
