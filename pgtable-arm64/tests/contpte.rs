@@ -564,15 +564,15 @@ fn contpte_gathered_forms_unfold_partial_runs_too() {
         .unwrap();
     touch(&m, VA, 4 * RUN);
     let mut tlb = s.tlb_gather_mmu();
-    s.change_protection_gathered(&mut tlb, VA.add(PAGE), PAGE, Prot::USER)
+    tlb.change_protection(VA.add(PAGE), PAGE, Prot::USER)
         .unwrap();
     m.hw_touch(VA.add(RUN + 2 * PAGE), true).unwrap();
     let mut removed = Vec::new();
-    s.unmap_with_gathered(&mut tlb, VA.add(RUN + 4 * PAGE), 2 * RUN, |r| {
+    tlb.unmap_with(VA.add(RUN + 4 * PAGE), 2 * RUN, |r| {
         removed.push((r.va(), r.dirty()))
     })
     .unwrap();
-    s.tlb_finish_mmu(tlb).unwrap();
+    tlb.finish();
     m.check().unwrap();
     let h = hints(&s, VA, 4 * RUN, 0);
     assert!(h.iter().take(16).all(|&c| !c), "{h:?}");

@@ -498,7 +498,8 @@ fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
     // invalid address in 64 bits, so every range operation names its
     // start, in a plain upper space and in a kernel space alike.
     use pgtable_core::{ClearRefs, CopyMode, LiveOptions, VaRange};
-    let spaces: [(&str, fn() -> Space); 2] = [
+    type New = fn() -> Space;
+    let spaces: [(&str, New); 2] = [
         ("new_in(Upper)", || {
             AddressSpace::new_in(VaRange::Upper, Rec::default(), Arena::new()).unwrap()
         }),
@@ -512,13 +513,20 @@ fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
     let rw = Prot::READ_WRITE;
     for (name, new) in spaces {
         let mut s = new();
-        s.map(top, PhysAddr(0x7000), K4, Prot::READ_ONLY, MapOptions::PAGES)
-            .unwrap();
+        s.map(
+            top,
+            PhysAddr(0x7000),
+            K4,
+            Prot::READ_ONLY,
+            MapOptions::PAGES,
+        )
+        .unwrap();
         let mut other = new();
         let other_tables = other.count_tables();
         let leaves = |s: &Space| {
             let mut v = Vec::new();
-            s.walk(VirtAddr(top.0 - M2 + K4), M2, |m| v.push(m)).unwrap();
+            s.walk(VirtAddr(top.0 - M2 + K4), M2, |m| v.push(m))
+                .unwrap();
             (v, s.count_tables(), s.alloc().live())
         };
         let before = leaves(&s);
@@ -528,26 +536,39 @@ fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
         r("unmap_with", s.unmap_with(va, len, |_| panic!("reported")));
         r("change_protection", s.change_protection(va, len, rw));
         let live = LiveOptions::ALLOW_BBM;
-        r("change_protection_live", s.change_protection_live(va, len, rw, live));
+        r(
+            "change_protection_live",
+            s.change_protection_live(va, len, rw, live),
+        );
         r("walk", s.walk(va, len, |_| panic!("reported")));
         let young = ClearRefs::YOUNG;
-        r("clear_refs", s.clear_refs(va, len, young, |_| panic!("reported")));
+        r(
+            "clear_refs",
+            s.clear_refs(va, len, young, |_| panic!("reported")),
+        );
         r("ptdump_range", s.ptdump_range(va, len).map(|_| ()));
-        r("copy_page_range", s.copy_page_range(&mut other, va, len, CopyMode::Cow));
+        r(
+            "copy_page_range",
+            s.copy_page_range(&mut other, va, len, CopyMode::Cow),
+        );
         let below = VirtAddr(top.0 - M2);
         r("move_page_tables (src)", s.move_page_tables(va, below, len));
         r("move_page_tables (dst)", s.move_page_tables(below, va, len));
         let mut tlb = s.tlb_gather_mmu();
-        r("unmap_gathered", s.unmap_gathered(&mut tlb, va, len));
+        r("MmuGather::unmap", tlb.unmap(va, len));
         let f = |_| panic!("reported");
-        r("unmap_with_gathered", s.unmap_with_gathered(&mut tlb, va, len, f));
-        let cp = s.change_protection_gathered(&mut tlb, va, len, rw);
-        r("change_protection_gathered", cp);
-        let cr = s.clear_refs_gathered(&mut tlb, va, len, young, |_| panic!("reported"));
-        r("clear_refs_gathered", cr);
-        s.tlb_finish_mmu(tlb).unwrap();
+        r("MmuGather::unmap_with", tlb.unmap_with(va, len, f));
+        let cp = tlb.change_protection(va, len, rw);
+        r("MmuGather::change_protection", cp);
+        let cr = tlb.clear_refs(va, len, young, |_| panic!("reported"));
+        r("MmuGather::clear_refs", cr);
+        tlb.finish();
         assert_eq!(leaves(&s), before, "{name}: the tables changed");
-        assert_eq!(other.count_tables(), other_tables, "{name}: the child changed");
+        assert_eq!(
+            other.count_tables(),
+            other_tables,
+            "{name}: the child changed"
+        );
     }
 }
 
