@@ -515,7 +515,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// The slot of the entry at `height` on the path to `va`.
     pub(crate) fn find_slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
-        if !self.range.contains::<A>(va.0) || height >= A::LEVELS {
+        if self.check_va(va).is_err() || height >= A::LEVELS {
             return None;
         }
         let mut pa = self.root;
@@ -569,18 +569,35 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     // ----- shared machinery for the algorithms -----
 
+    /// Checks one virtual address against the space's
+    /// [range](Self::va_range): the one check of every operation on one
+    /// address (and of the start of every range, in
+    /// [`check_range`](Self::check_range)). An address of the other half,
+    /// of the kernel half seen from a user space, or a non-canonical one
+    /// is [`Error::OutOfRange`]; on arm64 a half is `2^VA_BITS` bytes,
+    /// so a lower space holds `[2^(VA_BITS - 1), 2^VA_BITS)` too, and
+    /// the upper half's alias of a lower address (same table indices) is
+    /// refused rather than walked.
+    #[inline]
+    pub(crate) fn check_va(&self, va: VirtAddr) -> Result<(), Error> {
+        if self.range.contains::<A>(va.0) {
+            Ok(())
+        } else {
+            Err(Error::OutOfRange(va))
+        }
+    }
+
     /// Checks a virtual range against the space's [range](Self::va_range)
-    /// and returns its exclusive end (0 when the range reaches the top of
-    /// the 64-bit space).
+    /// (its start through [`check_va`](Self::check_va)) and returns its
+    /// exclusive end (0 when the range reaches the top of the 64-bit
+    /// space): the one check of every operation on a range.
     pub(crate) fn check_range(&self, va: VirtAddr, len: u64) -> Result<u64, Error> {
         if self.range == VaRange::Both {
             return Self::check_canonical(va, len);
         }
         Self::check_shape(va, len)?;
-        let (first, last) = self.range.bounds::<A>();
-        if va.0 < first || va.0 > last {
-            return Err(Error::OutOfRange(va));
-        }
+        self.check_va(va)?;
+        let (_, last) = self.range.bounds::<A>();
         if len - 1 > last - va.0 {
             // The first address past the range; past the top of the
             // 64-bit space there is none, so the range is named by its

@@ -155,9 +155,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         va: VirtAddr,
         flags: FaultFlags,
     ) -> Result<bool, Error> {
-        if !A::va_ok(va.0) {
-            return Err(Error::OutOfRange(va));
-        }
+        self.check_va(va)?;
         let (slot, h) = self.find_leaf(va).ok_or(Error::NotMapped(va))?;
         // A folded contiguous run is one translation: the change applies
         // to every entry of it (Linux `contpte_ptep_set_access_flags`).

@@ -66,9 +66,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The leaf covering `va` (a page, a block, or a non-present non-zero
     /// entry) and its height, if there is one.
     pub(crate) fn find_leaf(&self, va: VirtAddr) -> Option<(&Slot, u32)> {
-        if !A::va_ok(va.0) {
-            return None;
-        }
+        self.check_va(va).ok()?;
         let mut pa = self.root;
         let mut h = A::LEVELS - 1;
         loop {
@@ -122,9 +120,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// [`Error::OutOfRange`] for an address outside the address space.
     pub fn test_and_clear_young(&mut self, va: VirtAddr) -> Result<bool, Error> {
-        if !A::va_ok(va.0) {
-            return Err(Error::OutOfRange(va));
-        }
+        self.check_va(va)?;
         let Some((slot, h)) = self.find_leaf(va) else {
             return Ok(false);
         };
