@@ -1230,16 +1230,14 @@ fn hardware_agents_on_two_cpus_race_protection_changes_and_unmaps() {
     }
 }
 
+/// An address space on the simulator, not installed.
+type Plain = AddressSpace<T4, SimMmu<T4>, SimAlloc>;
+
 /// Two CPUs: a kernel space with a read-only global page at the start of
 /// the upper half (kernel text), installed and cached on CPU 1; a user
 /// space of it installed on CPU 0, whose flushes reach CPU 0 only (a
 /// space live on one CPU needs no more, for its own half).
-fn kernel_text_seen_from_a_user_space() -> (
-    SimMachine<T4>,
-    VirtAddr,
-    AddressSpace<T4, SimMmu<T4>, SimAlloc>,
-    AddressSpace<T4, SimMmu<T4>, SimAlloc>,
-) {
+fn kernel_text_seen_from_a_user_space() -> (SimMachine<T4>, VirtAddr, Plain, Plain) {
     let m = SimMachine::<T4>::with_cpus(2);
     let mut kernel = AddressSpace::<T4, _, _>::new_kernel(m.mmu(), m.alloc()).unwrap();
     let kva = VirtAddr(0xffff_8000_0000_0000);
