@@ -558,7 +558,7 @@ fn contpte_tlb_fills_of_a_gib_are_16_times_fewer_folded() {
 }
 
 #[test]
-fn contpte_gathered_forms_unfold_partial_runs_too() {
+fn contpte_gather_operations_unfold_partial_runs_too() {
     let (m, mut s) = machine();
     s.map(VA, PA, 4 * RUN, user_rw(), MapOptions::PAGES)
         .unwrap();

@@ -592,20 +592,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// exclusive end (0 when the range reaches the top of the 64-bit
     /// space): the one check of every operation on a range.
     pub(crate) fn check_range(&self, va: VirtAddr, len: u64) -> Result<u64, Error> {
-        if self.range == VaRange::Both {
-            return Self::check_canonical(va, len);
-        }
         Self::check_shape(va, len)?;
         self.check_va(va)?;
-        let (_, last) = self.range.bounds::<A>();
+        // The last address of the part of the range that holds `va`: the
+        // space's half, or for `Both` the end of `va`'s canonical half
+        // (the hole between the halves is not translated).
+        let last = match self.range {
+            VaRange::Both => va.0 | ((1u64 << (A::VA_BITS - 1)) - 1),
+            half => half.bounds::<A>().1,
+        };
+        // `last - va` bytes are left after the first page, which also
+        // rules out wrapping past 2^64.
         if len - 1 > last - va.0 {
-            // The first address past the range; past the top of the
+            // The first address past that part; past the top of the
             // 64-bit space there is none, so the range is named by its
-            // start (as `check_canonical` does).
-            return Err(Error::OutOfRange(match last.checked_add(1) {
-                Some(past) => VirtAddr(past),
-                None => va,
-            }));
+            // start.
+            return Err(Error::OutOfRange(last.checked_add(1).map_or(va, VirtAddr)));
         }
         Ok(va.0.wrapping_add(len))
     }
@@ -622,32 +624,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Err(Error::MisalignedLength(len));
         }
         Ok(())
-    }
-
-    /// Checks a virtual range against the format's canonical addresses
-    /// and returns its exclusive end (0 when the range reaches the top of
-    /// the 64-bit space).
-    pub(crate) fn check_canonical(va: VirtAddr, len: u64) -> Result<u64, Error> {
-        Self::check_shape(va, len)?;
-        if !A::va_ok(va.0) {
-            return Err(Error::OutOfRange(va));
-        }
-        // The end of `va`'s half: the start of the non-canonical hole, or
-        // 0 (2^64) for the upper half.
-        let hole = (va.0 | ((1u64 << (A::VA_BITS - 1)) - 1)).wrapping_add(1);
-        // The range must end inside that half (`hole - va` bytes are left,
-        // at least one page), which also rules out wrapping past 2^64.
-        if len - 1 > hole.wrapping_sub(va.0) - 1 || !A::va_ok(va.0 + (len - 1)) {
-            // The first address the range cannot have is the hole; past
-            // the top of the 64-bit space there is none, so the range is
-            // named by its start.
-            return Err(Error::OutOfRange(if hole == 0 {
-                va
-            } else {
-                VirtAddr(hole)
-            }));
-        }
-        Ok(va.0.wrapping_add(len))
     }
 
     /// Checks that a physical range is page aligned and encodable.
