@@ -588,21 +588,21 @@ fn contpte_tlb_fills_of_a_gib_are_16_times_fewer_folded() {
 }
 
 #[test]
-fn contpte_gathered_forms_unfold_partial_runs_too() {
+fn contpte_gather_operations_unfold_partial_runs_too() {
     let (m, mut s) = machine();
     s.map(VA, PA, 4 * RUN, user_rw(), MapOptions::PAGES)
         .unwrap();
     touch(&m, VA, 4 * RUN);
     let mut tlb = s.tlb_gather_mmu();
-    s.change_protection_gathered(&mut tlb, VA.add(PAGE), PAGE, Prot::USER)
+    tlb.change_protection(VA.add(PAGE), PAGE, Prot::USER)
         .unwrap();
     m.hw_touch(VA.add(RUN + 2 * PAGE), true).unwrap();
     let mut removed = Vec::new();
-    s.unmap_with_gathered(&mut tlb, VA.add(RUN + 4 * PAGE), 2 * RUN, |r| {
+    tlb.unmap_with(VA.add(RUN + 4 * PAGE), 2 * RUN, |r| {
         removed.push((r.va(), r.dirty()))
     })
     .unwrap();
-    s.tlb_finish_mmu(tlb).unwrap();
+    tlb.finish();
     m.check().unwrap();
     let h = hints(&s, VA, 4 * RUN, 0);
     assert!(h.iter().take(16).all(|&c| !c), "{h:?}");
@@ -803,8 +803,8 @@ fn contpte_clear_refs_of_part_of_a_block_run_reports_each_block_once() {
 /// this file's new checks use the gathered form).
 fn unmap_with_gathered(s: &mut Space, va: VirtAddr, len: u64, f: impl FnMut(Removed<Arm64>)) {
     let mut tlb = s.tlb_gather_mmu();
-    s.unmap_with_gathered(&mut tlb, va, len, f).unwrap();
-    s.tlb_finish_mmu(tlb).unwrap();
+    tlb.unmap_with(va, len, f).unwrap();
+    tlb.finish();
 }
 
 /// `unmap_with` of whole folded runs of 2 MiB blocks reports every block

@@ -34,3 +34,16 @@ fn table_attributes_keep_the_table_decodable() {
     kernel_half::table_attributes_keep_the_table_decodable::<Arm64>();
     kernel_half::table_attributes_keep_the_table_decodable::<Arm64Va39>();
 }
+
+#[path = "../../pgtable-core/tests/support/ranges.rs"]
+mod ranges;
+
+#[test]
+fn every_operation_checks_the_space_s_range_48() {
+    ranges::every_operation_checks_the_space_s_range::<Arm64>();
+}
+
+#[test]
+fn every_operation_checks_the_space_s_range_39() {
+    ranges::every_operation_checks_the_space_s_range::<Arm64Va39>();
+}

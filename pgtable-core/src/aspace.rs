@@ -515,7 +515,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// The slot of the entry at `height` on the path to `va`.
     pub(crate) fn find_slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
-        if !self.range.contains::<A>(va.0) || height >= A::LEVELS {
+        if self.check_va(va).is_err() || height >= A::LEVELS {
             return None;
         }
         let mut pa = self.root;
@@ -569,22 +569,45 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     // ----- shared machinery for the algorithms -----
 
+    /// Checks one virtual address against the space's
+    /// [range](Self::va_range): the one check of every operation on one
+    /// address (and of the start of every range, in
+    /// [`check_range`](Self::check_range)). An address of the other half,
+    /// of the kernel half seen from a user space, or a non-canonical one
+    /// is [`Error::OutOfRange`]; on arm64 a half is `2^VA_BITS` bytes,
+    /// so a lower space holds `[2^(VA_BITS - 1), 2^VA_BITS)` too, and
+    /// the upper half's alias of a lower address (same table indices) is
+    /// refused rather than walked.
+    #[inline]
+    pub(crate) fn check_va(&self, va: VirtAddr) -> Result<(), Error> {
+        if self.range.contains::<A>(va.0) {
+            Ok(())
+        } else {
+            Err(Error::OutOfRange(va))
+        }
+    }
+
     /// Checks a virtual range against the space's [range](Self::va_range)
-    /// and returns its exclusive end (0 when the range reaches the top of
-    /// the 64-bit space).
+    /// (its start through [`check_va`](Self::check_va)) and returns its
+    /// exclusive end (0 when the range reaches the top of the 64-bit
+    /// space): the one check of every operation on a range.
     pub(crate) fn check_range(&self, va: VirtAddr, len: u64) -> Result<u64, Error> {
-        if self.range == VaRange::Both {
-            return Self::check_canonical(va, len);
-        }
         Self::check_shape(va, len)?;
-        let (first, last) = self.range.bounds::<A>();
-        if va.0 < first || va.0 > last {
-            return Err(Error::OutOfRange(va));
-        }
+        self.check_va(va)?;
+        // The last address of the part of the range that holds `va`: the
+        // space's half, or for `Both` the end of `va`'s canonical half
+        // (the hole between the halves is not translated).
+        let last = match self.range {
+            VaRange::Both => va.0 | ((1u64 << (A::VA_BITS - 1)) - 1),
+            half => half.bounds::<A>().1,
+        };
+        // `last - va` bytes are left after the first page, which also
+        // rules out wrapping past 2^64.
         if len - 1 > last - va.0 {
-            // The first address past the range (`last` is below 2^64 - 1
-            // here: a range that ends at the top holds every longer tail).
-            return Err(Error::OutOfRange(VirtAddr(last + 1)));
+            // The first address past that part; past the top of the
+            // 64-bit space there is none, so the range is named by its
+            // start.
+            return Err(Error::OutOfRange(last.checked_add(1).map_or(va, VirtAddr)));
         }
         Ok(va.0.wrapping_add(len))
     }
@@ -601,32 +624,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Err(Error::MisalignedLength(len));
         }
         Ok(())
-    }
-
-    /// Checks a virtual range against the format's canonical addresses
-    /// and returns its exclusive end (0 when the range reaches the top of
-    /// the 64-bit space).
-    pub(crate) fn check_canonical(va: VirtAddr, len: u64) -> Result<u64, Error> {
-        Self::check_shape(va, len)?;
-        if !A::va_ok(va.0) {
-            return Err(Error::OutOfRange(va));
-        }
-        // The end of `va`'s half: the start of the non-canonical hole, or
-        // 0 (2^64) for the upper half.
-        let hole = (va.0 | ((1u64 << (A::VA_BITS - 1)) - 1)).wrapping_add(1);
-        // The range must end inside that half (`hole - va` bytes are left,
-        // at least one page), which also rules out wrapping past 2^64.
-        if len - 1 > hole.wrapping_sub(va.0) - 1 || !A::va_ok(va.0 + (len - 1)) {
-            // The first address the range cannot have is the hole; past
-            // the top of the 64-bit space there is none, so the range is
-            // named by its start.
-            return Err(Error::OutOfRange(if hole == 0 {
-                va
-            } else {
-                VirtAddr(hole)
-            }));
-        }
-        Ok(va.0.wrapping_add(len))
     }
 
     /// Checks that a physical range is page aligned and encodable.

@@ -131,7 +131,7 @@ pub(crate) fn with_ad<A: Format>(raw: u64, height: u32, young: bool, dirty: bool
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The table at `height` on the path to `va`, if it exists.
     pub(crate) fn table_on_path(&self, va: u64, height: u32) -> Option<&Table> {
-        if !self.range.contains::<A>(va) || height >= A::LEVELS {
+        if self.check_va(VirtAddr(va)).is_err() || height >= A::LEVELS {
             return None;
         }
         let mut pa = self.root;

@@ -54,10 +54,6 @@ pub enum Error {
     /// [`AddressSpace::share_kernel_half`]: crate::AddressSpace::share_kernel_half
     /// [`AddressSpace::new_user`]: crate::AddressSpace::new_user
     KernelHalf,
-    /// An [`MmuGather`](crate::MmuGather) was handed to an address space
-    /// other than the one it was started on (Linux `tlb_gather_mmu`
-    /// binds a gather to one `mm`).
-    ForeignGather,
     /// Nothing is mapped at this address (an operation on one present
     /// leaf, e.g. [`ptep_set_access_flags`](crate::AddressSpace::ptep_set_access_flags)).
     NotMapped(VirtAddr),
@@ -87,8 +83,7 @@ impl Error {
             | Error::PhysOutOfRange(_)
             | Error::Overlap
             | Error::SwapValueTooWide(_)
-            | Error::KernelHalf
-            | Error::ForeignGather => ErrorKind::InvalidInput,
+            | Error::KernelHalf => ErrorKind::InvalidInput,
             Error::AlreadyMapped(_)
             | Error::BreakBeforeMake(_)
             | Error::NoSwapEntry(_)
@@ -118,9 +113,6 @@ impl fmt::Display for Error {
                 write!(f, "value {v:#x} does not fit in a software entry")
             }
             Error::NoSwapEntry(a) => write!(f, "no software entry at {a}"),
-            Error::ForeignGather => {
-                write!(f, "the TLB gather belongs to another address space")
-            }
             Error::NotMapped(a) => write!(f, "nothing is mapped at {a}"),
         }
     }

@@ -164,9 +164,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         va: VirtAddr,
         flags: FaultFlags,
     ) -> Result<bool, Error> {
-        if !A::va_ok(va.0) {
-            return Err(Error::OutOfRange(va));
-        }
+        self.check_va(va)?;
         let (mut slot, h) = self.find_leaf(va).ok_or(Error::NotMapped(va))?;
         let change = |cur: u64| {
             let mut new = A::mkyoung(cur, h);

@@ -122,17 +122,6 @@ impl TlbGather {
     }
 }
 
-impl TlbGather {
-    /// Forgets what was gathered without flushing. For a caller that is
-    /// about to report the unflushed work as a bug itself (a dropped
-    /// [`MmuGather`](crate::MmuGather)), so that a second assertion does not
-    /// turn its panic into an abort.
-    pub(crate) fn discard(&mut self) {
-        self.empty = true;
-        self.global = false;
-    }
-}
-
 impl Drop for TlbGather {
     fn drop(&mut self) {
         // Not while a panic unwinds through the operation that held it: a

@@ -6,8 +6,8 @@
 //! accessed or dirty update the hardware makes at the same time is either
 //! seen (and reported) or made after the clear (and kept): none is lost.
 //! Changed leaves are flushed through one gathered flush at the end (or by
-//! the caller's [`MmuGather`]): a TLB entry that still holds the old state
-//! would let the hardware skip setting it again.
+//! the caller's [`MmuGather`](crate::MmuGather)): a TLB entry that still
+//! holds the old state would let the hardware skip setting it again.
 
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -15,8 +15,7 @@ use crate::aspace::{table_at, FreeQueue, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, MmuGather, Slot, TableAlloc, TlbGather,
-    VirtAddr,
+    AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, Slot, TableAlloc, TlbGather, VirtAddr,
 };
 
 /// What [`AddressSpace::clear_refs`] clears in each leaf.
@@ -67,9 +66,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The leaf covering `va` (a page, a block, or a non-present non-zero
     /// entry) and its height, if there is one.
     pub(crate) fn find_leaf(&self, va: VirtAddr) -> Option<(&Slot, u32)> {
-        if !A::va_ok(va.0) {
-            return None;
-        }
+        self.check_va(va).ok()?;
         let mut pa = self.root;
         let mut h = A::LEVELS - 1;
         loop {
@@ -123,9 +120,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// [`Error::OutOfRange`] for an address outside the address space.
     pub fn test_and_clear_young(&mut self, va: VirtAddr) -> Result<bool, Error> {
-        if !A::va_ok(va.0) {
-            return Err(Error::OutOfRange(va));
-        }
+        self.check_va(va)?;
         let Some((slot, h)) = self.find_leaf(va) else {
             return Ok(false);
         };
@@ -201,28 +196,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Ok(())
     }
 
-    /// [`clear_refs`](Self::clear_refs) into the caller's gather: the flush
-    /// waits for [`tlb_finish_mmu`](Self::tlb_finish_mmu), and pages whose
-    /// dirty state was cleared must not be treated as clean before it
-    /// returns.
-    ///
-    /// # Errors
-    ///
-    /// As [`clear_refs`](Self::clear_refs), and [`Error::ForeignGather`];
-    /// on error nothing was changed.
-    pub fn clear_refs_gathered(
+    /// [`clear_refs`](Self::clear_refs) into `gather`, flushed by the
+    /// caller ([`MmuGather::clear_refs`](crate::MmuGather::clear_refs)).
+    pub(crate) fn clear_refs_into(
         &mut self,
-        tlb: &mut MmuGather,
+        gather: &mut TlbGather,
         va: VirtAddr,
         len: u64,
         what: ClearRefs,
         f: impl FnMut(LeafEntry<A>),
     ) -> Result<(), Error> {
-        self.check_gather(tlb)?;
         let end = self.check_range(va, len)?;
         let mut f = f;
         let root = TableSpan::new(A::LEVELS - 1, self.root, va.0, end);
-        self.harvest(root, what, &mut tlb.tlb, &mut f);
+        self.harvest(root, what, gather, &mut f);
         Ok(())
     }
 

@@ -11,8 +11,8 @@
 //!
 //! For a kernel's memory manager there is more, under Linux's names: a
 //! caller-owned flush batch ([`MmuGather`], Linux `tlb_gather_mmu` /
-//! `tlb_finish_mmu`) that the `*_gathered` forms of the operations take,
-//! [`unmap_with`] reporting every removed page with its final
+//! `tlb_finish_mmu`) that borrows its space and runs the batched
+//! operations, [`unmap_with`] reporting every removed page with its final
 //! accessed/dirty state, accessed/dirty harvesting ([`clear_refs`],
 //! [`test_and_clear_young`]) and the fault-time single-entry operations
 //! [`install_pte`] and [`ptep_set_access_flags`], with [`ptep_get`] to read

@@ -5,27 +5,37 @@
 //! frees the tables it unlinked after that flush. A kernel that runs a
 //! sequence of operations on one address space (`munmap` of several
 //! areas, `exit_mmap`, reclaim of a batch of pages) can instead start a
-//! gather, pass it to the `*_gathered` forms of the operations, and finish
-//! it once: one TLB flush for the whole sequence, and every table frame
-//! the sequence unlinked goes back to the allocator only after that flush.
+//! gather on it, run the operations through the gather, and finish it
+//! once: one TLB flush for the whole sequence, and every table frame the
+//! sequence unlinked goes back to the allocator only after that flush.
+//!
+//! The gather borrows its address space mutably for as long as it lives
+//! (as Asterinas ostd's page-table cursor owns its TLB flusher), so the
+//! space can neither be used another way, nor dropped, nor replaced until
+//! the gather is finished, and a gather can never reach another space.
 
 use core::fmt;
 
 use crate::aspace::{FreeQueue, TableSpan};
-use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGather, VirtAddr};
+use crate::{
+    AddressSpace, Arch, ClearRefs, Error, LeafEntry, Mmu, Prot, TableAlloc, TlbGather, VirtAddr,
+};
 
 /// The TLB invalidations and the unlinked table frames of a sequence of
 /// operations on one address space, flushed and freed once by
-/// [`AddressSpace::tlb_finish_mmu`] (Linux `struct mmu_gather`).
+/// [`finish`](Self::finish) (Linux `struct mmu_gather`).
 ///
-/// Start one with [`AddressSpace::tlb_gather_mmu`]; it is bound to that
-/// address space (its root), and an operation given it on another address
-/// space fails with [`Error::ForeignGather`] and changes nothing.
+/// Start one with [`AddressSpace::tlb_gather_mmu`]. The gather holds the
+/// space's mutable borrow and offers the operations that can be batched
+/// ([`unmap`](Self::unmap), [`unmap_with`](Self::unmap_with),
+/// [`change_protection`](Self::change_protection),
+/// [`clear_refs`](Self::clear_refs)); [`space`](Self::space) reads the
+/// space meanwhile.
 ///
 /// Until it is finished, translations the operations removed may still be
 /// in TLBs: pages whose mappings were removed or made read-only (or
 /// clean) must not be reused, written back or treated as clean before
-/// [`tlb_finish_mmu`](AddressSpace::tlb_finish_mmu) returns.
+/// [`finish`](Self::finish) returns.
 ///
 /// ```
 /// # #[cfg(feature = "alloc")] {
@@ -36,38 +46,66 @@ use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGathe
 /// let va = VirtAddr(1 << 30);
 /// space.map(va, PhysAddr(0x8000_0000), 8 << 20, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
 /// let mut tlb = space.tlb_gather_mmu();
-/// space.unmap_gathered(&mut tlb, va, 2 << 20).unwrap();
+/// tlb.unmap(va, 2 << 20).unwrap();
 /// let mut pages = Vec::new();
-/// space.unmap_with_gathered(&mut tlb, va.add(4 << 20), 2 << 20, |r| pages.push(r.pa())).unwrap();
-/// space.tlb_finish_mmu(tlb).unwrap(); // one flush; the emptied tables are freed now
+/// tlb.unmap_with(va.add(4 << 20), 2 << 20, |r| pages.push(r.pa())).unwrap();
+/// tlb.finish(); // one flush; the emptied tables are freed now
 /// // Only now may `pages` be reused.
 /// assert_eq!(pages.len(), 512);
 /// # }
 /// ```
 ///
-/// A gather must be finished. Forgetting to is caught twice: the type is
-/// `#[must_use]`, and dropping one that holds work panics in debug builds.
+/// A gather is bound to its space by the borrow: keeping it past the
+/// space's end, or past a replacement of the space, does not compile (so
+/// its table frames can never be freed into another space's allocator).
+///
+/// ```compile_fail
+/// use pgtable_core::{AddressSpace, Arena, NoopMmu, VirtAddr};
+/// use pgtable_core::test_format::TestFormat;
+///
+/// let mut a = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let mut tlb = a.tlb_gather_mmu();
+/// tlb.unmap(VirtAddr(1 << 30), 4096).unwrap();
+/// drop(a); // error: cannot move out of `a` because it is borrowed
+/// let b = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// tlb.finish();
+/// ```
+///
+/// ```compile_fail
+/// use pgtable_core::{AddressSpace, Arena, NoopMmu, VirtAddr};
+/// use pgtable_core::test_format::TestFormat;
+///
+/// let mut a = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let mut b = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let mut tlb = a.tlb_gather_mmu();
+/// core::mem::swap(&mut a, &mut b); // error: `a` is borrowed by the gather
+/// tlb.finish();
+/// ```
+///
+/// A gather should be finished explicitly, where the flush is meant to
+/// happen: the type is `#[must_use]`.
 ///
 /// ```compile_fail
 /// #![deny(unused_must_use)]
 /// use pgtable_core::{AddressSpace, Arena, NoopMmu};
 /// use pgtable_core::test_format::TestFormat;
 ///
-/// let space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
 /// space.tlb_gather_mmu(); // error: unused `MmuGather` that must be used
 /// ```
-/// In release builds such a drop flushes nothing and leaks the queued
-/// table frames (they are never freed, so no walker can reach a reused
-/// frame); the stale translations stay until some later flush, which is
-/// why it is a bug.
-#[must_use = "an MmuGather must be finished with AddressSpace::tlb_finish_mmu"]
-pub struct MmuGather {
-    root: PhysAddr,
-    pub(crate) tlb: TlbGather,
-    pub(crate) q: FreeQueue,
+///
+/// Dropping a gather finishes it (flush, then free), so no table frame is
+/// leaked and no stale translation outlives it. While a panic unwinds
+/// (with the `std` feature) the drop still flushes, but leaks the queued
+/// frames rather than free them from a half-done operation.
+#[must_use = "an MmuGather flushes when finished: call finish() where the flush belongs"]
+pub struct MmuGather<'s, A: Arch, M: Mmu, T: TableAlloc> {
+    space: &'s mut AddressSpace<A, M, T>,
+    tlb: TlbGather,
+    q: FreeQueue,
 }
 
-impl MmuGather {
+impl<A: Arch, M: Mmu, T: TableAlloc> MmuGather<'_, A, M, T> {
     /// Whether nothing waits for the flush: no translation to invalidate,
     /// no table to free.
     pub fn is_empty(&self) -> bool {
@@ -79,128 +117,76 @@ impl MmuGather {
         self.q.count
     }
 
-    /// The root of the address space this gather belongs to.
-    pub fn root(&self) -> PhysAddr {
-        self.root
-    }
-}
-
-impl fmt::Debug for MmuGather {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MmuGather")
-            .field("root", &self.root)
-            .field("range", &self.tlb.range())
-            .field("tables_queued", &self.q.count)
-            .finish()
-    }
-}
-
-impl Drop for MmuGather {
-    fn drop(&mut self) {
-        let pending = !self.is_empty();
-        // Our own check below replaces the inner gather's (two failing
-        // assertions during one unwind would abort).
-        self.tlb.discard();
-        #[cfg(feature = "std")]
-        if std::thread::panicking() {
-            return;
-        }
-        debug_assert!(
-            !pending,
-            "an MmuGather holding work was dropped without tlb_finish_mmu: \
-             stale TLB entries remain and its table frames are leaked"
-        );
-    }
-}
-
-impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
-    /// Starts a gather for a sequence of operations on this address space
-    /// (Linux `tlb_gather_mmu`). Finish it with
-    /// [`tlb_finish_mmu`](Self::tlb_finish_mmu).
-    pub fn tlb_gather_mmu(&self) -> MmuGather {
-        MmuGather {
-            root: self.root,
-            tlb: TlbGather::new(),
-            q: FreeQueue::new(),
-        }
+    /// The address space the gather works on, to read it meanwhile.
+    pub fn space(&self) -> &AddressSpace<A, M, T> {
+        self.space
     }
 
-    /// Finishes a gather (Linux `tlb_finish_mmu`): one TLB flush for every
-    /// translation the operations given it removed or changed (a range
-    /// flush, or a full flush past the arch's ceiling), then frees the
-    /// table frames they unlinked.
+    /// Finishes the gather (Linux `tlb_finish_mmu`): one TLB flush for
+    /// every translation the operations removed or changed (a range flush,
+    /// or a full flush past the arch's ceiling), then frees the table
+    /// frames they unlinked.
+    pub fn finish(mut self) {
+        self.flush_and_free();
+    }
+
+    /// Flushes what was gathered, then frees the queued frames; leaves the
+    /// gather empty.
+    fn flush_and_free(&mut self) {
+        let gather = core::mem::take(&mut self.tlb);
+        let q = core::mem::replace(&mut self.q, FreeQueue::new());
+        self.space.finish(gather, q);
+    }
+
+    /// [`AddressSpace::unmap`] into the gather: the TLB flush and the
+    /// freeing of emptied tables wait for [`finish`](Self::finish).
     ///
     /// # Errors
     ///
-    /// A gather started on another address space is handed back unchanged
-    /// (finish it on its own address space); nothing is flushed or freed.
-    pub fn tlb_finish_mmu(&mut self, mut tlb: MmuGather) -> Result<(), MmuGather> {
-        if tlb.root != self.root {
-            return Err(tlb);
-        }
-        let gather = core::mem::take(&mut tlb.tlb);
-        let q = core::mem::replace(&mut tlb.q, FreeQueue::new());
-        self.finish(gather, q);
-        Ok(())
+    /// As [`AddressSpace::unmap`]; on error nothing was changed.
+    pub fn unmap(&mut self, va: VirtAddr, len: u64) -> Result<(), Error> {
+        let z = &mut crate::unmap::NoReport;
+        self.space
+            .unmap_into(va, len, z, &mut self.tlb, &mut self.q)
     }
 
-    /// Refuses a gather of another address space.
-    #[inline]
-    pub(crate) fn check_gather(&self, tlb: &MmuGather) -> Result<(), Error> {
-        if tlb.root == self.root {
-            Ok(())
-        } else {
-            Err(Error::ForeignGather)
-        }
-    }
-
-    /// [`unmap`](Self::unmap) into the caller's gather: the TLB flush and
-    /// the freeing of emptied tables wait for
-    /// [`tlb_finish_mmu`](Self::tlb_finish_mmu).
+    /// [`AddressSpace::unmap_with`] into the gather. The reported pages
+    /// must not be reused before [`finish`](Self::finish) returns.
     ///
     /// # Errors
     ///
-    /// As [`unmap`](Self::unmap), and [`Error::ForeignGather`]; on error
-    /// nothing was changed.
-    pub fn unmap_gathered(
+    /// As [`AddressSpace::unmap`]; on error nothing was changed and
+    /// nothing reported.
+    pub fn unmap_with(
         &mut self,
-        tlb: &mut MmuGather,
-        va: VirtAddr,
-        len: u64,
-    ) -> Result<(), Error> {
-        self.check_gather(tlb)?;
-        self.unmap_into(
-            va,
-            len,
-            &mut crate::unmap::NoReport,
-            &mut tlb.tlb,
-            &mut tlb.q,
-        )
-    }
-
-    /// [`unmap_with`](Self::unmap_with) into the caller's gather. The
-    /// reported pages must not be reused before
-    /// [`tlb_finish_mmu`](Self::tlb_finish_mmu) returns.
-    ///
-    /// # Errors
-    ///
-    /// As [`unmap`](Self::unmap), and [`Error::ForeignGather`]; on error
-    /// nothing was changed and nothing reported.
-    pub fn unmap_with_gathered(
-        &mut self,
-        tlb: &mut MmuGather,
         va: VirtAddr,
         len: u64,
         f: impl FnMut(crate::Removed<A>),
     ) -> Result<(), Error> {
-        self.check_gather(tlb)?;
-        let trust_settled = tlb.tlb.is_empty();
+        let trust_settled = self.tlb.is_empty();
         let mut z = crate::unmap::Report::new(f, trust_settled);
-        self.unmap_into(va, len, &mut z, &mut tlb.tlb, &mut tlb.q)
+        self.space
+            .unmap_into(va, len, &mut z, &mut self.tlb, &mut self.q)
     }
 
-    /// [`change_protection`](Self::change_protection) into the caller's
-    /// gather.
+    /// [`AddressSpace::clear_refs`] into the gather: the flush waits for
+    /// [`finish`](Self::finish), and pages whose dirty state was cleared
+    /// must not be treated as clean before it returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`AddressSpace::clear_refs`]; on error nothing was changed.
+    pub fn clear_refs(
+        &mut self,
+        va: VirtAddr,
+        len: u64,
+        what: ClearRefs,
+        f: impl FnMut(LeafEntry<A>),
+    ) -> Result<(), Error> {
+        self.space.clear_refs_into(&mut self.tlb, va, len, what, f)
+    }
+
+    /// [`AddressSpace::change_protection`] into the gather.
     ///
     /// If the gather already holds unflushed changes, they are flushed
     /// first (the gather stays open): the protection change copies
@@ -211,44 +197,82 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// # Errors
     ///
-    /// As [`change_protection`](Self::change_protection), and
-    /// [`Error::ForeignGather`]; on error nothing was changed.
-    pub fn change_protection_gathered(
-        &mut self,
-        tlb: &mut MmuGather,
-        va: VirtAddr,
-        len: u64,
-        prot: Prot,
-    ) -> Result<(), Error> {
-        self.check_gather(tlb)?;
-        let end = self.check_range(va, len)?;
+    /// As [`AddressSpace::change_protection`]; on error nothing was
+    /// changed.
+    pub fn change_protection(&mut self, va: VirtAddr, len: u64, prot: Prot) -> Result<(), Error> {
+        let s = &mut *self.space;
+        let end = s.check_range(va, len)?;
         let top = A::LEVELS - 1;
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
-        let need = self.split_check(top, self.root, va.0, end, &differs);
-        let mut stash = self.reserve(need)?;
-        if !tlb.tlb.is_empty() {
-            let mut pending = core::mem::take(&mut tlb.tlb);
-            if self.may_hold_global {
+        let need = s.split_check(top, s.root, va.0, end, &differs);
+        let mut stash = s.reserve(need)?;
+        if !self.tlb.is_empty() {
+            let mut pending = core::mem::take(&mut self.tlb);
+            if s.may_hold_global {
                 pending.global_changed();
             }
-            pending.flush::<A, _>(&self.mmu);
+            pending.flush::<A, _>(&s.mmu);
         }
-        self.may_hold_global |= prot.global();
+        s.may_hold_global |= prot.global();
         // Runs covered in part are unfolded (flushed at once, as
         // break-before-make needs), as `change_protection` does.
-        self.contpte_unfold_edges_if(va.0, end, &differs);
-        self.protect_change(
-            TableSpan::new(top, self.root, va.0, end),
+        s.contpte_unfold_edges_if(va.0, end, &differs);
+        s.protect_change(
+            TableSpan::new(top, s.root, va.0, end),
             prot,
             &mut stash,
-            &mut tlb.tlb,
+            &mut self.tlb,
         );
         debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         let short = stash.short;
-        self.release(stash);
+        s.release(stash);
         if short {
             return Err(Error::OutOfMemory);
         }
         Ok(())
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> fmt::Debug for MmuGather<'_, A, M, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MmuGather")
+            .field("root", &self.space.root())
+            .field("range", &self.tlb.range())
+            .field("tables_queued", &self.q.count)
+            .finish()
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> Drop for MmuGather<'_, A, M, T> {
+    fn drop(&mut self) {
+        #[cfg(feature = "std")]
+        if std::thread::panicking() {
+            // Flush (no stale translation outlives the gather) but leak
+            // the queued frames: the panic may have interrupted an
+            // operation, and a frame that is never freed can never be
+            // reused under a walker.
+            let mut gather = core::mem::take(&mut self.tlb);
+            if self.space.may_hold_global {
+                gather.global_changed();
+            }
+            gather.flush::<A, _>(&self.space.mmu);
+            self.q = FreeQueue::new();
+            return;
+        }
+        self.flush_and_free();
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Starts a gather for a sequence of operations on this address space
+    /// (Linux `tlb_gather_mmu`): the operations run through the returned
+    /// [`MmuGather`], which flushes and frees once, when it is
+    /// [finished](MmuGather::finish) (or dropped).
+    pub fn tlb_gather_mmu(&mut self) -> MmuGather<'_, A, M, T> {
+        MmuGather {
+            space: self,
+            tlb: TlbGather::new(),
+            q: FreeQueue::new(),
+        }
     }
 }

@@ -176,8 +176,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// flush through a stale translation until this call returns, so do
     /// not reuse or free a reported page before then (Linux frees the
     /// gathered pages only after the flush, in `tlb_finish_mmu`). With
-    /// [`unmap_with_gathered`](Self::unmap_with_gathered) that point is
-    /// [`tlb_finish_mmu`](Self::tlb_finish_mmu).
+    /// [`MmuGather::unmap_with`](crate::MmuGather::unmap_with) that point
+    /// is [`MmuGather::finish`](crate::MmuGather::finish).
     ///
     /// ```
     /// # #[cfg(feature = "alloc")] {

@@ -47,9 +47,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// What `va` maps to, walking the tables as the hardware would (the
     /// TLB is not consulted).
     pub fn translate(&self, va: VirtAddr) -> Option<Translation> {
-        if !self.range.contains::<A>(va.0) {
-            return None;
-        }
+        self.check_va(va).ok()?;
         let mut h = A::LEVELS - 1;
         let mut tpa = self.root;
         loop {

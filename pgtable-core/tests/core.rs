@@ -493,6 +493,86 @@ fn out_of_range_names_the_hole_also_when_the_length_wraps_past_the_top() {
 }
 
 #[test]
+fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
+    // The upper half ends at 2^64: a range that runs past it has no first
+    // invalid address in 64 bits, so every range operation names its
+    // start, in a plain upper space and in a kernel space alike.
+    use pgtable_core::{ClearRefs, CopyMode, LiveOptions, VaRange};
+    type New = fn() -> Space;
+    let spaces: [(&str, New); 2] = [
+        ("new_in(Upper)", || {
+            AddressSpace::new_in(VaRange::Upper, Rec::default(), Arena::new()).unwrap()
+        }),
+        ("new_kernel", || {
+            AddressSpace::new_kernel(Rec::default(), Arena::new()).unwrap()
+        }),
+    ];
+    let top = VirtAddr(0xffff_ffff_ffff_f000);
+    let (va, len) = (top, 2 * K4);
+    let err = Err(Error::OutOfRange(top));
+    let rw = Prot::READ_WRITE;
+    for (name, new) in spaces {
+        let mut s = new();
+        s.map(
+            top,
+            PhysAddr(0x7000),
+            K4,
+            Prot::READ_ONLY,
+            MapOptions::PAGES,
+        )
+        .unwrap();
+        let mut other = new();
+        let other_tables = other.count_tables();
+        let leaves = |s: &Space| {
+            let mut v = Vec::new();
+            s.walk(VirtAddr(top.0 - M2 + K4), M2, |m| v.push(m))
+                .unwrap();
+            (v, s.count_tables(), s.alloc().live())
+        };
+        let before = leaves(&s);
+        let r = |op: &str, got: Result<(), Error>| assert_eq!(got, err, "{name}: {op}");
+        r("map", s.map(va, PhysAddr(0), len, rw, MapOptions::PAGES));
+        r("unmap", s.unmap(va, len));
+        r("unmap_with", s.unmap_with(va, len, |_| panic!("reported")));
+        r("change_protection", s.change_protection(va, len, rw));
+        let live = LiveOptions::ALLOW_BBM;
+        r(
+            "change_protection_live",
+            s.change_protection_live(va, len, rw, live),
+        );
+        r("walk", s.walk(va, len, |_| panic!("reported")));
+        let young = ClearRefs::YOUNG;
+        r(
+            "clear_refs",
+            s.clear_refs(va, len, young, |_| panic!("reported")),
+        );
+        r("ptdump_range", s.ptdump_range(va, len).map(|_| ()));
+        r(
+            "copy_page_range",
+            s.copy_page_range(&mut other, va, len, CopyMode::Cow),
+        );
+        let below = VirtAddr(top.0 - M2);
+        r("move_page_tables (src)", s.move_page_tables(va, below, len));
+        r("move_page_tables (dst)", s.move_page_tables(below, va, len));
+        let mut tlb = s.tlb_gather_mmu();
+        r("MmuGather::unmap", tlb.unmap(va, len));
+        let f = |_| panic!("reported");
+        r("MmuGather::unmap_with", tlb.unmap_with(va, len, f));
+        let cp = tlb.change_protection(va, len, rw);
+        r("MmuGather::change_protection", cp);
+        let cr = tlb.clear_refs(va, len, young, |_| panic!("reported"));
+        r("MmuGather::clear_refs", cr);
+        tlb.finish();
+        assert_eq!(leaves(&s), before, "{name}: the tables changed");
+        assert_eq!(
+            other.count_tables(),
+            other_tables,
+            "{name}: the child changed"
+        );
+    }
+}
+
+#[test]
 fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
     // A range across the 5 GiB boundary: 3 pages below it, a 2 MiB block,
     // 5 pages above. The PUD table exists (the page at 1 GiB); it needs two

@@ -32,3 +32,16 @@ fn table_attributes_keep_the_table_decodable() {
     kernel_half::table_attributes_keep_the_table_decodable::<TestFormat<4>>();
     kernel_half::table_attributes_keep_the_table_decodable::<TestFormat<5>>();
 }
+
+#[path = "support/ranges.rs"]
+mod ranges;
+
+#[test]
+fn every_operation_checks_the_space_s_range_4_levels() {
+    ranges::every_operation_checks_the_space_s_range::<TestFormat<4>>();
+}
+
+#[test]
+fn every_operation_checks_the_space_s_range_5_levels() {
+    ranges::every_operation_checks_the_space_s_range::<TestFormat<5>>();
+}

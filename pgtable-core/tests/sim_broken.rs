@@ -6,7 +6,9 @@
 //! (user tables without PXNTable, kernel tables open to user mode), a
 //! flush that reaches only the executing CPU on a machine with two (with
 //! the CVE-2018-18281 race: a writer CPU storing into a moved and reused
-//! frame) — with the correct variant beside each one passing.
+//! frame), a user space writing the kernel half's shared entry and
+//! flushing only its own CPU — with the correct variant beside each one
+//! passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 #[macro_use]
@@ -1226,4 +1228,69 @@ fn hardware_agents_on_two_cpus_race_protection_changes_and_unmaps() {
     for c in 0..2 {
         assert!(m.cpu(c).read_u64(VA).is_err(), "CPU {c}");
     }
+}
+
+/// An address space on the simulator, not installed.
+type Plain = AddressSpace<T4, SimMmu<T4>, SimAlloc>;
+
+/// Two CPUs: a kernel space with a read-only global page at the start of
+/// the upper half (kernel text), installed and cached on CPU 1; a user
+/// space of it installed on CPU 0, whose flushes reach CPU 0 only (a
+/// space live on one CPU needs no more, for its own half).
+fn kernel_text_seen_from_a_user_space() -> (SimMachine<T4>, VirtAddr, Plain, Plain) {
+    let m = SimMachine::<T4>::with_cpus(2);
+    let mut kernel = AddressSpace::<T4, _, _>::new_kernel(m.mmu(), m.alloc()).unwrap();
+    let kva = VirtAddr(0xffff_8000_0000_0000);
+    let text = Prot::READ_EXEC | Prot::GLOBAL;
+    kernel.map(kva, PA, K4, text, MapOptions::PAGES).unwrap();
+    // SAFETY: the complete kernel hierarchy, on the simulated CPU 1.
+    unsafe { m.cpu(1).mmu().install_root(kernel.root()) };
+    m.cpu(1).read_u64(kva).unwrap();
+    let local = m.mmu().local_only();
+    // SAFETY: the user space is dropped first (`release`).
+    let mut user =
+        unsafe { AddressSpace::<T4, _, _>::new_user(&kernel, local, m.alloc()) }.unwrap();
+    // SAFETY: simulated.
+    unsafe { user.install() };
+    m.read_u64(kva).unwrap();
+    (m, kva, kernel, user)
+}
+
+#[test]
+fn a_user_space_changing_a_kernel_entry_flushes_only_its_own_cpus_and_is_caught() {
+    // Broken: what a fault-time operation that skipped the space's range
+    // check did from a user space (it walked the kernel half's shared
+    // tables): the kernel's text made writable through the user's
+    // handle, flushed on the user's CPU only; CPU 1 keeps the old text.
+    let (m, kva, kernel, user) = kernel_text_seen_from_a_user_space();
+    // SAFETY: a leaf's permission changes in place (what the operation
+    // did); the entry stays a valid leaf.
+    let slot = unsafe { kernel.slot(kva, 0) }.unwrap();
+    let rw = T4::modify_prot(slot.load(Relaxed), Prot::READ_WRITE | Prot::GLOBAL, 0);
+    T4::set_pte_at(user.mmu(), kva, slot, rw);
+    user.mmu().flush_tlb_range(TlbRange {
+        start: kva,
+        end: kva.add(K4),
+        stride_shift: 12,
+        last_level: true,
+    });
+    let stale = m.check_tlb().unwrap_err();
+    assert_eq!((stale.cpu, stale.va, stale.leaf), (1, kva, true));
+    release(&m, user, kernel);
+
+    // Correct: the user space refuses the kernel's address and changes
+    // nothing; the kernel's own change reaches every CPU.
+    let (m, kva, mut kernel, mut user) = kernel_text_seen_from_a_user_space();
+    let before = kernel.entry(kva, 0);
+    assert_eq!(
+        user.ptep_set_access_flags(kva, pgtable_core::FaultFlags::WRITE),
+        Err(pgtable_core::Error::OutOfRange(kva))
+    );
+    assert_eq!(kernel.entry(kva, 0), before);
+    m.check().unwrap();
+    kernel
+        .ptep_set_access_flags(kva, pgtable_core::FaultFlags::WRITE)
+        .unwrap();
+    m.check().unwrap();
+    release(&m, user, kernel);
 }

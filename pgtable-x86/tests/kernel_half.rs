@@ -34,3 +34,16 @@ fn table_attributes_keep_the_table_decodable() {
     kernel_half::table_attributes_keep_the_table_decodable::<X86_64>();
     kernel_half::table_attributes_keep_the_table_decodable::<X86_64La57>();
 }
+
+#[path = "../../pgtable-core/tests/support/ranges.rs"]
+mod ranges;
+
+#[test]
+fn every_operation_checks_the_space_s_range_4level() {
+    ranges::every_operation_checks_the_space_s_range::<X86_64>();
+}
+
+#[test]
+fn every_operation_checks_the_space_s_range_5level() {
+    ranges::every_operation_checks_the_space_s_range::<X86_64La57>();
+}

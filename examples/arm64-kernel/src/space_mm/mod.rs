@@ -30,7 +30,7 @@
 //!   size, dirty after EL1 stores to some of them through clean writable
 //!   leaves, which the hardware marks dirty) and the swap entry, with one
 //!   flush; the same through one `MmuGather` for two ranges (a 2 MiB
-//!   block and pages), flushed once by `tlb_finish_mmu`;
+//!   block and pages), flushed once by `MmuGather::finish`;
 //! - `space_asid_spaces_free_their_tables`: every table frame came back.
 //!
 //! The cases on switching are in `switching.rs`, those on the other

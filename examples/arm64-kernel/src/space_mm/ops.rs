@@ -334,19 +334,13 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
     let f0 = FlushCounts::now();
     let mut tlb = p.space.tlb_gather_mmu();
     let mut got = Reports::default();
-    let r1 = p
-        .space
-        .unmap_with_gathered(&mut tlb, VirtAddr(BLK_VA), 2 << 20, |x| got.push(x));
-    let r2 = p
-        .space
-        .unmap_with_gathered(&mut tlb, VirtAddr(BASE2), 2 * 4096, |x| got.push(x));
+    let r1 = tlb.unmap_with(VirtAddr(BLK_VA), 2 << 20, |x| got.push(x));
+    let r2 = tlb.unmap_with(VirtAddr(BASE2), 2 * 4096, |x| got.push(x));
     let before_finish = FlushCounts::now().since(f0);
-    if p.space.tlb_finish_mmu(tlb).is_err() {
-        fail!("tlb_finish_mmu refused the space's own gather");
-    }
+    tlb.finish();
     let d = FlushCounts::now().since(f0);
-    r1.map_err(|e| Why::new(format_args!("unmap_with_gathered (block): {e}")))?;
-    r2.map_err(|e| Why::new(format_args!("unmap_with_gathered (pages): {e}")))?;
+    r1.map_err(|e| Why::new(format_args!("MmuGather::unmap_with (block): {e}")))?;
+    r2.map_err(|e| Why::new(format_args!("MmuGather::unmap_with (pages): {e}")))?;
     let g = got.get();
     ensure!(
         g.len() == 3
@@ -364,7 +358,7 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
     }
     ensure!(
         before_finish == FlushCounts::default() && d.range + d.asid + d.all == 1,
-        "the gather flushed {before_finish:?} before tlb_finish_mmu and {d:?} in all: expected one flush, at the end"
+        "the gather flushed {before_finish:?} before finish and {d:?} in all: expected one flush, at the end"
     );
     load_faults("the unmapped block", BLK_VA + 0x1000)?;
     load_faults("an unmapped page", BASE2)

@@ -12,10 +12,10 @@
 //! - `change_protection_live` of a kernel data page and of a page of the
 //!   linear map inside a block (split in place) RW → RO: a CPL-0 store
 //!   faults (CR0.WP), then RW again;
-//! - `unmap_with_gathered` into one `MmuGather`: every removed page is
-//!   reported with the accessed and dirty state the MMU set, the swap
-//!   entry with its value, one TLB flush at `tlb_finish_mmu`, after which
-//!   the pages fault.
+//! - `MmuGather::unmap_with` (two ranges through one gather): every
+//!   removed page is reported with the accessed and dirty state the MMU
+//!   set, the swap entry with its value, one TLB flush at `finish`, after
+//!   which the pages fault.
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -334,22 +334,18 @@ fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         };
         let flushes = s.stats().flushes();
         let mut tlb = s.tlb_gather_mmu();
-        let r = s
-            .unmap_with_gathered(&mut tlb, VirtAddr(p(0)), 3 * PAGE_SIZE, &mut note)
-            .and_then(|()| {
-                s.unmap_with_gathered(&mut tlb, VirtAddr(p(4)), 2 * PAGE_SIZE, &mut note)
-            });
-        let flushes_before_finish = s.stats().flushes() - flushes;
-        if s.tlb_finish_mmu(tlb).is_err() {
-            bail!("tlb_finish_mmu refused the space's own gather");
-        }
+        let r = tlb
+            .unmap_with(VirtAddr(p(0)), 3 * PAGE_SIZE, &mut note)
+            .and_then(|()| tlb.unmap_with(VirtAddr(p(4)), 2 * PAGE_SIZE, &mut note));
+        let flushes_before_finish = tlb.space().stats().flushes() - flushes;
+        tlb.finish();
         if let Err(e) = r {
-            bail!("unmap_with_gathered: {e}");
+            bail!("MmuGather::unmap_with: {e}");
         }
         let flushed = s.stats().flushes() - flushes;
         ensure!(
             flushes_before_finish == 0 && flushed == 1,
-            "{flushes_before_finish} flushes before tlb_finish_mmu, {flushed} in all (expected 0 and 1)"
+            "{flushes_before_finish} flushes before finish, {flushed} in all (expected 0 and 1)"
         );
         for i in [0, 1, 2, 4, 5] {
             load_faults("after the unmap", p(i))?;
@@ -372,7 +368,7 @@ fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
             "the store to page 1 did not reach its frame"
         );
         println!(
-            "  unmap_with_gathered of 3 pages and a swap entry, one flush at tlb_finish_mmu: reports {} (accessed/dirty as the MMU set them{}), then every page faults",
+            "  MmuGather::unmap_with of 3 pages and a swap entry, one flush at finish: reports {} (accessed/dirty as the MMU set them{}), then every page faults",
             "page 0 accessed, page 1 accessed+dirty, page 2 clean, swap entry 0x50a93",
             if a_fresh { ", from clear entries" } else { "" }
         );
