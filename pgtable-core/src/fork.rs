@@ -274,7 +274,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
                 Decoded::Leaf(_) => {
                     // (No table: a short count, see `take`; not copied.)
-                    self.split_block(slot, raw, VirtAddr(va), h, c.src_stash, c.gather)
+                    self.split_block_to_change(slot, raw, VirtAddr(va), h, c.src_stash)
                 }
                 Decoded::Invalid if covers(va, next, h) => {
                     // A software entry above the PTE level (only `slot`

@@ -247,7 +247,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // (No table: the count was short, see `take`; the
                     // block keeps its protection.)
                     if let Some(c) =
-                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
+                        self.split_block_to_change(slot, raw, VirtAddr(va), height, stash)
                     {
                         self.protect_change(
                             TableSpan::new(height - 1, c, va, next),
