@@ -104,6 +104,9 @@
 //!   stale), any other against a fresh walk from the root it was filled
 //!   from, so a global entry that survives the unmap of its leaf, or a
 //!   dormant ASID's entry that survives a flush, is reported stale too.
+//!   Installing a tagged root checks the new ASID's entries at once: from
+//!   that moment the hardware may use them, so a stale one is reported
+//!   even if a flush removes it right after.
 //! - **Break-before-make** (only when [`Arch::BREAK_BEFORE_MAKE`]): an
 //!   entry write that replaces a cached translation by a value the arch
 //!   does not allow to coexist with it ([`Arch::change_is_safe`]) is a
@@ -1216,8 +1219,13 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
             // also orders earlier table writes (as a TTBR/CR3 write does
             // with its barriers).
             None => s.flush_all(me, false),
-            // Tagged: other ASIDs' entries stay; only ordering.
-            Some(_) => s.barrier(),
+            // Tagged: other ASIDs' entries stay; only ordering. The ASID's
+            // own entries are usable from now on: a stale one is a bug even
+            // if a flush follows at once.
+            Some(_) => {
+                s.barrier();
+                s.check_switch::<A>();
+            }
         }
     }
 

@@ -213,6 +213,9 @@ pub(super) struct State {
     pub(super) contig: Option<ContConflict>,
     /// The first entry that disagreed with a cached block above it.
     mixed: Option<MixedSizes>,
+    /// The first stale entry of an ASID at the moment a root was installed
+    /// with it (usable from then on, whatever a flush removes later).
+    switched_stale: Option<StaleTlb>,
     /// Host address of a table frame to the cached blocks it replaced.
     split_under: Map<u64, Vec<SplitRec>>,
     /// Publication epoch: advanced by every barrier, publish and flush.
@@ -251,6 +254,7 @@ impl State {
             unordered: None,
             contig: None,
             mixed: None,
+            switched_stale: None,
             split_under: Map::default(),
             epoch: 0,
             last_write: Map::default(),
@@ -1016,10 +1020,35 @@ impl State {
     /// the old space's entries serving the new one. Entries of other ASIDs
     /// (and global ones) are walked from the root that filled them.
     pub(super) fn check_cpu<A: Arch>(&self, i: usize) -> Result<(), StaleTlb> {
+        self.check_cpu_tags::<A>(i, |_| true)
+    }
+
+    /// A tagged root was just installed on the selected CPU: its ASID's
+    /// cached entries are usable from now on, so any of them that is stale
+    /// is recorded for [`check`](Self::check) even if a flush removes it
+    /// right after (the window Linux `switch_mm_irqs_off` closes by
+    /// loading CR3 without the no-flush bit when a flush is owed).
+    pub(super) fn check_switch<A: Arch>(&mut self) {
+        if self.switched_stale.is_some() {
+            return;
+        }
+        let asid = self.cpu.asid;
+        if let Err(s) = self.check_cpu_tags::<A>(self.sel, |t| t == asid) {
+            self.switched_stale = Some(s);
+        }
+    }
+
+    /// [`check_cpu`](Self::check_cpu) for the entries whose tag `want`
+    /// accepts.
+    fn check_cpu_tags<A: Arch>(
+        &self,
+        i: usize,
+        want: impl Fn(u32) -> bool,
+    ) -> Result<(), StaleTlb> {
         let cpu = self.cpu_ref(i);
         let mut worst: Option<StaleTlb> = None;
         for (&(base, h, leaf, tag), c) in &cpu.tlb {
-            if cpu.owed.contains(&tag) {
+            if cpu.owed.contains(&tag) || !want(tag) {
                 continue;
             }
             // The current ASID's entries are checked against the root
@@ -1207,6 +1236,9 @@ impl State {
         }
         if let Some(m) = self.mixed {
             return Err(CheckError::MixedSizes(m));
+        }
+        if let Some(s) = self.switched_stale {
+            return Err(CheckError::Stale(s));
         }
         if let Some(u) = self.unordered {
             return Err(CheckError::Unordered(u));

@@ -294,7 +294,10 @@ impl<I: IpiSender> Shootdown<I> {
         // Relaxed: written by this CPU only.
         if self.cpu(cpu).loaded.load(Relaxed) != mm.id() {
             // Not running the space: drop the bit (Linux clears it
-            // lazily); the next switch to it catches up by generation.
+            // lazily). Its entries may stay cached under its PCID; the
+            // generation this CPU has not caught up with is their stale
+            // mark: the next `switch_mm` to the space asks for the flush,
+            // which `SmpMmu::switch_to` makes before CR3 is loaded.
             // SeqCst: pairs with `switch_mm`'s fetch_or on this CPU.
             mm.cpus.fetch_and(!CpuMask::of(cpu).0, SeqCst);
             return false;
