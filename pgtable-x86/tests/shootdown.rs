@@ -282,6 +282,64 @@ fn a_switch_that_loads_cr3_before_the_owed_flush_is_caught() {
     assert_eq!((stale.cpu, stale.va), (1, VA));
 }
 
+/// Two CPUs each run a user space under its own PCID (1, 2) that shares
+/// the kernel half, and read a non-global kernel page through it; the
+/// kernel's space then write-protects the page from CPU 0. Its flush must
+/// reach both PCIDs (`set_user_pcids`); an `INVLPG` on each CPU reaches
+/// only the PCID that is current there, or none of them.
+fn kernel_change_under_user_pcids(user_pcids: bool) -> Result<(), CheckError> {
+    let m = SimMachine::<X86_64>::with_cpus(2);
+    let sd: &'static Shootdown<Det> = Box::leak(Box::new(Shootdown::new(Det {
+        m: m.clone(),
+        pending: Mutex::new(0),
+        sd: OnceLock::new(),
+        sent: Mutex::new(Vec::new()),
+    })));
+    sd.sender().sd.set(sd).ok().unwrap();
+    sd.set_online(0);
+    sd.set_online(1);
+    sd.set_user_pcids(user_pcids);
+    let kmm: &'static MmCpus = Box::leak(Box::new(MmCpus::kernel()));
+    let kmmu = SmpMmu::new(m.mmu().local_only().on_thread_cpu(), sd, kmm);
+    let mut k = DetSpace::new_kernel(kmmu, m.alloc()).unwrap();
+    let kva = VirtAddr(0xffff_8000_4000_0000);
+    k.map(kva, PA, K4, Prot::WRITE, MapOptions::PAGES).unwrap();
+    let users: Vec<DetSpace> = (0..2)
+        .map(|c| {
+            let mm: &'static MmCpus = Box::leak(Box::new(MmCpus::new()));
+            let local = m.mmu_with_asid(c as u16 + 1).local_only().on_thread_cpu();
+            // SAFETY: the kernel's space outlives the user spaces (dropped
+            // first, below).
+            let u = unsafe { DetSpace::new_user(&k, SmpMmu::new(local, sd, mm), m.alloc()) };
+            let u = u.unwrap();
+            switch(&u, c);
+            m.cpu(c).read_u64(kva).unwrap();
+            u
+        })
+        .collect();
+    k.change_protection(kva, K4, Prot::READ_ONLY).unwrap();
+    let checked = m.check();
+    m.mmu().flush_tlb_all();
+    for u in users {
+        release(u);
+    }
+    drop(k);
+    checked
+}
+
+#[test]
+fn a_kernel_half_flush_reaches_every_pcid_on_every_cpu() {
+    assert_eq!(kernel_change_under_user_pcids(true), Ok(()));
+}
+
+#[test]
+fn a_kernel_half_flush_by_invlpg_under_user_pcids_is_caught() {
+    let Err(CheckError::Stale(stale)) = kernel_change_under_user_pcids(false) else {
+        panic!("not caught");
+    };
+    assert_eq!(stale.va, VirtAddr(0xffff_8000_4000_0000));
+}
+
 #[test]
 fn flush_all_reaches_every_online_cpu() {
     let (m, sd, s) = det(3);
