@@ -377,6 +377,7 @@ fn partial_change_of_a_cached_block(op: &str) {
     };
     let (m, mut s) = cached_block(prot);
     let page = BLOCK_VA.add(0x1000);
+    s.stats().reset();
     match op {
         "live" => s
             .change_protection_live(page, 0x1000, Prot::GLOBAL, LiveOptions::default())
@@ -390,6 +391,13 @@ fn partial_change_of_a_cached_block(op: &str) {
         }
     }
     assert_eq!(m.check(), Ok(()), "{op}");
+    // Two `INVLPG`s: the block's at once, the page's at the end (no full
+    // flush for a gathered range of mixed strides).
+    assert_eq!(
+        (s.stats().flush_range(), s.stats().flush_all()),
+        (2, 0),
+        "{op}"
+    );
     assert!(m.write_u64(page, 1).is_err(), "{op}");
     m.write_u64(BLOCK_VA, 1).unwrap();
     m.check().unwrap();
