@@ -102,7 +102,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///   invalidates and flushes each block at once (Linux "arm64: mm:
     ///   rework the pmd protect changing flow"). Splitting a block, changing
     ///   a memory type and making a leaf global flush at once where the arch
-    ///   needs break-before-make (see the module docs).
+    ///   needs break-before-make (see the module docs); elsewhere (x86) a
+    ///   block split in place is flushed at once before its covered part
+    ///   changes (Intel SDM Vol. 3A 4.10.2.3).
     ///
     /// ```
     /// # #[cfg(feature = "alloc")] {
