@@ -921,6 +921,32 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Some(child)
     }
 
+    /// [`split_block`](Self::split_block) for a caller that then changes
+    /// some of the new entries (their rights, or a write-protect): an
+    /// in-place split also flushes the block's translation at once, before
+    /// any entry below it differs from it. The Intel SDM (Vol. 3A 4.10.2.3
+    /// "Details of TLB Use") leaves behaviour undefined while translations
+    /// of different sizes for one address that differ in page frame or
+    /// attributes may both be cached; Linux `__split_large_page` splits
+    /// with the block's attributes and flushes before the change. One flush
+    /// per split block (only the two ends of a range split), besides the
+    /// operation's gathered one, which then need not cover the block.
+    pub(crate) fn split_block_to_change(
+        &mut self,
+        slot: &Slot,
+        raw: u64,
+        va: VirtAddr,
+        height: u32,
+        stash: &mut Stash,
+    ) -> Option<PhysAddr> {
+        // Only an in-place split gathers anything (the block); a
+        // break-before-make split has flushed it already.
+        let mut block = TlbGather::new();
+        let child = self.split_block(slot, raw, va, height, stash, &mut block);
+        block.flush::<A, _>(&self.mmu);
+        child
+    }
+
     /// Phase 1 of unmap and change_protection: the tables needed to split
     /// the blocks that `[va, end)` covers only in part and for which
     /// `needs_split(raw, height)` holds (only blocks at the two ends of a

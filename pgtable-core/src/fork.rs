@@ -88,8 +88,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Blocks are copied as blocks, software entries
     /// ([`Format::swp_entry`](crate::Format::swp_entry)) as they are, and
     /// `dst` gets tables only where the range maps something. `self` is
-    /// flushed once at the end, if anything was write-protected or split;
-    /// `dst` needs no flush. The child's leaves are old, and with
+    /// flushed once at the end, if anything was write-protected or split
+    /// (and a block split in place once more at once, before its pages are
+    /// write-protected: Intel SDM Vol. 3A 4.10.2.3); `dst` needs no flush. The child's leaves are old, and with
     /// [`CopyMode::Shared`] clean (Linux `copy_present_pte`).
     ///
     /// A block the range covers only in part is split in the source first
@@ -274,7 +275,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
                 Decoded::Leaf(_) => {
                     // (No table: a short count, see `take`; not copied.)
-                    self.split_block(slot, raw, VirtAddr(va), h, c.src_stash, c.gather)
+                    self.split_block_to_change(slot, raw, VirtAddr(va), h, c.src_stash)
                 }
                 Decoded::Invalid if covers(va, next, h) => {
                     // A software entry above the PTE level (only `slot`

@@ -76,13 +76,17 @@ use crate::{
 /// changeable, `can_set_direct_map`).
 ///
 /// On x86 ([`Arch::BREAK_BEFORE_MAKE`] is `false`) every change is made
-/// in place, splits included: the Intel SDM (Vol. 3A 4.10.2.3 "Details of
-/// TLB Use" and 4.10.4 "Invalidation of TLBs and Paging-Structure Caches")
-/// allows the processor to hold the old large-page translation and the new
-/// small-page ones together until the invalidation, and uses either, which
-/// is harmless as long as both map the same physical memory with the same
-/// memory type (what a split keeps). Linux's `__split_large_page` relies
-/// on it.
+/// in place, splits included, but a split is not free. The Intel SDM (Vol.
+/// 3A 4.10.2.3 "Details of TLB Use") lets the TLB hold a large-page and a
+/// small-page translation for the same address once the page size changes,
+/// and leaves processor behaviour undefined if the two differ in page frame
+/// or attributes (permissions included). So a block is split with its own
+/// frame and attributes (the new entries translate exactly as the block
+/// did), its translation is flushed at once, and only then are the covered
+/// entries changed, as Linux `__split_large_page` does (its comment quotes
+/// that note). A change that splits a block therefore costs one immediate
+/// flush per split block (at most two: only the range's ends split) besides
+/// the flush at the end.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct LiveOptions {
     /// Allow break-before-make where the architecture needs it (the entry
@@ -257,7 +261,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // (No table: the count was short, see `take`; the
                     // block keeps its protection.)
                     if let Some(c) =
-                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
+                        self.split_block_to_change(slot, raw, VirtAddr(va), height, stash)
                     {
                         self.live_change(
                             TableSpan::new(height - 1, c, va, next),

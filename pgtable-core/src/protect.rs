@@ -112,7 +112,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///   invalidates and flushes each block at once (Linux "arm64: mm:
     ///   rework the pmd protect changing flow"). Splitting a block, changing
     ///   a memory type and making a leaf global flush at once where the arch
-    ///   needs break-before-make (see the module docs).
+    ///   needs break-before-make (see the module docs); elsewhere (x86) a
+    ///   block split in place is flushed at once before its covered part
+    ///   changes (Intel SDM Vol. 3A 4.10.2.3).
     ///
     /// ```
     /// # #[cfg(feature = "alloc")] {
@@ -257,7 +259,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // (No table: the count was short, see `take`; the
                     // block keeps its protection.)
                     if let Some(c) =
-                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
+                        self.split_block_to_change(slot, raw, VirtAddr(va), height, stash)
                     {
                         self.protect_change(
                             TableSpan::new(height - 1, c, va, next),

@@ -37,6 +37,13 @@
 //! range's global entries with `INVLPG` (which reaches them whatever the
 //! PCID). [`pcid_flush_plan`] makes these choices; it is pure, and the
 //! bare-metal `X86Mmu` executes it.
+//!
+//! The kernel half is the exception: every user space links it, so its
+//! non-global leaves and its tables may be cached under every PCID. A
+//! freed kernel-half table or a changed non-global kernel leaf must
+//! therefore be invalidated for every PCID, not just the current one
+//! ([`kernel_flush_plan`]: INVPCID type 3 after the `INVLPG`s, or type 2 /
+//! a CR4.PGE toggle).
 
 use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -283,6 +290,10 @@ pub enum OtherPcid {
     /// No INVPCID: [`PcidCpu::mark_stale`]; the next switch to `pcid`
     /// flushes it.
     Defer(Pcid),
+    /// INVPCID type 3 (all contexts, retaining globals): the non-global
+    /// TLB entries and the paging-structure-cache entries of every PCID,
+    /// then [`PcidCpu::clear`]. For the kernel half ([`kernel_flush_plan`]).
+    AllNonGlobal,
 }
 
 /// How a flush is carried out on this CPU: `local` for the current PCID
@@ -294,6 +305,58 @@ pub struct PcidFlush {
     pub local: Option<FlushPlan>,
     /// What the address space's own PCID needs, when it is not current.
     pub other: Option<OtherPcid>,
+}
+
+/// The flush of `kind` for the kernel's address space, whose upper half
+/// every user space links: its translations may be cached under *every*
+/// PCID, each user space's walks filling paging-structure-cache entries
+/// (and, for non-global leaves, TLB entries) under its own. `INVLPG`
+/// reaches the global entries of every PCID but the non-global and
+/// paging-structure-cache entries of the current one only (Intel SDM Vol.
+/// 3A §4.10.4.1), so with PCIDs on (`pcids`), a freed kernel-half table or
+/// a changed non-global kernel leaf could stay cached under another PCID
+/// and be used after a no-flush switch to it. Hence, with PCIDs:
+///
+/// - [`FlushKind::Range`] up to the ceiling: `INVLPG` per stride (the
+///   range's global entries, everywhere), then
+///   [`OtherPcid::AllNonGlobal`] (INVPCID type 3), which keeps the other
+///   global entries; without INVPCID a CR4.PGE toggle instead, which drops
+///   everything;
+/// - [`FlushKind::Mm`]: [`OtherPcid::AllNonGlobal`] (or the toggle);
+/// - past the ceiling and [`FlushKind::All`]: INVPCID type 2 or the
+///   toggle, every PCID and global entry.
+///
+/// Without PCIDs there is one context and this is the untagged plan of
+/// [`pcid_flush_plan`]. Linux reaches every PCID the same way for kernel
+/// mappings that are not global (`flush_tlb_one_kernel` sets
+/// `invalidate_other` under PTI) and with `flush_tlb_all` past the ceiling
+/// of `flush_tlb_kernel_range`.
+pub fn kernel_flush_plan(
+    kind: FlushKind,
+    ceiling: u64,
+    has_invpcid: bool,
+    pcids: bool,
+) -> PcidFlush {
+    let untagged = pcid_flush_plan(kind, None, Pcid::ZERO, ceiling, has_invpcid);
+    if !pcids {
+        return untagged;
+    }
+    let all = PcidFlush {
+        local: Some(full_flush_plan(has_invpcid, true)),
+        other: None,
+    };
+    match (kind, untagged.local) {
+        _ if !has_invpcid => all,
+        (FlushKind::Mm, _) => PcidFlush {
+            local: None,
+            other: Some(OtherPcid::AllNonGlobal),
+        },
+        (FlushKind::Range(_), Some(plan @ FlushPlan::PerStride { .. })) => PcidFlush {
+            local: Some(plan),
+            other: Some(OtherPcid::AllNonGlobal),
+        },
+        _ => all,
+    }
 }
 
 /// The flush of `kind` for the address space tagged `space` (`None`:

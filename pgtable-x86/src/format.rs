@@ -530,7 +530,12 @@ unsafe impl<const L: u32, const M: u32> Arch for X86Paging<L, M> {
     /// place as long as the TLB is flushed afterwards. Splitting a block
     /// keeps its frame and attributes, which §4.10.4.2 allows without
     /// first clearing P (only a change of page size together with frame or
-    /// attributes calls for the clear-invalidate-set sequence).
+    /// attributes calls for the clear-invalidate-set sequence); the core
+    /// then flushes the block's translation before it changes an entry
+    /// below it (§4.10.2.3: translations of both sizes may be cached, and
+    /// must not differ). Processors with AMD Family 10h erratum 383, for
+    /// which Linux splits user huge pages with `pmdp_invalidate` instead,
+    /// are not supported.
     const BREAK_BEFORE_MAKE: bool = false;
 
     // The generic entry operations are already what x86 needs: with

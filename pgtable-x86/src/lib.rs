@@ -73,8 +73,8 @@ pub mod shootdown;
 pub use entry::X86Entry;
 pub use error::{EntryError, ReservedBits};
 pub use flush::{
-    cr3_value, flush_plan, full_flush_plan, pcid_flush_plan, FlushKind, FlushPlan, OtherPcid, Pcid,
-    PcidCpu, PcidFlush, PcidTooWide,
+    cr3_value, flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind,
+    FlushPlan, OtherPcid, Pcid, PcidCpu, PcidFlush, PcidTooWide,
 };
 pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]

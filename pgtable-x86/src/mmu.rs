@@ -22,7 +22,9 @@
 //! mark in this CPU's [`PcidCpu`] that makes the next install flush (CR3
 //! without the no-flush bit). In an SMP kernel, every CPU that may hold
 //! the address space's entries runs the flush (its shootdown handler calls
-//! the same method), so each CPU flushes or defers for itself.
+//! the same method), so each CPU flushes or defers for itself. The
+//! kernel's address space, whose half every user space links, takes
+//! [`X86Mmu::for_kernel_half`]: its flushes reach every PCID.
 
 use core::arch::asm;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -33,7 +35,8 @@ use x86_64::registers::control::{Cr3, Cr4, Cr4Flags};
 use x86_64::structures::paging::PhysFrame;
 
 use crate::flush::{
-    flush_plan, full_flush_plan, pcid_flush_plan, FlushKind, FlushPlan, OtherPcid, Pcid, PcidCpu,
+    flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind, FlushPlan,
+    OtherPcid, Pcid, PcidCpu, PcidFlush,
 };
 
 /// `pcid` of an untagged [`X86Mmu`].
@@ -82,6 +85,9 @@ pub struct X86Mmu {
     pcid: AtomicU32,
     /// The executing CPU's PCID state (tagged handles only).
     this_cpu: Option<fn() -> &'static PcidCpu>,
+    /// The kernel's address space, shared by every PCID
+    /// ([`for_kernel_half`](X86Mmu::for_kernel_half)).
+    kernel: bool,
 }
 
 impl X86Mmu {
@@ -107,7 +113,22 @@ impl X86Mmu {
             has_invpcid,
             pcid: AtomicU32::new(UNTAGGED),
             this_cpu: None,
+            kernel: false,
         }
+    }
+
+    /// This handle as the MMU of the kernel's address space, whose upper
+    /// half user spaces link ([`AddressSpace::new_user`]): with CR4.PCIDE
+    /// = 1 its flushes reach every PCID ([`kernel_flush_plan`]: `INVLPG`
+    /// for the range's global entries, then INVPCID type 3, or a CR4.PGE
+    /// toggle without INVPCID), since `INVLPG` and MOV to CR3 leave other
+    /// PCIDs' non-global and paging-structure-cache entries of the kernel
+    /// half in place. With PCIDE = 0 nothing changes.
+    ///
+    /// [`AddressSpace::new_user`]: pgtable_core::AddressSpace::new_user
+    pub fn for_kernel_half(mut self) -> X86Mmu {
+        self.kernel = true;
+        self
     }
 
     /// An MMU handle for the address space tagged with `pcid`; INVPCID is
@@ -172,13 +193,28 @@ impl X86Mmu {
     /// A flush of a tagged address space: [`pcid_flush_plan`] for the PCID
     /// current on this CPU.
     fn flush_tagged(&self, kind: FlushKind) {
-        let plan = pcid_flush_plan(
+        self.run(pcid_flush_plan(
             kind,
             self.pcid(),
             current(),
             self.flush_ceiling(),
             self.has_invpcid,
-        );
+        ));
+    }
+
+    /// A flush of the kernel's space: [`kernel_flush_plan`].
+    fn flush_kernel(&self, kind: FlushKind) {
+        let pcids = Cr4::read().contains(Cr4Flags::PCID);
+        self.run(kernel_flush_plan(
+            kind,
+            self.flush_ceiling(),
+            self.has_invpcid,
+            pcids,
+        ));
+    }
+
+    /// Carries out a PCID plan on this CPU.
+    fn run(&self, plan: PcidFlush) {
         if let Some(local) = plan.local {
             self.execute(local);
         }
@@ -207,6 +243,7 @@ impl X86Mmu {
                     cpu().mark_stale(pcid);
                 }
             }
+            Some(OtherPcid::AllNonGlobal) => self.flush_all_pcids(),
         }
     }
 
@@ -433,6 +470,9 @@ unsafe impl Mmu for X86Mmu {
     /// them have completed when they execute. Their `asm!` blocks have no
     /// `nomem`, so the compiler does not move stores across them either.
     fn flush_tlb_range(&self, range: TlbRange) {
+        if self.kernel {
+            return self.flush_kernel(FlushKind::Range(range));
+        }
         match self.pcid() {
             None => self.execute(self.plan(range)),
             Some(_) => self.flush_tagged(FlushKind::Range(range)),
@@ -444,6 +484,9 @@ unsafe impl Mmu for X86Mmu {
     }
 
     fn flush_tlb_mm(&self) {
+        if self.kernel {
+            return self.flush_kernel(FlushKind::Mm);
+        }
         match self.pcid() {
             None => self.execute(full_flush_plan(self.has_invpcid, false)),
             Some(_) => self.flush_tagged(FlushKind::Mm),

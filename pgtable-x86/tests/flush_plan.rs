@@ -151,8 +151,8 @@ mod pcid {
     use pgtable_core::VirtAddr;
     use pgtable_x86::flush::CR3_NOFLUSH;
     use pgtable_x86::{
-        cr3_value, flush_plan, full_flush_plan, pcid_flush_plan, FlushKind, FlushPlan, OtherPcid,
-        Pcid, PcidCpu, PcidFlush, PcidTooWide,
+        cr3_value, flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind,
+        FlushPlan, OtherPcid, Pcid, PcidCpu, PcidFlush, PcidTooWide,
     };
 
     fn p(v: u16) -> Pcid {
@@ -238,6 +238,53 @@ mod pcid {
                 assert_eq!(plan.other, None);
                 assert!(plan.local.unwrap().drops_all_globals(), "{plan:?}");
             }
+        }
+    }
+
+    #[test]
+    fn the_kernel_half_is_flushed_for_every_pcid() {
+        let r = range(0x40_0000, 3, 12);
+        let invlpg = FlushPlan::PerStride {
+            start: VirtAddr(0x40_0000),
+            stride_shift: 12,
+            count: 3,
+        };
+        // Without PCIDs: as an untagged space.
+        for kind in [FlushKind::Range(r), FlushKind::Mm, FlushKind::All] {
+            for inv in [false, true] {
+                assert_eq!(
+                    kernel_flush_plan(kind, 33, inv, false),
+                    pcid_flush_plan(kind, None, p(0), 33, inv)
+                );
+            }
+        }
+        // With PCIDs and INVPCID: INVLPG for the range's global entries,
+        // then every PCID's non-global and paging-structure-cache entries.
+        assert_eq!(
+            kernel_flush_plan(FlushKind::Range(r), 33, true, true),
+            PcidFlush {
+                local: Some(invlpg),
+                other: Some(OtherPcid::AllNonGlobal)
+            }
+        );
+        assert_eq!(
+            kernel_flush_plan(FlushKind::Mm, 33, true, true),
+            PcidFlush {
+                local: None,
+                other: Some(OtherPcid::AllNonGlobal)
+            }
+        );
+        // Without INVPCID, past the ceiling, and `All`: everything.
+        let big = range(0x40_0000, 100, 12);
+        for (kind, inv) in [
+            (FlushKind::Range(r), false),
+            (FlushKind::Mm, false),
+            (FlushKind::Range(big), true),
+            (FlushKind::All, true),
+        ] {
+            let plan = kernel_flush_plan(kind, 33, inv, true);
+            assert_eq!(plan.other, None, "{kind:?}");
+            assert!(plan.local.unwrap().drops_all_globals(), "{plan:?}");
         }
     }
 

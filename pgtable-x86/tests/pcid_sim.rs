@@ -3,7 +3,11 @@
 //! only the current PCID: address spaces that are not current are flushed
 //! by INVPCID, or their flush is deferred to their next switch. A policy
 //! that uses `INVLPG` / CR3 only (what an x86 MMU without PCIDs does) is
-//! caught leaving another space's stale translation.
+//! caught leaving another space's stale translation. The kernel's space,
+//! whose half every user space links, is flushed for every PCID
+//! ([`kernel_flush_plan`]); flushing it with `INVLPG` alone is caught
+//! leaving a freed kernel table or a changed non-global kernel page cached
+//! under another PCID.
 
 use std::sync::Arc;
 
@@ -11,8 +15,8 @@ use pgtable_core::asid::{AsidAllocator, AsidContext};
 use pgtable_core::sim::{SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr};
 use pgtable_x86::{
-    flush_plan, full_flush_plan, pcid_flush_plan, FlushKind, FlushPlan, OtherPcid, Pcid, PcidCpu,
-    PcidFlush, X86_64,
+    flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind, FlushPlan,
+    OtherPcid, Pcid, PcidCpu, PcidFlush, X86_64,
 };
 
 type Sim = SimMmu<X86_64>;
@@ -27,11 +31,15 @@ struct PcidSim {
     /// The bug: a switch keeps the no-flush bit although the PCID owes a
     /// flush.
     ignore_stale: bool,
+    /// The kernel's space (untagged, its half shared by every PCID).
+    kernel: bool,
 }
 
 impl PcidSim {
     fn pcid(&self) -> Pcid {
-        Pcid::new(self.sim.asid().unwrap()).unwrap()
+        self.sim
+            .asid()
+            .map_or(Pcid::ZERO, |a| Pcid::new(a).unwrap())
     }
 
     /// The simulated handle of PCID `p`.
@@ -51,6 +59,8 @@ impl PcidSim {
                 }),
                 other: None,
             }
+        } else if self.kernel {
+            kernel_flush_plan(kind, 33, inv, true)
         } else {
             pcid_flush_plan(kind, Some(self.pcid()), current, 33, inv)
         };
@@ -89,6 +99,12 @@ impl PcidSim {
             Some(OtherPcid::Defer(pcid)) => {
                 self.cpu.mark_stale(pcid);
                 self.tagged(pcid).defer_flush();
+            }
+            // INVPCID type 3; the simulator drops the global entries too
+            // (more than the hardware does, never less).
+            Some(OtherPcid::AllNonGlobal) => {
+                self.sim.flush_tlb_all();
+                self.cpu.clear();
             }
         }
     }
@@ -176,6 +192,7 @@ fn run(seed: u64, has_invpcid: bool, bug: Bug) -> Result<u64, String> {
                 has_invpcid,
                 invlpg_only: bug == Bug::InvlpgOnly,
                 ignore_stale: bug == Bug::IgnoreStale,
+                kernel: false,
             };
             let mut s = Space::new(mmu, m.alloc()).unwrap();
             s.map(VA, frame(i, 0), K4, Prot::READ_WRITE, MapOptions::PAGES)
@@ -265,4 +282,106 @@ fn flushing_a_space_that_is_not_current_with_invlpg_only_is_caught() {
 fn a_switch_that_keeps_a_stale_pcids_entries_is_caught() {
     let err = run(1, false, Bug::IgnoreStale).unwrap_err();
     assert!(err.contains("stale") || err.contains("reads"), "{err}");
+}
+
+/// What the kernel changes in its half while a user space is current.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum KernelChange {
+    /// A non-global kernel page becomes read-only.
+    NonGlobalPage,
+    /// A global kernel page is unmapped with the tables above it, which
+    /// the walks of every user space cached under its PCID.
+    FreedTables,
+}
+
+/// The kernel's space and three user spaces under PCIDs 1 to 3 that share
+/// its half; each user space reads a kernel page, the kernel makes `change`
+/// while user space 3 is current, flushing with `kernel_flush_plan` or,
+/// when `invlpg_only`, with `INVLPG` / CR3 as an untagged MMU does; then
+/// each user space is switched to (no-flush) and checked.
+fn kernel_change_under_pcids(
+    change: KernelChange,
+    has_invpcid: bool,
+    invlpg_only: bool,
+) -> Result<(), String> {
+    let m = SimMachine::<X86_64>::new();
+    let cpu = Arc::new(PcidCpu::new());
+    let mmu = |sim: Sim, kernel: bool| PcidSim {
+        sim,
+        cpu: cpu.clone(),
+        has_invpcid,
+        invlpg_only: kernel && invlpg_only,
+        ignore_stale: false,
+        kernel,
+    };
+    let mut k = Space::new_kernel(mmu(m.mmu(), true), m.alloc()).unwrap();
+    let (page, prot) = match change {
+        KernelChange::NonGlobalPage => (KVA, Prot::WRITE),
+        KernelChange::FreedTables => (VirtAddr(0xffff_8000_8000_0000), Prot::GLOBAL),
+    };
+    k.map(page, KPA, K4, prot, MapOptions::PAGES).unwrap();
+    m.phys_write_u64(KPA, 0xcafe);
+    let mut users: Vec<Space> = (1..=3)
+        .map(|p| {
+            // SAFETY: the kernel's space outlives the user spaces (they
+            // are deactivated and dropped first, below).
+            unsafe { Space::new_user(&k, mmu(m.mmu_with_asid(p), false), m.alloc()) }.unwrap()
+        })
+        .collect();
+    for u in &mut users {
+        // SAFETY: simulated.
+        unsafe { u.install() };
+        assert_eq!(m.read_u64(page), Ok(0xcafe));
+    }
+    match change {
+        KernelChange::NonGlobalPage => k.change_protection(page, K4, Prot::READ_ONLY).unwrap(),
+        // Its page table and PMD table empty: both freed, one INVLPG.
+        KernelChange::FreedTables => k.unmap(page, K4).unwrap(),
+    }
+    let result = (|| {
+        for (i, u) in users.iter_mut().enumerate() {
+            // SAFETY: simulated.
+            unsafe { u.install() };
+            m.check()
+                .map_err(|e| format!("user space {}: {e}", i + 1))?;
+            let wrote = m.write_u64(page, 1);
+            if wrote.is_ok() {
+                return Err(format!("user space {}: stored at {page}", i + 1));
+            }
+        }
+        Ok(())
+    })();
+    m.mmu().flush_tlb_all();
+    for mut u in users {
+        // SAFETY: simulated, and nothing is cached any more.
+        unsafe { u.deactivate() };
+    }
+    drop(k);
+    result
+}
+
+#[test]
+fn kernel_half_changes_reach_every_pcid() {
+    for change in [KernelChange::NonGlobalPage, KernelChange::FreedTables] {
+        for has_invpcid in [false, true] {
+            assert_eq!(
+                kernel_change_under_pcids(change, has_invpcid, false),
+                Ok(()),
+                "{change:?}, INVPCID {has_invpcid}"
+            );
+        }
+    }
+}
+
+#[test]
+fn kernel_half_changes_flushed_with_invlpg_only_are_caught() {
+    for change in [KernelChange::NonGlobalPage, KernelChange::FreedTables] {
+        for has_invpcid in [false, true] {
+            let err = kernel_change_under_pcids(change, has_invpcid, true).unwrap_err();
+            assert!(
+                err.starts_with("user space 1: CPU 0: stale"),
+                "{change:?}, INVPCID {has_invpcid}: {err}"
+            );
+        }
+    }
 }

@@ -228,6 +228,118 @@ fn a_cpu_that_switched_away_drops_its_bit_and_catches_up_on_return() {
     unsafe { o.deactivate() };
 }
 
+/// CPU 1 ran the space under PCID 0, then switched to another space under
+/// PCID 1 without a flush (its PCID-0 entries stay cached); a flush of the
+/// space reached it while it did not run it, so it only dropped its bit.
+/// Switching back must flush PCID 0 before CR3 makes those entries usable
+/// again; `install_first` is the broken order (install with the no-flush
+/// bit, then flush).
+fn switch_back_after_a_missed_flush(install_first: bool) -> Result<(), CheckError> {
+    let (m, sd, mut s) = det(2);
+    let other: &'static MmCpus = Box::leak(Box::new(MmCpus::new()));
+    let pcid1 = m.mmu_with_asid(1).local_only().on_thread_cpu();
+    let mut o =
+        AddressSpace::<X86_64, _, _>::new(SmpMmu::new(pcid1, sd, other), m.alloc()).unwrap();
+    set_thread_cpu(1);
+    // SAFETY: a simulated CPU installs a complete hierarchy.
+    unsafe { o.mmu().switch_to(o.root()) };
+    set_thread_cpu(0);
+    let before = sd.stats();
+    s.unmap(VA, K4).unwrap();
+    assert_eq!(sd.stats().ipis_ignored - before.ipis_ignored, 1);
+    m.check_cpu(0).unwrap();
+    // PCID 0's old translation, unusable while CPU 1 runs PCID 1.
+    assert_eq!(m.check_cpu(1).unwrap_err().va, VA);
+    set_thread_cpu(1);
+    if install_first {
+        let act = sd.switch_mm(1, s.mmu().mm());
+        assert!(act.flush);
+        // SAFETY: as above.
+        unsafe { s.mmu().local().install_root(s.root()) };
+        s.mmu().local().flush_tlb_mm();
+    } else {
+        // SAFETY: as above.
+        unsafe { s.mmu().switch_to(s.root()) };
+    }
+    set_thread_cpu(0);
+    let checked = m.check();
+    release(s);
+    // SAFETY: simulated.
+    unsafe { o.deactivate() };
+    checked
+}
+
+#[test]
+fn a_switch_back_to_a_pcid_that_missed_a_flush_flushes_before_loading_cr3() {
+    assert_eq!(switch_back_after_a_missed_flush(false), Ok(()));
+}
+
+#[test]
+fn a_switch_that_loads_cr3_before_the_owed_flush_is_caught() {
+    let Err(CheckError::Stale(stale)) = switch_back_after_a_missed_flush(true) else {
+        panic!("not caught");
+    };
+    assert_eq!((stale.cpu, stale.va), (1, VA));
+}
+
+/// Two CPUs each run a user space under its own PCID (1, 2) that shares
+/// the kernel half, and read a non-global kernel page through it; the
+/// kernel's space then write-protects the page from CPU 0. Its flush must
+/// reach both PCIDs (`set_user_pcids`); an `INVLPG` on each CPU reaches
+/// only the PCID that is current there, or none of them.
+fn kernel_change_under_user_pcids(user_pcids: bool) -> Result<(), CheckError> {
+    let m = SimMachine::<X86_64>::with_cpus(2);
+    let sd: &'static Shootdown<Det> = Box::leak(Box::new(Shootdown::new(Det {
+        m: m.clone(),
+        pending: Mutex::new(0),
+        sd: OnceLock::new(),
+        sent: Mutex::new(Vec::new()),
+    })));
+    sd.sender().sd.set(sd).ok().unwrap();
+    sd.set_online(0);
+    sd.set_online(1);
+    sd.set_user_pcids(user_pcids);
+    let kmm: &'static MmCpus = Box::leak(Box::new(MmCpus::kernel()));
+    let kmmu = SmpMmu::new(m.mmu().local_only().on_thread_cpu(), sd, kmm);
+    let mut k = DetSpace::new_kernel(kmmu, m.alloc()).unwrap();
+    let kva = VirtAddr(0xffff_8000_4000_0000);
+    k.map(kva, PA, K4, Prot::WRITE, MapOptions::PAGES).unwrap();
+    let users: Vec<DetSpace> = (0..2)
+        .map(|c| {
+            let mm: &'static MmCpus = Box::leak(Box::new(MmCpus::new()));
+            let local = m.mmu_with_asid(c as u16 + 1).local_only().on_thread_cpu();
+            // SAFETY: the kernel's space outlives the user spaces (dropped
+            // first, below).
+            let u = unsafe { DetSpace::new_user(&k, SmpMmu::new(local, sd, mm), m.alloc()) };
+            let u = u.unwrap();
+            switch(&u, c);
+            m.cpu(c).read_u64(kva).unwrap();
+            u
+        })
+        .collect();
+    k.change_protection(kva, K4, Prot::READ_ONLY).unwrap();
+    let checked = m.check();
+    m.mmu().flush_tlb_all();
+    for u in users {
+        release(u);
+    }
+    drop(k);
+    checked
+}
+
+#[test]
+fn a_kernel_half_flush_reaches_every_pcid_on_every_cpu() {
+    assert_eq!(kernel_change_under_user_pcids(true), Ok(()));
+}
+
+#[test]
+fn a_kernel_half_flush_by_invlpg_under_user_pcids_is_caught() {
+    let Err(CheckError::Stale(stale)) = kernel_change_under_user_pcids(false) else {
+        panic!("not caught");
+    };
+    assert_eq!(stale.va, VirtAddr(0xffff_8000_4000_0000));
+}
+
 #[test]
 fn flush_all_reaches_every_online_cpu() {
     let (m, sd, s) = det(3);
@@ -390,11 +502,11 @@ fn cpu_threads_touching_memory_see_no_stale_entry_after_any_operation() {
                 set_thread_cpu(c);
                 let me = local(&m, c);
                 let act = sd.switch_mm(c, mm);
-                // SAFETY: simulated CPU `c` installs a complete hierarchy.
-                unsafe { me.install_root(root) };
                 if act.flush {
                     me.flush_tlb_mm();
                 }
+                // SAFETY: simulated CPU `c` installs a complete hierarchy.
+                unsafe { me.install_root(root) };
                 started.fetch_add(1, Ordering::Relaxed);
                 let mut i = 0u64;
                 // Relaxed: a stop request needs no ordering.

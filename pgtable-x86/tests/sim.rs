@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
+use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Format, MapOptions, PhysAddr, Prot, VirtAddr,
+    Access, AccessFault, AddressSpace, Arch, CopyMode, Format, LiveOptions, MapOptions, Mmu,
+    PhysAddr, Prot, TableAlloc, TlbRange, VirtAddr,
 };
 use pgtable_x86::{X86_64La57, X86_64};
 
@@ -279,4 +280,140 @@ fn moved_tables_are_published_before_they_are_relinked_4_level() {
 #[test]
 fn moved_tables_are_published_before_they_are_relinked_5_level() {
     moved_tables_are_published_before_they_are_relinked::<X86_64La57>();
+}
+
+// ----- splitting a cached block (Intel SDM Vol. 3A 4.10.2.3) -----
+
+/// The 2 MiB block the split cases start from, at `BLOCK_VA`, cached by
+/// a load (a read-write global kernel block, or a user one).
+const BLOCK_VA: VirtAddr = VirtAddr(0x4000_0000);
+
+fn cached_block(prot: Prot) -> (SimMachine<X86_64>, Space<X86_64>) {
+    let (m, mut s) = machine::<X86_64>();
+    s.map(
+        BLOCK_VA,
+        PhysAddr(0x8000_0000),
+        MIB2,
+        prot,
+        MapOptions::PMD_BLOCKS,
+    )
+    .unwrap();
+    m.read_u64(BLOCK_VA.add(0x1000)).unwrap();
+    assert!(m.tlb_holds(BLOCK_VA));
+    (m, s)
+}
+
+/// The flush of the one leaf of `1 << shift` bytes at `va`.
+fn leaf(va: VirtAddr, shift: u32) -> TlbRange {
+    TlbRange {
+        start: va,
+        end: va.add(1 << shift),
+        stride_shift: shift,
+        last_level: true,
+    }
+}
+
+/// The split of the cached block by hand: a table with `children` (the
+/// block's own entries split, or something else), linked in place of the
+/// block, then page 1 write-protected, with `flush_first` flushing the
+/// block's translation between the link and the change.
+fn split_by_hand(children: impl Fn(u64) -> u64, flush_first: bool) -> Result<(), CheckError> {
+    let (m, s) = cached_block(Prot::READ_WRITE | Prot::GLOBAL);
+    let mmu = m.mmu();
+    let mut alloc = m.alloc();
+    let child = alloc.alloc_table().unwrap();
+    // SAFETY: a fresh frame of the machine's allocator, linked below.
+    let t = unsafe { alloc.phys_to_virt(child).as_ref() };
+    // SAFETY: the block's entry, written only by this test.
+    let slot = unsafe { s.slot(BLOCK_VA, 1) }.unwrap();
+    let block = slot.load(Relaxed);
+    let first = X86_64::split_leaf(block, 1);
+    for (i, e) in t.entries.iter().enumerate() {
+        e.store(children(first + i as u64 * 0x1000), Relaxed);
+    }
+    mmu.publish_barrier();
+    slot.store(X86_64::table_entry(child, 1), Relaxed);
+    mmu.entry_written(slot, block);
+    if flush_first {
+        mmu.flush_tlb_range(leaf(BLOCK_VA, 21));
+    }
+    // Page 1 read-only (R/W is bit 1).
+    let pte = &t.entries[1];
+    let old = pte.load(Relaxed);
+    pte.store(old & !2, Relaxed);
+    mmu.entry_written(pte, old);
+    mmu.flush_tlb_range(leaf(BLOCK_VA.add(0x1000), 12));
+    m.check()
+}
+
+#[test]
+fn changing_a_page_of_a_split_block_before_the_block_is_flushed_is_caught() {
+    // Correct (Linux `__split_large_page`): split with the block's own
+    // attributes, flush the block, then change the page.
+    assert_eq!(split_by_hand(|e| e, true), Ok(()));
+    // Broken: the change while the 2 MiB read-write translation may still
+    // be cached beside the new 4 KiB read-only one.
+    let Err(CheckError::MixedSizes(c)) = split_by_hand(|e| e, false) else {
+        panic!("not caught");
+    };
+    assert_eq!(
+        (c.va, c.height, c.block_height),
+        (BLOCK_VA.add(0x1000), 0, 1)
+    );
+    // Broken: a split whose children differ from the block at once.
+    let Err(CheckError::MixedSizes(c)) = split_by_hand(|e| e & !2, true) else {
+        panic!("not caught");
+    };
+    assert_eq!((c.va, c.height), (BLOCK_VA, 0));
+}
+
+/// One page of the cached block made read-only by `op`: the block's
+/// translation must be flushed before the page differs from it.
+fn partial_change_of_a_cached_block(op: &str) {
+    let prot = if op == "live" {
+        Prot::READ_WRITE | Prot::GLOBAL
+    } else {
+        user_rw()
+    };
+    let (m, mut s) = cached_block(prot);
+    let page = BLOCK_VA.add(0x1000);
+    s.stats().reset();
+    match op {
+        "live" => s
+            .change_protection_live(page, 0x1000, Prot::GLOBAL, LiveOptions::default())
+            .unwrap(),
+        "protect" => s.change_protection(page, 0x1000, user_ro()).unwrap(),
+        _ => {
+            let mut child = AddressSpace::<X86_64, _, _>::new(m.mmu(), m.alloc()).unwrap();
+            s.copy_page_range(&mut child, page, 0x1000, CopyMode::Cow)
+                .unwrap();
+            assert!(!child.translate(page).unwrap().prot.writable());
+        }
+    }
+    assert_eq!(m.check(), Ok(()), "{op}");
+    // Two `INVLPG`s: the block's at once, the page's at the end (no full
+    // flush for a gathered range of mixed strides).
+    assert_eq!(
+        (s.stats().flush_range(), s.stats().flush_all()),
+        (2, 0),
+        "{op}"
+    );
+    assert!(m.write_u64(page, 1).is_err(), "{op}");
+    m.write_u64(BLOCK_VA, 1).unwrap();
+    m.check().unwrap();
+}
+
+#[test]
+fn a_live_change_of_one_page_of_a_cached_block_flushes_the_block_first() {
+    partial_change_of_a_cached_block("live");
+}
+
+#[test]
+fn a_protection_change_of_one_page_of_a_cached_block_flushes_the_block_first() {
+    partial_change_of_a_cached_block("protect");
+}
+
+#[test]
+fn a_cow_copy_of_one_page_of_a_cached_block_flushes_the_block_first() {
+    partial_change_of_a_cached_block("fork");
 }

@@ -438,9 +438,10 @@ pub fn kernel_space<A: Arch>(ram: &RamMap) -> Result<AddressSpace<A, X86Mmu, Fra
     // Both halves: the suite and the benchmarks map in the lower half of
     // the kernel's own root. The upper half is the kernel half user spaces
     // share (`AddressSpace::new_user`): its tables are preallocated and
-    // pinned, and every table of it is linked supervisor-only.
-    let mut space =
-        AddressSpace::<A, X86Mmu, Frames>::new_in(VaRange::Both, X86Mmu::new(), Frames)?;
+    // pinned, and every table of it is linked supervisor-only. User spaces
+    // may cache it under their PCIDs: its flushes reach every PCID.
+    let mmu = X86Mmu::new().for_kernel_half();
+    let mut space = AddressSpace::<A, X86Mmu, Frames>::new_in(VaRange::Both, mmu, Frames)?;
     space.set_table_attrs(TableAttrs::KERNEL);
     space.share_kernel_half()?;
     let end = ram.iter().map(|r| r.end).max().unwrap_or(0);

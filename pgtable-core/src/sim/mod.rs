@@ -104,10 +104,21 @@
 //!   stale), any other against a fresh walk from the root it was filled
 //!   from, so a global entry that survives the unmap of its leaf, or a
 //!   dormant ASID's entry that survives a flush, is reported stale too.
+//!   Installing a tagged root checks the new ASID's entries at once: from
+//!   that moment the hardware may use them, so a stale one is reported
+//!   even if a flush removes it right after.
 //! - **Break-before-make** (only when [`Arch::BREAK_BEFORE_MAKE`]): an
 //!   entry write that replaces a cached translation by a value the arch
 //!   does not allow to coexist with it ([`Arch::change_is_safe`]) is a
 //!   [`CheckError::Conflict`], reported by the next check.
+//! - **Mixed page sizes** (every arch; what x86 relies on instead of
+//!   break-before-make): a block replaced in place by a table while a TLB
+//!   still holds the block's translation must not get, until that
+//!   translation is flushed, an entry below it that maps the same address
+//!   to another frame or with other attributes (Intel SDM Vol. 3A
+//!   4.10.2.3): the table's entries when it is linked, and every later
+//!   write under it, are compared with the cached block; a difference is
+//!   a [`CheckError::MixedSizes`].
 //! - **Publication order.** Writes to a table (its zeroing by the
 //!   allocator included) may reach the walker in any order until a publish
 //!   point ([`Mmu::publish_barrier`], [`Mmu::walker_barrier`] or a flush);
@@ -357,6 +368,34 @@ pub struct BbmConflict {
     pub new: u64,
 }
 
+/// Two translations of different sizes for one address that differ in
+/// page frame or attributes (permissions included) could be cached at
+/// once: a block was split in place while a TLB still held its
+/// translation, and an entry under it was then written (or the new table
+/// filled) with a value that disagrees with the block's. The Intel SDM
+/// (Vol. 3A 4.10.2.3 "Details of TLB Use") leaves processor behaviour
+/// undefined then, and the processor may fill the small translation at
+/// any moment, so the write itself is reported. Linux `__split_large_page`
+/// splits with the block's own attributes and flushes before it changes a
+/// small entry. (On a break-before-make arch the in-place split is already
+/// a [`BbmConflict`].)
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MixedSizes {
+    /// The CPU whose TLB held the block.
+    pub cpu: usize,
+    /// The address the two translations disagree on (the first of the
+    /// written entry's region).
+    pub va: VirtAddr,
+    /// Height of the written entry.
+    pub height: u32,
+    /// The value written.
+    pub new: u64,
+    /// Height of the cached block.
+    pub block_height: u32,
+    /// The cached block.
+    pub cached: u64,
+}
+
 /// A misprogrammed contiguous run (Arm ARM D8.6.1 "Contiguous bit"): an
 /// entry with the hint whose run does not map one aligned, contiguous
 /// physical range with one memory type, or whose entries are not all valid
@@ -414,6 +453,9 @@ pub enum CheckError {
     Pending(PendingWrite),
     /// A live entry replaced without the break-before-make the arch needs.
     Conflict(BbmConflict),
+    /// A split block's translation still cached while an entry under it
+    /// disagrees with it.
+    MixedSizes(MixedSizes),
     /// A table linked before its contents were published.
     Unordered(UnorderedLink),
     /// A contiguous run whose entries disagree.
@@ -433,6 +475,11 @@ impl fmt::Display for CheckError {
                 f,
                 "break-before-make violated at {} (height {}): {:#x} written while CPU {} cached {:#x}",
                 c.va, c.height, c.new, c.cpu, c.cached
+            ),
+            CheckError::MixedSizes(c) => write!(
+                f,
+                "mixed page sizes at {}: {:#x} written at height {} while CPU {} cached the height-{} block {:#x}",
+                c.va, c.new, c.height, c.cpu, c.block_height, c.cached
             ),
             CheckError::Contiguous(c) => {
                 write!(
@@ -1200,8 +1247,13 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
             // also orders earlier table writes (as a TTBR/CR3 write does
             // with its barriers).
             None => s.flush_all(me, false),
-            // Tagged: other ASIDs' entries stay; only ordering.
-            Some(_) => s.barrier(),
+            // Tagged: other ASIDs' entries stay; only ordering. The ASID's
+            // own entries are usable from now on: a stale one is a bug even
+            // if a flush follows at once.
+            Some(_) => {
+                s.barrier();
+                s.check_switch::<A>();
+            }
         }
     }
 

@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::vec::Vec;
 
 use super::{
-    AdUpdate, BbmConflict, CheckError, ContConflict, PendingWrite, SimFault, SimFaultKind,
-    SimStats, StaleTlb, UnorderedLink,
+    AdUpdate, BbmConflict, CheckError, ContConflict, MixedSizes, PendingWrite, SimFault,
+    SimFaultKind, SimStats, StaleTlb, UnorderedLink,
 };
 use crate::level::{index, size};
 use crate::{
@@ -112,6 +112,23 @@ pub(super) fn leaf_keys<A: Arch>() -> impl Iterator<Item = u32> {
     runs.chain(0..A::LEVELS)
 }
 
+/// A table that replaced a block in place while a TLB still held the
+/// block: its entries must agree with that cached translation (see
+/// [`MixedSizes`]) as long as it is cached.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SplitRec {
+    /// The CPU that caches the block.
+    cpu: usize,
+    /// The block's key in that CPU's TLB.
+    key: Key,
+    /// Host address of the entry the block was read from.
+    slot: u64,
+    /// Height of the table's entries.
+    height: u32,
+    /// The address the table's first entry maps.
+    va: u64,
+}
+
 /// One CPU's translation state: its root registers, current ASID, TLB
 /// and walk cache. Filled from the shared tables; kept until a flush that
 /// reaches this CPU removes it.
@@ -194,6 +211,13 @@ pub(super) struct State {
     pub(super) unordered: Option<UnorderedLink>,
     /// The first misprogrammed contiguous run a TLB fill met.
     pub(super) contig: Option<ContConflict>,
+    /// The first entry that disagreed with a cached block above it.
+    mixed: Option<MixedSizes>,
+    /// The first stale entry of an ASID at the moment a root was installed
+    /// with it (usable from then on, whatever a flush removes later).
+    switched_stale: Option<StaleTlb>,
+    /// Host address of a table frame to the cached blocks it replaced.
+    split_under: Map<u64, Vec<SplitRec>>,
     /// Publication epoch: advanced by every barrier, publish and flush.
     epoch: u64,
     /// Table frame to the epoch of its last write (or its allocation).
@@ -234,6 +258,9 @@ impl State {
             conflict: None,
             unordered: None,
             contig: None,
+            mixed: None,
+            switched_stale: None,
+            split_under: Map::default(),
             epoch: 0,
             last_write: Map::default(),
             tlb_capacity: 1024,
@@ -288,6 +315,11 @@ impl State {
     /// As [`TableAlloc::free_table`].
     pub(super) unsafe fn free_table(&mut self, pa: PhysAddr) {
         self.live.remove(&pa.0);
+        if !self.split_under.is_empty() {
+            // SAFETY: our caller passes a frame of ours that is not freed.
+            let host = unsafe { self.arena.phys_to_virt(pa) }.as_ptr() as u64;
+            self.split_under.remove(&host);
+        }
         // A frame freed without a flush (an address space being dropped)
         // must not carry pending writes into its next life.
         if !self.pending.is_empty() {
@@ -746,6 +778,9 @@ impl State {
         if self.unordered.is_none() {
             self.check_link::<A>(addr, new);
         }
+        if self.mixed.is_none() {
+            self.check_mixed::<A>(addr, new);
+        }
         self.last_write.insert(addr & !0xfff, self.epoch);
         if A::NEEDS_WALKER_BARRIER {
             // The walker keeps seeing the oldest value not yet ordered.
@@ -841,6 +876,123 @@ impl State {
         }
     }
 
+    /// Mixed page sizes ([`MixedSizes`]): `new`, written to the entry at
+    /// `addr`, replaces a block some TLB still holds by a table (whose
+    /// entries must then agree with the block), or is an entry of such a
+    /// table (which must agree too, or is a table whose entries must).
+    fn check_mixed<A: Arch>(&mut self, addr: u64, new: u64) {
+        let mut recs = Vec::new();
+        for i in 0..self.parked.len() {
+            let cpu = self.cpu_ref(i);
+            let Some(keys) = cpu.by_slot.get(&addr) else {
+                continue;
+            };
+            for &k in keys {
+                let (base, h, leaf, _) = k;
+                let held = cpu.tlb.get(&k).is_some_and(|c| c.slot == addr);
+                if !leaf || h & CONT_KEY != 0 || h == 0 || !held {
+                    continue;
+                }
+                if let Decoded::Table(t) = A::decode(new, h) {
+                    let rec = SplitRec {
+                        cpu: i,
+                        key: k,
+                        slot: addr,
+                        height: h - 1,
+                        va: base,
+                    };
+                    recs.push((t, rec));
+                }
+            }
+        }
+        if let Some(under) = self.split_under.get(&(addr & !0xfff)) {
+            let i = (addr & 0xfff) / 8;
+            for rec in under.clone() {
+                let va = rec.va + i * size(rec.height);
+                match A::decode(new, rec.height) {
+                    Decoded::Table(t) if rec.height > 0 => recs.push((
+                        t,
+                        SplitRec {
+                            height: rec.height - 1,
+                            va,
+                            ..rec
+                        },
+                    )),
+                    Decoded::Leaf(_) => self.agree::<A>(rec, va, new),
+                    _ => {}
+                }
+            }
+        }
+        for (t, rec) in recs {
+            if !self.live.contains(&t.0) {
+                continue;
+            }
+            // SAFETY: a live frame of ours (checked above).
+            let host = unsafe { self.arena.phys_to_virt(t) }.as_ptr() as u64;
+            // The entries the table was filled with before it was linked.
+            let Ok(table) = self.table(t) else { continue };
+            let leaves: Vec<(u64, u64)> = (0..512u64)
+                .filter_map(|j| {
+                    // Relaxed: see `walker_read`.
+                    let raw = table.entries[j as usize].load(Relaxed);
+                    let va = rec.va + j * size(rec.height);
+                    matches!(A::decode(raw, rec.height), Decoded::Leaf(_)).then_some((va, raw))
+                })
+                .collect();
+            for (va, raw) in leaves {
+                self.agree::<A>(rec, va, raw);
+            }
+            self.split_under.entry(host).or_default().push(rec);
+        }
+    }
+
+    /// Records a [`MixedSizes`] if the leaf `raw` for `va` under the block
+    /// of `rec` disagrees with the block while that is still cached.
+    fn agree<A: Arch>(&mut self, rec: SplitRec, va: u64, raw: u64) {
+        if self.mixed.is_some() {
+            return;
+        }
+        let Some(c) = self.cpu_ref(rec.cpu).tlb.get(&rec.key) else {
+            return;
+        };
+        let bh = rec.key.1;
+        let (Decoded::Leaf(pa), Decoded::Leaf(bpa)) =
+            (A::decode(raw, rec.height), A::decode(c.raw, bh))
+        else {
+            return;
+        };
+        let same = pa.0 == bpa.0 + (va - rec.key.0)
+            && A::leaf_prot(raw, rec.height) == A::leaf_prot(c.raw, bh);
+        if c.slot == rec.slot && !same {
+            self.mixed = Some(MixedSizes {
+                cpu: rec.cpu,
+                va: VirtAddr(va),
+                height: rec.height,
+                new: raw,
+                block_height: bh,
+                cached: c.raw,
+            });
+        }
+    }
+
+    /// Forgets the split tables whose blocks no TLB holds any more.
+    fn prune_splits(&mut self) {
+        if self.split_under.is_empty() {
+            return;
+        }
+        let mut under = std::mem::take(&mut self.split_under);
+        under.retain(|_, recs| {
+            recs.retain(|r| {
+                self.cpu_ref(r.cpu)
+                    .tlb
+                    .get(&r.key)
+                    .is_some_and(|c| c.slot == r.slot)
+            });
+            !recs.is_empty()
+        });
+        self.split_under = under;
+    }
+
     /// Publication order: `new`, written to the entry at `addr`, links a
     /// table whose contents (its zeroing or an entry) were written since
     /// the last publish point, so a walker may follow the link into stale
@@ -910,6 +1062,7 @@ impl State {
             });
             self.stats.tlb_entries_flushed += n as u64;
         }
+        self.prune_splits();
     }
 
     /// A flush of the address space tagged `asid`, executed on `cpu`:
@@ -923,6 +1076,7 @@ impl State {
             self.stats.tlb_entries_flushed += n as u64;
             self.cpu.owed.remove(&asid);
         }
+        self.prune_splits();
     }
 
     /// A flush of everything, executed on `cpu`.
@@ -938,6 +1092,7 @@ impl State {
             self.cpu.mru = None;
             self.cpu.owed.clear();
         }
+        self.prune_splits();
     }
 
     /// Every CPU's cached entries against a fresh walk of memory (see
@@ -957,10 +1112,35 @@ impl State {
     /// the old space's entries serving the new one. Entries of other ASIDs
     /// (and global ones) are walked from the root that filled them.
     pub(super) fn check_cpu<A: Arch>(&self, i: usize) -> Result<(), StaleTlb> {
+        self.check_cpu_tags::<A>(i, |_| true)
+    }
+
+    /// A tagged root was just installed on the selected CPU: its ASID's
+    /// cached entries are usable from now on, so any of them that is stale
+    /// is recorded for [`check`](Self::check) even if a flush removes it
+    /// right after (the window Linux `switch_mm_irqs_off` closes by
+    /// loading CR3 without the no-flush bit when a flush is owed).
+    pub(super) fn check_switch<A: Arch>(&mut self) {
+        if self.switched_stale.is_some() {
+            return;
+        }
+        let asid = self.cpu.asid;
+        if let Err(s) = self.check_cpu_tags::<A>(self.sel, |t| t == asid) {
+            self.switched_stale = Some(s);
+        }
+    }
+
+    /// [`check_cpu`](Self::check_cpu) for the entries whose tag `want`
+    /// accepts.
+    fn check_cpu_tags<A: Arch>(
+        &self,
+        i: usize,
+        want: impl Fn(u32) -> bool,
+    ) -> Result<(), StaleTlb> {
         let cpu = self.cpu_ref(i);
         let mut worst: Option<StaleTlb> = None;
         for (&(base, h, leaf, tag), c) in &cpu.tlb {
-            if cpu.owed.contains(&tag) {
+            if cpu.owed.contains(&tag) || !want(tag) {
                 continue;
             }
             // The current ASID's entries are checked against the root
@@ -1146,6 +1326,12 @@ impl State {
     pub(super) fn check<A: Arch>(&self) -> Result<(), CheckError> {
         if let Some(c) = self.conflict {
             return Err(CheckError::Conflict(c));
+        }
+        if let Some(m) = self.mixed {
+            return Err(CheckError::MixedSizes(m));
+        }
+        if let Some(s) = self.switched_stale {
+            return Err(CheckError::Stale(s));
         }
         if let Some(u) = self.unordered {
             return Err(CheckError::Unordered(u));

@@ -145,6 +145,10 @@ impl<A: Arch> Machine for SimSuiteMachine<A> {
                 va: c.va,
                 what: "break-before-make violated: a live entry replaced while its old translation was cached",
             }),
+            Err(CheckError::MixedSizes(m)) => Err(Inconsistency {
+                va: m.va,
+                what: "mixed page sizes: an entry under a split block changed before the block's translation was flushed",
+            }),
             Err(CheckError::Contiguous(c)) => Err(Inconsistency {
                 va: c.va,
                 what: "contiguous run misprogrammed: its entries disagree while the hint is set",

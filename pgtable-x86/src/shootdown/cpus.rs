@@ -134,8 +134,9 @@ impl MmCpus {
 #[must_use = "a CPU that fell behind must flush before running the space"]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct SwitchAction {
-    /// Flush the space's translations on this CPU (MOV to CR3 without the
-    /// no-flush bit, or [`Mmu::flush_tlb_mm`](pgtable_core::Mmu::flush_tlb_mm) after installing): flushes
-    /// went by while this CPU was lazy or away.
+    /// Flush the space's translations on this CPU before they become
+    /// usable (MOV to CR3 without the no-flush bit, or
+    /// [`Mmu::flush_tlb_mm`](pgtable_core::Mmu::flush_tlb_mm) *before*
+    /// installing): flushes went by while this CPU was lazy or away.
     pub flush: bool,
 }

@@ -74,6 +74,9 @@
 //!
 //! The kernel's own address space (the upper half every CPU maps) uses
 //! [`MmCpus::kernel`]: its flushes go to every online CPU, lazy or not.
+//! When user spaces run under PCIDs, say so with
+//! [`Shootdown::set_user_pcids`]: the kernel half may then be cached under
+//! every PCID, and its flushes invalidate them all on every CPU.
 
 mod cpus;
 pub mod invlpgb;

@@ -111,6 +111,8 @@ pub struct Shootdown<I> {
     online: AtomicU64,
     /// INVLPGB in use (`u32::MAX`: not; else its `max_extra`).
     invlpgb: AtomicU32,
+    /// User spaces run under PCIDs ([`Shootdown::set_user_pcids`]).
+    user_pcids: AtomicBool,
     ceiling: AtomicU64,
     counters: Counters,
 }
@@ -124,6 +126,7 @@ impl<I: IpiSender> Shootdown<I> {
             cpus: [const { PerCpu::new() }; MAX_CPUS],
             online: AtomicU64::new(0),
             invlpgb: AtomicU32::new(u32::MAX),
+            user_pcids: AtomicBool::new(false),
             ceiling: AtomicU64::new(<crate::X86_64 as pgtable_core::Arch>::TLB_FLUSH_CEILING),
             counters: Counters::new(),
         }
@@ -169,6 +172,21 @@ impl<I: IpiSender> Shootdown<I> {
     pub unsafe fn use_invlpgb(&self, info: invlpgb::Invlpgb) {
         // Relaxed: set at boot before other CPUs flush.
         self.invlpgb.store(u32::from(info.max_extra), Relaxed);
+    }
+
+    /// Says whether user spaces run under PCIDs (CR4.PCIDE = 1 on every
+    /// CPU). They all link the kernel half, so its translations and
+    /// paging-structure-cache entries may then be cached under every PCID,
+    /// and `INVLPG` and MOV to CR3 reach only the current PCID's
+    /// non-global and paging-structure-cache entries (Intel SDM Vol. 3A
+    /// §4.10.4.1). With it on, every flush of the kernel's space
+    /// ([`MmCpus::kernel`]) runs as [`Mmu::flush_tlb_all`] of each CPU's
+    /// local MMU (INVPCID type 2 or a CR4.PGE toggle: every PCID), as
+    /// Linux `flush_tlb_kernel_range` past its ceiling does. Set it at
+    /// boot, before a user space runs under a PCID.
+    pub fn set_user_pcids(&self, on: bool) {
+        // Relaxed: set at boot before other CPUs flush.
+        self.user_pcids.store(on, Relaxed);
     }
 
     /// The counters so far.
@@ -284,8 +302,9 @@ impl<I: IpiSender> Shootdown<I> {
             return true;
         }
         if mm.kernel {
+            // Relaxed: see `set_user_pcids`.
             match kind {
-                FlushKind::Range(r) => local.flush_tlb_range(r),
+                FlushKind::Range(r) if !self.user_pcids.load(Relaxed) => local.flush_tlb_range(r),
                 _ => local.flush_tlb_all(),
             }
             bump();
@@ -294,7 +313,10 @@ impl<I: IpiSender> Shootdown<I> {
         // Relaxed: written by this CPU only.
         if self.cpu(cpu).loaded.load(Relaxed) != mm.id() {
             // Not running the space: drop the bit (Linux clears it
-            // lazily); the next switch to it catches up by generation.
+            // lazily). Its entries may stay cached under its PCID; the
+            // generation this CPU has not caught up with is their stale
+            // mark: the next `switch_mm` to the space asks for the flush,
+            // which `SmpMmu::switch_to` makes before CR3 is loaded.
             // SeqCst: pairs with `switch_mm`'s fetch_or on this CPU.
             mm.cpus.fetch_and(!CpuMask::of(cpu).0, SeqCst);
             return false;

@@ -44,19 +44,29 @@ impl<'a, M: Mmu, I: IpiSender> SmpMmu<'a, M, I> {
     }
 
     /// Switches the executing CPU to this space: [`Shootdown::switch_mm`],
-    /// the install, and the flush it asks for. What a context switch
+    /// the flush it asks for, and the install. What a context switch
     /// calls (interrupts disabled), with the space's root.
+    ///
+    /// The flush comes first: under a PCID the install keeps the PCID's
+    /// cached entries (CR3 with the no-flush bit), which the processor may
+    /// use as soon as CR3 is loaded, so stale ones must be gone by then
+    /// (Linux `switch_mm_irqs_off` loads CR3 *without* the no-flush bit
+    /// when a flush is owed). With a tagged `X86Mmu` whose PCID is not
+    /// current, [`Mmu::flush_tlb_mm`] is INVPCID type 1 for the PCID or,
+    /// without INVPCID, a mark ([`PcidCpu`](crate::PcidCpu)) that makes the
+    /// install load CR3 without the no-flush bit. (An untagged install
+    /// flushes by itself; the flush before it is then redundant.)
     ///
     /// # Safety
     ///
     /// As [`Mmu::install_root`].
     pub unsafe fn switch_to(&self, root: PhysAddr) {
         let act = self.sd.switch_mm(self.sd.sender().this_cpu(), self.mm);
-        // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { self.local.install_root(root) };
         if act.flush {
             self.local.flush_tlb_mm();
         }
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { self.local.install_root(root) };
     }
 }
 
