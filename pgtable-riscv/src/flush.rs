@@ -86,7 +86,11 @@ pub struct AsidTooWide {
 
 impl fmt::Display for AsidTooWide {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ASID {:#x} does not fit {} bits", self.asid, self.asid_bits)
+        write!(
+            f,
+            "ASID {:#x} does not fit {} bits",
+            self.asid, self.asid_bits
+        )
     }
 }
 
@@ -104,9 +108,7 @@ pub const SATP_PPN_MASK: u64 = (1 << 44) - 1;
 /// aligned) and `asid`: MODE\[63:60\], ASID\[59:44\], PPN\[43:0\].
 #[inline]
 pub const fn satp_value(mode: u64, asid: Asid, root: u64) -> u64 {
-    mode << SATP_MODE_SHIFT
-        | (asid.0 as u64) << SATP_ASID_SHIFT
-        | (root >> 12) & SATP_PPN_MASK
+    mode << SATP_MODE_SHIFT | (asid.0 as u64) << SATP_ASID_SHIFT | (root >> 12) & SATP_PPN_MASK
 }
 
 /// The TLB maintenance a range flush performs.

@@ -21,7 +21,7 @@
 //!
 //! ## Decisions (details in the item docs)
 //!
-//! - The hart's extensions are a type parameter, since a [`Format`] cannot
+//! - The hart's extensions are a type parameter, since a [`Format`](pgtable_core::Format) cannot
 //!   fail: without Svpbmt every leaf is PBMT = PMA and the checked
 //!   constructors refuse another memory type ([`EntryError::NoSvpbmt`];
 //!   [`RiscvPaging::check_prot`] before a map).

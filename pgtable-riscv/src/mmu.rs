@@ -168,9 +168,7 @@ impl RiscvMmu {
             FlushPlan::Asid(a) => {
                 // SAFETY: invalidates translations only; no `nomem`, so
                 // the compiler keeps earlier PTE stores before it.
-                unsafe {
-                    asm!("sfence.vma x0, {0}", in(reg) u64::from(a.get()), options(nostack))
-                };
+                unsafe { asm!("sfence.vma x0, {0}", in(reg) u64::from(a.get()), options(nostack)) };
             }
             FlushPlan::All => sfence_all(),
         }

@@ -74,10 +74,7 @@ fn non_leaf_entries_are_v_and_the_ppn_only() {
     }
     // At level 0 a pointer is reserved: the walk has no next level.
     assert_eq!(Sv57::decode(Sv57::table_entry(pa, 1), 0), Decoded::Invalid);
-    assert_eq!(
-        Sv57::try_table_entry(pa, 0),
-        Err(EntryError::BadHeight(0))
-    );
+    assert_eq!(Sv57::try_table_entry(pa, 0), Err(EntryError::BadHeight(0)));
     assert_eq!(
         Sv57::try_table_entry(PhysAddr(0x1_0000_0800), 1),
         Err(EntryError::MisalignedPhys(PhysAddr(0x1_0000_0800)))
@@ -111,7 +108,11 @@ fn write_without_read_is_refused_by_checked_construction() {
 fn reserved_bits_make_an_entry_invalid() {
     let leaf = Sv39::leaf(PhysAddr(0x4000_0000), Prot::READ_WRITE, 0);
     for bit in 54..61 {
-        assert_eq!(Sv39::decode(leaf | 1 << bit, 0), Decoded::Invalid, "bit {bit}");
+        assert_eq!(
+            Sv39::decode(leaf | 1 << bit, 0),
+            Decoded::Invalid,
+            "bit {bit}"
+        );
     }
     // PBMT and N are reserved without Svpbmt / Svnapot.
     assert_eq!(Sv39::decode(leaf | PBMT_NC, 0), Decoded::Invalid);
@@ -125,7 +126,10 @@ fn reserved_bits_make_an_entry_invalid() {
     );
     // PBMT = 3 is reserved even with Svpbmt.
     assert_eq!(Full39::decode(leaf | PBMT_MASK, 0), Decoded::Invalid);
-    assert_eq!(RiscvEntry::<3>::from_raw(0, 7), Err(EntryError::BadHeight(7)));
+    assert_eq!(
+        RiscvEntry::<3>::from_raw(0, 7),
+        Err(EntryError::BadHeight(7))
+    );
 }
 
 #[test]
@@ -212,7 +216,10 @@ fn software_entries_use_rsw_and_decode_invalid_at_every_height() {
     assert_eq!(Sv57::swp_entry(1 << 54), None);
     let leaf = Sv57::leaf(PhysAddr(0x1000), Prot::READ_WRITE, 0);
     assert_eq!(Sv57::swp_value(leaf), None);
-    assert_eq!(Sv57::swp_value(Sv57::table_entry(PhysAddr(0x1000), 1)), None);
+    assert_eq!(
+        Sv57::swp_value(Sv57::table_entry(PhysAddr(0x1000), 1)),
+        None
+    );
     assert_eq!(Sv57::swp_value(0), None);
 }
 
@@ -269,7 +276,10 @@ fn access_rights_and_accessed_dirty_updates() {
         Err(AccessFault::Exec)
     );
     // Hardware A/D (Svadu): a store sets D.
-    let w = Access { write: true, ..USER };
+    let w = Access {
+        write: true,
+        ..USER
+    };
     assert_eq!(Sv39::hw_access(user_rw, 0, w), Ok(user_rw | D));
     // Software A/D (Svade): the same store faults, and so does any access
     // with A clear; a settled entry is used as it is.

@@ -57,7 +57,14 @@ fn global_mappings_are_reached_with_x0() {
     // `SFENCE.VMA va, asid` skips global mappings: a range that may hold
     // them uses `x0` as the ASID.
     let p = flush_plan(range(0x4000_0000, 2, true), 64, caps, true);
-    assert!(matches!(p, FlushPlan::PerStride { asid: None, count: 2, .. }));
+    assert!(matches!(
+        p,
+        FlushPlan::PerStride {
+            asid: None,
+            count: 2,
+            ..
+        }
+    ));
     // Past the ceiling, `SFENCE.VMA x0, x0`.
     let p = flush_plan(range(0x4000_0000, 100, true), 64, caps, true);
     assert_eq!(p, FlushPlan::All);
@@ -108,7 +115,10 @@ fn svinval_batches_the_same_strides() {
         }
     );
     assert!(!flush_plan(r, 64, caps, false).is_full());
-    assert_eq!(flush_plan(r, 2, caps, false), FlushPlan::Asid(caps.asid.unwrap()));
+    assert_eq!(
+        flush_plan(r, 2, caps, false),
+        FlushPlan::Asid(caps.asid.unwrap())
+    );
 }
 
 #[test]
@@ -119,7 +129,10 @@ fn the_whole_space_is_a_full_flush() {
         stride_shift: 12,
         last_level: true,
     };
-    assert_eq!(flush_plan(r, u64::MAX, tagged(1), false), FlushPlan::Asid(Asid::new(1, 16).unwrap()));
+    assert_eq!(
+        flush_plan(r, u64::MAX, tagged(1), false),
+        FlushPlan::Asid(Asid::new(1, 16).unwrap())
+    );
 }
 
 #[test]
@@ -132,7 +145,13 @@ fn asids_must_fit_asidlen() {
             asid_bits: 8
         })
     );
-    assert_eq!(Asid::new(1, 0), Err(AsidTooWide { asid: 1, asid_bits: 0 }));
+    assert_eq!(
+        Asid::new(1, 0),
+        Err(AsidTooWide {
+            asid: 1,
+            asid_bits: 0
+        })
+    );
     assert_eq!(Asid::new(0, 0), Ok(Asid::ZERO));
     assert_eq!(Asid::new(0xffff, 16).map(Asid::get), Ok(0xffff));
 }

@@ -19,8 +19,14 @@ fn map_of_aligned_64k_runs_writes_no_napot_pte() {
     // SAFETY: a simulated MMU.
     let mut s = unsafe { Installed::new(s) };
     let va = VirtAddr(0x4000_0000);
-    s.map(va, PhysAddr(0x8000_0000), 0x4_0000, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
+    s.map(
+        va,
+        PhysAddr(0x8000_0000),
+        0x4_0000,
+        Prot::READ_WRITE,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     for j in 0..64u64 {
         let page = VirtAddr(va.0 + j * 0x1000);
         let raw = s.entry(page, 0).unwrap();
