@@ -83,6 +83,11 @@ impl RiscvMmu {
 
     /// The same handle tagged with `asid` (checked against the hart's
     /// ASIDLEN by [`Asid::new`]; see [`probe_asid_bits`]).
+    ///
+    /// For address spaces without global leaves (user spaces): a fence
+    /// with an ASID skips global mappings, so its range flushes name the
+    /// ASID. An address space with global leaves (the kernel's) uses an
+    /// untagged handle, whose fences use `x0`.
     pub const fn with_asid(mut self, asid: Asid) -> RiscvMmu {
         self.caps.asid = Some(asid);
         self
@@ -202,11 +207,11 @@ fn sfence_all() {
 ///
 /// # Safety
 ///
-/// Runs in S-mode with the current `satp` translating the running code
-/// through global mappings or with no other ASID in use yet (at boot), so
-/// the moment with the probe's ASID translates the same way.
+/// Runs in S-mode with translation on (`satp.MODE` is not Bare, whose
+/// other fields must be zero) and the current `satp` translating the
+/// running code through global mappings or with no other ASID in use yet
+/// (at boot), so the moment with the probe's ASID translates the same way.
 pub unsafe fn probe_asid_bits() -> u32 {
-    let old: u64;
     let probed: u64;
     let ones = 0xffffu64 << SATP_ASID_SHIFT;
     // SAFETY: the caller guarantees the same tables translate the code
@@ -219,13 +224,12 @@ pub unsafe fn probe_asid_bits() -> u32 {
             "csrr {tmp}, satp",
             "csrw satp, {old}",
             "sfence.vma x0, x0",
-            old = out(reg) old,
+            old = out(reg) _,
             tmp = out(reg) probed,
             ones = in(reg) ones,
             options(nostack),
         )
     };
-    let _ = old;
     ((probed & ones) >> SATP_ASID_SHIFT).count_ones()
 }
 
