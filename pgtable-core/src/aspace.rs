@@ -881,7 +881,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             for (i, e) in ct.entries.iter().enumerate() {
                 // Relaxed: the table is not reachable yet; the link below
                 // is ordered after these stores by the barrier.
-                e.store(first + i as u64 * step, Relaxed);
+                e.store(first + ((i as u64 * step) >> A::OA_SHIFT), Relaxed);
             }
         };
         if needs_bbm::<A>(raw, new, height) {

@@ -358,7 +358,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
             let pte = match A::decode(raw, 0) {
                 Decoded::Leaf(pa) if c.cow => {
-                    let attrs = raw ^ pa.0;
+                    let attrs = raw ^ pa.0 >> A::OA_SHIFT;
                     if attrs != memo.0 {
                         memo = (attrs, Wp::decide::<A>(raw, 0));
                     }

@@ -191,7 +191,9 @@ pub enum AccessFault {
 /// - The *none* entry is `0`, and any value whose low 12 bits are clear is
 ///   not valid (the algorithms link free tables through their first word).
 /// - A leaf is linear in its output address: `leaf(pa, p, h) ==
-///   leaf_template(p, h) | pa.0` for every `pa` aligned to the leaf size.
+///   leaf_template(p, h) | pa.0 >> OA_SHIFT` for every `pa` aligned to the
+///   leaf size ([`OA_SHIFT`](Format::OA_SHIFT) is 0 unless the format
+///   stores page numbers lower than the address bits, as RISC-V does).
 /// - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too.
 /// - Software entries ([`swp_entry`](Format::swp_entry)) round-trip:
 ///   `swp_value(swp_entry(v)?) == Some(v)`; `swp_entry(v)` is `Some`
@@ -246,6 +248,14 @@ pub unsafe trait Format: Sized + 'static {
     /// Output-address bits the format can encode.
     const PA_BITS: u32;
 
+    /// How far right of its address bits an entry holds an output address:
+    /// the entry field is `pa >> OA_SHIFT` (0, the default, for arm64 and
+    /// x86, whose address fields sit at the address bits; 2 for RISC-V,
+    /// whose PPN starts at bit 10 for address bit 12). The algorithms OR
+    /// and add addresses into entries through it, so it must keep a leaf
+    /// linear in its address (see the rules above).
+    const OA_SHIFT: u32 = 0;
+
     /// Bits of virtual address translated: `12 + 9 * LEVELS`.
     const VA_BITS: u32 = crate::level::shift(Self::LEVELS);
 
@@ -264,7 +274,7 @@ pub unsafe trait Format: Sized + 'static {
     /// A leaf at `height` mapping `pa` with `prot`.
     #[inline]
     fn leaf(pa: PhysAddr, prot: Prot, height: u32) -> u64 {
-        Self::leaf_template(prot, height) | pa.0
+        Self::leaf_template(prot, height) | pa.0 >> Self::OA_SHIFT
     }
 
     /// The protection a leaf at `height` grants.

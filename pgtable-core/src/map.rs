@@ -186,7 +186,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if opts.is_barrier_per_entry() {
                 for (a, b, template) in spans {
                     for e in &t.entries[a..b] {
-                        A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa);
+                        A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa >> A::OA_SHIFT);
                         pa += PAGE_SIZE;
                         // Wrapping: past the last page of the 64-bit space
                         // the address is 2^64, and it is not used again.
@@ -306,7 +306,7 @@ fn fill<A: Arch, M: Mmu>(
     step: u64,
 ) -> u64 {
     for e in entries {
-        A::set_pte_nosync(mmu, e, template | pa);
+        A::set_pte_nosync(mmu, e, template | pa >> A::OA_SHIFT);
         pa = pa.wrapping_add(step);
     }
     pa

@@ -318,7 +318,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 k += 1;
                 continue;
             };
-            let attrs = raw ^ pa.0;
+            let attrs = raw ^ pa.0 >> A::OA_SHIFT;
             if attrs != memo_attrs {
                 memo_attrs = attrs;
                 memo = PteAction::decide::<A>(raw, prot);
@@ -340,7 +340,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         // Relaxed: as above.
                         let raw = next.load(Relaxed);
                         match A::decode(raw, 0) {
-                            Decoded::Leaf(pa) if raw ^ pa.0 == memo_attrs => {
+                            Decoded::Leaf(pa) if raw ^ pa.0 >> A::OA_SHIFT == memo_attrs => {
                                 A::set_pte_nosync(&lazy, next, raw ^ delta);
                                 run += 1;
                             }

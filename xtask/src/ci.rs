@@ -4,7 +4,11 @@ use std::process::Command;
 
 use crate::qemu::{cargo, ensure_target, root, run as sh};
 
-const TARGETS: [&str; 2] = ["aarch64-unknown-none", "x86_64-unknown-none"];
+const TARGETS: [&str; 3] = [
+    "aarch64-unknown-none",
+    "x86_64-unknown-none",
+    "riscv64gc-unknown-none-elf",
+];
 
 /// Feature sets each library crate is checked with.
 const FEATURE_SETS: [&[&str]; 4] = [
@@ -16,10 +20,15 @@ const FEATURE_SETS: [&[&str]; 4] = [
 
 /// The library crates: what is published, what the MSRV and the docs
 /// steps build.
-const LIBS: [&str; 3] = ["pgtable-core", "pgtable-arm64", "pgtable-x86"];
+const LIBS: [&str; 4] = [
+    "pgtable-core",
+    "pgtable-arm64",
+    "pgtable-x86",
+    "pgtable-riscv",
+];
 
 /// fmt, clippy (host + bare-metal, every feature combination), tests, docs
-/// (host and both bare-metal targets), the minimum supported Rust
+/// (host and every bare-metal target), the minimum supported Rust
 /// version, and `cargo package --workspace`.
 pub fn ci() -> Result<(), String> {
     for t in TARGETS {
@@ -35,7 +44,7 @@ pub fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
-    for krate in ["pgtable-core", "pgtable-arm64", "pgtable-x86"] {
+    for krate in LIBS {
         for fs in FEATURE_SETS {
             sh(cargo()
                 .args(["clippy", "-p", krate, "--lib"])
@@ -80,7 +89,7 @@ pub fn ci() -> Result<(), String> {
 
 /// The libraries' docs for each bare-metal target, warnings denied: what
 /// docs.rs builds for the arch crates (`[package.metadata.docs.rs]`: their
-/// bare-metal target, where `Arm64Mmu` / `X86Mmu` exist, with every
+/// bare-metal target, where `Arm64Mmu` / `X86Mmu` / `RiscvMmu` exist, with every
 /// feature that builds without std).
 pub fn bare_metal_docs() -> Result<(), String> {
     for t in TARGETS {
@@ -91,7 +100,8 @@ pub fn bare_metal_docs() -> Result<(), String> {
             .args([
                 "--features",
                 "pgtable-core/alloc,pgtable-core/stats,pgtable-core/suite,\
-                 pgtable-arm64/stats,pgtable-x86/stats,pgtable-x86/suite",
+                 pgtable-arm64/stats,pgtable-x86/stats,pgtable-x86/suite,\
+                 pgtable-riscv/stats,pgtable-riscv/suite",
             ])
             .env("RUSTDOCFLAGS", "-D warnings"))?;
     }
@@ -129,7 +139,7 @@ fn with_toolchain(toolchain: &str, program: &str) -> Command {
     c
 }
 
-/// Installs `toolchain` (minimal profile) with both bare-metal targets
+/// Installs `toolchain` (minimal profile) with every bare-metal target
 /// unless it is there already.
 fn ensure_toolchain(toolchain: &str) -> Result<(), String> {
     let installed = with_toolchain(toolchain, "rustc")
@@ -161,7 +171,7 @@ fn ensure_toolchain(toolchain: &str) -> Result<(), String> {
 /// The minimum supported Rust version: the libraries build with exactly
 /// the `rust-version` toolchain (installed through rustup when missing),
 /// on the host (every feature set of the clippy step, and all features)
-/// and on both bare-metal targets (every feature set). `cargo check` of the
+/// and on every bare-metal target (every feature set). `cargo check` of the
 /// libraries only, in their own target directory.
 pub fn msrv() -> Result<(), String> {
     let toolchain = msrv_toolchain()?;
@@ -196,7 +206,7 @@ const KERNELS: [(&str, &str); 2] = [
 const SOAK_OPS: u64 = 1_000_000;
 
 /// The model test's soak run: `ops` random operations per format (every
-/// format of the three crates) against the reference model, built with the
+/// format of the four crates) against the reference model, built with the
 /// `soak` profile (optimised, with overflow checks and debug assertions).
 /// Each format prints its seed, operation count and time; a failure prints
 /// the episode seed that replays it. Without `--ops` / `--seed` the
@@ -220,6 +230,8 @@ pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
         "pgtable-arm64",
         "-p",
         "pgtable-x86",
+        "-p",
+        "pgtable-riscv",
     ])
     .args(["--test", "model", "--", "--nocapture"]);
     match ops {

@@ -4,10 +4,11 @@
 //! copies identical, so every example in the workspace README is tested.
 
 /// The crate READMEs whose examples are doctests.
-const CRATE_READMES: [&str; 3] = [
+const CRATE_READMES: [&str; 4] = [
     "pgtable-core/README.md",
     "pgtable-arm64/README.md",
     "pgtable-x86/README.md",
+    "pgtable-riscv/README.md",
 ];
 
 /// The fenced ```` ```rust ```` blocks of a Markdown text, without fences.

@@ -137,7 +137,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
                                 pmd: None,
                             };
                         }
-                        raw = A::split_leaf(raw, h) + index(old, h - 1) as u64 * size(h - 1);
+                        raw = A::split_leaf(raw, h)
+                            + ((index(old, h - 1) as u64 * size(h - 1)) >> A::OA_SHIFT);
                         slot = None;
                         h -= 1;
                         continue;

@@ -749,7 +749,7 @@ impl State {
                     let Decoded::Leaf(pa) = A::decode(new, h) else {
                         unreachable!("hw_access keeps a leaf a leaf")
                     };
-                    let raw = new - (pa.0 - base_pa);
+                    let raw = new - ((pa.0 - base_pa) >> A::OA_SHIFT);
                     let key = (va & !(span - 1), h | CONT_KEY, true, tag);
                     self.cache(key, raw, first, root, leaf.limits, n);
                 }

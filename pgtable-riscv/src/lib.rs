@@ -1,0 +1,82 @@
+//! # pgtable-riscv
+//!
+//! The RISC-V half of the pgtable family:
+//!
+//! - [`format`]: [`Sv39`], [`Sv48`] and [`Sv57`] ([`RiscvPaging`] with 3, 4
+//!   or 5 levels; [`pgtable_core::Format`] + [`pgtable_core::Arch`]), pure
+//!   data, testable on any host, with the optional Svpbmt memory types and
+//!   Svnapot PTEs chosen by a type parameter ([`SVPBMT`], [`SVNAPOT`]).
+//!   Every bit is documented with its privileged-spec reference in
+//!   [`bits`].
+//! - [`flush`]: the range-flush policy (`SFENCE.VMA` per stride up to a
+//!   ceiling, by ASID, global; the Svinval batch) as a pure function, and
+//!   the `satp` value with an [`Asid`].
+//! - `mmu`: `RiscvMmu` (bare metal only: `target_arch = "riscv64"`):
+//!   [`pgtable_core::Mmu`] with `SFENCE.VMA`, the Svinval instructions and
+//!   `satp`, optionally tagged with an ASID; `probe_asid_bits` (ASIDLEN).
+//! - [`entry`]: [`RiscvEntry`] and [`EntryError`]: checked construction of
+//!   entries ([`RiscvPaging::try_leaf`], [`RiscvPaging::try_table_entry`],
+//!   [`RiscvPaging::try_napot_64k`]); W without R and the other reserved
+//!   encodings are refused.
+//!
+//! ## Decisions (details in the item docs)
+//!
+//! - The hart's extensions are a type parameter, since a [`Format`](pgtable_core::Format) cannot
+//!   fail: without Svpbmt every leaf is PBMT = PMA and the checked
+//!   constructors refuse another memory type ([`EntryError::NoSvpbmt`];
+//!   [`RiscvPaging::check_prot`] before a map).
+//! - New leaves have A set, kernel writable ones D too; user writable
+//!   leaves start clean. Non-leaf PTEs are V and the PPN only.
+//! - The walker barrier is an `SFENCE.VMA` (a PTE store is visible to the
+//!   walker only after one); no break-before-make.
+//! - Svnapot PTEs are built and decoded here but not folded by the
+//!   algorithms: all 16 entries of a NAPOT run hold the same PPN, while
+//!   pgtable-core's contiguous runs need each entry to name its own page.
+//!
+//! ## Example
+//!
+//! ```
+//! use pgtable_core::{Decoded, Format, MemType, PhysAddr, Prot};
+//! use pgtable_riscv::{EntryError, RiscvPaging, Sv39, SVPBMT};
+//!
+//! // A 2 MiB kernel megapage at 0x8020_0000, read-write.
+//! let pte = Sv39::leaf(PhysAddr(0x8020_0000), Prot::READ_WRITE, 1);
+//! // PPN (0x8020_0000 >> 2) | D | A | W | R | V
+//! assert_eq!(pte, 0x2008_00c7);
+//! assert_eq!(Sv39::decode(pte, 1), Decoded::Leaf(PhysAddr(0x8020_0000)));
+//! // A device page needs Svpbmt.
+//! let mmio = Prot::READ_WRITE.with_mem(MemType::Device);
+//! assert_eq!(
+//!     Sv39::try_leaf(PhysAddr(0x1000_0000), mmio, 0),
+//!     Err(EntryError::NoSvpbmt(MemType::Device))
+//! );
+//! let io = RiscvPaging::<3, SVPBMT>::try_leaf(PhysAddr(0x1000_0000), mmio, 0).unwrap();
+//! assert_eq!(io >> 61, 2); // PBMT = IO
+//! ```
+#![no_std]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod bits;
+pub mod entry;
+pub mod flush;
+pub mod format;
+#[cfg(target_arch = "riscv64")]
+pub mod mmu;
+
+pub use entry::{EntryError, RiscvEntry};
+pub use flush::{
+    flush_plan, full_flush_plan, satp_value, Asid, AsidTooWide, FlushCaps, FlushPlan,
+    TLB_FLUSH_CEILING,
+};
+pub use format::{
+    hw_access_with, mem_of, pbmt_of, AdUpdates, RiscvPaging, Sv39, Sv48, Sv57, SVNAPOT, SVPBMT,
+};
+#[cfg(target_arch = "riscv64")]
+#[cfg_attr(docsrs, doc(cfg(target_arch = "riscv64")))]
+pub use mmu::{probe_asid_bits, RiscvMmu};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
