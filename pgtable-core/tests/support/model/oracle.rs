@@ -95,6 +95,8 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Option<String> {
 
 /// The first non-root table that holds no entry (an operation must free
 /// the tables it empties), as (an address it translates, its height).
+/// Only under the root entries of the space's range, and not the pinned
+/// tables of a shared kernel half (x86: they stay linked when empty).
 pub fn empty_table<A: Arch>(space: &Space<A>) -> Option<(u64, u32)> {
     empty_below::<A>(space, space.root(), A::LEVELS - 1, 0)
 }
@@ -103,14 +105,20 @@ fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Opti
     if h == 0 {
         return None;
     }
+    let top = h == A::LEVELS - 1;
+    let (first, last) = space.va_range().root_indices::<A>();
+    let pinned = top && space.is_kernel_half_shared() && !A::SEPARATE_HALVES;
     for (i, raw) in entries(space, pa).into_iter().enumerate() {
+        if top && (i < first || i > last) {
+            continue;
+        }
         if let Decoded::Table(c) = A::decode(raw, h) {
             let mut cva = va | ((i as u64) << (12 + 9 * h));
             if h == A::LEVELS - 1 && i >= 256 {
                 // Sign-extend: the upper half.
                 cva |= !0u64 << (A::VA_BITS - 1);
             }
-            if entries(space, c).iter().all(|&e| e == 0) {
+            if !pinned && entries(space, c).iter().all(|&e| e == 0) {
                 return Some((cva, h - 1));
             }
             if let Some(hit) = empty_below::<A>(space, c, h - 1, cva) {
