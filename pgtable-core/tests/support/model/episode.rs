@@ -117,7 +117,7 @@ pub(super) struct Expected {
 }
 
 /// The accessed and dirty state of a new leaf mapping `pa` with `prot`.
-fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
+pub(super) fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
     let raw = A::leaf(PhysAddr(pa), prot, 0);
     (A::is_young(raw), A::is_dirty(raw))
 }
@@ -553,7 +553,7 @@ impl<A: Arch> Episode<A> {
                 )?;
                 if got {
                     let (s, e) = pages(va, len);
-                    self.cur.model.protect(s, e, prot);
+                    self.cur.model.protect(s, e, prot, fresh::<A>(0, prot).1);
                 }
                 self.after(&[(va, len)], got)
             }

@@ -66,7 +66,7 @@ use std::time::Instant;
 use pgtable_core::{Arch, Error, PhysAddr};
 
 use episode::{Episode, Kind};
-use gen::{episode_seed, Gen, Op};
+use gen::{episode_seed, GStep, Gen, Op};
 use reference::{canonical, Model};
 
 /// Operations per format in a plain `cargo test` run.
@@ -475,6 +475,25 @@ pub fn dev_skip<A: Arch>(range: pgtable_core::VaRange, op: &Op) -> bool {
         }) {
             return true;
         }
+    }
+    if on("6") {
+        let bad = |va: u64, len: u64| va % (2 << 20) != 0 || len % (2 << 20) != 0;
+        if let Op::ClearRefs { va, len, .. } = *op {
+            if bad(va, len) {
+                return true;
+            }
+        }
+        if let Op::Gather { steps, .. } = op {
+            if steps
+                .iter()
+                .any(|s| matches!(*s, GStep::ClearRefs { va, len, .. } if bad(va, len)))
+            {
+                return true;
+            }
+        }
+    }
+    if on("1") && matches!(op, Op::Fault { flags: gen::Fault::Write, .. }) {
+        return true;
     }
     if on("2") && matches!(op, Op::Get { .. } | Op::Young { .. } | Op::Fault { .. }) && range != pgtable_core::VaRange::Both {
         return true;

@@ -18,7 +18,7 @@ use pgtable_core::{
     Arch, CopyMode, Error, LeafEntry, LiveOptions, PhysAddr, Prot, VirtAddr,
 };
 
-use super::episode::{Episode, Expected};
+use super::episode::{fresh, Episode, Expected};
 use super::gen::{Fault, GStep, Harvest, Op};
 use super::oracle::Space;
 use super::reference::{check_range_in, pages, Model, Run};
@@ -382,30 +382,38 @@ impl<A: Arch> Episode<A> {
                 );
             };
             let (raw, h) = (t.entry, t.height);
-            let mut new = A::mkyoung(raw, h);
             let mkwrite = flags.write() && !r.prot.writable();
-            if mkwrite {
-                new = A::modify_prot(new, r.prot | Prot::WRITE, h);
-            }
-            if flags.dirty() {
-                new = A::mkdirty(new, h);
-            }
-            if A::BREAK_BEFORE_MAKE && !A::change_is_safe(raw, new, h) {
+            let change_of = |raw: u64| {
+                let mut new = A::mkyoung(raw, h);
+                if mkwrite {
+                    new = A::modify_prot(new, r.prot | Prot::WRITE, h);
+                }
+                if flags.dirty() {
+                    new = A::mkdirty(new, h);
+                }
+                new
+            };
+            if A::BREAK_BEFORE_MAKE && !A::change_is_safe(raw, change_of(raw), h) {
                 Err(Error::BreakBeforeMake(VirtAddr(va)))
             } else {
                 // A change of the write permission is made to the one leaf
                 // (a folded run is unfolded first, Linux
                 // `contpte_ptep_set_access_flags`); accessed/dirty state
                 // to the whole translation.
+                let size = 1u64 << (12 + 9 * h);
                 let span = if mkwrite {
-                    let size = 1u64 << (12 + 9 * h);
                     let s = (va & !(size - 1)) >> 12;
                     (s, s + (size >> 12))
                 } else {
                     unit_at::<A>(va, h, raw)
                 };
                 change = Some((span, mkwrite));
-                Ok(new != raw)
+                // Whether an entry of the span changes.
+                let changed = (span.0..span.1).step_by((size >> 12) as usize).any(|p| {
+                    let raw = self.cur.space.entry(VirtAddr(p << 12), h).unwrap_or(0);
+                    change_of(raw) != raw
+                });
+                Ok(changed)
             }
         } else {
             Err(Error::NotMapped(VirtAddr(va)))
@@ -596,7 +604,7 @@ impl<A: Arch> Episode<A> {
         let got = self.run_checked(op, k, tally, exp, f)?;
         if got {
             let (s, e) = pages(va, len);
-            self.cur.model.protect(s, e, prot);
+            self.cur.model.protect(s, e, prot, fresh::<A>(0, prot).1);
         }
         self.after(&[(va, len)], got)
     }
@@ -672,7 +680,9 @@ impl<A: Arch> Episode<A> {
                     self.cur.model.take(s, e);
                     self.cur.model.take_swp(s, e);
                 }
-                GStep::Protect { prot, .. } => self.cur.model.protect(s, e, prot),
+                GStep::Protect { prot, .. } => {
+                    self.cur.model.protect(s, e, prot, fresh::<A>(0, prot).1)
+                }
                 GStep::ClearRefs { what, .. } => {
                     if let Err(m) = check_reports::<A>(&self.cur.model, s, e, &reports[i], false) {
                         return fail("report", format!("{op}: step {i}: {m}"));

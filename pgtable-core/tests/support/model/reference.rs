@@ -174,9 +174,16 @@ impl Model {
         }
     }
 
-    /// Gives every mapped page in `[s, e)` the protection `prot`.
-    pub fn protect(&mut self, s: u64, e: u64, prot: Prot) {
-        self.update(s, e, |r| Run { prot, ..r });
+    /// Gives every mapped page in `[s, e)` the protection `prot`; the
+    /// accessed and dirty state is kept, and `dirty` makes every page
+    /// whose protection changes dirty (a format whose leaves of `prot`
+    /// start dirty, such as arm64's writable kernel leaves).
+    pub fn protect(&mut self, s: u64, e: u64, prot: Prot, dirty: bool) {
+        self.update(s, e, |r| Run {
+            prot,
+            dirty: r.dirty || (dirty && r.prot != prot),
+            ..r
+        });
     }
 
     /// Replaces every mapped run in `[s, e)` (clipped) by `f` of it.
