@@ -122,6 +122,19 @@ pub(super) fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
     (A::is_young(raw), A::is_dirty(raw))
 }
 
+/// The accessed and dirty state of the leaves of `r` once their
+/// protection is changed to `prot` ([`Format::modify_prot`] of a leaf
+/// in that state).
+///
+/// [`Format::modify_prot`]: pgtable_core::Format::modify_prot
+pub(super) fn reprotect<A: Arch>(r: &Run, prot: Prot) -> (bool, bool) {
+    let mut raw = A::leaf(PhysAddr(r.ppn << 12), r.prot, 0);
+    raw = if r.young { A::mkyoung(raw, 0) } else { A::mkold(raw, 0) };
+    raw = if r.dirty { A::mkdirty(raw, 0) } else { A::mkclean(raw, 0) };
+    let new = A::modify_prot(raw, prot, 0);
+    (A::is_young(new), A::is_dirty(new))
+}
+
 /// A new run of `pages` pages from `pa`.
 pub(super) fn new_run<A: Arch>(pages: u64, pa: u64, prot: Prot) -> Run {
     let (young, dirty) = fresh::<A>(pa, prot);
@@ -416,7 +429,8 @@ impl<A: Arch> Episode<A> {
         may_fail: bool,
         f: impl FnOnce(&mut Space<A>, &mut Space<A>) -> Result<(), Error>,
     ) -> Result<(Result<(), Error>, u64), Failure> {
-        let before = (may_fail || k.is_some()).then(|| self.snapshots());
+        let both = matches!(op, Op::Copy { .. });
+        let before = (may_fail || k.is_some()).then(|| self.snapshots(both));
         let allocated = self.allocated();
         self.machine.fail_after(k);
         let r = panic::catch_unwind(AssertUnwindSafe(|| {
@@ -437,7 +451,7 @@ impl<A: Arch> Episode<A> {
         if r.is_err() {
             match before {
                 Some(before) => {
-                    let after = self.snapshots();
+                    let after = self.snapshots(both);
                     for (which, (b, a)) in ["", "the other space: "].iter().zip(before.iter().zip(&after)) {
                         if let Some(d) = oracle::diff(b, a) {
                             return fail(
@@ -553,7 +567,7 @@ impl<A: Arch> Episode<A> {
                 )?;
                 if got {
                     let (s, e) = pages(va, len);
-                    self.cur.model.protect(s, e, prot, fresh::<A>(0, prot).1);
+                    self.cur.model.protect(s, e, prot, &|r| reprotect::<A>(r, prot));
                 }
                 self.after(&[(va, len)], got)
             }
@@ -659,12 +673,14 @@ impl<A: Arch> Episode<A> {
         self.cur.space.stats().tables_allocated() + self.other.space.stats().tables_allocated()
     }
 
-    /// Both spaces' tables.
-    fn snapshots(&self) -> [oracle::Snapshot; 2] {
-        [
-            oracle::snapshot::<A>(&self.cur.space),
-            oracle::snapshot::<A>(&self.other.space),
-        ]
+    /// The current space's tables, and the other's if `both` (an x86
+    /// user root reaches the kernel's shared tables too).
+    fn snapshots(&self, both: bool) -> Vec<oracle::Snapshot> {
+        let mut v = vec![oracle::snapshot::<A>(&self.cur.space)];
+        if both {
+            v.push(oracle::snapshot::<A>(&self.other.space));
+        }
+        v
     }
 
     /// Runs an operation expected to behave as `exp` says (`k`: the

@@ -259,6 +259,9 @@ pub fn run<A: Arch>(cfg: &Config) {
             "NotMapped",
             "BreakBeforeMake",
         ] {
+            if outcome == "BreakBeforeMake" && !A::BREAK_BEFORE_MAKE {
+                continue;
+            }
             assert!(
                 tally.count(outcome) > 0,
                 "model {}: no operation returned {outcome} in {} operations (seed {seed:#x})",
@@ -491,6 +494,24 @@ pub fn dev_skip<A: Arch>(range: pgtable_core::VaRange, op: &Op) -> bool {
                 return true;
             }
         }
+    }
+    if on("7") {
+        if let Op::UnmapWith { len, .. } = *op {
+            if len >= 32 << 20 {
+                return true;
+            }
+        }
+        if let Op::Gather { steps, .. } = op {
+            if steps
+                .iter()
+                .any(|s| matches!(*s, GStep::UnmapWith { len, .. } if len >= 32 << 20))
+            {
+                return true;
+            }
+        }
+    }
+    if on("8") && matches!(op, Op::Live { bbm: false, .. }) {
+        return true;
     }
     if on("1") && matches!(op, Op::Fault { flags: gen::Fault::Write, .. }) {
         return true;

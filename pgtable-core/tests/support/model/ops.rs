@@ -18,7 +18,7 @@ use pgtable_core::{
     Arch, CopyMode, Error, LeafEntry, LiveOptions, PhysAddr, Prot, VirtAddr,
 };
 
-use super::episode::{fresh, Episode, Expected};
+use super::episode::{reprotect, Episode, Expected};
 use super::gen::{Fault, GStep, Harvest, Op};
 use super::oracle::Space;
 use super::reference::{check_range_in, pages, Model, Run};
@@ -604,7 +604,7 @@ impl<A: Arch> Episode<A> {
         let got = self.run_checked(op, k, tally, exp, f)?;
         if got {
             let (s, e) = pages(va, len);
-            self.cur.model.protect(s, e, prot, fresh::<A>(0, prot).1);
+            self.cur.model.protect(s, e, prot, &|r| reprotect::<A>(r, prot));
         }
         self.after(&[(va, len)], got)
     }
@@ -681,7 +681,7 @@ impl<A: Arch> Episode<A> {
                     self.cur.model.take_swp(s, e);
                 }
                 GStep::Protect { prot, .. } => {
-                    self.cur.model.protect(s, e, prot, fresh::<A>(0, prot).1)
+                    self.cur.model.protect(s, e, prot, &|r| reprotect::<A>(r, prot))
                 }
                 GStep::ClearRefs { what, .. } => {
                     if let Err(m) = check_reports::<A>(&self.cur.model, s, e, &reports[i], false) {

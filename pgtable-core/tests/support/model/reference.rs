@@ -174,15 +174,22 @@ impl Model {
         }
     }
 
-    /// Gives every mapped page in `[s, e)` the protection `prot`; the
-    /// accessed and dirty state is kept, and `dirty` makes every page
-    /// whose protection changes dirty (a format whose leaves of `prot`
-    /// start dirty, such as arm64's writable kernel leaves).
-    pub fn protect(&mut self, s: u64, e: u64, prot: Prot, dirty: bool) {
-        self.update(s, e, |r| Run {
-            prot,
-            dirty: r.dirty || (dirty && r.prot != prot),
-            ..r
+    /// Gives every mapped page in `[s, e)` the protection `prot`; where
+    /// it changes, the accessed and dirty state become `ad` of the run
+    /// (the format's `modify_prot`: arm64 makes writable kernel leaves
+    /// dirty).
+    pub fn protect(&mut self, s: u64, e: u64, prot: Prot, ad: &dyn Fn(&Run) -> (bool, bool)) {
+        self.update(s, e, |r| {
+            if r.prot == prot {
+                return r;
+            }
+            let (young, dirty) = ad(&r);
+            Run {
+                prot,
+                young,
+                dirty,
+                ..r
+            }
         });
     }
 
