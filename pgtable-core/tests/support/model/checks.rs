@@ -15,7 +15,12 @@ use super::{fail, Failure, Tally, TOUCHED_MAX};
 impl<A: Arch> Episode<A> {
     /// Tables reachable from both spaces.
     fn reachable(&self) -> usize {
-        self.cur.space.count_tables() + self.other.space.count_tables()
+        let other = self.other_tables.get().unwrap_or_else(|| {
+            let n = self.other.space.count_tables();
+            self.other_tables.set(Some(n));
+            n
+        });
+        self.cur.space.count_tables() + other
     }
 
     pub(super) fn leak_check(&self, op: &Op) -> Result<(), Failure> {

@@ -105,6 +105,9 @@ pub struct Episode<A: Arch> {
     pub(super) other: Slot<A>,
     /// Values stored through the MMU, by physical address.
     pub(super) phys: HashMap<u64, u64>,
+    /// `other.space.count_tables()` while it holds (only [`Op::Switch`]
+    /// and copies change the other space).
+    pub(super) other_tables: std::cell::Cell<Option<usize>>,
 }
 
 /// What the model expects of one operation: its name (for the tally),
@@ -212,6 +215,7 @@ impl<A: Arch> Episode<A> {
             cur,
             other,
             phys: HashMap::new(),
+            other_tables: std::cell::Cell::new(None),
         }
     }
 

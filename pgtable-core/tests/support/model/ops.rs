@@ -157,6 +157,7 @@ impl<A: Arch> Episode<A> {
         match *op {
             Op::Switch => {
                 std::mem::swap(&mut self.cur, &mut self.other);
+                self.other_tables.set(None);
                 Ok(())
             }
             Op::UnmapWith { va, len, fail: k } => self.unmap_with(op, va, len, k, tally),
@@ -537,10 +538,13 @@ impl<A: Arch> Episode<A> {
                 });
             }
         }
+        self.other_tables.set(None);
         self.after(&[(va, len)], got)?;
         std::mem::swap(&mut self.cur, &mut self.other);
+        self.other_tables.set(None);
         let r = self.after(&[(va, len)], got);
         std::mem::swap(&mut self.cur, &mut self.other);
+        self.other_tables.set(None);
         r
     }
 

@@ -36,10 +36,19 @@ fn entry<A: Arch>(space: &Space<A>, pa: PhysAddr, i: usize) -> u64 {
     table(space, pa).entries[i].load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Every reachable table's entries.
+/// Every table's entries reachable through the root entries of the
+/// space's range (an x86 user root also links the kernel's tables, which
+/// the kernel space's own checks cover).
 pub fn snapshot<A: Arch>(space: &Space<A>) -> Snapshot {
     let mut out = Vec::new();
-    snap::<A>(space, space.root(), A::LEVELS - 1, &mut out);
+    let root = entries(space, space.root());
+    let (first, last) = space.va_range().root_indices::<A>();
+    out.push((space.root().0, A::LEVELS - 1, root.clone()));
+    for raw in &root[first..=last] {
+        if let Decoded::Table(c) = A::decode(*raw, A::LEVELS - 1) {
+            snap::<A>(space, c, A::LEVELS - 2, &mut out);
+        }
+    }
     out
 }
 
