@@ -7,8 +7,8 @@ use pgtable_core::{AccessFault, Arch, VaRange, VirtAddr};
 
 use super::episode::{Episode, Slot};
 use super::gen::Op;
-use super::oracle;
 use super::ops::unit_of;
+use super::oracle;
 use super::reference::{pages, push_run, vpn, Run};
 use super::{fail, Failure, Tally, TOUCHED_MAX};
 
@@ -107,40 +107,40 @@ fn halves<A: Arch>(range: VaRange) -> Vec<(u64, u64)> {
     }
 }
 
-    /// `translate` of page `p` (at an odd offset) against the model.
-    fn translate_check<A: Arch>(slot: &Slot<A>, p: u64) -> Result<(), Failure> {
-        let va = (p << 12).wrapping_add(0x9a8);
-        if p >= 1 << 52 {
-            return Ok(());
-        }
-        let got = slot.space.translate(VirtAddr(va)).map(|t| (t.pa.0, t.prot));
-        let want = if slot.range.contains::<A>(va) {
-            slot.model.lookup(p)
-        } else {
-            None
-        };
-        let want = want.map(|(ppn, prot)| ((ppn << 12) + 0x9a8, prot));
-        if got != want {
-            return fail(
-                "translate",
-                format!("translate({va:#x}) = {got:x?}, the model says {want:x?}"),
-            );
-        }
-        Ok(())
+/// `translate` of page `p` (at an odd offset) against the model.
+fn translate_check<A: Arch>(slot: &Slot<A>, p: u64) -> Result<(), Failure> {
+    let va = (p << 12).wrapping_add(0x9a8);
+    if p >= 1 << 52 {
+        return Ok(());
     }
+    let got = slot.space.translate(VirtAddr(va)).map(|t| (t.pa.0, t.prot));
+    let want = if slot.range.contains::<A>(va) {
+        slot.model.lookup(p)
+    } else {
+        None
+    };
+    let want = want.map(|(ppn, prot)| ((ppn << 12) + 0x9a8, prot));
+    if got != want {
+        return fail(
+            "translate",
+            format!("translate({va:#x}) = {got:x?}, the model says {want:x?}"),
+        );
+    }
+    Ok(())
+}
 
-    /// The software entries in pages `[s, e)` (one canonical half)
-    /// against the model, through the tables and through `swap_entry`.
-    fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
-        if s >= e {
-            return Ok(());
-        }
-        let got = oracle::swap_entries::<A>(&slot.space, s, e);
-        let want = slot.model.swp_in(s, e);
-        if got != want {
-            let i = got.iter().zip(&want).position(|(a, b)| a != b);
-            let i = i.unwrap_or(got.len().min(want.len()));
-            return fail(
+/// The software entries in pages `[s, e)` (one canonical half)
+/// against the model, through the tables and through `swap_entry`.
+fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
+    if s >= e {
+        return Ok(());
+    }
+    let got = oracle::swap_entries::<A>(&slot.space, s, e);
+    let want = slot.model.swp_in(s, e);
+    if got != want {
+        let i = got.iter().zip(&want).position(|(a, b)| a != b);
+        let i = i.unwrap_or(got.len().min(want.len()));
+        return fail(
                 "swap",
                 format!(
                     "the tables in [{:#x}, {:#x}) hold the software entries {:x?}, the model says {:x?}",
@@ -150,79 +150,79 @@ fn halves<A: Arch>(range: VaRange) -> Vec<(u64, u64)> {
                     want.get(i)
                 ),
             );
-        }
-        for (p, v) in want {
-            let got = slot.space.swap_entry(VirtAddr(p << 12));
-            if got != Some(v) {
-                return fail(
-                    "swap",
-                    format!(
-                        "swap_entry({:#x}) = {got:x?}, the model says {v:#x}",
-                        p << 12
-                    ),
-                );
-            }
-        }
-        Ok(())
     }
-
-    /// The leaves in pages `[s, e)` (one canonical half) against the
-    /// model, accessed/dirty state included.
-    fn window_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
-        if s >= e {
-            return Ok(());
-        }
-        let mut got = Vec::new();
-        let r = slot.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
-            let (lo, hi) = (vpn(m.va.0).max(s), (vpn(m.va.0) + m.size / 4096).min(e));
-            let run = Run {
-                pages: hi - lo,
-                ppn: vpn(m.pa.0) + (lo - vpn(m.va.0)),
-                prot: m.prot,
-                young: A::is_young(m.entry),
-                dirty: A::is_dirty(m.entry),
-            };
-            push_run(&mut got, lo, run);
-        });
-        if let Err(err) = r {
+    for (p, v) in want {
+        let got = slot.space.swap_entry(VirtAddr(p << 12));
+        if got != Some(v) {
             return fail(
-                "translate",
-                format!("walk({:#x}, {:#x}) failed: {err:?}", s << 12, (e - s) << 12),
-            );
-        }
-        let want = slot.model.runs_in(s, e);
-        if got != want {
-            let i = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want.len()));
-            let show = |v: &[(u64, Run)]| {
-                v.get(i).map(|(p, r)| {
-                    format!(
-                        "{:#x}: {} pages at {:#x} {:?} young {} dirty {}",
-                        p << 12,
-                        r.pages,
-                        r.ppn << 12,
-                        r.prot,
-                        r.young,
-                        r.dirty
-                    )
-                })
-            };
-            return fail(
-                "translate",
+                "swap",
                 format!(
-                    "the tables in [{:#x}, {:#x}) map {:?}, the model says {:?}",
-                    s << 12,
-                    e << 12,
-                    show(&got),
-                    show(&want)
+                    "swap_entry({:#x}) = {got:x?}, the model says {v:#x}",
+                    p << 12
                 ),
             );
         }
-        Ok(())
     }
+    Ok(())
+}
+
+/// The leaves in pages `[s, e)` (one canonical half) against the
+/// model, accessed/dirty state included.
+fn window_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
+    if s >= e {
+        return Ok(());
+    }
+    let mut got = Vec::new();
+    let r = slot.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
+        let (lo, hi) = (vpn(m.va.0).max(s), (vpn(m.va.0) + m.size / 4096).min(e));
+        let run = Run {
+            pages: hi - lo,
+            ppn: vpn(m.pa.0) + (lo - vpn(m.va.0)),
+            prot: m.prot,
+            young: A::is_young(m.entry),
+            dirty: A::is_dirty(m.entry),
+        };
+        push_run(&mut got, lo, run);
+    });
+    if let Err(err) = r {
+        return fail(
+            "translate",
+            format!("walk({:#x}, {:#x}) failed: {err:?}", s << 12, (e - s) << 12),
+        );
+    }
+    let want = slot.model.runs_in(s, e);
+    if got != want {
+        let i = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.len().min(want.len()));
+        let show = |v: &[(u64, Run)]| {
+            v.get(i).map(|(p, r)| {
+                format!(
+                    "{:#x}: {} pages at {:#x} {:?} young {} dirty {}",
+                    p << 12,
+                    r.pages,
+                    r.ppn << 12,
+                    r.prot,
+                    r.young,
+                    r.dirty
+                )
+            })
+        };
+        return fail(
+            "translate",
+            format!(
+                "the tables in [{:#x}, {:#x}) map {:?}, the model says {:?}",
+                s << 12,
+                e << 12,
+                show(&got),
+                show(&want)
+            ),
+        );
+    }
+    Ok(())
+}
 
 impl<A: Arch> Episode<A> {
     /// Both spaces against their models: every half they translate, every
@@ -258,7 +258,11 @@ impl<A: Arch> Episode<A> {
             other,
             ..
         } = self;
-        let (first, second) = if cur.kernel { (other, cur) } else { (cur, other) };
+        let (first, second) = if cur.kernel {
+            (other, cur)
+        } else {
+            (cur, other)
+        };
         drop(first);
         drop(second);
         let live = machine.live_tables();

@@ -8,8 +8,7 @@ use std::panic::{self, AssertUnwindSafe};
 
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
-    variants, AddressSpace, Arch, Error, MapOptions, PhysAddr,
-    Prot, VaRange, VirtAddr,
+    variants, AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr,
 };
 
 use super::gen::{Gen, MapKind, MoveKind, Op, Rng};
@@ -132,8 +131,16 @@ pub(super) fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
 /// [`Format::modify_prot`]: pgtable_core::Format::modify_prot
 pub(super) fn reprotect<A: Arch>(r: &Run, prot: Prot) -> (bool, bool) {
     let mut raw = A::leaf(PhysAddr(r.ppn << 12), r.prot, 0);
-    raw = if r.young { A::mkyoung(raw, 0) } else { A::mkold(raw, 0) };
-    raw = if r.dirty { A::mkdirty(raw, 0) } else { A::mkclean(raw, 0) };
+    raw = if r.young {
+        A::mkyoung(raw, 0)
+    } else {
+        A::mkold(raw, 0)
+    };
+    raw = if r.dirty {
+        A::mkdirty(raw, 0)
+    } else {
+        A::mkclean(raw, 0)
+    };
     let new = A::modify_prot(raw, prot, 0);
     (A::is_young(new), A::is_dirty(new))
 }
@@ -173,7 +180,10 @@ impl<A: Arch> Episode<A> {
                     VaRange::Upper
                 };
                 let (p, c) = half(r);
-                (Slot::new(p, true, false), Slot::new(Sp::Plain(c), false, false))
+                (
+                    Slot::new(p, true, false),
+                    Slot::new(Sp::Plain(c), false, false),
+                )
             }
             Kind::KernelUser => {
                 match AddressSpace::new_kernel(machine.mmu_installing_into(VaRange::Upper), alloc())
@@ -191,10 +201,7 @@ impl<A: Arch> Episode<A> {
                             )
                         }
                         .expect("user root");
-                        (
-                            Slot::new(live(u), true, false),
-                            Slot::new(k, true, true),
-                        )
+                        (Slot::new(live(u), true, false), Slot::new(k, true, true))
                     }
                     // A format whose kernel half cannot be shared (one
                     // root of 3 levels): a space of both halves instead.
@@ -207,7 +214,10 @@ impl<A: Arch> Episode<A> {
             Kind::Both => {
                 let p = AddressSpace::new(machine.mmu(), alloc()).expect("root table");
                 let c = AddressSpace::new(machine.mmu(), alloc()).expect("root table");
-                (Slot::new(live(p), true, false), Slot::new(Sp::Plain(c), false, false))
+                (
+                    Slot::new(live(p), true, false),
+                    Slot::new(Sp::Plain(c), false, false),
+                )
             }
         };
         Episode {
@@ -233,17 +243,11 @@ impl<A: Arch> Episode<A> {
     /// spread over every allocation the operation makes, maps kept within
     /// the leaf budget. `None`: draw another one.
     pub(super) fn refine(&self, op: Op, gen: &mut Gen) -> Option<Op> {
-        if super::dev_skip::<A>(self.cur.range, &op) {
-            return None;
-        }
         match op {
             Op::Map {
                 va, pa, len, fail, ..
             } => {
-                if self.check(va, len)
-                    .and(check_phys::<A>(pa, len))
-                    .is_ok()
-                {
+                if self.check(va, len).and(check_phys::<A>(pa, len)).is_ok() {
                     // Valid input: the map walks its whole range (also to
                     // find a conflict), so keep the range small in entries.
                     let need = self.map_need(&op);
@@ -345,7 +349,8 @@ impl<A: Arch> Episode<A> {
     pub(super) fn touch_op(&self, op: &Op, gen: &mut Gen) -> Op {
         let page = if !self.cur.model.is_empty() && gen.rng.chance(70) {
             let hint = gen.va(&self.cur.model, 0) >> 12;
-            self.cur.model
+            self.cur
+                .model
                 .random_page(&mut gen.rng, hint)
                 .expect("not empty")
                 << 12
@@ -456,7 +461,10 @@ impl<A: Arch> Episode<A> {
             match before {
                 Some(before) => {
                     let after = self.snapshots(both);
-                    for (which, (b, a)) in ["", "the other space: "].iter().zip(before.iter().zip(&after)) {
+                    for (which, (b, a)) in ["", "the other space: "]
+                        .iter()
+                        .zip(before.iter().zip(&after))
+                    {
                         if let Some(d) = oracle::diff(b, a) {
                             return fail(
                                 "unchanged",
@@ -499,7 +507,9 @@ impl<A: Arch> Episode<A> {
                     }
                 }
                 let opts = map_options(kind, barrier_per_entry, no_cont);
-                let f = |s: &mut Space<A>, _: &mut Space<A>| s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts)
+                };
                 let got = self.run_checked(
                     op,
                     k,
@@ -557,7 +567,9 @@ impl<A: Arch> Episode<A> {
                         want = Err(Error::OutOfMemory);
                     }
                 }
-                let f = |s: &mut Space<A>, _: &mut Space<A>| s.change_protection(VirtAddr(va), len, prot);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.change_protection(VirtAddr(va), len, prot)
+                };
                 let got = self.run_checked(
                     op,
                     k,
@@ -571,7 +583,9 @@ impl<A: Arch> Episode<A> {
                 )?;
                 if got {
                     let (s, e) = pages(va, len);
-                    self.cur.model.protect(s, e, prot, &|r| reprotect::<A>(r, prot));
+                    self.cur
+                        .model
+                        .protect(s, e, prot, &|r| reprotect::<A>(r, prot));
                 }
                 self.after(&[(va, len)], got)
             }
@@ -636,10 +650,12 @@ impl<A: Arch> Episode<A> {
                 self.after(&[(va & !0xfff, 4096)], got)
             }
             Op::SwapIn { va, pa, prot } => {
-                let want = self.check(va, 4096)
+                let want = self
+                    .check(va, 4096)
                     .and(check_phys::<A>(pa, 4096))
                     .and_then(|()| {
-                        self.cur.model
+                        self.cur
+                            .model
                             .swp(va >> 12)
                             .ok_or(Error::NoSwapEntry(VirtAddr(va)))
                     });

@@ -29,9 +29,8 @@ pub fn run<A: Arch>(
                 space.change_protection_gathered(&mut tlb, VirtAddr(va), len, prot)
             }
             GStep::ClearRefs { va, len, what } => {
-                space.clear_refs_gathered(&mut tlb, VirtAddr(va), len, what.what(), |e| {
-                    report(i, e)
-                })
+                space
+                    .clear_refs_gathered(&mut tlb, VirtAddr(va), len, what.what(), |e| report(i, e))
             }
         };
         between(i, &r);

@@ -393,7 +393,10 @@ impl fmt::Display for Op {
             }
             Op::Switch => write!(f, "std::mem::swap(&mut space, &mut other)"),
             Op::UnmapWith { va, len, .. } => {
-                write!(f, "space.unmap_with(VirtAddr({va:#x}), {len:#x}, |r| reports.push(r))")
+                write!(
+                    f,
+                    "space.unmap_with(VirtAddr({va:#x}), {len:#x}, |r| reports.push(r))"
+                )
             }
             Op::ClearRefs { va, len, what } => write!(
                 f,
@@ -583,7 +586,9 @@ impl Gen {
             },
             76..=81 => Op::Fault {
                 va: self.point(model),
-                flags: self.rng.pick(&[Fault::Access, Fault::Dirty, Fault::Write, Fault::Write]),
+                flags: self
+                    .rng
+                    .pick(&[Fault::Access, Fault::Dirty, Fault::Write, Fault::Write]),
             },
             82..=85 => {
                 let va = self.va(model, 40);
@@ -657,7 +662,8 @@ impl Gen {
     }
 
     fn harvest(&mut self) -> Harvest {
-        self.rng.pick(&[Harvest::Young, Harvest::Dirty, Harvest::All])
+        self.rng
+            .pick(&[Harvest::Young, Harvest::Dirty, Harvest::All])
     }
 
     /// One address for a single-entry operation: mostly in a mapped page
@@ -892,7 +898,9 @@ impl Gen {
             }
             55..=60 => (1 + self.rng.below(2)) * G1 + if self.rng.chance(50) { k } else { 0 },
             // Whole or partial folded runs.
-            61..=62 => self.rng.pick(&[K64, 2 * K64, M32, 2 * M32, M32 - M2, M32 + K4]),
+            61..=62 => self
+                .rng
+                .pick(&[K64, 2 * K64, M32, 2 * M32, M32 - M2, M32 + K4]),
             // Up to the hole or the top of the space, or a page past it.
             63..=72 => {
                 let to_edge = if va < self.half {

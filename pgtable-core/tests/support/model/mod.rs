@@ -3,26 +3,44 @@
 //! of pgtable-core (the test formats), pgtable-arm64 and pgtable-x86 with
 //! `#[path]` (pgtable-core cannot depend on the arch crates).
 //!
-//! Each *episode* builds a fresh [`SimMachine`] and address space,
-//! installs it, and applies [`EPISODE_OPS`] random `map` / `unmap` /
-//! `change_protection` / `move_page_tables` calls (some with a table
-//! allocation failure injected) interleaved with loads and stores through
-//! the simulated MMU, so the TLB holds entries the operations must flush.
-//! After every step it checks:
+//! Each *episode* builds a fresh [`SimMachine`] and two address spaces
+//! (by the episode seed: a space of both halves, of the lower or of the
+//! upper half, each with an empty fork child; or a kernel space from
+//! `new_kernel` and a user space from `new_user` sharing its kernel half,
+//! both installed), and applies [`EPISODE_OPS`] random operations to one
+//! of them (`Op::Switch` changes which): `map` (folded contiguous runs
+//! and `no_contiguous()` maps), `unmap`, `unmap_with`, `change_protection`,
+//! `change_protection_live`, `move_page_tables`, `set_swap_entry`,
+//! `swap_in`, `install_pte`, `ptep_set_access_flags`, `ptep_get`,
+//! `test_and_clear_young`, `clear_refs`, `copy_page_range` into the other
+//! space, and gathers of several `unmap` / `unmap_with` /
+//! `change_protection` / `clear_refs` finished once (`gathered.rs`, the
+//! one place that calls the gather API), some with a table allocation
+//! failure injected, interleaved with loads and stores through the
+//! simulated MMU, so the TLB holds entries the operations must flush and
+//! the hardware sets accessed/dirty state the model predicts (on the whole
+//! translation: a leaf, or the OR over a folded run). After every step it
+//! checks:
 //!
 //! - the exact `Result` against the model (the documented error and its
-//!   payload; out of memory exactly when the operation needs more tables
-//!   than the allocator grants);
-//! - on error: the tables byte for byte as before, no table frame leaked;
+//!   payload, the space's half included; out of memory exactly when the
+//!   operation needs more tables than the allocator grants), and the
+//!   value an operation returns (`swap_in`, `test_and_clear_young`,
+//!   `ptep_set_access_flags`, `ptep_get`) and every entry it reports
+//!   (`ops.rs`);
+//! - on error: the tables byte for byte as before (both spaces for a
+//!   copy), no table frame leaked, nothing reported;
 //! - on success: the tables the operation allocated, the translations of
 //!   the changed ranges (a walk of the tables against the model's runs,
 //!   and `translate` of the pages at the edges);
 //! - every reachable table accounted for (`live_tables` against
 //!   `count_tables`) and [`SimMachine::check`] clean (no stale TLB entry,
 //!   no write the walker cannot see);
-//! - every [`FULL_EVERY`] steps and at the end of the episode: both halves
-//!   of the address space against the model, `translate` of every page
-//!   the episode touched, and no empty table left linked.
+//! - every [`FULL_EVERY`] steps and at the end of the episode: every half
+//!   both spaces translate against their models (accessed/dirty state
+//!   included), `translate` of every page the episode touched, and no
+//!   empty table left linked (but the pinned tables of a shared kernel
+//!   half).
 //!
 //! # Why a seeded generator and not proptest
 //!
@@ -66,7 +84,7 @@ use std::time::Instant;
 use pgtable_core::{Arch, Error, PhysAddr};
 
 use episode::{Episode, Kind};
-use gen::{episode_seed, GStep, Gen, Op};
+use gen::{episode_seed, Gen, Op};
 use reference::{canonical, Model};
 
 /// Operations per format in a plain `cargo test` run.
@@ -447,77 +465,4 @@ fn format_sanity<A: Arch>() {
             A::NAME
         );
     }
-}
-
-/// DEVELOPMENT ONLY (removed before commit): skips operations that hit
-/// known bugs, selected by `PGTABLE_MODEL_DEV=1,5,...`.
-pub fn dev_skip<A: Arch>(range: pgtable_core::VaRange, op: &Op) -> bool {
-    let Ok(v) = std::env::var("PGTABLE_MODEL_DEV") else {
-        return false;
-    };
-    let on = |b: &str| v.split(',').any(|x| x == b);
-    let (va, len) = match *op {
-        Op::Map { va, len, .. }
-        | Op::Unmap { va, len, .. }
-        | Op::Protect { va, len, .. }
-        | Op::UnmapWith { va, len, .. }
-        | Op::ClearRefs { va, len, .. }
-        | Op::Copy { va, len, .. }
-        | Op::Live { va, len, .. } => (va, len),
-        Op::Move { old, new, len, .. } => (old.max(new), len),
-        Op::Gather { steps, .. } => steps[0].range(),
-        _ => (0, 0),
-    };
-    if on("5") && range != pgtable_core::VaRange::Both && u128::from(va) + u128::from(len) > 1 << 64 {
-        return true;
-    }
-    if let Op::Gather { steps, .. } = op {
-        if on("5") && steps.iter().any(|s| {
-            let (va, len) = s.range();
-            range != pgtable_core::VaRange::Both && u128::from(va) + u128::from(len) > 1 << 64
-        }) {
-            return true;
-        }
-    }
-    if on("6") {
-        let bad = |va: u64, len: u64| va % (2 << 20) != 0 || len % (2 << 20) != 0;
-        if let Op::ClearRefs { va, len, .. } = *op {
-            if bad(va, len) {
-                return true;
-            }
-        }
-        if let Op::Gather { steps, .. } = op {
-            if steps
-                .iter()
-                .any(|s| matches!(*s, GStep::ClearRefs { va, len, .. } if bad(va, len)))
-            {
-                return true;
-            }
-        }
-    }
-    if on("7") {
-        if let Op::UnmapWith { len, .. } = *op {
-            if len >= 32 << 20 {
-                return true;
-            }
-        }
-        if let Op::Gather { steps, .. } = op {
-            if steps
-                .iter()
-                .any(|s| matches!(*s, GStep::UnmapWith { len, .. } if len >= 32 << 20))
-            {
-                return true;
-            }
-        }
-    }
-    if on("8") && matches!(op, Op::Live { bbm: false, .. }) {
-        return true;
-    }
-    if on("1") && matches!(op, Op::Fault { flags: gen::Fault::Write, .. }) {
-        return true;
-    }
-    if on("2") && matches!(op, Op::Get { .. } | Op::Young { .. } | Op::Fault { .. }) && range != pgtable_core::VaRange::Both {
-        return true;
-    }
-    false
 }

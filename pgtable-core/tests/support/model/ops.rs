@@ -14,9 +14,7 @@
 use std::cell::{Cell, RefCell};
 use std::panic::{self, AssertUnwindSafe};
 
-use pgtable_core::{
-    Arch, CopyMode, Error, LeafEntry, LiveOptions, PhysAddr, Prot, VirtAddr,
-};
+use pgtable_core::{Arch, CopyMode, Error, LeafEntry, LiveOptions, PhysAddr, Prot, VirtAddr};
 
 use super::episode::{reprotect, Episode, Expected};
 use super::gen::{Fault, GStep, Harvest, Op};
@@ -267,7 +265,9 @@ impl<A: Arch> Episode<A> {
         let reports = RefCell::new(Vec::new());
         let f = |s: &mut Space<A>, _: &mut Space<A>| {
             reports.borrow_mut().clear();
-            s.clear_refs(VirtAddr(va), len, what.what(), |r| reports.borrow_mut().push(r))
+            s.clear_refs(VirtAddr(va), len, what.what(), |r| {
+                reports.borrow_mut().push(r)
+            })
         };
         let exp = Expected {
             name: "clear_refs",
@@ -295,7 +295,10 @@ impl<A: Arch> Episode<A> {
         } else {
             Err(Error::OutOfRange(VirtAddr(va)))
         };
-        let unit = want.is_ok().then(|| unit_of::<A>(&self.cur.space, vpn)).flatten();
+        let unit = want
+            .is_ok()
+            .then(|| unit_of::<A>(&self.cur.space, vpn))
+            .flatten();
         let out = Cell::new(None);
         let f = |s: &mut Space<A>, _: &mut Space<A>| {
             s.test_and_clear_young(VirtAddr(va))
@@ -471,9 +474,8 @@ impl<A: Arch> Episode<A> {
                 want = Err(Error::OutOfMemory);
             }
         }
-        let f = |s: &mut Space<A>, _: &mut Space<A>| {
-            s.install_pte(VirtAddr(va), PhysAddr(pa), prot)
-        };
+        let f =
+            |s: &mut Space<A>, _: &mut Space<A>| s.install_pte(VirtAddr(va), PhysAddr(pa), prot);
         let exp = Expected {
             name: "install_pte",
             want,
@@ -608,7 +610,9 @@ impl<A: Arch> Episode<A> {
         let got = self.run_checked(op, k, tally, exp, f)?;
         if got {
             let (s, e) = pages(va, len);
-            self.cur.model.protect(s, e, prot, &|r| reprotect::<A>(r, prot));
+            self.cur
+                .model
+                .protect(s, e, prot, &|r| reprotect::<A>(r, prot));
         }
         self.after(&[(va, len)], got)
     }
@@ -684,9 +688,10 @@ impl<A: Arch> Episode<A> {
                     self.cur.model.take(s, e);
                     self.cur.model.take_swp(s, e);
                 }
-                GStep::Protect { prot, .. } => {
-                    self.cur.model.protect(s, e, prot, &|r| reprotect::<A>(r, prot))
-                }
+                GStep::Protect { prot, .. } => self
+                    .cur
+                    .model
+                    .protect(s, e, prot, &|r| reprotect::<A>(r, prot)),
                 GStep::ClearRefs { what, .. } => {
                     if let Err(m) = check_reports::<A>(&self.cur.model, s, e, &reports[i], false) {
                         return fail("report", format!("{op}: step {i}: {m}"));
