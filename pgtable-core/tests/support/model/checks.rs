@@ -225,10 +225,15 @@ fn window_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> 
 }
 
 impl<A: Arch> Episode<A> {
-    /// Both spaces against their models: every half they translate, every
+    /// Both spaces against their models (the other one only if `all` or
+    /// it changed since the last check): every half they translate, every
     /// touched page, no empty table. Counts the leaves by size in `tally`.
-    pub(super) fn full_check(&self, tally: &mut Tally) -> Result<(), Failure> {
-        for slot in [&self.cur, &self.other] {
+    pub(super) fn full_check(&self, tally: &mut Tally, all: bool) -> Result<(), Failure> {
+        let other = all || self.other_changed.replace(false);
+        for slot in [&self.cur, &self.other]
+            .into_iter()
+            .take(1 + usize::from(other))
+        {
             for (s, e) in halves::<A>(slot.range) {
                 window_check(slot, s, e)?;
                 swap_check(slot, s, e)?;
@@ -345,6 +350,7 @@ impl<A: Arch> Episode<A> {
             // The access marked the translation accessed (and dirty).
             if o {
                 std::mem::swap(&mut self.cur, &mut self.other);
+                self.other_changed.set(true);
             }
             if let Some(unit) = unit_of::<A>(&self.cur.space, vpn(va)) {
                 self.mark(unit, true, write.is_some());

@@ -107,6 +107,8 @@ pub struct Episode<A: Arch> {
     /// `other.space.count_tables()` while it holds (only [`Op::Switch`]
     /// and copies change the other space).
     pub(super) other_tables: std::cell::Cell<Option<usize>>,
+    /// Whether the other space may have changed since the last full check.
+    pub(super) other_changed: std::cell::Cell<bool>,
 }
 
 /// What the model expects of one operation: its name (for the tally),
@@ -226,6 +228,7 @@ impl<A: Arch> Episode<A> {
             other,
             phys: HashMap::new(),
             other_tables: std::cell::Cell::new(None),
+            other_changed: std::cell::Cell::new(true),
         }
     }
 

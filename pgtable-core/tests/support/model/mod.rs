@@ -322,7 +322,7 @@ fn run_episode<A: Arch>(
     let mut i = 0;
     let r = loop {
         if i == n {
-            break ep.full_check(tally);
+            break ep.full_check(tally, true);
         }
         let swapped = ep.cur.model.some_swp(gen.rng.next());
         gen.range = ep.cur.range;
@@ -346,7 +346,7 @@ fn run_episode<A: Arch>(
         });
         let r = r.and_then(|()| {
             if i % FULL_EVERY == 0 {
-                ep.full_check(tally)
+                ep.full_check(tally, false)
             } else {
                 Ok(())
             }
@@ -400,7 +400,7 @@ fn replay<A: Arch>(kind: Kind, ops: &[Op]) -> Option<Failure> {
         for op in ops {
             ep.step(op, &mut tally)?;
         }
-        ep.full_check(&mut tally)
+        ep.full_check(&mut tally, true)
     }));
     QUIET.with(|q| q.set(false));
     match r {

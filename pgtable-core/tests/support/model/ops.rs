@@ -156,6 +156,7 @@ impl<A: Arch> Episode<A> {
             Op::Switch => {
                 std::mem::swap(&mut self.cur, &mut self.other);
                 self.other_tables.set(None);
+                self.other_changed.set(true);
                 Ok(())
             }
             Op::UnmapWith { va, len, fail: k } => self.unmap_with(op, va, len, k, tally),
@@ -541,6 +542,7 @@ impl<A: Arch> Episode<A> {
             }
         }
         self.other_tables.set(None);
+        self.other_changed.set(true);
         self.after(&[(va, len)], got)?;
         std::mem::swap(&mut self.cur, &mut self.other);
         self.other_tables.set(None);
