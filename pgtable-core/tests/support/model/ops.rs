@@ -188,8 +188,8 @@ impl<A: Arch> Episode<A> {
         }
     }
 
-    /// Marks the translation of page `vpn` accessed (and dirty) in the
-    /// current space's model.
+    /// Marks the pages `[s, e)` (one translation) accessed (`young`) and
+    /// dirty (`dirty`) in the current space's model.
     pub(super) fn mark(&mut self, (s, e): (u64, u64), young: bool, dirty: bool) {
         self.cur.model.update(s, e, |r| Run {
             young: r.young || young,
@@ -326,7 +326,7 @@ impl<A: Arch> Episode<A> {
                 self.cur.model.update(s, e, |r| Run { young: false, ..r });
             }
         }
-        self.after(&[(va & !0xfff, 4096)], false)
+        self.after(&[(va & !0xfff, 4096)], got)
     }
 
     fn get(&mut self, op: &Op, va: u64, tally: &mut Tally) -> Result<(), Failure> {
