@@ -19,7 +19,7 @@ use pgtable_core::{AddressSpace, Arch, Decoded, MapOptions, PhysAddr, Table, Tab
 pub type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
 
 /// Every table reachable from the root, depth first: (frame, height,
-/// entries).
+/// entries; none for a table of zeros, such as a pinned kernel table).
 pub type Snapshot = Vec<(u64, u32, Vec<u64>)>;
 
 fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &Table {
@@ -63,15 +63,18 @@ fn entries<A: Arch>(space: &Space<A>, pa: PhysAddr) -> Vec<u64> {
 }
 
 fn snap<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, out: &mut Snapshot) {
-    let entries = entries(space, pa);
-    out.push((pa.0, h, entries.clone()));
+    let mut entries = entries(space, pa);
     if h > 0 {
-        for raw in entries {
+        for &raw in &entries {
             if let Decoded::Table(c) = A::decode(raw, h) {
                 snap::<A>(space, c, h - 1, out);
             }
         }
     }
+    if entries.iter().all(|&e| e == 0) {
+        entries = Vec::new();
+    }
+    out.push((pa.0, h, entries));
 }
 
 /// The first entry that differs between two snapshots, described.
@@ -86,10 +89,14 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Option<String> {
                 b.0, b.1, a.0, a.1
             ));
         }
-        if let Some(i) = (0..512).find(|&i| b.2[i] != a.2[i]) {
+        let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+        if let Some(i) = (0..512).find(|&i| at(&b.2, i) != at(&a.2, i)) {
             return Some(format!(
                 "table {:#x} (height {}) entry {i}: {:#x} -> {:#x}",
-                b.0, b.1, b.2[i], a.2[i]
+                b.0,
+                b.1,
+                at(&b.2, i),
+                at(&a.2, i)
             ));
         }
     }
