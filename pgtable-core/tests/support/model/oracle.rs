@@ -12,6 +12,8 @@
 //! `change_protection` only for blocks whose protection changes.
 //! Arithmetic is in `u128`, so the top of the 64-bit space needs no care.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use pgtable_core::sim::{SimAlloc, SimMmu};
 use pgtable_core::{AddressSpace, Arch, Decoded, MapOptions, PhysAddr, Table, TableAlloc};
 
@@ -28,12 +30,6 @@ fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &Table {
     // shared borrow of the space keeps every operation (and so every free)
     // away while the reference lives.
     unsafe { space.alloc().phys_to_virt(pa).as_ref() }
-}
-
-fn entry<A: Arch>(space: &Space<A>, pa: PhysAddr, i: usize) -> u64 {
-    // Relaxed: no operation runs; only the simulated walker, which this
-    // test drives from the same thread, writes entries.
-    table(space, pa).entries[i].load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Every table's entries reachable through the root entries of the
@@ -55,11 +51,9 @@ pub fn snapshot<A: Arch>(space: &Space<A>) -> Snapshot {
 /// The entries of the table at `pa`.
 fn entries<A: Arch>(space: &Space<A>, pa: PhysAddr) -> Vec<u64> {
     let t = table(space, pa);
-    // Relaxed: as in `entry`.
-    t.entries
-        .iter()
-        .map(|e| e.load(std::sync::atomic::Ordering::Relaxed))
-        .collect()
+    // Relaxed: no operation runs; only the simulated walker, which this
+    // test drives from the same thread, writes entries.
+    t.entries.iter().map(|e| e.load(Relaxed)).collect()
 }
 
 fn snap<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, out: &mut Snapshot) {
@@ -166,9 +160,12 @@ fn swp_walk<A: Arch>(
     end: u128,
     out: &mut Vec<(u64, u64)>,
 ) {
+    let t = table(space, pa);
     while va < end {
         let n = next(va, h, end);
-        let raw = entry(space, pa, index(va, h));
+        // Relaxed: no operation runs; only the simulated walker, which this
+        // test drives from the same thread, writes entries.
+        let raw = t.entries[index(va, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 0 => swp_walk::<A>(space, c, h - 1, va, n, out),
             Decoded::Invalid => {
@@ -244,12 +241,15 @@ impl<A: Arch> MapWalk<'_, A> {
             self.need.leaves += ((end - va) / size(0)) as u64;
             return;
         }
+        let t = tpa.map(|t| table(self.space, t));
         let mut v = va;
         while v < end && self.need.leaves <= self.budget {
             let n = next(v, h, end);
             let p = pa + (v - va);
             let whole = v % size(h) == 0 && n - v == size(h);
-            let raw = tpa.map_or(0, |t| entry(self.space, t, index(v, h)));
+            // Relaxed: no operation runs; only the simulated walker, which this
+            // test drives from the same thread, writes entries.
+            let raw = t.map_or(0, |t| t.entries[index(v, h)].load(Relaxed));
             if self.opts.allows(h) && A::leaf_allowed(h) && whole && p % size(h) == 0 {
                 self.need.leaves += 1;
                 self.need.blocked |= raw != 0;
@@ -288,12 +288,15 @@ fn split_walk<A: Arch>(
     end: u128,
     split: &dyn Fn(u64, u32) -> bool,
 ) -> u64 {
+    let t = table(space, tpa);
     let mut need = 0;
     let mut v = va;
     while v < end {
         let n = next(v, h, end);
         let whole = v % size(h) == 0 && n - v == size(h);
-        let raw = entry(space, tpa, index(v, h));
+        // Relaxed: no operation runs; only the simulated walker, which this
+        // test drives from the same thread, writes entries.
+        let raw = t.entries[index(v, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 1 => need += split_walk::<A>(space, h - 1, c, v, n, split),
             Decoded::Leaf(_) if h > 0 && !whole && split(raw, h) => need += block_need(h, v, n),
