@@ -1,5 +1,7 @@
-//! Random `map` / `unmap` / `change_protection` / `move_page_tables`
-//! sequences on the simulated machine against a reference model, for the
+//! Random sequences of every address-space operation (`map`, `unmap`,
+//! `unmap_with`, `change_protection`, `move_page_tables`, harvesting,
+//! faults, software entries, fork, live changes, gathers; kernel and user
+//! spaces) on the simulated machine against a reference model, for the
 //! arm64 formats (48-bit and 39-bit VA). The engine is pgtable-core's
 //! `tests/support/model/mod.rs`, which also describes how to replay a
 //! failure and run the soak (`cargo xtask soak`).

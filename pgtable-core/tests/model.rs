@@ -1,5 +1,7 @@
-//! Random `map` / `unmap` / `change_protection` / `move_page_tables`
-//! sequences on the simulated machine against a reference model, for the
+//! Random sequences of every address-space operation (`map`, `unmap`,
+//! `unmap_with`, `change_protection`, `move_page_tables`, harvesting,
+//! faults, software entries, fork, live changes, gathers; kernel and user
+//! spaces) on the simulated machine against a reference model, for the
 //! test formats (3, 4 and 5 levels, and the deferred block-protection
 //! path). The engine, shared with the arch crates, and how to replay a
 //! failure or run the soak (`cargo xtask soak`) are described in

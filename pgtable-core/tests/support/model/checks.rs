@@ -3,17 +3,28 @@
 //! MMU.
 
 use pgtable_core::sim::{SimFault, SimFaultKind};
-use pgtable_core::{AccessFault, Arch, VirtAddr};
+use pgtable_core::{AccessFault, Arch, VaRange, VirtAddr};
 
-use super::episode::Episode;
+use super::episode::{Episode, Slot};
 use super::gen::Op;
+use super::ops::unit_of;
 use super::oracle;
-use super::reference::{canonical, check_range, pages, push_run, vpn, Run};
+use super::reference::{pages, push_run, vpn, Run};
 use super::{fail, Failure, Tally, TOUCHED_MAX};
 
 impl<A: Arch> Episode<A> {
+    /// Tables reachable from both spaces.
+    fn reachable(&self) -> usize {
+        let other = self.other_tables.get().unwrap_or_else(|| {
+            let n = self.other.space.count_tables();
+            self.other_tables.set(Some(n));
+            n
+        });
+        self.cur.space.count_tables() + other
+    }
+
     pub(super) fn leak_check(&self, op: &Op) -> Result<(), Failure> {
-        let (live, reachable) = (self.machine.live_tables(), self.space.count_tables());
+        let (live, reachable) = (self.machine.live_tables(), self.reachable());
         if live != reachable {
             return fail(
                 "leak",
@@ -29,7 +40,7 @@ impl<A: Arch> Episode<A> {
         if let Err(e) = self.machine.check() {
             return fail("tlb", format!("machine check: {e}"));
         }
-        let (live, reachable) = (self.machine.live_tables(), self.space.count_tables());
+        let (live, reachable) = (self.machine.live_tables(), self.reachable());
         if live != reachable {
             return fail(
                 "leak",
@@ -37,56 +48,99 @@ impl<A: Arch> Episode<A> {
             );
         }
         for &(va, len) in ranges {
-            if check_range::<A>(va, len).is_err() {
+            if self.check(va, len).is_err() {
                 continue;
             }
             let (s, e) = pages(va, len);
             for p in [s.wrapping_sub(1), s, e - 1, e] {
-                if self.touched.len() < TOUCHED_MAX {
-                    self.touched.insert(p);
+                if self.cur.touched.len() < TOUCHED_MAX {
+                    self.cur.touched.insert(p);
                 }
-                self.translate_check(p)?;
+                translate_check(&self.cur, p)?;
             }
             if changed {
                 // Whole PUD entries around the range: splits change the
                 // blocks the range covers in part.
                 let g = 1 << 18;
-                self.window_check(s & !(g - 1), e.div_ceil(g) * g)?;
-                self.swap_check(s & !(g - 1), e.div_ceil(g) * g)?;
+                let (ws, we) = (s & !(g - 1), e.div_ceil(g) * g);
+                let (ws, we) = clip::<A>(self.cur.range, ws, we);
+                window_check(&self.cur, ws, we)?;
+                swap_check(&self.cur, ws, we)?;
             }
         }
         Ok(())
     }
+}
 
-    /// `translate` of page `p` (at an odd offset) against the model.
-    fn translate_check(&self, p: u64) -> Result<(), Failure> {
-        let va = (p << 12).wrapping_add(0x9a8);
-        if p >= 1 << 52 || !canonical::<A>(va) {
-            return Ok(());
+/// Pages `[s, e)` clipped to what a space of `range` translates (the
+/// walks check the range).
+fn clip<A: Arch>(range: VaRange, s: u64, e: u64) -> (u64, u64) {
+    let (first, last) = match range {
+        VaRange::Both => {
+            // The half of `s`.
+            let half = 1u64 << (A::VA_BITS - 1 - 12);
+            if s < half {
+                (0, half - 1)
+            } else {
+                ((1 << 52) - half, (1 << 52) - 1)
+            }
         }
-        let got = self.space.translate(VirtAddr(va)).map(|t| (t.pa.0, t.prot));
-        let want = self
-            .model
-            .lookup(p)
-            .map(|(ppn, prot)| ((ppn << 12) + 0x9a8, prot));
-        if got != want {
-            return fail(
-                "translate",
-                format!("translate({va:#x}) = {got:x?}, the model says {want:x?}"),
-            );
+        r => {
+            let (f, l) = r.bounds::<A>();
+            (f >> 12, l >> 12)
         }
-        Ok(())
+    };
+    (s.max(first), e.min(last + 1).max(s.max(first)))
+}
+
+/// The pages of each half `slot` translates.
+fn halves<A: Arch>(range: VaRange) -> Vec<(u64, u64)> {
+    match range {
+        VaRange::Both => {
+            let half = 1u64 << (A::VA_BITS - 1 - 12);
+            vec![(0, half), ((1 << 52) - half, 1 << 52)]
+        }
+        r => {
+            let (f, l) = r.bounds::<A>();
+            vec![(f >> 12, (l >> 12) + 1)]
+        }
     }
+}
 
-    /// The software entries in pages `[s, e)` (one canonical half)
-    /// against the model, through the tables and through `swap_entry`.
-    fn swap_check(&self, s: u64, e: u64) -> Result<(), Failure> {
-        let got = oracle::swap_entries::<A>(&self.space, s, e);
-        let want = self.model.swp_in(s, e);
-        if got != want {
-            let i = got.iter().zip(&want).position(|(a, b)| a != b);
-            let i = i.unwrap_or(got.len().min(want.len()));
-            return fail(
+/// `translate` of page `p` (at an odd offset) against the model.
+fn translate_check<A: Arch>(slot: &Slot<A>, p: u64) -> Result<(), Failure> {
+    let va = (p << 12).wrapping_add(0x9a8);
+    if p >= 1 << 52 {
+        return Ok(());
+    }
+    let got = slot.space.translate(VirtAddr(va)).map(|t| (t.pa.0, t.prot));
+    let want = if slot.range.contains::<A>(va) {
+        slot.model.lookup(p)
+    } else {
+        None
+    };
+    let want = want.map(|(ppn, prot)| ((ppn << 12) + 0x9a8, prot));
+    if got != want {
+        return fail(
+            "translate",
+            format!("translate({va:#x}) = {got:x?}, the model says {want:x?}"),
+        );
+    }
+    Ok(())
+}
+
+/// The software entries in pages `[s, e)` (one canonical half)
+/// against the model, through the tables and through `swap_entry`.
+fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
+    if s >= e {
+        return Ok(());
+    }
+    let got = oracle::swap_entries::<A>(&slot.space, s, e);
+    let want = slot.model.swp_in(s, e);
+    if got != want {
+        let i = got.iter().zip(&want).position(|(a, b)| a != b);
+        let i = i.unwrap_or(got.len().min(want.len()));
+        return fail(
                 "swap",
                 format!(
                     "the tables in [{:#x}, {:#x}) hold the software entries {:x?}, the model says {:x?}",
@@ -96,104 +150,131 @@ impl<A: Arch> Episode<A> {
                     want.get(i)
                 ),
             );
+    }
+    for (p, v) in want {
+        let got = slot.space.swap_entry(VirtAddr(p << 12));
+        if got != Some(v) {
+            return fail(
+                "swap",
+                format!(
+                    "swap_entry({:#x}) = {got:x?}, the model says {v:#x}",
+                    p << 12
+                ),
+            );
         }
-        for (p, v) in want {
-            let got = self.space.swap_entry(VirtAddr(p << 12));
-            if got != Some(v) {
+    }
+    Ok(())
+}
+
+/// The leaves in pages `[s, e)` (one canonical half) against the
+/// model, accessed/dirty state included.
+fn window_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
+    if s >= e {
+        return Ok(());
+    }
+    let mut got = Vec::new();
+    let r = slot.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
+        let (lo, hi) = (vpn(m.va.0).max(s), (vpn(m.va.0) + m.size / 4096).min(e));
+        let run = Run {
+            pages: hi - lo,
+            ppn: vpn(m.pa.0) + (lo - vpn(m.va.0)),
+            prot: m.prot,
+            young: A::is_young(m.entry),
+            dirty: A::is_dirty(m.entry),
+        };
+        push_run(&mut got, lo, run);
+    });
+    if let Err(err) = r {
+        return fail(
+            "translate",
+            format!("walk({:#x}, {:#x}) failed: {err:?}", s << 12, (e - s) << 12),
+        );
+    }
+    let want = slot.model.runs_in(s, e);
+    if got != want {
+        let i = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.len().min(want.len()));
+        let show = |v: &[(u64, Run)]| {
+            v.get(i).map(|(p, r)| {
+                format!(
+                    "{:#x}: {} pages at {:#x} {:?} young {} dirty {}",
+                    p << 12,
+                    r.pages,
+                    r.ppn << 12,
+                    r.prot,
+                    r.young,
+                    r.dirty
+                )
+            })
+        };
+        return fail(
+            "translate",
+            format!(
+                "the tables in [{:#x}, {:#x}) map {:?}, the model says {:?}",
+                s << 12,
+                e << 12,
+                show(&got),
+                show(&want)
+            ),
+        );
+    }
+    Ok(())
+}
+
+impl<A: Arch> Episode<A> {
+    /// Both spaces against their models (the other one only if `all` or
+    /// it changed since the last check): every half they translate, every
+    /// touched page, no empty table. Counts the leaves by size in `tally`.
+    pub(super) fn full_check(&self, tally: &mut Tally, all: bool) -> Result<(), Failure> {
+        let other = all || self.other_changed.replace(false);
+        for slot in [&self.cur, &self.other]
+            .into_iter()
+            .take(1 + usize::from(other))
+        {
+            for (s, e) in halves::<A>(slot.range) {
+                window_check(slot, s, e)?;
+                swap_check(slot, s, e)?;
+                let _ = slot.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
+                    tally.note("leaves", ["4K", "2M", "1G"][m.height as usize]);
+                });
+            }
+            for &p in &slot.touched {
+                translate_check(slot, p)?;
+            }
+            if let Some((va, h)) = oracle::empty_table::<A>(&slot.space) {
                 return fail(
-                    "swap",
-                    format!(
-                        "swap_entry({:#x}) = {got:x?}, the model says {v:#x}",
-                        p << 12
-                    ),
+                    "tables",
+                    format!("an empty table at height {h} (translating {va:#x}) is still linked"),
                 );
             }
         }
         Ok(())
     }
 
-    /// The leaves in pages `[s, e)` (one canonical half) against the model.
-    fn window_check(&self, s: u64, e: u64) -> Result<(), Failure> {
-        let mut got = Vec::new();
-        let r = self.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
-            let (lo, hi) = (vpn(m.va.0).max(s), (vpn(m.va.0) + m.size / 4096).min(e));
-            let run = Run {
-                pages: hi - lo,
-                ppn: vpn(m.pa.0) + (lo - vpn(m.va.0)),
-                prot: m.prot,
-            };
-            push_run(&mut got, lo, run);
-        });
-        if let Err(err) = r {
-            return fail(
-                "translate",
-                format!("walk({:#x}, {:#x}) failed: {err:?}", s << 12, (e - s) << 12),
-            );
-        }
-        let want = self.model.runs_in(s, e);
-        if got != want {
-            let i = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want.len()));
-            let show = |v: &[(u64, Run)]| {
-                v.get(i).map(|(p, r)| {
-                    format!(
-                        "{:#x}: {} pages at {:#x} {:?}",
-                        p << 12,
-                        r.pages,
-                        r.ppn << 12,
-                        r.prot
-                    )
-                })
-            };
-            return fail(
-                "translate",
-                format!(
-                    "the tables in [{:#x}, {:#x}) map {:?}, the model says {:?}",
-                    s << 12,
-                    e << 12,
-                    show(&got),
-                    show(&want)
-                ),
-            );
-        }
-        Ok(())
-    }
-
-    /// Both halves against the model, every touched page, no empty table.
-    /// Counts the leaves by size in `tally`.
-    pub(super) fn full_check(&self, tally: &mut Tally) -> Result<(), Failure> {
-        let half = 1u64 << (A::VA_BITS - 1 - 12);
-        for (s, e) in [(0, half), ((1 << 52) - half, 1 << 52)] {
-            self.window_check(s, e)?;
-            self.swap_check(s, e)?;
-            let _ = self.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
-                tally.note("leaves", ["4K", "2M", "1G"][m.height as usize]);
-            });
-        }
-        for &p in &self.touched {
-            self.translate_check(p)?;
-        }
-        if let Some((va, h)) = oracle::empty_table::<A>(&self.space) {
-            return fail(
-                "tables",
-                format!("an empty table at height {h} (translating {va:#x}) is still linked"),
-            );
-        }
-        Ok(())
-    }
-
-    /// Dropping the space frees every table.
+    /// Dropping the spaces (a user space before its kernel) frees every
+    /// table.
     pub(super) fn drop_check(self) -> Result<(), Failure> {
-        let Episode { machine, space, .. } = self;
-        drop(space);
+        let Episode {
+            machine,
+            cur,
+            other,
+            ..
+        } = self;
+        let (first, second) = if cur.kernel {
+            (other, cur)
+        } else {
+            (cur, other)
+        };
+        drop(first);
+        drop(second);
         let live = machine.live_tables();
         if live != 0 {
             return fail(
                 "leak",
-                format!("{live} table frames live after dropping the space"),
+                format!("{live} table frames live after dropping the spaces"),
             );
         }
         Ok(())
@@ -207,11 +288,13 @@ impl<A: Arch> Episode<A> {
         tally: &mut Tally,
     ) -> Result<(), Failure> {
         let op = Op::Touch { va, write };
-        let m = if canonical::<A>(va) {
-            self.model.lookup(vpn(va))
-        } else {
-            None
-        };
+        // The space translating `va` on the machine, if any.
+        let other = [&self.cur, &self.other]
+            .iter()
+            .position(|s| s.installed && s.range.contains::<A>(va))
+            .map(|i| i == 1);
+        let slot = other.map(|o| if o { &self.other } else { &self.cur });
+        let m = slot.and_then(|s| s.model.lookup(vpn(va)));
         let pa = m.map(|(ppn, _)| (ppn << 12) | (va & 0xfff));
         let got = match write {
             None => self.machine.read_u64(VirtAddr(va)),
@@ -230,7 +313,7 @@ impl<A: Arch> Episode<A> {
                 None,
                 _,
                 Err(SimFault {
-                    kind: SimFaultKind::Translation { .. },
+                    kind: SimFaultKind::Translation { .. } | SimFaultKind::NoRoot,
                     ..
                 }),
             ) => true,
@@ -262,6 +345,19 @@ impl<A: Arch> Episode<A> {
                 "touch",
                 format!("{op} gave {got:x?}, the model says {want}"),
             );
+        }
+        if let (Some(o), Ok(_)) = (other, got) {
+            // The access marked the translation accessed (and dirty).
+            if o {
+                std::mem::swap(&mut self.cur, &mut self.other);
+                self.other_changed.set(true);
+            }
+            if let Some(unit) = unit_of::<A>(&self.cur.space, vpn(va)) {
+                self.mark(unit, true, write.is_some());
+            }
+            if o {
+                std::mem::swap(&mut self.cur, &mut self.other);
+            }
         }
         Ok(())
     }

@@ -3,51 +3,243 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
+use std::ops::{Deref, DerefMut};
 use std::panic::{self, AssertUnwindSafe};
 
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{variants, AddressSpace, Arch, Error, MapOptions, PhysAddr, VirtAddr};
+use pgtable_core::{
+    variants, AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr,
+};
 
-use super::gen::{Gen, MapKind, MoveKind, Op};
+use super::gen::{Gen, MapKind, MoveKind, Op, Rng};
 use super::oracle::{self, Space};
-use super::reference::{check_phys, check_range, pages, Model, Run};
+use super::reference::{check_phys, check_range_in, pages, Model, Run};
 use super::{fail, panic_msg, Failure, Tally, MAP_BUDGET, QUIET};
 
-/// One machine, its address space and the model of both.
-pub struct Episode<A: Arch> {
-    pub(super) machine: SimMachine<A>,
-    /// Installed on the machine; deactivated when dropped.
-    pub(super) space: Installed<A, SimMmu<A>, SimAlloc>,
+/// The address spaces of an episode.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// A space of both halves (`AddressSpace::new`), and a fork child.
+    Both,
+    /// A space of one half (`new_in`), and a fork child of the same half.
+    Lower,
+    Upper,
+    /// A kernel space (`new_kernel`) and a user space sharing its kernel
+    /// half (`new_user`), both installed.
+    KernelUser,
+}
+
+impl Kind {
+    /// The kind of the episode with `seed`.
+    pub fn of(seed: u64) -> Kind {
+        match Rng::new(seed ^ 0x6b69_6e64).below(100) {
+            0..=39 => Kind::Both,
+            40..=54 => Kind::Lower,
+            55..=69 => Kind::Upper,
+            _ => Kind::KernelUser,
+        }
+    }
+}
+
+/// An address space of the episode: installed on the machine, or not (a
+/// fork child).
+pub enum Sp<A: Arch> {
+    Live(Installed<A, SimMmu<A>, SimAlloc>),
+    Plain(Space<A>),
+}
+
+impl<A: Arch> Deref for Sp<A> {
+    type Target = Space<A>;
+    fn deref(&self) -> &Space<A> {
+        match self {
+            Sp::Live(s) => s,
+            Sp::Plain(s) => s,
+        }
+    }
+}
+
+impl<A: Arch> DerefMut for Sp<A> {
+    fn deref_mut(&mut self) -> &mut Space<A> {
+        match self {
+            Sp::Live(s) => s,
+            Sp::Plain(s) => s,
+        }
+    }
+}
+
+/// One address space and its model.
+pub struct Slot<A: Arch> {
+    pub(super) space: Sp<A>,
     pub(super) model: Model,
-    /// Values stored through the MMU, by physical address.
-    pub(super) phys: HashMap<u64, u64>,
+    /// What it translates.
+    pub(super) range: VaRange,
+    /// Whether loads and stores go through it.
+    pub(super) installed: bool,
+    /// The kernel space of a [`Kind::KernelUser`] episode (dropped last).
+    pub(super) kernel: bool,
     /// Pages at the edges of every range operated on.
     pub(super) touched: BTreeSet<u64>,
+}
+
+impl<A: Arch> Slot<A> {
+    fn new(space: Sp<A>, installed: bool, kernel: bool) -> Self {
+        Slot {
+            range: space.va_range(),
+            space,
+            model: Model::default(),
+            installed,
+            kernel,
+            touched: BTreeSet::new(),
+        }
+    }
+}
+
+/// One machine, its address spaces and the model of both.
+pub struct Episode<A: Arch> {
+    pub(super) machine: SimMachine<A>,
+    /// The space the operations act on.
+    pub(super) cur: Slot<A>,
+    /// The other one ([`Op::Switch`] exchanges them): the fork child, or
+    /// the kernel / user space.
+    pub(super) other: Slot<A>,
+    /// Values stored through the MMU, by physical address.
+    pub(super) phys: HashMap<u64, u64>,
+    /// `other.space.count_tables()` while it holds (only [`Op::Switch`]
+    /// and copies change the other space).
+    pub(super) other_tables: std::cell::Cell<Option<usize>>,
+    /// Whether the other space may have changed since the last full check.
+    pub(super) other_changed: std::cell::Cell<bool>,
 }
 
 /// What the model expects of one operation: its name (for the tally),
 /// its result before any injected allocation failure, and the tables it
 /// takes (`None` when only the operation itself can tell).
-struct Expected {
-    name: &'static str,
-    want: Result<(), Error>,
-    need: Option<u64>,
+pub(super) struct Expected {
+    pub(super) name: &'static str,
+    pub(super) want: Result<(), Error>,
+    pub(super) need: Option<u64>,
+}
+
+/// The accessed and dirty state of a new leaf mapping `pa` with `prot`.
+pub(super) fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
+    let raw = A::leaf(PhysAddr(pa), prot, 0);
+    (A::is_young(raw), A::is_dirty(raw))
+}
+
+/// The accessed and dirty state of the leaves of `r` once their
+/// protection is changed to `prot` ([`Format::modify_prot`] of a leaf
+/// in that state).
+///
+/// [`Format::modify_prot`]: pgtable_core::Format::modify_prot
+pub(super) fn reprotect<A: Arch>(r: &Run, prot: Prot) -> (bool, bool) {
+    let mut raw = A::leaf(PhysAddr(r.ppn << 12), r.prot, 0);
+    raw = if r.young {
+        A::mkyoung(raw, 0)
+    } else {
+        A::mkold(raw, 0)
+    };
+    raw = if r.dirty {
+        A::mkdirty(raw, 0)
+    } else {
+        A::mkclean(raw, 0)
+    };
+    let new = A::modify_prot(raw, prot, 0);
+    (A::is_young(new), A::is_dirty(new))
+}
+
+/// A new run of `pages` pages from `pa`.
+pub(super) fn new_run<A: Arch>(pages: u64, pa: u64, prot: Prot) -> Run {
+    let (young, dirty) = fresh::<A>(pa, prot);
+    Run {
+        pages,
+        ppn: pa >> 12,
+        prot,
+        young,
+        dirty,
+    }
 }
 
 impl<A: Arch> Episode<A> {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(kind: Kind) -> Self {
         let machine = SimMachine::<A>::new();
-        let space = AddressSpace::new(machine.mmu(), machine.alloc()).expect("root table");
-        // SAFETY: the MMU is a `SimMmu`: only the simulated walker uses
-        // these tables.
-        let space = unsafe { Installed::new(space) };
+        let alloc = || machine.alloc();
+        let live = |s: Space<A>| {
+            // SAFETY: the MMU is a `SimMmu`: only the simulated walker uses
+            // these tables.
+            Sp::Live(unsafe { Installed::new(s) })
+        };
+        let half = |r: VaRange| {
+            let parent = AddressSpace::new_in(r, machine.mmu_installing_into(r), alloc())
+                .expect("root table");
+            let child = AddressSpace::new_in(r, machine.mmu(), alloc()).expect("root table");
+            (live(parent), child)
+        };
+        let (cur, other) = match kind {
+            Kind::Lower | Kind::Upper => {
+                let r = if kind == Kind::Lower {
+                    VaRange::Lower
+                } else {
+                    VaRange::Upper
+                };
+                let (p, c) = half(r);
+                (
+                    Slot::new(p, true, false),
+                    Slot::new(Sp::Plain(c), false, false),
+                )
+            }
+            Kind::KernelUser => {
+                match AddressSpace::new_kernel(machine.mmu_installing_into(VaRange::Upper), alloc())
+                {
+                    Ok(k) => {
+                        let k = live(k);
+                        // SAFETY: the user space is dropped before the
+                        // kernel space (`drop_check`; on a failure both go
+                        // with the episode).
+                        let u = unsafe {
+                            AddressSpace::new_user(
+                                &k,
+                                machine.mmu_installing_into(VaRange::Lower),
+                                alloc(),
+                            )
+                        }
+                        .expect("user root");
+                        (Slot::new(live(u), true, false), Slot::new(k, true, true))
+                    }
+                    // A format whose kernel half cannot be shared (one
+                    // root of 3 levels): a space of both halves instead.
+                    Err(Error::KernelHalf) => {
+                        return Episode::new(Kind::Both);
+                    }
+                    Err(e) => panic!("new_kernel: {e:?}"),
+                }
+            }
+            Kind::Both => {
+                let p = AddressSpace::new(machine.mmu(), alloc()).expect("root table");
+                let c = AddressSpace::new(machine.mmu(), alloc()).expect("root table");
+                (
+                    Slot::new(live(p), true, false),
+                    Slot::new(Sp::Plain(c), false, false),
+                )
+            }
+        };
         Episode {
             machine,
-            space,
-            model: Model::default(),
+            cur,
+            other,
             phys: HashMap::new(),
-            touched: BTreeSet::new(),
+            other_tables: std::cell::Cell::new(None),
+            other_changed: std::cell::Cell::new(true),
         }
+    }
+
+    /// The range check of the current space.
+    pub(super) fn check(&self, va: u64, len: u64) -> Result<(), Error> {
+        check_range_in::<A>(self.cur.range, va, len)
+    }
+
+    /// Whether the current space translates `va`.
+    pub(super) fn contains(&self, va: u64) -> bool {
+        self.cur.range.contains::<A>(va)
     }
 
     /// Adjusts a generated operation before it runs: failure points
@@ -58,10 +250,7 @@ impl<A: Arch> Episode<A> {
             Op::Map {
                 va, pa, len, fail, ..
             } => {
-                if check_range::<A>(va, len)
-                    .and(check_phys::<A>(pa, len))
-                    .is_ok()
-                {
+                if self.check(va, len).and(check_phys::<A>(pa, len)).is_ok() {
                     // Valid input: the map walks its whole range (also to
                     // find a conflict), so keep the range small in entries.
                     let need = self.map_need(&op);
@@ -74,8 +263,11 @@ impl<A: Arch> Episode<A> {
                 }
                 Some(op)
             }
-            Op::Unmap { va, len, fail } | Op::Protect { va, len, fail, .. } => {
-                if fail.is_some() && check_range::<A>(va, len).is_ok() {
+            Op::Unmap { va, len, fail }
+            | Op::UnmapWith { va, len, fail }
+            | Op::Protect { va, len, fail, .. }
+            | Op::Live { va, len, fail, .. } => {
+                if fail.is_some() && self.check(va, len).is_ok() {
                     let k = gen.rng.below(self.split_need(&op) + 1);
                     return Some(with_fail(op, k));
                 }
@@ -93,7 +285,7 @@ impl<A: Arch> Episode<A> {
                     // block of the source into pages: keep those few.
                     let (s, e) = pages(old, len);
                     let splits_all = (new.wrapping_sub(old) >> 12) % 512 != 0;
-                    let pages: u64 = self.model.runs_in(s, e).iter().map(|r| r.1.pages).sum();
+                    let pages: u64 = self.cur.model.runs_in(s, e).iter().map(|r| r.1.pages).sum();
                     if splits_all && pages > MAP_BUDGET {
                         return None;
                     }
@@ -111,19 +303,37 @@ impl<A: Arch> Episode<A> {
                 }
                 Some(op)
             }
-            Op::Touch { .. } | Op::SwapIn { .. } => Some(op),
+            Op::Install { va, pa, fail, .. } => {
+                if fail.is_some() && self.install_expected(va, pa).is_ok() {
+                    let k = gen.rng.below(self.swap_need(va) + 1);
+                    return Some(with_fail(op, k));
+                }
+                Some(op)
+            }
+            _ => Some(op),
+        }
+    }
+
+    /// What `install_pte` must return: the page's range, the physical
+    /// page, then whether anything is there.
+    pub(super) fn install_expected(&self, va: u64, pa: u64) -> Result<(), Error> {
+        self.check(va, 4096)?;
+        check_phys::<A>(pa, 4096)?;
+        match self.cur.model.first_mapped(va >> 12, (va >> 12) + 1) {
+            Some(_) => Err(Error::AlreadyMapped(VirtAddr(va))),
+            None => Ok(()),
         }
     }
 
     /// What `set_swap_entry` must return: the page's range, the value's
     /// width, then whether something present is there.
     fn swap_expected(&self, va: u64, value: u64) -> Result<(), Error> {
-        check_range::<A>(va, 4096)?;
+        self.check(va, 4096)?;
         let bits = A::SWP_VALUE_BITS;
         if bits == 0 || (bits < 64 && value >> bits != 0) {
             return Err(Error::SwapValueTooWide(value));
         }
-        match self.model.lookup(va >> 12) {
+        match self.cur.model.lookup(va >> 12) {
             Some(_) => Err(Error::AlreadyMapped(VirtAddr(va))),
             None => Ok(()),
         }
@@ -131,24 +341,38 @@ impl<A: Arch> Episode<A> {
 
     /// The tables `set_swap_entry` at `va` takes: none over a software
     /// entry, else those a one-page map there would.
-    fn swap_need(&self, va: u64) -> u64 {
-        if self.model.swp(va >> 12).is_some() {
+    pub(super) fn swap_need(&self, va: u64) -> u64 {
+        if self.cur.model.swp(va >> 12).is_some() {
             return 0;
         }
-        oracle::map_need::<A>(&self.space, va, 4096, 0, MapOptions::PAGES, 1).tables
+        oracle::map_need::<A>(&self.cur.space, va, 4096, 0, MapOptions::PAGES, 1).tables
     }
 
     /// A load or store near what `op` worked on, or of a mapped page.
     pub(super) fn touch_op(&self, op: &Op, gen: &mut Gen) -> Op {
-        let page = if !self.model.is_empty() && gen.rng.chance(70) {
-            let hint = gen.va(&self.model, 0) >> 12;
-            self.model
+        let page = if !self.cur.model.is_empty() && gen.rng.chance(70) {
+            let hint = gen.va(&self.cur.model, 0) >> 12;
+            self.cur
+                .model
                 .random_page(&mut gen.rng, hint)
                 .expect("not empty")
                 << 12
         } else {
             let base = match *op {
-                Op::Map { va, .. } | Op::Unmap { va, .. } | Op::Protect { va, .. } => va,
+                Op::Map { va, .. }
+                | Op::Unmap { va, .. }
+                | Op::Protect { va, .. }
+                | Op::Touch { va, .. }
+                | Op::Swap { va, .. }
+                | Op::SwapIn { va, .. }
+                | Op::UnmapWith { va, .. }
+                | Op::ClearRefs { va, .. }
+                | Op::Young { va }
+                | Op::Get { va }
+                | Op::Fault { va, .. }
+                | Op::Install { va, .. }
+                | Op::Copy { va, .. }
+                | Op::Live { va, .. } => va,
                 Op::Move { old, new, .. } => {
                     if gen.rng.chance(50) {
                         old
@@ -156,7 +380,8 @@ impl<A: Arch> Episode<A> {
                         new
                     }
                 }
-                Op::Touch { va, .. } | Op::Swap { va, .. } | Op::SwapIn { va, .. } => va,
+                Op::Gather { steps, .. } => steps[0].range().0,
+                Op::Switch => gen.va(&self.cur.model, 0),
             };
             (base & !0xfff).wrapping_add(gen.rng.below(4) << 12)
         };
@@ -166,10 +391,10 @@ impl<A: Arch> Episode<A> {
     }
 
     fn map_expected(&self, va: u64, pa: u64, len: u64) -> Result<(), Error> {
-        check_range::<A>(va, len)?;
+        self.check(va, len)?;
         check_phys::<A>(pa, len)?;
         let (s, e) = pages(va, len);
-        match self.model.first_mapped(s, e) {
+        match self.cur.model.first_mapped(s, e) {
             Some(p) => Err(Error::AlreadyMapped(VirtAddr(p << 12))),
             None => Ok(()),
         }
@@ -182,22 +407,23 @@ impl<A: Arch> Episode<A> {
             len,
             kind,
             barrier_per_entry,
+            no_cont,
             ..
         } = *op
         else {
             unreachable!()
         };
-        let opts = map_options(kind, barrier_per_entry);
-        oracle::map_need::<A>(&self.space, va, len, pa, opts, MAP_BUDGET)
+        let opts = map_options(kind, barrier_per_entry, no_cont);
+        oracle::map_need::<A>(&self.cur.space, va, len, pa, opts, MAP_BUDGET)
     }
 
-    fn split_need(&self, op: &Op) -> u64 {
+    pub(super) fn split_need(&self, op: &Op) -> u64 {
         match *op {
-            Op::Unmap { va, len, .. } => {
-                oracle::split_need::<A>(&self.space, va, len, &|_, _| true)
+            Op::Unmap { va, len, .. } | Op::UnmapWith { va, len, .. } => {
+                oracle::split_need::<A>(&self.cur.space, va, len, &|_, _| true)
             }
-            Op::Protect { va, len, prot, .. } => {
-                oracle::split_need::<A>(&self.space, va, len, &|raw, h| {
+            Op::Protect { va, len, prot, .. } | Op::Live { va, len, prot, .. } => {
+                oracle::split_need::<A>(&self.cur.space, va, len, &|raw, h| {
                     A::leaf_prot(raw, h) != prot
                 })
             }
@@ -213,12 +439,25 @@ impl<A: Arch> Episode<A> {
         op: &Op,
         k: Option<u64>,
         may_fail: bool,
-        f: impl FnOnce(&mut Space<A>) -> Result<(), Error>,
+        cheap: bool,
+        f: impl FnOnce(&mut Space<A>, &mut Space<A>) -> Result<(), Error>,
     ) -> Result<(Result<(), Error>, u64), Failure> {
-        let before = (may_fail || k.is_some()).then(|| oracle::snapshot::<A>(&self.space));
-        let allocated = self.space.stats().tables_allocated();
+        let both = matches!(op, Op::Copy { .. });
+        // An error of the argument checks is checked by what the machine
+        // saw (no entry written, no barrier, no flush, no table taken):
+        // snapshots of every table cost more than the operations.
+        let cheap = cheap && k.is_none();
+        let before = (!cheap && (may_fail || k.is_some())).then(|| self.snapshots(both));
+        let work = |m: &SimMachine<A>| {
+            let s = m.stats();
+            (s.entries_written, s.barriers, s.flush_range, s.flush_all)
+        };
+        let work0 = work(&self.machine);
+        let allocated = self.allocated();
         self.machine.fail_after(k);
-        let r = panic::catch_unwind(AssertUnwindSafe(|| f(&mut self.space)));
+        let r = panic::catch_unwind(AssertUnwindSafe(|| {
+            f(&mut self.cur.space, &mut self.other.space)
+        }));
         self.machine.fail_after(None);
         let r = match r {
             Ok(r) => r,
@@ -230,12 +469,29 @@ impl<A: Arch> Episode<A> {
                 return fail("panic", format!("{op} panicked: {msg}"));
             }
         };
-        let allocated = self.space.stats().tables_allocated() - allocated;
+        let allocated = self.allocated() - allocated;
         if r.is_err() {
             match before {
                 Some(before) => {
-                    if let Some(d) = oracle::diff(&before, &oracle::snapshot::<A>(&self.space)) {
-                        return fail("unchanged", format!("{op} returned {r:?} but changed {d}"));
+                    let after = self.snapshots(both);
+                    for (which, (b, a)) in ["", "the other space: "]
+                        .iter()
+                        .zip(before.iter().zip(&after))
+                    {
+                        if let Some(d) = oracle::diff(b, a) {
+                            return fail(
+                                "unchanged",
+                                format!("{op} returned {r:?} but changed {which}{d}"),
+                            );
+                        }
+                    }
+                }
+                None if cheap => {
+                    if work(&self.machine) != work0 || allocated != 0 {
+                        return fail(
+                            "unchanged",
+                            format!("{op} returned {r:?} but wrote, flushed or allocated"),
+                        );
                     }
                 }
                 None => {
@@ -251,7 +507,7 @@ impl<A: Arch> Episode<A> {
 
     /// Applies one step and checks it.
     pub(super) fn step(&mut self, op: &Op, tally: &mut Tally) -> Result<(), Failure> {
-        tally.ops += u64::from(!matches!(op, Op::Touch { .. }));
+        tally.ops += u64::from(!matches!(op, Op::Touch { .. } | Op::Switch));
         match *op {
             Op::Touch { va, write } => self.touch(va, write, tally),
             Op::Map {
@@ -261,6 +517,7 @@ impl<A: Arch> Episode<A> {
                 prot,
                 kind,
                 barrier_per_entry,
+                no_cont,
                 fail: k,
             } => {
                 let mut want = self.map_expected(va, pa, len);
@@ -270,8 +527,10 @@ impl<A: Arch> Episode<A> {
                         want = Err(Error::OutOfMemory);
                     }
                 }
-                let opts = map_options(kind, barrier_per_entry);
-                let f = |s: &mut Space<A>| s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts);
+                let opts = map_options(kind, barrier_per_entry, no_cont);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts)
+                };
                 let got = self.run_checked(
                     op,
                     k,
@@ -285,26 +544,19 @@ impl<A: Arch> Episode<A> {
                 )?;
                 if got {
                     let (s, _) = pages(va, len);
-                    self.model.insert(
-                        s,
-                        Run {
-                            pages: len >> 12,
-                            ppn: pa >> 12,
-                            prot,
-                        },
-                    );
+                    self.cur.model.insert(s, new_run::<A>(len >> 12, pa, prot));
                 }
                 self.after(&[(va, len)], got)
             }
             Op::Unmap { va, len, fail: k } => {
-                let mut want = check_range::<A>(va, len);
+                let mut want = self.check(va, len);
                 let need = want.is_ok().then(|| self.split_need(op));
                 if let (Some(n), Some(k)) = (need, k) {
                     if k < n {
                         want = Err(Error::OutOfMemory);
                     }
                 }
-                let f = |s: &mut Space<A>| s.unmap(VirtAddr(va), len);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| s.unmap(VirtAddr(va), len);
                 let got = self.run_checked(
                     op,
                     k,
@@ -318,8 +570,8 @@ impl<A: Arch> Episode<A> {
                 )?;
                 if got {
                     let (s, e) = pages(va, len);
-                    self.model.take(s, e);
-                    self.model.take_swp(s, e);
+                    self.cur.model.take(s, e);
+                    self.cur.model.take_swp(s, e);
                 }
                 self.after(&[(va, len)], got)
             }
@@ -329,14 +581,16 @@ impl<A: Arch> Episode<A> {
                 prot,
                 fail: k,
             } => {
-                let mut want = check_range::<A>(va, len);
+                let mut want = self.check(va, len);
                 let need = want.is_ok().then(|| self.split_need(op));
                 if let (Some(n), Some(k)) = (need, k) {
                     if k < n {
                         want = Err(Error::OutOfMemory);
                     }
                 }
-                let f = |s: &mut Space<A>| s.change_protection(VirtAddr(va), len, prot);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.change_protection(VirtAddr(va), len, prot)
+                };
                 let got = self.run_checked(
                     op,
                     k,
@@ -350,7 +604,9 @@ impl<A: Arch> Episode<A> {
                 )?;
                 if got {
                     let (s, e) = pages(va, len);
-                    self.model.protect(s, e, prot);
+                    self.cur
+                        .model
+                        .protect(s, e, prot, &|r| reprotect::<A>(r, prot));
                 }
                 self.after(&[(va, len)], got)
             }
@@ -363,7 +619,7 @@ impl<A: Arch> Episode<A> {
             } => {
                 let want = self.move_expected(old, new, len, kind);
                 let opts = kind.options();
-                let f = |s: &mut Space<A>| {
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
                     s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
                 };
                 let got = self.run_checked(
@@ -380,11 +636,11 @@ impl<A: Arch> Episode<A> {
                 if got {
                     let (so, eo) = pages(old, len);
                     let (sn, _) = pages(new, len);
-                    for (vpn, run) in self.model.take(so, eo) {
-                        self.model.insert(vpn - so + sn, run);
+                    for (vpn, run) in self.cur.model.take(so, eo) {
+                        self.cur.model.insert(vpn - so + sn, run);
                     }
-                    for (vpn, v) in self.model.take_swp(so, eo) {
-                        self.model.set_swp(vpn - so + sn, v);
+                    for (vpn, v) in self.cur.model.take_swp(so, eo) {
+                        self.cur.model.set_swp(vpn - so + sn, v);
                     }
                 }
                 self.after(&[(old, len), (new, len)], got)
@@ -397,7 +653,7 @@ impl<A: Arch> Episode<A> {
                         want = Err(Error::OutOfMemory);
                     }
                 }
-                let f = |s: &mut Space<A>| s.set_swap_entry(VirtAddr(va), value);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| s.set_swap_entry(VirtAddr(va), value);
                 let got = self.run_checked(
                     op,
                     k,
@@ -410,22 +666,24 @@ impl<A: Arch> Episode<A> {
                     f,
                 )?;
                 if got {
-                    self.model.set_swp(va >> 12, value);
+                    self.cur.model.set_swp(va >> 12, value);
                 }
                 self.after(&[(va & !0xfff, 4096)], got)
             }
             Op::SwapIn { va, pa, prot } => {
-                let want = check_range::<A>(va, 4096)
+                let want = self
+                    .check(va, 4096)
                     .and(check_phys::<A>(pa, 4096))
                     .and_then(|()| {
-                        self.model
+                        self.cur
+                            .model
                             .swp(va >> 12)
                             .ok_or(Error::NoSwapEntry(VirtAddr(va)))
                     });
                 let value = want.ok();
                 // The value returned is checked here (a mismatch panics,
                 // which the episode reports as a failure).
-                let f = |s: &mut Space<A>| {
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
                     s.swap_in(VirtAddr(va), PhysAddr(pa), prot).map(|v| {
                         assert_eq!(Some(v), value, "swap_in returned another value");
                     })
@@ -442,36 +700,55 @@ impl<A: Arch> Episode<A> {
                     f,
                 )?;
                 if got {
-                    self.model.take_swp(va >> 12, (va >> 12) + 1);
-                    self.model.insert(
-                        va >> 12,
-                        Run {
-                            pages: 1,
-                            ppn: pa >> 12,
-                            prot,
-                        },
-                    );
+                    self.cur.model.take_swp(va >> 12, (va >> 12) + 1);
+                    self.cur.model.insert(va >> 12, new_run::<A>(1, pa, prot));
                 }
                 self.after(&[(va & !0xfff, 4096)], got)
             }
+            _ => self.step_more(op, tally),
         }
+    }
+
+    /// Tables allocated by both spaces so far.
+    fn allocated(&self) -> u64 {
+        self.cur.space.stats().tables_allocated() + self.other.space.stats().tables_allocated()
+    }
+
+    /// The current space's tables, and the other's if `both` (an x86
+    /// user root reaches the kernel's shared tables too).
+    fn snapshots(&self, both: bool) -> Vec<oracle::Snapshot> {
+        let mut v = vec![oracle::snapshot::<A>(&self.cur.space)];
+        if both {
+            v.push(oracle::snapshot::<A>(&self.other.space));
+        }
+        v
     }
 
     /// Runs an operation expected to behave as `exp` says (`k`: the
     /// injected allocation failure, if any). Returns whether it succeeded.
-    fn run_checked(
+    pub(super) fn run_checked(
         &mut self,
         op: &Op,
         k: Option<u64>,
         tally: &mut Tally,
         exp: Expected,
-        f: impl Fn(&mut Space<A>) -> Result<(), Error>,
+        f: impl Fn(&mut Space<A>, &mut Space<A>) -> Result<(), Error>,
     ) -> Result<bool, Failure> {
         let Expected { name, want, need } = exp;
         // Out of memory is the one error the model cannot always predict
         // (moves): then any result is checked against the retry below.
         let oom_possible = k.is_some() && need.is_none() && want.is_ok();
-        let (got, allocated) = self.exec(op, k, want.is_err() || oom_possible, &f)?;
+        let cheap = matches!(
+            want,
+            Err(Error::ZeroLength
+                | Error::MisalignedVirt(_)
+                | Error::MisalignedPhys(_)
+                | Error::MisalignedLength(_)
+                | Error::OutOfRange(_)
+                | Error::PhysOutOfRange(_)
+                | Error::SwapValueTooWide(_))
+        );
+        let (got, allocated) = self.exec(op, k, want.is_err() || oom_possible, cheap, &f)?;
         tally.add(name, &got);
         if got == want || (oom_possible && got == Err(Error::OutOfMemory)) {
         } else {
@@ -484,7 +761,7 @@ impl<A: Arch> Episode<A> {
             self.leak_check(op)?;
             // Nothing changed: the same operation with memory must succeed
             // and take more tables than were granted.
-            let (again, allocated) = self.exec(op, None, false, &f)?;
+            let (again, allocated) = self.exec(op, None, false, false, &f)?;
             if again.is_err() {
                 return fail(
                     "result",
@@ -532,14 +809,14 @@ impl<A: Arch> Episode<A> {
         len: u64,
         kind: MoveKind,
     ) -> Result<(), Error> {
-        check_range::<A>(old, len)?;
-        check_range::<A>(new, len)?;
+        self.check(old, len)?;
+        self.check(new, len)?;
         let (so, eo) = pages(old, len);
         let (sn, en) = pages(new, len);
         if so < en && sn < eo {
             return Err(Error::Overlap);
         }
-        if let Some(p) = self.model.first_mapped(sn, en) {
+        if let Some(p) = self.cur.model.first_mapped(sn, en) {
             return Err(Error::AlreadyMapped(VirtAddr(p << 12)));
         }
         if kind == MoveKind::FreeBelow {
@@ -554,9 +831,10 @@ impl<A: Arch> Episode<A> {
                 let widened_overlap = ao < en && an < eo;
                 if !widened_overlap {
                     let hit = self
+                        .cur
                         .model
                         .first_mapped(ao, so)
-                        .or_else(|| self.model.first_mapped(an, sn));
+                        .or_else(|| self.cur.model.first_mapped(an, sn));
                     if let Some(p) = hit {
                         return Err(Error::AlreadyMapped(VirtAddr(p << 12)));
                     }
@@ -576,6 +854,7 @@ fn with_fail(op: Op, k: u64) -> Op {
             prot,
             kind,
             barrier_per_entry,
+            no_cont,
             ..
         } => Op::Map {
             va,
@@ -584,6 +863,27 @@ fn with_fail(op: Op, k: u64) -> Op {
             prot,
             kind,
             barrier_per_entry,
+            no_cont,
+            fail: Some(k),
+        },
+        Op::UnmapWith { va, len, .. } => Op::UnmapWith {
+            va,
+            len,
+            fail: Some(k),
+        },
+        Op::Install { va, pa, prot, .. } => Op::Install {
+            va,
+            pa,
+            prot,
+            fail: Some(k),
+        },
+        Op::Live {
+            va, len, prot, bbm, ..
+        } => Op::Live {
+            va,
+            len,
+            prot,
+            bbm,
             fail: Some(k),
         },
         Op::Unmap { va, len, .. } => Op::Unmap {
@@ -615,16 +915,17 @@ fn with_fail(op: Op, k: u64) -> Op {
             value,
             fail: Some(k),
         },
-        t @ (Op::Touch { .. } | Op::SwapIn { .. }) => t,
+        t => t,
     }
 }
 
-fn map_options(kind: MapKind, barrier_per_entry: bool) -> MapOptions {
+fn map_options(kind: MapKind, barrier_per_entry: bool, no_cont: bool) -> MapOptions {
     let o = match kind {
         MapKind::Pages => MapOptions::PAGES,
         MapKind::PmdBlocks => MapOptions::PMD_BLOCKS,
         MapKind::Blocks => MapOptions::BLOCKS,
     };
+    let o = if no_cont { o.no_contiguous() } else { o };
     if barrier_per_entry {
         variants::barrier_per_entry(o)
     } else {

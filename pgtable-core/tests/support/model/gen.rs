@@ -9,13 +9,18 @@
 
 use std::fmt;
 
-use pgtable_core::{variants, Format, MemType, MoveOptions, Prot, PAGE_SIZE};
+use pgtable_core::{
+    variants, ClearRefs, FaultFlags, Format, MemType, MoveOptions, Prot, VaRange, PAGE_SIZE,
+};
 
-use super::reference::{canonical, Model};
+use super::reference::Model;
 
 const K4: u64 = PAGE_SIZE;
 const M2: u64 = 2 << 20;
 const G1: u64 = 1 << 30;
+/// A folded run of 16 PTEs (arm64 contiguous hint) and of 16 PMD blocks.
+const K64: u64 = 16 * K4;
+const M32: u64 = 16 * M2;
 /// Bytes of each address region the operations work in.
 pub const REGION: u64 = 4 * G1;
 
@@ -108,6 +113,8 @@ pub enum Op {
         prot: Prot,
         kind: MapKind,
         barrier_per_entry: bool,
+        /// `MapOptions::no_contiguous()`.
+        no_cont: bool,
         fail: Option<u64>,
     },
     Unmap {
@@ -138,6 +145,145 @@ pub enum Op {
     },
     /// `swap_in`: the software entry at `va` becomes a page.
     SwapIn { va: u64, pa: u64, prot: Prot },
+    /// The following operations act on the episode's other address space
+    /// (the fork child, or the kernel / the user space).
+    Switch,
+    /// `unmap_with`, every report checked.
+    UnmapWith {
+        va: u64,
+        len: u64,
+        fail: Option<u64>,
+    },
+    /// `clear_refs`.
+    ClearRefs { va: u64, len: u64, what: Harvest },
+    /// `test_and_clear_young`.
+    Young { va: u64 },
+    /// `ptep_get`.
+    Get { va: u64 },
+    /// `ptep_set_access_flags`.
+    Fault { va: u64, flags: Fault },
+    /// `install_pte`.
+    Install {
+        va: u64,
+        pa: u64,
+        prot: Prot,
+        fail: Option<u64>,
+    },
+    /// `copy_page_range` into the other address space.
+    Copy {
+        va: u64,
+        len: u64,
+        cow: bool,
+        fail: Option<u64>,
+    },
+    /// `change_protection_live`, `bbm`: `LiveOptions::ALLOW_BBM`.
+    Live {
+        va: u64,
+        len: u64,
+        prot: Prot,
+        bbm: bool,
+        fail: Option<u64>,
+    },
+    /// The first `n` steps into one gather, finished once.
+    Gather { steps: [GStep; 3], n: u8 },
+}
+
+/// Which state `clear_refs` clears.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Harvest {
+    Young,
+    Dirty,
+    All,
+}
+
+impl Harvest {
+    /// The argument.
+    pub fn what(self) -> ClearRefs {
+        match self {
+            Harvest::Young => ClearRefs::YOUNG,
+            Harvest::Dirty => ClearRefs::DIRTY,
+            Harvest::All => ClearRefs::ALL,
+        }
+    }
+
+    fn src(self) -> &'static str {
+        match self {
+            Harvest::Young => "ClearRefs::YOUNG",
+            Harvest::Dirty => "ClearRefs::DIRTY",
+            Harvest::All => "ClearRefs::ALL",
+        }
+    }
+}
+
+/// Which `FaultFlags` a fault sets.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Fault {
+    Access,
+    Dirty,
+    Write,
+}
+
+impl Fault {
+    /// The argument.
+    pub fn flags(self) -> FaultFlags {
+        match self {
+            Fault::Access => FaultFlags::ACCESS,
+            Fault::Dirty => FaultFlags::DIRTY,
+            Fault::Write => FaultFlags::WRITE,
+        }
+    }
+
+    /// Whether the dirty state is set.
+    pub fn dirty(self) -> bool {
+        self != Fault::Access
+    }
+
+    /// Whether the leaf is made writable.
+    pub fn write(self) -> bool {
+        self == Fault::Write
+    }
+}
+
+/// One operation of a gather.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum GStep {
+    Unmap { va: u64, len: u64 },
+    UnmapWith { va: u64, len: u64 },
+    Protect { va: u64, len: u64, prot: Prot },
+    ClearRefs { va: u64, len: u64, what: Harvest },
+}
+
+impl GStep {
+    /// The range it works on.
+    pub fn range(&self) -> (u64, u64) {
+        match *self {
+            GStep::Unmap { va, len }
+            | GStep::UnmapWith { va, len }
+            | GStep::Protect { va, len, .. }
+            | GStep::ClearRefs { va, len, .. } => (va, len),
+        }
+    }
+}
+
+impl fmt::Display for GStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            GStep::Unmap { va, len } => write!(f, "g.unmap(VirtAddr({va:#x}), {len:#x})"),
+            GStep::UnmapWith { va, len } => {
+                write!(f, "g.unmap_with(VirtAddr({va:#x}), {len:#x}, |_| ())")
+            }
+            GStep::Protect { va, len, prot } => write!(
+                f,
+                "g.change_protection(VirtAddr({va:#x}), {len:#x}, {})",
+                ProtSrc(prot)
+            ),
+            GStep::ClearRefs { va, len, what } => write!(
+                f,
+                "g.clear_refs(VirtAddr({va:#x}), {len:#x}, {}, |_| ())",
+                what.src()
+            ),
+        }
+    }
 }
 
 impl Op {
@@ -148,8 +294,12 @@ impl Op {
             | Op::Unmap { fail, .. }
             | Op::Protect { fail, .. }
             | Op::Move { fail, .. }
-            | Op::Swap { fail, .. } => fail,
-            Op::Touch { .. } | Op::SwapIn { .. } => None,
+            | Op::Swap { fail, .. }
+            | Op::UnmapWith { fail, .. }
+            | Op::Install { fail, .. }
+            | Op::Copy { fail, .. }
+            | Op::Live { fail, .. } => fail,
+            _ => None,
         }
     }
 }
@@ -181,12 +331,16 @@ impl fmt::Display for Op {
                 prot,
                 kind,
                 barrier_per_entry,
+                no_cont,
                 ..
             } => {
-                let opts = match kind {
-                    MapKind::Pages => "PAGES",
-                    MapKind::PmdBlocks => "PMD_BLOCKS",
-                    MapKind::Blocks => "BLOCKS",
+                let opts = match (kind, no_cont) {
+                    (MapKind::Pages, false) => "PAGES",
+                    (MapKind::PmdBlocks, false) => "PMD_BLOCKS",
+                    (MapKind::Blocks, false) => "BLOCKS",
+                    (MapKind::Pages, true) => "PAGES.no_contiguous()",
+                    (MapKind::PmdBlocks, true) => "PMD_BLOCKS.no_contiguous()",
+                    (MapKind::Blocks, true) => "BLOCKS.no_contiguous()",
                 };
                 let opts = if barrier_per_entry {
                     format!("variants::barrier_per_entry(MapOptions::{opts})")
@@ -237,6 +391,54 @@ impl fmt::Display for Op {
             Op::Touch { va, write: Some(v) } => {
                 write!(f, "machine.write_u64(VirtAddr({va:#x}), {v:#x})")
             }
+            Op::Switch => write!(f, "std::mem::swap(&mut space, &mut other)"),
+            Op::UnmapWith { va, len, .. } => {
+                write!(
+                    f,
+                    "space.unmap_with(VirtAddr({va:#x}), {len:#x}, |r| reports.push(r))"
+                )
+            }
+            Op::ClearRefs { va, len, what } => write!(
+                f,
+                "space.clear_refs(VirtAddr({va:#x}), {len:#x}, {}, |r| reports.push(r))",
+                what.src()
+            ),
+            Op::Young { va } => write!(f, "space.test_and_clear_young(VirtAddr({va:#x}))"),
+            Op::Get { va } => write!(f, "space.ptep_get(VirtAddr({va:#x}))"),
+            Op::Fault { va, flags } => write!(
+                f,
+                "space.ptep_set_access_flags(VirtAddr({va:#x}), FaultFlags::{})",
+                match flags {
+                    Fault::Access => "ACCESS",
+                    Fault::Dirty => "DIRTY",
+                    Fault::Write => "WRITE",
+                }
+            ),
+            Op::Install { va, pa, prot, .. } => write!(
+                f,
+                "space.install_pte(VirtAddr({va:#x}), PhysAddr({pa:#x}), {})",
+                ProtSrc(prot)
+            ),
+            Op::Copy { va, len, cow, .. } => write!(
+                f,
+                "space.copy_page_range(&mut other, VirtAddr({va:#x}), {len:#x}, CopyMode::{})",
+                if cow { "Cow" } else { "Shared" }
+            ),
+            Op::Live {
+                va, len, prot, bbm, ..
+            } => write!(
+                f,
+                "space.change_protection_live(VirtAddr({va:#x}), {len:#x}, {}, LiveOptions::{})",
+                ProtSrc(prot),
+                if bbm { "ALLOW_BBM" } else { "IN_PLACE" }
+            ),
+            Op::Gather { steps, n } => {
+                write!(f, "let mut g = space.tlb_gather_mmu(); ")?;
+                for s in &steps[..usize::from(n)] {
+                    write!(f, "{s}; ")?;
+                }
+                write!(f, "g.finish()")
+            }
         }?;
         if self.fail().is_some() {
             write!(f, "; machine.fail_after(None)")?;
@@ -252,10 +454,18 @@ pub struct Gen {
     pa_bits: u32,
     /// Start of the non-canonical hole (2^(VA_BITS-1)).
     half: u64,
-    /// The regions operations work in: the bottom of the space, the top of
-    /// the lower half (last entries below the hole), the bottom of the
-    /// upper half and the very top of the 64-bit space.
-    regions: [u64; 4],
+    /// The regions operations work in, for each half ([`VaRange::bounds`]
+    /// of `Lower`, then of `Upper`): the bottom of the half, the pages
+    /// below and above its middle (arm64: the lower half's `[2^47, 2^48)`
+    /// that only a one-half space translates) and its top (the last
+    /// entries below the hole, the very top of the 64-bit space).
+    regions: [[u64; 4]; 2],
+    /// The first address of the upper half: the distance to a page's
+    /// alias in the other half.
+    upper: u64,
+    /// The range of the space the next operation acts on (set by the
+    /// episode): most operations aim inside it.
+    pub range: VaRange,
     /// `Format::SWP_VALUE_BITS`.
     swp_bits: u32,
 }
@@ -265,13 +475,20 @@ impl Gen {
     pub fn new<A: Format>(seed: u64) -> Gen {
         let swp_bits = A::SWP_VALUE_BITS;
         let half = 1u64 << (A::VA_BITS - 1);
-        let regions = [0, half - REGION, half.wrapping_neg(), REGION.wrapping_neg()];
-        for r in regions {
-            assert!(
-                canonical::<A>(r) && canonical::<A>(r + (REGION - 1)),
-                "{}: region {r:#x} is not canonical",
-                A::NAME
-            );
+        let regions = [VaRange::Lower, VaRange::Upper].map(|r| {
+            let (first, last) = r.bounds::<A>();
+            let mid = first + (last - first) / 2 + 1;
+            [first, mid - REGION, mid, (last - (REGION - 1))]
+        });
+        for (i, half_regions) in regions.iter().enumerate() {
+            let r = [VaRange::Lower, VaRange::Upper][i];
+            for &start in half_regions {
+                assert!(
+                    r.contains::<A>(start) && r.contains::<A>(start + (REGION - 1)),
+                    "{}: region {start:#x} is not in {r:?}",
+                    A::NAME
+                );
+            }
         }
         Gen {
             rng: Rng::new(seed),
@@ -279,7 +496,19 @@ impl Gen {
             pa_bits: A::PA_BITS,
             half,
             regions,
+            upper: VaRange::Upper.bounds::<A>().0,
+            range: VaRange::Both,
             swp_bits,
+        }
+    }
+
+    /// The same address in the other half (`va` plus or minus the start
+    /// of the upper half).
+    pub fn alias(&self, va: u64) -> u64 {
+        if va >> 63 == 0 {
+            va.wrapping_add(self.upper)
+        } else {
+            va.wrapping_sub(self.upper)
         }
     }
 
@@ -329,22 +558,153 @@ impl Gen {
     /// The next operation (never a [`Op::Touch`]). `swapped`: a page with
     /// a software entry, if there is one.
     pub fn op(&mut self, model: &Model, swapped: Option<u64>) -> Op {
-        if self.rng.chance(12) {
-            return self.swap_op(model, swapped);
-        }
         let fail = |g: &mut Gen| g.rng.chance(12).then(|| g.rng.below(8));
         match self.rng.below(100) {
+            0..=7 => self.swap_op(model, swapped),
+            8..=57 => self.classic_op(model),
+            58..=63 => {
+                let va = self.va(model, 75);
+                Op::UnmapWith {
+                    va,
+                    len: self.len(va),
+                    fail: fail(self),
+                }
+            }
+            64..=68 => {
+                let va = self.va(model, 75);
+                Op::ClearRefs {
+                    va,
+                    len: self.len(va),
+                    what: self.harvest(),
+                }
+            }
+            69..=71 => Op::Young {
+                va: self.point(model),
+            },
+            72..=75 => Op::Get {
+                va: self.point(model),
+            },
+            76..=81 => Op::Fault {
+                va: self.point(model),
+                flags: self
+                    .rng
+                    .pick(&[Fault::Access, Fault::Dirty, Fault::Write, Fault::Write]),
+            },
+            82..=85 => {
+                let va = self.va(model, 40);
+                let va = if self.rng.chance(60) {
+                    // Next to what is mapped: an empty slot of a table.
+                    (va & !(K4 - 1)).wrapping_add(self.rng.pick(&[K4, 2 * K4, K4.wrapping_neg()]))
+                } else {
+                    va
+                };
+                Op::Install {
+                    va,
+                    pa: self.pa(va, K4),
+                    prot: self.prot(),
+                    fail: fail(self),
+                }
+            }
+            86..=89 => {
+                let va = self.va(model, 80);
+                Op::Copy {
+                    va,
+                    len: self.len(va),
+                    cow: self.rng.chance(60),
+                    fail: fail(self),
+                }
+            }
+            90..=93 => {
+                let va = self.va(model, 75);
+                let prot = match model.lookup(va >> 12) {
+                    // Mostly a change that can be made in place.
+                    Some((_, p)) if self.rng.chance(70) => {
+                        let flip = self.rng.pick(&[Prot::WRITE, Prot::EXEC, Prot::USER]);
+                        p.symmetric_difference(flip)
+                    }
+                    _ => self.prot(),
+                };
+                Op::Live {
+                    va,
+                    len: self.len(va),
+                    prot,
+                    bbm: self.rng.chance(30),
+                    fail: fail(self),
+                }
+            }
+            94..=97 => {
+                let mut steps = [GStep::Unmap { va: 0, len: 0 }; 3];
+                for st in &mut steps {
+                    let va = self.va(model, 75);
+                    let len = self.len(va);
+                    *st = match self.rng.below(4) {
+                        0 => GStep::Unmap { va, len },
+                        1 => GStep::UnmapWith { va, len },
+                        2 => GStep::Protect {
+                            va,
+                            len,
+                            prot: self.prot(),
+                        },
+                        _ => GStep::ClearRefs {
+                            va,
+                            len,
+                            what: self.harvest(),
+                        },
+                    };
+                }
+                Op::Gather {
+                    steps,
+                    n: 1 + self.rng.below(3) as u8,
+                }
+            }
+            _ => Op::Switch,
+        }
+    }
+
+    fn harvest(&mut self) -> Harvest {
+        self.rng
+            .pick(&[Harvest::Young, Harvest::Dirty, Harvest::All])
+    }
+
+    /// One address for a single-entry operation: mostly in a mapped page
+    /// (at any offset), sometimes its alias in the other half.
+    fn point(&mut self, model: &Model) -> u64 {
+        let va = self.va(model, 85);
+        let va = if self.rng.chance(50) {
+            (va & !(K4 - 1)) + self.rng.below(K4)
+        } else {
+            va
+        };
+        if self.rng.chance(8) {
+            self.alias(va)
+        } else {
+            va
+        }
+    }
+
+    /// The operations of the first model: map, unmap, change_protection,
+    /// move.
+    fn classic_op(&mut self, model: &Model) -> Op {
+        let fail = |g: &mut Gen| g.rng.chance(12).then(|| g.rng.below(8));
+        let no_cont = self.rng.chance(25);
+        match self.rng.below(100) {
             // Blocks: whole 2 MiB or 1 GiB entries, sometimes a few pages
-            // more (pages after the blocks).
+            // more (pages after the blocks), or a folded run of 16 PMD
+            // blocks (32 MiB).
             0..=11 => {
                 let a = if self.rng.chance(35) { G1 } else { M2 };
-                let va = self.region_va() & !(a - 1);
+                let run = a == M2 && self.rng.chance(30);
+                let va = self.region_va() & !(if run { M32 } else { a } - 1);
                 let extra = if self.rng.chance(20) {
                     self.rng.below(4) * K4
                 } else {
                     0
                 };
-                let len = (1 + self.rng.below(3)) * a + extra;
+                let len = if run {
+                    (1 + self.rng.below(2)) * M32
+                } else {
+                    (1 + self.rng.below(3)) * a
+                } + extra;
                 Op::Map {
                     va,
                     pa: (self.rng.below(64) << 30) + (va & (G1 - 1)),
@@ -356,12 +716,18 @@ impl Gen {
                         MapKind::Blocks
                     },
                     barrier_per_entry: self.rng.chance(10),
+                    no_cont,
                     fail: fail(self),
                 }
             }
             12..=39 => {
                 let va = self.va(model, 15);
-                let len = self.len(va);
+                let (va, len) = if self.rng.chance(20) {
+                    // Whole folded runs of pages.
+                    (va & !(K64 - 1), (1 + self.rng.below(4)) * K64)
+                } else {
+                    (va, self.len(va))
+                };
                 let kind = self.rng.pick(&[
                     MapKind::Pages,
                     MapKind::PmdBlocks,
@@ -375,6 +741,7 @@ impl Gen {
                     prot: self.prot(),
                     kind,
                     barrier_per_entry: self.rng.chance(15),
+                    no_cont,
                     fail: fail(self),
                 }
             }
@@ -458,7 +825,14 @@ impl Gen {
     /// A page-aligned address inside one of the regions, near a PUD
     /// boundary of it.
     fn region_va(&mut self) -> u64 {
-        let base = self.regions[self.rng.below(4) as usize];
+        // Mostly the space's own half; sometimes the other one.
+        let own = match self.range {
+            VaRange::Lower => 0,
+            VaRange::Upper => 1,
+            VaRange::Both => self.rng.below(2) as usize,
+        };
+        let h = if self.rng.chance(6) { 1 - own } else { own };
+        let base = self.regions[h][self.rng.below(4) as usize];
         let boundary = (self.rng.below(5) * G1) as i64;
         let sign = if self.rng.chance(50) { 1 } else { -1 };
         let delta = sign
@@ -480,11 +854,14 @@ impl Gen {
         if !model.is_empty() && self.rng.chance(mapped_pct) {
             let hint = self.region_va() >> 12;
             let page = model.random_page(&mut self.rng, hint).expect("not empty") << 12;
-            return match self.rng.below(6) {
+            return match self.rng.below(10) {
                 0 => page & !(M2 - 1),
                 1 => page & !(G1 - 1),
                 2 => page.wrapping_sub((1 + self.rng.below(4)) * K4),
                 3 => page.wrapping_add((1 + self.rng.below(4)) * K4),
+                4 => page & !(K64 - 1),
+                5 => page & !(M32 - 1),
+                6 if self.rng.chance(30) => self.alias(page),
                 _ => page,
             };
         }
@@ -519,7 +896,11 @@ impl Gen {
                     j - k
                 }
             }
-            55..=62 => (1 + self.rng.below(2)) * G1 + if self.rng.chance(50) { k } else { 0 },
+            55..=60 => (1 + self.rng.below(2)) * G1 + if self.rng.chance(50) { k } else { 0 },
+            // Whole or partial folded runs.
+            61..=62 => self
+                .rng
+                .pick(&[K64, 2 * K64, M32, 2 * M32, M32 - M2, M32 + K4]),
             // Up to the hole or the top of the space, or a page past it.
             63..=72 => {
                 let to_edge = if va < self.half {

@@ -12,6 +12,8 @@
 //! `change_protection` only for blocks whose protection changes.
 //! Arithmetic is in `u128`, so the top of the 64-bit space needs no care.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use pgtable_core::sim::{SimAlloc, SimMmu};
 use pgtable_core::{AddressSpace, Arch, Decoded, MapOptions, PhysAddr, Table, TableAlloc};
 
@@ -19,7 +21,7 @@ use pgtable_core::{AddressSpace, Arch, Decoded, MapOptions, PhysAddr, Table, Tab
 pub type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
 
 /// Every table reachable from the root, depth first: (frame, height,
-/// entries).
+/// entries; none for a table of zeros, such as a pinned kernel table).
 pub type Snapshot = Vec<(u64, u32, Vec<u64>)>;
 
 fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &Table {
@@ -30,39 +32,43 @@ fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &Table {
     unsafe { space.alloc().phys_to_virt(pa).as_ref() }
 }
 
-fn entry<A: Arch>(space: &Space<A>, pa: PhysAddr, i: usize) -> u64 {
-    // Relaxed: no operation runs; only the simulated walker, which this
-    // test drives from the same thread, writes entries.
-    table(space, pa).entries[i].load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Every reachable table's entries.
+/// Every table's entries reachable through the root entries of the
+/// space's range (an x86 user root also links the kernel's tables, which
+/// the kernel space's own checks cover).
 pub fn snapshot<A: Arch>(space: &Space<A>) -> Snapshot {
     let mut out = Vec::new();
-    snap::<A>(space, space.root(), A::LEVELS - 1, &mut out);
+    let root = entries(space, space.root());
+    let (first, last) = space.va_range().root_indices::<A>();
+    out.push((space.root().0, A::LEVELS - 1, root.clone()));
+    for raw in &root[first..=last] {
+        if let Decoded::Table(c) = A::decode(*raw, A::LEVELS - 1) {
+            snap::<A>(space, c, A::LEVELS - 2, &mut out);
+        }
+    }
     out
 }
 
 /// The entries of the table at `pa`.
 fn entries<A: Arch>(space: &Space<A>, pa: PhysAddr) -> Vec<u64> {
     let t = table(space, pa);
-    // Relaxed: as in `entry`.
-    t.entries
-        .iter()
-        .map(|e| e.load(std::sync::atomic::Ordering::Relaxed))
-        .collect()
+    // Relaxed: no operation runs; only the simulated walker, which this
+    // test drives from the same thread, writes entries.
+    t.entries.iter().map(|e| e.load(Relaxed)).collect()
 }
 
 fn snap<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, out: &mut Snapshot) {
-    let entries = entries(space, pa);
-    out.push((pa.0, h, entries.clone()));
+    let mut entries = entries(space, pa);
     if h > 0 {
-        for raw in entries {
+        for &raw in &entries {
             if let Decoded::Table(c) = A::decode(raw, h) {
                 snap::<A>(space, c, h - 1, out);
             }
         }
     }
+    if entries.iter().all(|&e| e == 0) {
+        entries = Vec::new();
+    }
+    out.push((pa.0, h, entries));
 }
 
 /// The first entry that differs between two snapshots, described.
@@ -77,10 +83,14 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Option<String> {
                 b.0, b.1, a.0, a.1
             ));
         }
-        if let Some(i) = (0..512).find(|&i| b.2[i] != a.2[i]) {
+        let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+        if let Some(i) = (0..512).find(|&i| at(&b.2, i) != at(&a.2, i)) {
             return Some(format!(
                 "table {:#x} (height {}) entry {i}: {:#x} -> {:#x}",
-                b.0, b.1, b.2[i], a.2[i]
+                b.0,
+                b.1,
+                at(&b.2, i),
+                at(&a.2, i)
             ));
         }
     }
@@ -95,6 +105,8 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Option<String> {
 
 /// The first non-root table that holds no entry (an operation must free
 /// the tables it empties), as (an address it translates, its height).
+/// Only under the root entries of the space's range, and not the pinned
+/// tables of a shared kernel half (x86: they stay linked when empty).
 pub fn empty_table<A: Arch>(space: &Space<A>) -> Option<(u64, u32)> {
     empty_below::<A>(space, space.root(), A::LEVELS - 1, 0)
 }
@@ -103,14 +115,20 @@ fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Opti
     if h == 0 {
         return None;
     }
+    let top = h == A::LEVELS - 1;
+    let (first, last) = space.va_range().root_indices::<A>();
+    let pinned = top && space.is_kernel_half_shared() && !A::SEPARATE_HALVES;
     for (i, raw) in entries(space, pa).into_iter().enumerate() {
+        if top && (i < first || i > last) {
+            continue;
+        }
         if let Decoded::Table(c) = A::decode(raw, h) {
             let mut cva = va | ((i as u64) << (12 + 9 * h));
             if h == A::LEVELS - 1 && i >= 256 {
                 // Sign-extend: the upper half.
                 cva |= !0u64 << (A::VA_BITS - 1);
             }
-            if entries(space, c).iter().all(|&e| e == 0) {
+            if !pinned && entries(space, c).iter().all(|&e| e == 0) {
                 return Some((cva, h - 1));
             }
             if let Some(hit) = empty_below::<A>(space, c, h - 1, cva) {
@@ -142,9 +160,12 @@ fn swp_walk<A: Arch>(
     end: u128,
     out: &mut Vec<(u64, u64)>,
 ) {
+    let t = table(space, pa);
     while va < end {
         let n = next(va, h, end);
-        let raw = entry(space, pa, index(va, h));
+        // Relaxed: no operation runs; only the simulated walker, which this
+        // test drives from the same thread, writes entries.
+        let raw = t.entries[index(va, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 0 => swp_walk::<A>(space, c, h - 1, va, n, out),
             Decoded::Invalid => {
@@ -220,12 +241,15 @@ impl<A: Arch> MapWalk<'_, A> {
             self.need.leaves += ((end - va) / size(0)) as u64;
             return;
         }
+        let t = tpa.map(|t| table(self.space, t));
         let mut v = va;
         while v < end && self.need.leaves <= self.budget {
             let n = next(v, h, end);
             let p = pa + (v - va);
             let whole = v % size(h) == 0 && n - v == size(h);
-            let raw = tpa.map_or(0, |t| entry(self.space, t, index(v, h)));
+            // Relaxed: no operation runs; only the simulated walker, which this
+            // test drives from the same thread, writes entries.
+            let raw = t.map_or(0, |t| t.entries[index(v, h)].load(Relaxed));
             if self.opts.allows(h) && A::leaf_allowed(h) && whole && p % size(h) == 0 {
                 self.need.leaves += 1;
                 self.need.blocked |= raw != 0;
@@ -264,12 +288,15 @@ fn split_walk<A: Arch>(
     end: u128,
     split: &dyn Fn(u64, u32) -> bool,
 ) -> u64 {
+    let t = table(space, tpa);
     let mut need = 0;
     let mut v = va;
     while v < end {
         let n = next(v, h, end);
         let whole = v % size(h) == 0 && n - v == size(h);
-        let raw = entry(space, tpa, index(v, h));
+        // Relaxed: no operation runs; only the simulated walker, which this
+        // test drives from the same thread, writes entries.
+        let raw = t.entries[index(v, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 1 => need += split_walk::<A>(space, h - 1, c, v, n, split),
             Decoded::Leaf(_) if h > 0 && !whole && split(raw, h) => need += block_need(h, v, n),

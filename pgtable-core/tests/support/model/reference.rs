@@ -6,12 +6,19 @@
 
 use std::collections::BTreeMap;
 
-use pgtable_core::{Error, Format, PhysAddr, Prot, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use pgtable_core::{Error, Format, PhysAddr, Prot, VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 
 use super::gen::Rng;
 
 /// Consecutive virtual pages mapped to consecutive physical pages with one
-/// protection.
+/// protection and one accessed/dirty state.
+///
+/// The accessed (`young`) and dirty state of a page is the state of the
+/// translation covering it as the documented readers report it: the
+/// leaf's own for a page or a block, the OR over the run for a page of a
+/// folded contiguous run (Linux `contpte_ptep_get`). A load or store sets
+/// it on the whole translation (the leaf, or the folded run), a split or
+/// an unfold hands it to every piece.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Run {
     /// Number of pages.
@@ -20,12 +27,18 @@ pub struct Run {
     pub ppn: u64,
     /// The protection every page grants.
     pub prot: Prot,
+    /// Accessed since last cleared.
+    pub young: bool,
+    /// Written since last cleaned.
+    pub dirty: bool,
 }
 
 impl Run {
     /// Whether `next`, starting right after this run, continues it.
     fn continued_by(&self, next: &Run) -> bool {
-        self.ppn + self.pages == next.ppn && self.prot == next.prot
+        self.ppn + self.pages == next.ppn
+            && self.prot == next.prot
+            && (self.young, self.dirty) == (next.young, next.dirty)
     }
 }
 
@@ -116,7 +129,7 @@ impl Model {
                 Run {
                     pages: run.pages - head,
                     ppn: run.ppn + head,
-                    prot: run.prot,
+                    ..run
                 },
             );
         }
@@ -161,11 +174,40 @@ impl Model {
         }
     }
 
-    /// Gives every mapped page in `[s, e)` the protection `prot`.
-    pub fn protect(&mut self, s: u64, e: u64, prot: Prot) {
+    /// Gives every mapped page in `[s, e)` the protection `prot`; where
+    /// it changes, the accessed and dirty state become `ad` of the run
+    /// (the format's `modify_prot`: arm64 makes writable kernel leaves
+    /// dirty).
+    pub fn protect(&mut self, s: u64, e: u64, prot: Prot, ad: &dyn Fn(&Run) -> (bool, bool)) {
+        self.update(s, e, |r| {
+            if r.prot == prot {
+                return r;
+            }
+            let (young, dirty) = ad(&r);
+            Run {
+                prot,
+                young,
+                dirty,
+                ..r
+            }
+        });
+    }
+
+    /// Replaces every mapped run in `[s, e)` (clipped) by `f` of it.
+    pub fn update(&mut self, s: u64, e: u64, f: impl Fn(Run) -> Run) {
         for (vpn, run) in self.take(s, e) {
-            self.insert(vpn, Run { prot, ..run });
+            self.insert(vpn, f(run));
         }
+    }
+
+    /// The run holding page `vpn`, clipped to that one page.
+    pub fn page(&self, vpn: u64) -> Option<Run> {
+        let (&start, run) = self.runs.range(..=vpn).next_back()?;
+        (vpn < start + run.pages).then(|| Run {
+            pages: 1,
+            ppn: run.ppn + (vpn - start),
+            ..*run
+        })
     }
 
     /// The runs inside `[s, e)`, clipped to it.
@@ -187,7 +229,7 @@ impl Model {
                 Run {
                     pages: hi - lo,
                     ppn: run.ppn + (lo - start),
-                    prot: run.prot,
+                    ..run
                 },
             );
         }
@@ -236,7 +278,31 @@ pub fn canonical<A: Format>(va: u64) -> bool {
 /// length, so also when `va + len` would pass 2^64), and `va` when an
 /// upper-half range runs past the top of the 64-bit space (the first
 /// invalid address, 2^64, has no 64-bit value; the start names the range).
-pub fn check_range<A: Format>(va: u64, len: u64) -> Result<(), Error> {
+///
+/// In a space of one half ([`VaRange::Lower`] / [`VaRange::Upper`]) the
+/// range must lie in [`VaRange::bounds`]: `va` itself when it is outside,
+/// else the first address past the half's end (and `va` when that end is
+/// the top of the 64-bit space, as above).
+pub fn check_range_in<A: Format>(range: VaRange, va: u64, len: u64) -> Result<(), Error> {
+    if range == VaRange::Both {
+        return check_range::<A>(va, len);
+    }
+    check_shape(va, len)?;
+    let (first, last) = range.bounds::<A>();
+    if va < first || va > last {
+        return Err(Error::OutOfRange(VirtAddr(va)));
+    }
+    if u128::from(va) + u128::from(len) > u128::from(last) + 1 {
+        if last == u64::MAX {
+            return Err(Error::OutOfRange(VirtAddr(va)));
+        }
+        return Err(Error::OutOfRange(VirtAddr(last + 1)));
+    }
+    Ok(())
+}
+
+/// Zero length, misaligned start, misaligned length.
+fn check_shape(va: u64, len: u64) -> Result<(), Error> {
     if len == 0 {
         return Err(Error::ZeroLength);
     }
@@ -246,6 +312,12 @@ pub fn check_range<A: Format>(va: u64, len: u64) -> Result<(), Error> {
     if len % PAGE_SIZE != 0 {
         return Err(Error::MisalignedLength(len));
     }
+    Ok(())
+}
+
+/// [`check_range_in`] for a space of both halves.
+pub fn check_range<A: Format>(va: u64, len: u64) -> Result<(), Error> {
+    check_shape(va, len)?;
     if !canonical::<A>(va) {
         return Err(Error::OutOfRange(VirtAddr(va)));
     }
