@@ -914,3 +914,36 @@ fn contpte_single_entry_installs_never_change_a_folded_run() {
     assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
     m.check().unwrap();
 }
+
+/// A software entry whose value sets the bit where a leaf has the
+/// contiguous hint is no folded run: `unmap_with` reports it with its own
+/// value (so the caller can release the swap slot) and the page beside it
+/// with its own state, not ORed over 16 entries.
+#[test]
+fn contpte_a_software_entry_with_the_hint_bit_set_is_not_a_run() {
+    let (m, mut s) = machine();
+    // Value bit 40 is descriptor bit 52, the contiguous hint of a leaf.
+    let value = (1u64 << 40) | 5;
+    s.set_swap_entry(VA, value).unwrap();
+    s.install_pte(VA.add(2 * PAGE), PhysAddr(PA.0 + 2 * PAGE), user_rw())
+        .unwrap();
+    // A store elsewhere in the run's range would dirty a real run.
+    s.install_pte(VA.add(5 * PAGE), PhysAddr(PA.0 + 5 * PAGE), user_rw())
+        .unwrap();
+    m.write_u64(VA.add(5 * PAGE), 1).unwrap();
+    let mut got = Vec::new();
+    s.unmap_with(VA, RUN, |r| {
+        got.push((
+            (r.va().0 - VA.0) / PAGE,
+            Arm64::swp_value(r.raw()),
+            r.dirty(),
+        ))
+    })
+    .unwrap();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![(0, Some(value), false), (2, None, false), (5, None, true)]
+    );
+    m.check().unwrap();
+}

@@ -117,6 +117,15 @@ pub(crate) fn gather_ad<A: Format>(slots: &[Slot]) -> (bool, bool) {
     (young, dirty)
 }
 
+/// Whether `raw` at `height` is an entry of a folded run: a present leaf
+/// with the contiguous hint. [`Format::is_cont`] reads the hint bit alone,
+/// which a software entry's value may set too (it decodes as
+/// [`Decoded::Invalid`] and is never part of a run).
+#[inline]
+pub(crate) fn is_folded<A: Format>(raw: u64, height: u32) -> bool {
+    A::is_cont(raw, height) && matches!(A::decode(raw, height), Decoded::Leaf(_))
+}
+
 /// `raw` with the accessed/dirty state `(young, dirty)` added.
 #[inline]
 pub(crate) fn with_ad<A: Format>(raw: u64, height: u32, young: bool, dirty: bool) -> u64 {

@@ -65,7 +65,7 @@ fn contpte_gather_chunk<A: Format>(old: &mut [u64], first: usize, runs: usize) {
     let mut p = (runs - first % runs) % runs;
     while p + runs <= old.len() {
         let run = &mut old[p..p + runs];
-        if A::is_cont(run[0], 0) {
+        if contpte::is_folded::<A>(run[0], 0) {
             let young = run.iter().any(|&r| A::is_young(r));
             let dirty = run.iter().any(|&r| A::is_dirty(r));
             for r in run.iter_mut().filter(|r| **r != 0) {
@@ -232,7 +232,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let mut k = 2;
             while k < t.entries.len() {
                 let raw = t.entries[k].load(Relaxed);
-                if runs != 0 && k % runs == 0 && A::is_cont(raw, 0) {
+                if runs != 0 && k % runs == 0 && contpte::is_folded::<A>(raw, 0) {
                     // A folded run: every page reported with the run's
                     // accessed/dirty state (Linux `contpte_ptep_get`).
                     let run = &t.entries[k..k + runs];
@@ -276,7 +276,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let t = unsafe { table_at(&self.alloc, pa) };
         let runs = A::cont_entries(0) as usize;
         // Relaxed: exclusive access; the swaps below re-read exactly.
-        if height == 0 && runs != 0 && A::is_cont(t.entries[0].load(Relaxed), 0) {
+        if height == 0 && runs != 0 && contpte::is_folded::<A>(t.entries[0].load(Relaxed), 0) {
             // The first run is folded: it is taken and reported whole now,
             // with its accessed/dirty state ORed over the run (entries 0
             // and 1 become the link below).
