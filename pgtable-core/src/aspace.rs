@@ -191,15 +191,21 @@ pub(crate) unsafe fn table_at<'t, T: TableAlloc>(alloc: &T, pa: PhysAddr) -> &'t
     unsafe { alloc.phys_to_virt(pa).as_ref() }
 }
 
-/// Table frames allocated up front so the write phase of an operation
-/// cannot fail. They are linked through their first word (a value with the
-/// low 12 bits clear, which no format treats as valid).
-pub(crate) struct Stash {
+/// The tables an operation may take, allocated up front so its write
+/// phase cannot fail (check → reserve → write): made by
+/// [`reserve`](AddressSpace::reserve) with the count of the check phase,
+/// handed out one by one by [`take`](AddressSpace::take), and closed by
+/// [`settle`](AddressSpace::settle), which checks (debug) that the count
+/// was exact, frees what is left and returns the operation's `Result`
+/// ([`release`](AddressSpace::release) only for an operation that stops
+/// before its write phase). The frames are linked through their first word
+/// (a value with the low 12 bits clear, which no format treats as valid).
+pub(crate) struct Reservation {
     head: u64,
-    pub(crate) count: usize,
+    count: usize,
     /// A [`take`](AddressSpace::take) found the reservation empty (a
     /// counting bug; see there).
-    pub(crate) short: bool,
+    short: bool,
 }
 
 /// Table frames unlinked by an operation, freed after its TLB flush.
@@ -243,14 +249,22 @@ impl TableSpan {
     }
 }
 
-impl Stash {
+impl Reservation {
     /// An empty reservation.
-    pub(crate) const fn new() -> Stash {
-        Stash {
+    pub(crate) const fn new() -> Reservation {
+        Reservation {
             head: 0,
             count: 0,
             short: false,
         }
+    }
+
+    /// Whether a [`take`](AddressSpace::take) found the reservation empty:
+    /// the check phase under-counted, and the write phase stops where it
+    /// is.
+    #[inline]
+    pub(crate) fn is_short(&self) -> bool {
+        self.short
     }
 }
 
@@ -642,8 +656,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The `tables_allocated` counter counts tables when they are taken
     /// into the tables, not here, so that it tells how many the write
     /// phase used (a reservation that was counted exactly is used up).
-    pub(crate) fn reserve(&mut self, n: usize) -> Result<Stash, Error> {
-        let mut stash = Stash::new();
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<Reservation, Error> {
+        let mut stash = Reservation::new();
         for _ in 0..n {
             match self.alloc.alloc_table() {
                 // `Format` promises that `table_entry` decodes back to the
@@ -690,7 +704,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// caller leaves the rest of its work undone without losing a mapping,
     /// and the operation returns [`Error::OutOfMemory`] with the tables
     /// partly changed. Debug builds assert instead.
-    pub(crate) fn take(&mut self, stash: &mut Stash) -> Option<PhysAddr> {
+    pub(crate) fn take(&self, stash: &mut Reservation) -> Option<PhysAddr> {
         debug_assert!(stash.count > 0, "table reservation under-counted");
         let pa = self.pop(stash)?;
         self.mmu.stats.add_tables_allocated(1);
@@ -698,7 +712,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The next frame of the stash, marking it short when it is empty.
-    fn pop(&mut self, stash: &mut Stash) -> Option<PhysAddr> {
+    fn pop(&self, stash: &mut Reservation) -> Option<PhysAddr> {
         if stash.count == 0 {
             stash.short = true;
             return None;
@@ -712,14 +726,29 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Some(pa)
     }
 
-    /// Frees the tables left in a reservation (none are left when the
-    /// reservation was counted exactly). They were never taken into the
-    /// tables, so the counters do not count them.
-    pub(crate) fn release(&mut self, stash: Stash) {
-        self.release_raw(stash);
+    /// Closes the reservation of an operation whose write phase ran: checks
+    /// (debug builds) that the check phase did not over-count, frees the
+    /// tables left (none when the count was exact; never taken into the
+    /// tables, so the counters do not count them), and returns
+    /// [`Error::OutOfMemory`] if a [`take`](Self::take) came up short (the
+    /// check phase under-counted; see there), `Ok` otherwise.
+    pub(crate) fn settle(&mut self, res: Reservation) -> Result<(), Error> {
+        debug_assert_eq!(res.count, 0, "table reservation over-counted");
+        let short = res.short;
+        self.release_raw(res);
+        if short {
+            return Err(Error::OutOfMemory);
+        }
+        Ok(())
     }
 
-    fn release_raw(&mut self, mut stash: Stash) {
+    /// Frees a reservation whose operation stops before its write phase
+    /// (an error of another check, or of the other space's reservation).
+    pub(crate) fn release(&mut self, res: Reservation) {
+        self.release_raw(res);
+    }
+
+    fn release_raw(&mut self, mut stash: Reservation) {
         while let Some(pa) = self.pop(&mut stash) {
             // SAFETY: never linked into the tables, so no walker reaches it.
             unsafe { self.alloc.free_table(pa) };
@@ -868,7 +897,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         raw: u64,
         va: VirtAddr,
         height: u32,
-        stash: &mut Stash,
+        stash: &mut Reservation,
         gather: &mut TlbGather,
     ) -> Option<PhysAddr> {
         let child = self.take(stash)?;
@@ -937,7 +966,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         raw: u64,
         va: VirtAddr,
         height: u32,
-        stash: &mut Stash,
+        stash: &mut Reservation,
     ) -> Option<PhysAddr> {
         // Only an in-place split gathers anything (the block); a
         // break-before-make split has flushed it already.

@@ -90,29 +90,30 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 Decoded::Leaf(_) | Decoded::Invalid => return Err(Error::AlreadyMapped(va)),
             }
         }
-        // Reserve: one table for each missing level below `h`.
-        let mut stash = self.reserve(h as usize)?;
-        // Write: link the missing tables top-down (each `populate` orders
-        // the zeroed table before its link), then the PTE.
-        while h > 0 {
-            // SAFETY: the last table reached, or one just linked.
-            let t = unsafe { table_at(&self.alloc, tpa) };
-            let Some(c) = self.take(&mut stash) else {
-                // Unreachable: the reservation counted `h` tables.
-                self.release(stash);
-                return Err(Error::OutOfMemory);
-            };
-            A::populate_attrs(
-                &self.mmu,
-                &t.entries[index(va.0, h)],
-                c,
-                h,
-                self.table_attrs,
-            );
-            tpa = c;
-            h -= 1;
+        if h > 0 {
+            // Reserve: one table for each missing level below `h`.
+            let mut stash = self.reserve(h as usize)?;
+            // Write: link the missing tables top-down (each `populate`
+            // orders the zeroed table before its link), then the PTE.
+            while h > 0 {
+                // SAFETY: the last table reached, or one just linked.
+                let t = unsafe { table_at(&self.alloc, tpa) };
+                // Never short: the reservation counted `h` tables.
+                let Some(c) = self.take(&mut stash) else {
+                    break;
+                };
+                A::populate_attrs(
+                    &self.mmu,
+                    &t.entries[index(va.0, h)],
+                    c,
+                    h,
+                    self.table_attrs,
+                );
+                tpa = c;
+                h -= 1;
+            }
+            self.settle(stash)?;
         }
-        self.release(stash);
         // SAFETY: the PTE table reached or just linked.
         let t = unsafe { table_at(&self.alloc, tpa) };
         A::set_pte_nosync(&self.mmu, &t.entries[index(va.0, 0)], A::leaf(pa, prot, 0));

@@ -132,8 +132,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
             }
         }
-        self.release(stash);
         self.table_done();
+        self.settle(stash)?;
         self.kernel_half = true;
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, Stash, TableSpan};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, Reservation, TableSpan};
 use crate::level::{entry_end, index};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
@@ -206,7 +206,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &mut self,
         span: TableSpan,
         prot: Prot,
-        stash: &mut Stash,
+        stash: &mut Reservation,
         gather: &mut TlbGather,
     ) {
         let TableSpan {

@@ -11,7 +11,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, first_used, table_at, Stash, TableSpan};
+use crate::aspace::{covers, first_used, table_at, Reservation, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, shift, size};
 use crate::{
@@ -67,14 +67,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             opts,
             &mut stash,
         );
-        debug_assert_eq!(stash.count, 0, "table reservation over-counted");
         // Short only if `map_check` under-counted (see `take`).
-        let short = stash.short;
-        self.release(stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        self.settle(stash)
     }
 
     /// Phase 1: conflicts and the number of tables needed below `height`.
@@ -158,7 +152,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         mut pa: u64,
         prot: Prot,
         opts: MapOptions,
-        stash: &mut Stash,
+        stash: &mut Reservation,
     ) {
         let TableSpan {
             height,

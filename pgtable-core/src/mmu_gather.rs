@@ -223,13 +223,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> MmuGather<'_, A, M, T> {
             &mut stash,
             &mut self.tlb,
         );
-        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
-        let short = stash.short;
-        s.release(stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        s.settle(stash)
     }
 }
 

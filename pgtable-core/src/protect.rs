@@ -73,7 +73,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash, TableSpan};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Reservation, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, size};
 use crate::{
@@ -152,7 +152,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         end: u64,
         va: VirtAddr,
         prot: Prot,
-        change: fn(&mut Self, TableSpan, Prot, &mut Stash, &mut TlbGather),
+        change: fn(&mut Self, TableSpan, Prot, &mut Reservation, &mut TlbGather),
     ) -> Result<(), Error> {
         let top = A::LEVELS - 1;
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
@@ -166,15 +166,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut gather = TlbGather::new();
         let root = TableSpan::new(top, self.root, va.0, end);
         change(self, root, prot, &mut stash, &mut gather);
-        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
-        let short = stash.short;
-        self.release(stash);
+        let settled = self.settle(stash);
         self.finish(gather, FreeQueue::new());
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        settled
     }
 
     /// Phase 3: changes `[va, end)` in the table `tpa` at `height`.
@@ -182,7 +177,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &mut self,
         span: TableSpan,
         prot: Prot,
-        stash: &mut Stash,
+        stash: &mut Reservation,
         gather: &mut TlbGather,
     ) {
         let TableSpan {

@@ -118,12 +118,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // walk can rely on them).
             self.table_done();
         }
-        debug_assert_eq!(stash.count, 0, "table reservation over-counted");
-        self.release(stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        self.settle(stash)
     }
 
     /// The value of the software entry in the PTE of `va` (Linux

@@ -21,7 +21,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, table_at, FreeQueue, Stash, TableSpan};
+use crate::aspace::{covers, table_at, FreeQueue, Reservation, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, shift};
 use crate::{
@@ -390,14 +390,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             q,
             z,
         );
-        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
-        let short = stash.short;
-        self.release(stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        self.settle(stash)
     }
 
     /// Clears `[va, end)` in the table `tpa` at `height`; returns whether
@@ -405,7 +399,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     fn unmap_clear<Z: Zap<A>>(
         &mut self,
         span: TableSpan,
-        stash: &mut Stash,
+        stash: &mut Reservation,
         gather: &mut TlbGather,
         q: &mut FreeQueue,
         z: &mut Z,
