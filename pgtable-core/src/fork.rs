@@ -137,7 +137,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if let Some(at) = dst.first_mapped_in(top, dst.root, va.0, end) {
             return Err(Error::AlreadyMapped(at));
         }
-        let src_need = self.split_check(top, self.root, va.0, end, &|_, _| true);
+        let src_need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
         // SAFETY: the destination root is a live table of `dst`.
         let droot = unsafe { table_at(&dst.alloc, dst.root) };
         let dst_need = self.copy_need(dst, TableSpan::new(top, self.root, va.0, end), Some(droot));

@@ -14,6 +14,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use crate::aspace::{table_at, FreeQueue, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index};
+use crate::walker::Next;
 use crate::{
     AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, Slot, TableAlloc, TlbGather, VirtAddr,
 };
@@ -67,18 +68,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// entry) and its height, if there is one.
     pub(crate) fn find_leaf(&self, va: VirtAddr) -> Option<(&Slot, u32)> {
         self.check_va(va).ok()?;
-        let mut pa = self.root;
+        let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         loop {
-            // SAFETY: `pa` is the root or a table reached from it.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            let slot = &t.entries[index(va.0, h)];
-            // Relaxed: we hold the address space; the hardware changes
-            // accessed/dirty state only, never the kind of entry.
-            match A::decode(slot.load(Relaxed), h) {
-                Decoded::Table(c) => pa = c,
-                Decoded::None => return None,
-                Decoded::Leaf(_) | Decoded::Invalid => return Some((slot, h)),
+            let i = index(va.0, h);
+            match self.read(t, i, h) {
+                (_, Next::Table(c)) => t = c,
+                (_, Next::None) => return None,
+                (raw, Next::Invalid)
+                    if h == 0 && matches!(A::decode(raw, 0), Decoded::Table(_)) =>
+                {
+                    return None
+                }
+                (_, Next::Leaf(_) | Next::Invalid) => return Some((t.slot(i), h)),
             }
             // A table entry is never found at height 0 (`Format` rules).
             h = h.checked_sub(1)?;
