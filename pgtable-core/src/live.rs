@@ -5,6 +5,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{break_entry, covers, needs_bbm, table_at, Reservation, TableSpan};
 use crate::level::{entry_end, index};
+use crate::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
 };
@@ -134,14 +135,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         opts: LiveOptions,
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
-        let top = A::LEVELS - 1;
         if A::BREAK_BEFORE_MAKE && !opts.allow_bbm {
             // Changing part of a folded contiguous run unfolds it, which
             // is break-before-make for the whole run. The error names the
             // lower of the two first addresses (the walk goes up from `va`).
             let differs = |raw, h| A::leaf_prot(raw, h) != prot;
             let partial = self.contpte_partial_change(va.0, end, &differs);
-            let entry = self.live_bbm_check(top, self.root, va.0, end, prot);
+            let entry = self.live_bbm_check(va.0, end, prot);
             if let Some(at) = partial.into_iter().chain(entry).min() {
                 return Err(Error::BreakBeforeMake(at));
             }
@@ -149,31 +149,45 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.change_prot_with(end, va, prot, Self::live_change)
     }
 
-    /// The first address in `[va, end)` (under the table `tpa` at
-    /// `height`) whose change to `prot` needs break-before-make.
-    fn live_bbm_check(
-        &self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
-        prot: Prot,
-    ) -> Option<VirtAddr> {
-        // SAFETY: the root or a table reached from it.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        loop {
-            let next = entry_end(va, height, end);
-            // Relaxed: we hold the address space; the hardware changes
-            // accessed/dirty state only, which does not decide this.
-            let raw = t.entries[index(va, height)].load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Table(c) if height > 0 => {
-                    if let Some(at) = self.live_bbm_check(height - 1, c, va, next, prot) {
-                        return Some(at);
-                    }
+    /// The first address in `[va, end)` whose change to `prot` needs
+    /// break-before-make.
+    fn live_bbm_check(&self, va: u64, end: u64, prot: Prot) -> Option<VirtAddr> {
+        let mut cur = self.cursor(va, end);
+        while let Some(span) = cur.span() {
+            match self.live_bbm_span(span, prot) {
+                Err(at) => return Some(at),
+                Ok(Some((child, va))) => cur.descend(child, va),
+                Ok(None) => {
+                    cur.advance(span.next);
                 }
-                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
-                Decoded::Leaf(_) => {
+            }
+        }
+        None
+    }
+
+    /// [`live_bbm_check`](Self::live_bbm_check) over `span` up to its
+    /// first table entry: `Err` with the first address found, or that
+    /// entry's table and first address (`Ok(None)`: the span is done).
+    /// The hardware changes accessed/dirty state only, which does not
+    /// decide this.
+    fn live_bbm_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        prot: Prot,
+    ) -> Result<Option<(TableRef<'a>, u64)>, VirtAddr> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        for i in span.from..span.to {
+            let next = entry_end(va, height, end);
+            match self.read(t, i, height) {
+                (_, Next::Table(c)) => return Ok(Some((c, va))),
+                (raw, Next::Leaf(_)) if A::leaf_prot(raw, height) == prot => {}
+                (raw, Next::Leaf(_)) => {
                     let whole = height == 0 || covers(va, next, height);
                     // A split replaces the block by a table (a size
                     // change), then changes the children.
@@ -189,16 +203,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         (A::split_leaf(raw, height), height - 1)
                     };
                     if split || needs_bbm::<A>(leaf, A::modify_prot(leaf, prot, h), h) {
-                        return Some(VirtAddr(va));
+                        return Err(VirtAddr(va));
                     }
                 }
                 _ => {}
             }
             va = next;
-            if va == end {
-                return None;
-            }
         }
+        Ok(None)
     }
 
     /// Changes `[va, end)` in the table `tpa` at `height`.

@@ -224,7 +224,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let pa = PhysAddr(head);
             // SAFETY: a PTE table this call unlinked; the flush is done, so
             // no walker reaches it and nothing but this loop reads it.
-            let t = unsafe { table_at(&self.alloc, pa) };
+            let t = unsafe { self.owned_frame(pa) };
             // Relaxed: private to this thread (see above).
             head = t.entries[0].load(Relaxed);
             let va = t.entries[1].load(Relaxed);
@@ -273,7 +273,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         z: &mut Z,
     ) {
         // SAFETY: the subtree is ours; it was reachable until unlinked.
-        let t = unsafe { table_at(&self.alloc, pa) };
+        let t = unsafe { self.owned_frame(pa) };
         let runs = A::cont_entries(0) as usize;
         // Relaxed: exclusive access; the swaps below re-read exactly.
         if height == 0 && runs != 0 && A::is_cont(t.entries[0].load(Relaxed), 0) {

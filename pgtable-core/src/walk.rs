@@ -85,7 +85,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         while let Some(span) = cur.span() {
             match self.walk_span(span, &mut f) {
                 Some((child, va)) => cur.descend(child, va),
-                None => cur.advance(span.next),
+                None => {
+                    cur.advance(span.next);
+                }
             }
         }
         Ok(())

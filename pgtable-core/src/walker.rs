@@ -171,7 +171,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 }
 
 /// The most translation levels a format may have (x86 LA57).
-const MAX_LEVELS: usize = 5;
+pub(crate) const MAX_LEVELS: usize = 5;
 
 /// A position in `[start, end)` and the tables on the path to it (see the
 /// module docs).
@@ -237,12 +237,16 @@ impl<'a> Cursor<'a> {
 
     /// Moves to `next`, the end of the current span, and up to the table
     /// whose entries go on from there (or past the end of the range).
+    /// Returns the heights of the tables the cursor is done with (each
+    /// visited for the last time), lowest first: where an operation issues
+    /// its per-table barrier.
     #[inline]
-    pub(crate) fn advance(&mut self, next: u64) {
+    pub(crate) fn advance(&mut self, next: u64) -> core::ops::Range<u32> {
+        let from = self.height;
         self.va = next;
         if next == self.end {
             self.height = self.top + 1;
-            return;
+            return from..self.height;
         }
         // A table at height `h` covers `size(h + 1)`: while `next` starts
         // a new table there, that table is done too.
@@ -250,5 +254,6 @@ impl<'a> Cursor<'a> {
         while self.height < self.top && next & (size(self.height + 1) - 1) == 0 {
             self.height += 1;
         }
+        from..self.height
     }
 }
