@@ -894,7 +894,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// changing nothing, when the reservation is short (see
     /// [`take`](Self::take)).
     pub(crate) fn split_block(
-        &mut self,
+        &self,
         slot: &Slot,
         raw: u64,
         va: VirtAddr,
@@ -962,7 +962,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// per split block (only the two ends of a range split), besides the
     /// operation's gathered one, which then need not cover the block.
     pub(crate) fn split_block_to_change(
-        &mut self,
+        &self,
         slot: &Slot,
         raw: u64,
         va: VirtAddr,
