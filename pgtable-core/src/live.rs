@@ -3,11 +3,11 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, Reservation, TableSpan};
+use crate::aspace::{break_entry, covers, needs_bbm, Reservation, TableSpan};
 use crate::level::{entry_end, index};
 use crate::walker::{Next, Span, TableRef};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
+    AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
 };
 
 /// Options of [`AddressSpace::change_protection_live`].
@@ -213,7 +213,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Ok(None)
     }
 
-    /// Changes `[va, end)` in the table `tpa` at `height`.
+    /// Changes `[va, end)` of `span` (the root's) on the cursor, one
+    /// barrier per table written when the cursor leaves it.
     fn live_change(
         &mut self,
         span: TableSpan,
@@ -221,28 +222,52 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         stash: &mut Reservation,
         gather: &mut TlbGather,
     ) {
-        let TableSpan {
+        debug_assert!(span.height == A::LEVELS - 1 && span.table == self.root);
+        let s = &*self;
+        let mut wrote = [false; crate::walker::MAX_LEVELS];
+        let mut cur = s.cursor(span.va, span.end);
+        while let Some(sp) = cur.span() {
+            let h = sp.height as usize;
+            if let Some((child, va)) = s.live_span(sp, prot, stash, gather, &mut wrote[h]) {
+                cur.descend(child, va);
+                continue;
+            }
+            for h in cur.advance(sp.next) {
+                if core::mem::take(&mut wrote[h as usize]) {
+                    s.table_done();
+                }
+            }
+        }
+    }
+
+    /// Changes the leaves of `span` up to its first table entry, splitting
+    /// a block it covers in part (`wrote`: an entry of the table was
+    /// written); returns that entry's table and first address (`None`:
+    /// the span is done). The compare-exchanges catch a concurrent
+    /// hardware update.
+    fn live_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        prot: Prot,
+        stash: &mut Reservation,
+        gather: &mut TlbGather,
+        wrote: &mut bool,
+    ) -> Option<(TableRef<'a>, u64)> {
+        let Span {
+            table: t,
             height,
-            table: tpa,
             mut va,
-            end,
+            next: end,
+            ..
         } = span;
-        // SAFETY: the root, a table reached from it, or one a split just
-        // linked.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        let mut wrote = false;
         loop {
             let next = entry_end(va, height, end);
-            let slot = &t.entries[index(va, height)];
-            // Relaxed: we hold the address space; the compare-exchange
-            // below catches a concurrent hardware update.
-            let raw = slot.load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Table(c) if height > 0 => {
-                    self.live_change(TableSpan::new(height - 1, c, va, next), prot, stash, gather);
-                }
-                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
-                Decoded::Leaf(_)
+            let i = index(va, height);
+            let slot = t.slot(i);
+            match self.read(t, i, height) {
+                (_, Next::Table(c)) => return Some((c, va)),
+                (raw, Next::Leaf(_)) if A::leaf_prot(raw, height) == prot => {}
+                (raw, Next::Leaf(_))
                     if A::is_cont(raw, height)
                         && needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) =>
                 {
@@ -250,60 +275,52 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // break-before-make): all its entries at once, so no
                     // two disagree in memory type while valid.
                     let c = A::cont_entries(height) as usize;
-                    let at = index(va, height) & !(c - 1);
+                    let at = i & !(c - 1);
                     let span = c as u64 * crate::level::size(height);
                     let base = va & !(span - 1);
                     crate::contpte::break_run::<A, _>(
                         &self.mmu,
-                        &t.entries[at..at + c],
+                        t.slots(at, at + c),
                         base,
                         height,
                         |o, _, _| A::modify_prot(o, prot, height),
                     );
                     self.mmu.stats.add_entries_written(c as u64);
                     gather.add_range(VirtAddr(base), span, height);
-                    wrote = true;
+                    *wrote = true;
                     va = base.wrapping_add(span);
                     if va == end {
-                        break;
+                        return None;
                     }
                     continue;
                 }
-                Decoded::Leaf(_) if height > 0 && !covers(va, next, height) => {
-                    // (No table: the count was short, see `take`; the
-                    // block keeps its protection.)
-                    if let Some(c) =
-                        self.split_block_to_change(slot, raw, VirtAddr(va), height, stash)
-                    {
-                        self.live_change(
-                            TableSpan::new(height - 1, c, va, next),
-                            prot,
-                            stash,
-                            gather,
-                        );
+                (raw, Next::Leaf(_)) if height > 0 && !covers(va, next, height) => {
+                    // Descended through the table the split linked. (No
+                    // table: the count was short, see `take`; the block
+                    // keeps its protection.)
+                    let split = self.split_block_to_change(slot, raw, VirtAddr(va), height, stash);
+                    if let Some((_, Next::Table(c))) = split.map(|_| self.read(t, i, height)) {
+                        return Some((c, va));
                     }
                 }
-                Decoded::Leaf(_) => {
+                (raw, Next::Leaf(_)) => {
                     self.live_set(slot, raw, VirtAddr(va), height, prot);
                     gather.add_leaf(VirtAddr(va), height);
-                    wrote = true;
+                    *wrote = true;
                 }
                 _ => {}
             }
             va = next;
             if va == end {
-                break;
+                return None;
             }
-        }
-        if wrote {
-            self.table_done();
         }
     }
 
     /// Replaces the live leaf `raw` in `slot` by its `prot` version: one
     /// compare-exchange, or break-before-make where the arch needs it (the
     /// caller allowed it).
-    fn live_set(&mut self, slot: &Slot, raw: u64, va: VirtAddr, height: u32, prot: Prot) {
+    fn live_set(&self, slot: &Slot, raw: u64, va: VirtAddr, height: u32, prot: Prot) {
         let mut cur = raw;
         loop {
             let new = A::modify_prot(cur, prot, height);
