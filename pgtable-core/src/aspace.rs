@@ -2,11 +2,13 @@
 //! table access, input validation, pre-reserved tables, deferred frees,
 //! walker barriers and the lazy-MMU scope.
 
+use core::cell::Cell;
 use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::level::{entry_end, index, shift, size};
+use crate::walker::{Next, TableRef};
 use crate::{
     Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs, TlbGather,
     TlbRange, VaRange, VirtAddr, PAGE_SIZE,
@@ -105,7 +107,9 @@ pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     pub(crate) mmu: Counted<M>,
     pub(crate) alloc: T,
     lazy_depth: u32,
-    barrier_pending: bool,
+    /// A per-table walker barrier was deferred to the end of the lazy-MMU
+    /// scope (a `Cell`: written by walks that borrow the space shared).
+    barrier_pending: Cell<bool>,
     /// Global leaves may exist (set when one is mapped or made global, and
     /// for adopted tables): full flushes must then drop global
     /// translations too.
@@ -191,15 +195,38 @@ pub(crate) unsafe fn table_at<'t, T: TableAlloc>(alloc: &T, pa: PhysAddr) -> &'t
     unsafe { alloc.phys_to_virt(pa).as_ref() }
 }
 
-/// Table frames allocated up front so the write phase of an operation
-/// cannot fail. They are linked through their first word (a value with the
-/// low 12 bits clear, which no format treats as valid).
-pub(crate) struct Stash {
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// A frame of ours that no walk reaches: one of a reservation, or of an
+    /// unlinked subtree queued for freeing (the free queue and the
+    /// reservation link their frames through the first word). Tables the
+    /// operations walk are [`TableRef`](crate::walker::TableRef)s instead.
+    ///
+    /// # Safety
+    ///
+    /// `pa` is a frame of `self.alloc` that is not freed while the
+    /// reference is used.
+    #[inline]
+    pub(crate) unsafe fn owned_frame(&self, pa: PhysAddr) -> &Table {
+        // SAFETY: a live frame of our allocator (the caller's guarantee).
+        unsafe { table_at(&self.alloc, pa) }
+    }
+}
+
+/// The tables an operation may take, allocated up front so its write
+/// phase cannot fail (check → reserve → write): made by
+/// [`reserve`](AddressSpace::reserve) with the count of the check phase,
+/// handed out one by one by [`take`](AddressSpace::take), and closed by
+/// [`settle`](AddressSpace::settle), which checks (debug) that the count
+/// was exact, frees what is left and returns the operation's `Result`
+/// ([`release`](AddressSpace::release) only for an operation that stops
+/// before its write phase). The frames are linked through their first word
+/// (a value with the low 12 bits clear, which no format treats as valid).
+pub(crate) struct Reservation {
     head: u64,
-    pub(crate) count: usize,
+    count: usize,
     /// A [`take`](AddressSpace::take) found the reservation empty (a
     /// counting bug; see there).
-    pub(crate) short: bool,
+    short: bool,
 }
 
 /// Table frames unlinked by an operation, freed after its TLB flush.
@@ -243,14 +270,22 @@ impl TableSpan {
     }
 }
 
-impl Stash {
+impl Reservation {
     /// An empty reservation.
-    pub(crate) const fn new() -> Stash {
-        Stash {
+    pub(crate) const fn new() -> Reservation {
+        Reservation {
             head: 0,
             count: 0,
             short: false,
         }
+    }
+
+    /// Whether a [`take`](AddressSpace::take) found the reservation empty:
+    /// the check phase under-counted, and the write phase stops where it
+    /// is.
+    #[inline]
+    pub(crate) fn is_short(&self) -> bool {
+        self.short
     }
 }
 
@@ -365,7 +400,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             },
             alloc,
             lazy_depth: 0,
-            barrier_pending: false,
+            barrier_pending: Cell::new(false),
             may_hold_global: false,
             active: false,
             range: VaRange::Both,
@@ -461,8 +496,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let r = f(self);
         // Saturating: `f` may have swapped another space into `self`.
         self.lazy_depth = self.lazy_depth.saturating_sub(1);
-        if self.lazy_depth == 0 && self.barrier_pending {
-            self.barrier_pending = false;
+        if self.lazy_depth == 0 && self.barrier_pending.get() {
+            self.barrier_pending.set(false);
             self.mmu.walker_barrier();
         }
         r
@@ -518,21 +553,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if self.check_va(va).is_err() || height >= A::LEVELS {
             return None;
         }
-        let mut pa = self.root;
-        let mut h = A::LEVELS - 1;
-        loop {
-            // SAFETY: `pa` is the root or a table reached from it.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            let slot = &t.entries[index(va.0, h)];
-            if h == height {
-                return Some(slot);
-            }
-            match A::decode(slot.load(Relaxed), h) {
-                Decoded::Table(c) => pa = c,
-                _ => return None,
-            }
-            h -= 1;
-        }
+        Some(self.table_for(va.0, height)?.slot(index(va.0, height)))
     }
 
     /// Number of tables reachable from the root through the root entries
@@ -540,26 +561,21 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// space does not count the kernel tables its root links).
     pub fn count_tables(&self) -> usize {
         let (first, last) = self.range.root_indices::<A>();
-        let top = A::LEVELS - 1;
-        // SAFETY: the root is a live table of ours.
-        let t = unsafe { table_at(&self.alloc, self.root) };
+        let root = self.root_table();
         let mut n = 1;
-        for e in &t.entries[first..=last] {
-            // Relaxed: we hold the address space.
-            if let Decoded::Table(c) = A::decode(e.load(Relaxed), top) {
-                n += self.count_below(c, top - 1);
+        for i in first..=last {
+            if let Next::Table(c) = self.read(root, i, A::LEVELS - 1).1 {
+                n += self.count_below(c, A::LEVELS - 2);
             }
         }
         n
     }
 
-    fn count_below(&self, pa: PhysAddr, h: u32) -> usize {
+    fn count_below(&self, t: TableRef<'_>, h: u32) -> usize {
         let mut n = 1;
         if h > 0 {
-            // SAFETY: reached from the root.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            for e in &t.entries {
-                if let Decoded::Table(c) = A::decode(e.load(Relaxed), h) {
+            for i in 0..crate::ENTRIES_PER_TABLE {
+                if let Next::Table(c) = self.read(t, i, h).1 {
                     n += self.count_below(c, h - 1);
                 }
             }
@@ -642,8 +658,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The `tables_allocated` counter counts tables when they are taken
     /// into the tables, not here, so that it tells how many the write
     /// phase used (a reservation that was counted exactly is used up).
-    pub(crate) fn reserve(&mut self, n: usize) -> Result<Stash, Error> {
-        let mut stash = Stash::new();
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<Reservation, Error> {
+        let mut stash = Reservation::new();
         for _ in 0..n {
             match self.alloc.alloc_table() {
                 // `Format` promises that `table_entry` decodes back to the
@@ -659,7 +675,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
                 Some(pa) => {
                     // SAFETY: freshly allocated frame of ours.
-                    let t = unsafe { table_at(&self.alloc, pa) };
+                    let t = unsafe { self.owned_frame(pa) };
                     // Relaxed: the frame is private to this thread.
                     t.entries[0].store(stash.head, Relaxed);
                     stash.head = pa.0;
@@ -690,7 +706,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// caller leaves the rest of its work undone without losing a mapping,
     /// and the operation returns [`Error::OutOfMemory`] with the tables
     /// partly changed. Debug builds assert instead.
-    pub(crate) fn take(&mut self, stash: &mut Stash) -> Option<PhysAddr> {
+    pub(crate) fn take(&self, stash: &mut Reservation) -> Option<PhysAddr> {
         debug_assert!(stash.count > 0, "table reservation under-counted");
         let pa = self.pop(stash)?;
         self.mmu.stats.add_tables_allocated(1);
@@ -698,28 +714,43 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The next frame of the stash, marking it short when it is empty.
-    fn pop(&mut self, stash: &mut Stash) -> Option<PhysAddr> {
+    fn pop(&self, stash: &mut Reservation) -> Option<PhysAddr> {
         if stash.count == 0 {
             stash.short = true;
             return None;
         }
         let pa = PhysAddr(stash.head);
         // SAFETY: stash frames are live frames of ours, not yet linked.
-        let t = unsafe { table_at(&self.alloc, pa) };
+        let t = unsafe { self.owned_frame(pa) };
         // Relaxed: the frame is private to this thread until linked.
         stash.head = t.entries[0].swap(0, Relaxed);
         stash.count -= 1;
         Some(pa)
     }
 
-    /// Frees the tables left in a reservation (none are left when the
-    /// reservation was counted exactly). They were never taken into the
-    /// tables, so the counters do not count them.
-    pub(crate) fn release(&mut self, stash: Stash) {
-        self.release_raw(stash);
+    /// Closes the reservation of an operation whose write phase ran: checks
+    /// (debug builds) that the check phase did not over-count, frees the
+    /// tables left (none when the count was exact; never taken into the
+    /// tables, so the counters do not count them), and returns
+    /// [`Error::OutOfMemory`] if a [`take`](Self::take) came up short (the
+    /// check phase under-counted; see there), `Ok` otherwise.
+    pub(crate) fn settle(&mut self, res: Reservation) -> Result<(), Error> {
+        debug_assert_eq!(res.count, 0, "table reservation over-counted");
+        let short = res.short;
+        self.release_raw(res);
+        if short {
+            return Err(Error::OutOfMemory);
+        }
+        Ok(())
     }
 
-    fn release_raw(&mut self, mut stash: Stash) {
+    /// Frees a reservation whose operation stops before its write phase
+    /// (an error of another check, or of the other space's reservation).
+    pub(crate) fn release(&mut self, res: Reservation) {
+        self.release_raw(res);
+    }
+
+    fn release_raw(&mut self, mut stash: Reservation) {
         while let Some(pa) = self.pop(&mut stash) {
             // SAFETY: never linked into the tables, so no walker reaches it.
             unsafe { self.alloc.free_table(pa) };
@@ -738,7 +769,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // SAFETY: the frame is ours and unlinked; a walker that still uses a
         // cached pointer to it reads the link as an invalid entry (a value
         // with the low 12 bits clear, by the `Format` rules).
-        let t = unsafe { table_at(&self.alloc, pa) };
+        let t = unsafe { self.owned_frame(pa) };
         // Relaxed: only this thread follows the link.
         t.entries[0].store(q.heads[h], Relaxed);
         q.heads[h] = pa.0;
@@ -752,7 +783,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return;
         }
         // SAFETY: the subtree is ours; it was reachable until unlinked.
-        let t = unsafe { table_at(&self.alloc, pa) };
+        let t = unsafe { self.owned_frame(pa) };
         // Entry 0 is about to hold the link: its subtree goes on its own.
         // Relaxed: the subtree is unlinked; the hardware may still set
         // accessed bits in it, which never change an entry's kind.
@@ -767,7 +798,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `height` (reads tables above the PTE level only).
     fn count_subtree(&self, pa: PhysAddr, from: usize, height: u32) -> usize {
         // SAFETY: a table of an unlinked subtree of ours.
-        let t = unsafe { table_at(&self.alloc, pa) };
+        let t = unsafe { self.owned_frame(pa) };
         let mut n = 0;
         for e in &t.entries[from..] {
             // Relaxed: as in `queue_free_subtree`.
@@ -792,7 +823,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         for i in from..crate::level::ENTRIES_PER_TABLE {
             // SAFETY: the subtree is ours and unreachable (our caller's
             // guarantee); the reference ends before anything is freed.
-            let raw = unsafe { table_at(&self.alloc, pa) }.entries[i].load(Relaxed);
+            let raw = unsafe { self.owned_frame(pa) }.entries[i].load(Relaxed);
             if let Decoded::Table(c) = A::decode(raw, height) {
                 if height > 1 {
                     // SAFETY: as ours.
@@ -827,7 +858,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             while q.nodes[h] > 0 {
                 let pa = PhysAddr(q.heads[h]);
                 // SAFETY: queued frames are ours and unlinked.
-                let t = unsafe { table_at(&self.alloc, pa) };
+                let t = unsafe { self.owned_frame(pa) };
                 // Relaxed: private to this thread now.
                 q.heads[h] = t.entries[0].load(Relaxed);
                 q.nodes[h] -= 1;
@@ -845,12 +876,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The per-table walker barrier after writing a table's entries: now,
     /// or at the end of the lazy-MMU scope.
     #[inline]
-    pub(crate) fn table_done(&mut self) {
+    pub(crate) fn table_done(&self) {
         if !A::NEEDS_WALKER_BARRIER {
             return;
         }
         if self.lazy_depth > 0 {
-            self.barrier_pending = true;
+            self.barrier_pending.set(true);
         } else {
             self.mmu.walker_barrier();
         }
@@ -863,22 +894,21 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// changing nothing, when the reservation is short (see
     /// [`take`](Self::take)).
     pub(crate) fn split_block(
-        &mut self,
+        &self,
         slot: &Slot,
         raw: u64,
         va: VirtAddr,
         height: u32,
-        stash: &mut Stash,
+        stash: &mut Reservation,
         gather: &mut TlbGather,
     ) -> Option<PhysAddr> {
-        let child = self.take(stash)?;
-        // SAFETY: a reserved frame of ours, not yet linked.
-        let ct = unsafe { table_at(&self.alloc, child) };
+        let ct = self.take_table(stash)?;
+        let child = ct.pa();
         let new = A::table_entry_attrs(child, height, self.table_attrs);
         let fill = |raw: u64| {
             let first = A::split_leaf(raw, height);
             let step = size(height - 1);
-            for (i, e) in ct.entries.iter().enumerate() {
+            for (i, e) in ct.slots(0, crate::ENTRIES_PER_TABLE).iter().enumerate() {
                 // Relaxed: the table is not reachable yet; the link below
                 // is ordered after these stores by the barrier.
                 e.store(first + ((i as u64 * step) >> A::OA_SHIFT), Relaxed);
@@ -932,12 +962,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// per split block (only the two ends of a range split), besides the
     /// operation's gathered one, which then need not cover the block.
     pub(crate) fn split_block_to_change(
-        &mut self,
+        &self,
         slot: &Slot,
         raw: u64,
         va: VirtAddr,
         height: u32,
-        stash: &mut Stash,
+        stash: &mut Reservation,
     ) -> Option<PhysAddr> {
         // Only an in-place split gathers anything (the block); a
         // break-before-make split has flushed it already.
@@ -954,7 +984,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     pub(crate) fn split_check(
         &self,
         height: u32,
-        tpa: PhysAddr,
+        t: TableRef<'_>,
         mut va: u64,
         end: u64,
         needs_split: &impl Fn(u64, u32) -> bool,
@@ -962,21 +992,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if height == 0 {
             return 0;
         }
-        // SAFETY: the root or a table reached from it.
-        let t = unsafe { table_at(&self.alloc, tpa) };
         let mut need = 0;
         loop {
             let next = entry_end(va, height, end);
             if !covers(va, next, height) {
-                // Relaxed: we hold the address space exclusively; the
-                // hardware changes accessed/dirty state only, never the
-                // kind of entry or its protection.
-                let raw = t.entries[index(va, height)].load(Relaxed);
-                match A::decode(raw, height) {
-                    Decoded::Leaf(_) if needs_split(raw, height) => {
+                match self.read(t, index(va, height), height) {
+                    (raw, Next::Leaf(_)) if needs_split(raw, height) => {
                         need += Self::split_need(va, next, height);
                     }
-                    Decoded::Table(c) => {
+                    (_, Next::Table(c)) => {
                         need += self.split_check(height - 1, c, va, next, needs_split);
                     }
                     _ => {}
@@ -1080,12 +1104,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {
         // also links the kernel half's tables, which are not ours.
         let (first, last) = self.range.root_indices::<A>();
         let top = A::LEVELS - 1;
-        // SAFETY: the root is a live table of ours.
-        let t = unsafe { table_at(&self.alloc, self.root) };
-        for e in &t.entries[first..=last] {
-            // Relaxed: no CPU uses the tables any more.
-            if let Decoded::Table(c) = A::decode(e.load(Relaxed), top) {
-                self.queue_free_subtree(&mut q, c, top - 1);
+        for i in first..=last {
+            // No CPU uses the tables any more.
+            if let Next::Table(c) = self.read(self.root_table(), i, top).1 {
+                self.queue_free_subtree(&mut q, c.pa(), top - 1);
             }
         }
         self.queue_free(&mut q, self.root);

@@ -55,7 +55,6 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::table_at;
 use crate::level::{index, shift, size};
 use crate::{
     AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, Slot, Table, TableAlloc, TlbRange,
@@ -143,22 +142,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if self.check_va(VirtAddr(va)).is_err() || height >= A::LEVELS {
             return None;
         }
-        let mut pa = self.root;
-        let mut h = A::LEVELS - 1;
-        loop {
-            // SAFETY: `pa` is the root or a table reached from it.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            if h == height {
-                return Some(t);
-            }
-            // Relaxed: we hold the address space; the hardware changes
-            // accessed/dirty state only, never the kind of entry.
-            match A::decode(t.entries[index(va, h)].load(Relaxed), h) {
-                Decoded::Table(c) => pa = c,
-                _ => return None,
-            }
-            h -= 1;
-        }
+        Some(self.table_for(va, height)?.table())
     }
 
     /// The folded run holding the leaf at `height` on the path to `va`:

@@ -5,8 +5,9 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{needs_bbm, table_at, FreeQueue};
+use crate::aspace::{needs_bbm, FreeQueue};
 use crate::level::{index, shift, size};
+use crate::walker::Next;
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGather, VirtAddr,
     PAGE_SIZE,
@@ -65,62 +66,69 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// cannot be allocated. On error nothing was changed and no table
     /// frame stays allocated.
     pub fn install_pte(&mut self, va: VirtAddr, pa: PhysAddr, prot: Prot) -> Result<(), Error> {
-        self.check_range(va, PAGE_SIZE)?;
-        Self::check_phys(pa, PAGE_SIZE)?;
-        // Check: how far the tables reach.
-        let mut tpa = self.root;
-        let mut h = A::LEVELS - 1;
-        loop {
-            // SAFETY: the root or a table reached from it.
-            let t = unsafe { table_at(&self.alloc, tpa) };
-            // Relaxed: we hold the address space exclusively.
-            let raw = t.entries[index(va.0, h)].load(Relaxed);
-            if h == 0 {
-                if raw != 0 {
-                    return Err(Error::AlreadyMapped(va));
-                }
-                break;
-            }
-            match A::decode(raw, h) {
-                Decoded::Table(c) => {
-                    tpa = c;
-                    h -= 1;
-                }
-                Decoded::None => break,
-                Decoded::Leaf(_) | Decoded::Invalid => return Err(Error::AlreadyMapped(va)),
-            }
+        if !va.is_aligned(PAGE_SIZE) {
+            return Err(Error::MisalignedVirt(va));
         }
-        // Reserve: one table for each missing level below `h`.
-        let mut stash = self.reserve(h as usize)?;
-        // Write: link the missing tables top-down (each `populate` orders
-        // the zeroed table before its link), then the PTE.
+        // One page: its range check is its address's.
+        self.check_va(va)?;
+        Self::check_phys(pa, PAGE_SIZE)?;
+        // Check: how far the tables reach (the short path when they all
+        // exist: four dependent loads, then the one store).
+        let mut t = self.root_table();
+        let mut h = A::LEVELS - 1;
         while h > 0 {
-            // SAFETY: the last table reached, or one just linked.
-            let t = unsafe { table_at(&self.alloc, tpa) };
-            let Some(c) = self.take(&mut stash) else {
-                // Unreachable: the reservation counted `h` tables.
-                self.release(stash);
-                return Err(Error::OutOfMemory);
-            };
-            A::populate_attrs(
-                &self.mmu,
-                &t.entries[index(va.0, h)],
-                c,
-                h,
-                self.table_attrs,
-            );
-            tpa = c;
+            match self.read(t, index(va.0, h), h).1 {
+                Next::Table(c) => t = c,
+                Next::None => break,
+                Next::Leaf(_) | Next::Invalid => return Err(Error::AlreadyMapped(va)),
+            }
             h -= 1;
         }
-        self.release(stash);
-        // SAFETY: the PTE table reached or just linked.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        A::set_pte_nosync(&self.mmu, &t.entries[index(va.0, 0)], A::leaf(pa, prot, 0));
+        if h == 0 {
+            let slot = t.slot(index(va.0, 0));
+            if t.load(index(va.0, 0)) != 0 {
+                return Err(Error::AlreadyMapped(va));
+            }
+            A::set_pte_nosync(&self.mmu, slot, A::leaf(pa, prot, 0));
+        } else {
+            self.install_tables(va, pa, prot, h)?;
+        }
         self.may_hold_global |= prot.global();
         self.mmu.stats.add_entries_written(1);
         // The one walker barrier for the links and the PTE.
         self.table_done();
         Ok(())
+    }
+
+    /// The rest of [`install_pte`](Self::install_pte) when the tables
+    /// below `height` are missing: reserve one for each, link them
+    /// top-down (each `populate` orders the zeroed table before its link),
+    /// then write the PTE.
+    #[cold]
+    fn install_tables(
+        &mut self,
+        va: VirtAddr,
+        pa: PhysAddr,
+        prot: Prot,
+        height: u32,
+    ) -> Result<(), Error> {
+        let mut res = self.reserve(height as usize)?;
+        let mut h = height;
+        let mut t = self.table_for(va.0, h);
+        while let Some(parent) = t.filter(|_| h > 0) {
+            // Never short: the reservation counted `height` tables.
+            t = self.take_table(&mut res);
+            if let Some(c) = t {
+                let slot = parent.slot(index(va.0, h));
+                A::populate_attrs(&self.mmu, slot, c.pa(), h, self.table_attrs);
+            }
+            h -= 1;
+        }
+        if let Some(pte) = t {
+            let entry = A::leaf(pa, prot, 0);
+            A::set_pte_nosync(&self.mmu, pte.slot(index(va.0, 0)), entry);
+        }
+        self.settle(res)
     }
 
     /// Linux `ptep_set_access_flags` (and `pmdp_set_access_flags` for a

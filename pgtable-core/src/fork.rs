@@ -54,7 +54,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash, TableSpan};
+use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Reservation, TableSpan};
 use crate::level::{entry_end, index};
 use crate::{
     generic, AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, Table, TableAlloc,
@@ -137,7 +137,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if let Some(at) = dst.first_mapped_in(top, dst.root, va.0, end) {
             return Err(Error::AlreadyMapped(at));
         }
-        let src_need = self.split_check(top, self.root, va.0, end, &|_, _| true);
+        let src_need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
         // SAFETY: the destination root is a live table of `dst`.
         let droot = unsafe { table_at(&dst.alloc, dst.root) };
         let dst_need = self.copy_need(dst, TableSpan::new(top, self.root, va.0, end), Some(droot));
@@ -169,16 +169,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         };
         self.copy_table(dst, TableSpan::new(top, sroot, va.0, end), droot, &mut c);
         self.finish(gather, FreeQueue::new());
-        debug_assert_eq!(src_stash.count, 0, "split reservation over-counted");
-        debug_assert_eq!(dst_stash.count, 0, "copy reservation over-counted");
-        // Short only if a count was (see `take`).
-        let short = src_stash.short || dst_stash.short;
-        self.release(src_stash);
-        dst.release(dst_stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        // Short only if a count was (see `take`); both are settled.
+        let src = self.settle(src_stash);
+        let dst = dst.settle(dst_stash);
+        src.and(dst)
     }
 
     /// Phase 1: the tables `dst` needs below height `h` to copy `[va, end)`
@@ -499,8 +493,8 @@ fn ro(p: Prot) -> Prot {
 
 /// The mutable state of one copy.
 struct CopyState<'a> {
-    src_stash: &'a mut Stash,
-    dst_stash: &'a mut Stash,
+    src_stash: &'a mut Reservation,
+    dst_stash: &'a mut Reservation,
     gather: &'a mut TlbGather,
     cow: bool,
 }

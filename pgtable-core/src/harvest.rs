@@ -11,9 +11,10 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{table_at, FreeQueue, TableSpan};
+use crate::aspace::FreeQueue;
 use crate::contpte;
 use crate::level::{entry_end, index};
+use crate::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, Slot, TableAlloc, TlbGather, VirtAddr,
 };
@@ -67,18 +68,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// entry) and its height, if there is one.
     pub(crate) fn find_leaf(&self, va: VirtAddr) -> Option<(&Slot, u32)> {
         self.check_va(va).ok()?;
-        let mut pa = self.root;
+        let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         loop {
-            // SAFETY: `pa` is the root or a table reached from it.
-            let t = unsafe { table_at(&self.alloc, pa) };
-            let slot = &t.entries[index(va.0, h)];
-            // Relaxed: we hold the address space; the hardware changes
-            // accessed/dirty state only, never the kind of entry.
-            match A::decode(slot.load(Relaxed), h) {
-                Decoded::Table(c) => pa = c,
-                Decoded::None => return None,
-                Decoded::Leaf(_) | Decoded::Invalid => return Some((slot, h)),
+            let i = index(va.0, h);
+            match self.read(t, i, h) {
+                (_, Next::Table(c)) => t = c,
+                (_, Next::None) => return None,
+                (raw, Next::Invalid)
+                    if h == 0 && matches!(A::decode(raw, 0), Decoded::Table(_)) =>
+                {
+                    return None
+                }
+                (_, Next::Leaf(_) | Next::Invalid) => return Some((t.slot(i), h)),
             }
             // A table entry is never found at height 0 (`Format` rules).
             h = h.checked_sub(1)?;
@@ -190,8 +192,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let end = self.check_range(va, len)?;
         let mut gather = TlbGather::new();
         let mut f = f;
-        let root = TableSpan::new(A::LEVELS - 1, self.root, va.0, end);
-        self.harvest(root, what, &mut gather, &mut f);
+        self.harvest(va.0, end, what, &mut gather, &mut f);
         self.finish(gather, FreeQueue::new());
         Ok(())
     }
@@ -208,44 +209,70 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
         let mut f = f;
-        let root = TableSpan::new(A::LEVELS - 1, self.root, va.0, end);
-        self.harvest(root, what, gather, &mut f);
+        self.harvest(va.0, end, what, gather, &mut f);
         Ok(())
     }
 
     fn harvest(
-        &mut self,
-        span: TableSpan,
+        &self,
+        va: u64,
+        end: u64,
         what: ClearRefs,
         gather: &mut TlbGather,
         f: &mut impl FnMut(LeafEntry<A>),
     ) {
-        let TableSpan {
+        // Entries changed in the table at each height on the cursor's
+        // path: one barrier per table, when the cursor leaves it.
+        let mut changed = [0u64; crate::walker::MAX_LEVELS];
+        let mut cur = self.cursor(va, end);
+        while let Some(span) = cur.span() {
+            let h = span.height as usize;
+            match self.harvest_span(span, what, gather, f, &mut changed[h]) {
+                Some((child, va)) => cur.descend(child, va),
+                None => {
+                    for h in cur.advance(span.next) {
+                        let n = core::mem::take(&mut changed[h as usize]);
+                        if n > 0 {
+                            self.mmu.stats.add_entries_written(n);
+                            self.table_done();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Clears the leaves of `span` up to its first table entry, counting
+    /// the changed ones in `changed`, and returns that entry's table and
+    /// first address (`None`: the span is done).
+    fn harvest_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        what: ClearRefs,
+        gather: &mut TlbGather,
+        f: &mut impl FnMut(LeafEntry<A>),
+        changed: &mut u64,
+    ) -> Option<(TableRef<'a>, u64)> {
+        let Span {
+            table: t,
             height,
-            table: tpa,
             mut va,
-            end,
+            next: end,
+            ..
         } = span;
-        // SAFETY: the root or a table reached from it.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        let mut changed = 0u64;
         loop {
             let next = entry_end(va, height, end);
-            let slot = &t.entries[index(va, height)];
-            // Relaxed: the kind of entry does not change under us; the
-            // clear re-reads the value in its compare-exchange.
-            let raw = slot.load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Table(c) if height > 0 => {
-                    self.harvest(TableSpan::new(height - 1, c, va, next), what, gather, f);
-                }
-                Decoded::Leaf(_) if A::is_cont(raw, height) => {
+            let slot = t.slot(index(va, height));
+            // The clear re-reads the value in its compare-exchange.
+            match self.read(t, index(va, height), height) {
+                (_, Next::Table(c)) => return Some((c, va)),
+                (raw, Next::Leaf(_)) if A::is_cont(raw, height) => {
                     // A folded run: cleared over the whole run (beyond the
                     // range too, as Linux's contpte harvesting does), every
                     // page of it in the range reported with the run's state.
                     let run = contpte::run_size::<A>(height);
                     let base = va & !(run - 1);
-                    let slots = contpte::run_slots::<A>(t, index(va, height), height);
+                    let slots = contpte::run_slots::<A>(t.table(), index(va, height), height);
                     let (mut young, mut dirty, mut ch) = (false, false, 0u64);
                     for s in slots {
                         if let Some((old, c)) = clear_leaf::<A, _>(&self.mmu, s, height, what) {
@@ -255,7 +282,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         }
                     }
                     if ch > 0 {
-                        changed += ch;
+                        *changed += ch;
                         gather.add_range(VirtAddr(base), run, height);
                     }
                     let step = crate::level::size(height);
@@ -282,15 +309,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     }
                     va = stop;
                     if va == end {
-                        break;
+                        return None;
                     }
                     continue;
                 }
-                Decoded::Leaf(_) => {
+                (_, Next::Leaf(_)) => {
                     if let Some((old, ch)) = clear_leaf::<A, _>(&self.mmu, slot, height, what) {
                         let leaf = LeafEntry::new(va, height, old);
                         if ch {
-                            changed += 1;
+                            *changed += 1;
                             gather.add_leaf(leaf.va(), height);
                         }
                         f(leaf);
@@ -300,12 +327,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
             va = next;
             if va == end {
-                break;
+                return None;
             }
-        }
-        if changed > 0 {
-            self.mmu.stats.add_entries_written(changed);
-            self.table_done();
         }
     }
 }

@@ -2,7 +2,6 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::table_at;
 use crate::level::shift;
 use crate::{AddressSpace, Arch, Decoded, Error, Mmu, TableAlloc, VaRange, VirtAddr};
 
@@ -107,8 +106,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Ok(());
         }
         let top = A::LEVELS - 1;
-        // SAFETY: the root is a live table of ours.
-        let root = unsafe { table_at(&self.alloc, self.root) };
+        let root = self.root_table().table();
         let mut need = 0;
         for (i, e) in root.entries.iter().enumerate().skip(256) {
             // Relaxed: we hold the address space exclusively.
@@ -122,7 +120,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
         let mut stash = self.reserve(need)?;
         let attrs = crate::TableAttrs::KERNEL;
-        for e in &root.entries[256..] {
+        for e in &self.root_table().table().entries[256..] {
             // Relaxed: as above.
             if e.load(Relaxed) == 0 {
                 // Not short: counted above, and nothing changed since.
@@ -132,8 +130,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
             }
         }
-        self.release(stash);
         self.table_done();
+        self.settle(stash)?;
         self.kernel_half = true;
         Ok(())
     }
@@ -180,14 +178,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut s = Self::new_in(VaRange::Lower, mmu, alloc)?;
         s.table_attrs = crate::TableAttrs::USER;
         if !A::SEPARATE_HALVES {
-            // SAFETY: both roots are live tables of their spaces; the
-            // user root is not linked or installed anywhere yet.
-            let (k, u) = unsafe {
-                (
-                    table_at(&kernel.alloc, kernel.root),
-                    table_at(&s.alloc, s.root),
-                )
-            };
+            // The user root is not linked or installed anywhere yet.
+            let (k, u) = (kernel.root_table().table(), s.root_table().table());
             for (d, e) in u.entries[256..].iter().zip(&k.entries[256..]) {
                 // Relaxed: the kernel's root entries of the upper half are
                 // pinned (never written again while it lives), and the new

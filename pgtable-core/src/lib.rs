@@ -97,6 +97,7 @@ mod table;
 mod table_attrs;
 mod unmap;
 mod walk;
+mod walker;
 
 pub mod asid;
 pub mod generic;

@@ -3,10 +3,11 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, Stash, TableSpan};
+use crate::aspace::{break_entry, covers, needs_bbm, Reservation, TableSpan};
 use crate::level::{entry_end, index};
+use crate::walker::{Next, Span, TableRef};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
+    AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
 };
 
 /// Options of [`AddressSpace::change_protection_live`].
@@ -134,14 +135,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         opts: LiveOptions,
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
-        let top = A::LEVELS - 1;
         if A::BREAK_BEFORE_MAKE && !opts.allow_bbm {
             // Changing part of a folded contiguous run unfolds it, which
             // is break-before-make for the whole run. The error names the
             // lower of the two first addresses (the walk goes up from `va`).
             let differs = |raw, h| A::leaf_prot(raw, h) != prot;
             let partial = self.contpte_partial_change(va.0, end, &differs);
-            let entry = self.live_bbm_check(top, self.root, va.0, end, prot);
+            let entry = self.live_bbm_check(va.0, end, prot);
             if let Some(at) = partial.into_iter().chain(entry).min() {
                 return Err(Error::BreakBeforeMake(at));
             }
@@ -149,31 +149,45 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.change_prot_with(end, va, prot, Self::live_change)
     }
 
-    /// The first address in `[va, end)` (under the table `tpa` at
-    /// `height`) whose change to `prot` needs break-before-make.
-    fn live_bbm_check(
-        &self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
-        prot: Prot,
-    ) -> Option<VirtAddr> {
-        // SAFETY: the root or a table reached from it.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        loop {
-            let next = entry_end(va, height, end);
-            // Relaxed: we hold the address space; the hardware changes
-            // accessed/dirty state only, which does not decide this.
-            let raw = t.entries[index(va, height)].load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Table(c) if height > 0 => {
-                    if let Some(at) = self.live_bbm_check(height - 1, c, va, next, prot) {
-                        return Some(at);
-                    }
+    /// The first address in `[va, end)` whose change to `prot` needs
+    /// break-before-make.
+    fn live_bbm_check(&self, va: u64, end: u64, prot: Prot) -> Option<VirtAddr> {
+        let mut cur = self.cursor(va, end);
+        while let Some(span) = cur.span() {
+            match self.live_bbm_span(span, prot) {
+                Err(at) => return Some(at),
+                Ok(Some((child, va))) => cur.descend(child, va),
+                Ok(None) => {
+                    cur.advance(span.next);
                 }
-                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
-                Decoded::Leaf(_) => {
+            }
+        }
+        None
+    }
+
+    /// [`live_bbm_check`](Self::live_bbm_check) over `span` up to its
+    /// first table entry: `Err` with the first address found, or that
+    /// entry's table and first address (`Ok(None)`: the span is done).
+    /// The hardware changes accessed/dirty state only, which does not
+    /// decide this.
+    fn live_bbm_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        prot: Prot,
+    ) -> Result<Option<(TableRef<'a>, u64)>, VirtAddr> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        for i in span.from..span.to {
+            let next = entry_end(va, height, end);
+            match self.read(t, i, height) {
+                (_, Next::Table(c)) => return Ok(Some((c, va))),
+                (raw, Next::Leaf(_)) if A::leaf_prot(raw, height) == prot => {}
+                (raw, Next::Leaf(_)) => {
                     let whole = height == 0 || covers(va, next, height);
                     // A split replaces the block by a table (a size
                     // change), then changes the children.
@@ -189,8 +203,110 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         (A::split_leaf(raw, height), height - 1)
                     };
                     if split || needs_bbm::<A>(leaf, A::modify_prot(leaf, prot, h), h) {
-                        return Some(VirtAddr(va));
+                        return Err(VirtAddr(va));
                     }
+                }
+                _ => {}
+            }
+            va = next;
+        }
+        Ok(None)
+    }
+
+    /// Changes `[va, end)` of `span` (the root's) on the cursor, one
+    /// barrier per table written when the cursor leaves it.
+    fn live_change(
+        &mut self,
+        span: TableSpan,
+        prot: Prot,
+        stash: &mut Reservation,
+        gather: &mut TlbGather,
+    ) {
+        debug_assert!(span.height == A::LEVELS - 1 && span.table == self.root);
+        let s = &*self;
+        let mut wrote = [false; crate::walker::MAX_LEVELS];
+        let mut cur = s.cursor(span.va, span.end);
+        while let Some(sp) = cur.span() {
+            let h = sp.height as usize;
+            if let Some((child, va)) = s.live_span(sp, prot, stash, gather, &mut wrote[h]) {
+                cur.descend(child, va);
+                continue;
+            }
+            for h in cur.advance(sp.next) {
+                if core::mem::take(&mut wrote[h as usize]) {
+                    s.table_done();
+                }
+            }
+        }
+    }
+
+    /// Changes the leaves of `span` up to its first table entry, splitting
+    /// a block it covers in part (`wrote`: an entry of the table was
+    /// written); returns that entry's table and first address (`None`:
+    /// the span is done). The compare-exchanges catch a concurrent
+    /// hardware update.
+    fn live_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        prot: Prot,
+        stash: &mut Reservation,
+        gather: &mut TlbGather,
+        wrote: &mut bool,
+    ) -> Option<(TableRef<'a>, u64)> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        loop {
+            let next = entry_end(va, height, end);
+            let i = index(va, height);
+            let slot = t.slot(i);
+            match self.read(t, i, height) {
+                (_, Next::Table(c)) => return Some((c, va)),
+                (raw, Next::Leaf(_)) if A::leaf_prot(raw, height) == prot => {}
+                (raw, Next::Leaf(_))
+                    if A::is_cont(raw, height)
+                        && needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) =>
+                {
+                    // A whole folded run (the caller allowed
+                    // break-before-make): all its entries at once, so no
+                    // two disagree in memory type while valid.
+                    let c = A::cont_entries(height) as usize;
+                    let at = i & !(c - 1);
+                    let span = c as u64 * crate::level::size(height);
+                    let base = va & !(span - 1);
+                    crate::contpte::break_run::<A, _>(
+                        &self.mmu,
+                        t.slots(at, at + c),
+                        base,
+                        height,
+                        |o, _, _| A::modify_prot(o, prot, height),
+                    );
+                    self.mmu.stats.add_entries_written(c as u64);
+                    gather.add_range(VirtAddr(base), span, height);
+                    *wrote = true;
+                    va = base.wrapping_add(span);
+                    if va == end {
+                        return None;
+                    }
+                    continue;
+                }
+                (raw, Next::Leaf(_)) if height > 0 && !covers(va, next, height) => {
+                    // Descended through the table the split linked. (No
+                    // table: the count was short, see `take`; the block
+                    // keeps its protection.)
+                    let split = self.split_block_to_change(slot, raw, VirtAddr(va), height, stash);
+                    if let Some((_, Next::Table(c))) = split.map(|_| self.read(t, i, height)) {
+                        return Some((c, va));
+                    }
+                }
+                (raw, Next::Leaf(_)) => {
+                    self.live_set(slot, raw, VirtAddr(va), height, prot);
+                    gather.add_leaf(VirtAddr(va), height);
+                    *wrote = true;
                 }
                 _ => {}
             }
@@ -201,97 +317,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
     }
 
-    /// Changes `[va, end)` in the table `tpa` at `height`.
-    fn live_change(
-        &mut self,
-        span: TableSpan,
-        prot: Prot,
-        stash: &mut Stash,
-        gather: &mut TlbGather,
-    ) {
-        let TableSpan {
-            height,
-            table: tpa,
-            mut va,
-            end,
-        } = span;
-        // SAFETY: the root, a table reached from it, or one a split just
-        // linked.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        let mut wrote = false;
-        loop {
-            let next = entry_end(va, height, end);
-            let slot = &t.entries[index(va, height)];
-            // Relaxed: we hold the address space; the compare-exchange
-            // below catches a concurrent hardware update.
-            let raw = slot.load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Table(c) if height > 0 => {
-                    self.live_change(TableSpan::new(height - 1, c, va, next), prot, stash, gather);
-                }
-                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
-                Decoded::Leaf(_)
-                    if A::is_cont(raw, height)
-                        && needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) =>
-                {
-                    // A whole folded run (the caller allowed
-                    // break-before-make): all its entries at once, so no
-                    // two disagree in memory type while valid.
-                    let c = A::cont_entries(height) as usize;
-                    let at = index(va, height) & !(c - 1);
-                    let span = c as u64 * crate::level::size(height);
-                    let base = va & !(span - 1);
-                    crate::contpte::break_run::<A, _>(
-                        &self.mmu,
-                        &t.entries[at..at + c],
-                        base,
-                        height,
-                        |o, _, _| A::modify_prot(o, prot, height),
-                    );
-                    self.mmu.stats.add_entries_written(c as u64);
-                    gather.add_range(VirtAddr(base), span, height);
-                    wrote = true;
-                    va = base.wrapping_add(span);
-                    if va == end {
-                        break;
-                    }
-                    continue;
-                }
-                Decoded::Leaf(_) if height > 0 && !covers(va, next, height) => {
-                    // (No table: the count was short, see `take`; the
-                    // block keeps its protection.)
-                    if let Some(c) =
-                        self.split_block_to_change(slot, raw, VirtAddr(va), height, stash)
-                    {
-                        self.live_change(
-                            TableSpan::new(height - 1, c, va, next),
-                            prot,
-                            stash,
-                            gather,
-                        );
-                    }
-                }
-                Decoded::Leaf(_) => {
-                    self.live_set(slot, raw, VirtAddr(va), height, prot);
-                    gather.add_leaf(VirtAddr(va), height);
-                    wrote = true;
-                }
-                _ => {}
-            }
-            va = next;
-            if va == end {
-                break;
-            }
-        }
-        if wrote {
-            self.table_done();
-        }
-    }
-
     /// Replaces the live leaf `raw` in `slot` by its `prot` version: one
     /// compare-exchange, or break-before-make where the arch needs it (the
     /// caller allowed it).
-    fn live_set(&mut self, slot: &Slot, raw: u64, va: VirtAddr, height: u32, prot: Prot) {
+    fn live_set(&self, slot: &Slot, raw: u64, va: VirtAddr, height: u32, prot: Prot) {
         let mut cur = raw;
         loop {
             let new = A::modify_prot(cur, prot, height);

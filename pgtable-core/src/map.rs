@@ -11,9 +11,10 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, first_used, table_at, Stash, TableSpan};
+use crate::aspace::{covers, first_used, table_at, Reservation, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, shift, size};
+use crate::walker::{Next, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
     PAGE_SIZE,
@@ -55,9 +56,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let end = self.check_range(va, len)?;
         Self::check_phys(pa, len)?;
         let top = A::LEVELS - 1;
-        // SAFETY: the root is a live table of ours.
-        let root = unsafe { table_at(&self.alloc, self.root) };
-        let need = self.map_check(top, Some(root), va.0, end, pa.0, opts)?;
+        let need = self.map_check(top, Some(self.root_table()), va.0, end, pa.0, opts)?;
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         self.map_fill(
@@ -67,21 +66,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             opts,
             &mut stash,
         );
-        debug_assert_eq!(stash.count, 0, "table reservation over-counted");
         // Short only if `map_check` under-counted (see `take`).
-        let short = stash.short;
-        self.release(stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        self.settle(stash)
     }
 
     /// Phase 1: conflicts and the number of tables needed below `height`.
     fn map_check(
         &self,
         height: u32,
-        table: Option<&crate::Table>,
+        table: Option<TableRef<'_>>,
         mut va: u64,
         end: u64,
         mut pa: u64,
@@ -91,10 +84,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Every entry becomes a leaf (a page, or a block of the fast
             // path): they must all be free.
             if let Some(t) = table {
-                if let Some(at) = first_used(t, height, va, end) {
+                if let Some(at) = first_used(t.table(), height, va, end) {
                     let next = entry_end(at.0, height, end);
-                    // Relaxed: we hold the address space exclusively.
-                    let raw = t.entries[index(at.0, height)].load(Relaxed);
+                    let raw = t.load(index(at.0, height));
                     return Err(Error::AlreadyMapped(
                         self.first_mapped_at(raw, height, at.0, next),
                     ));
@@ -105,8 +97,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut need = 0;
         loop {
             let next = entry_end(va, height, end);
-            // Relaxed: we hold the address space exclusively.
-            let raw = table.map_or(0, |t| t.entries[index(va, height)].load(Relaxed));
+            let (raw, kind) = match table {
+                Some(t) => self.read(t, index(va, height), height),
+                None => (0, Next::None),
+            };
             if use_leaf::<A>(height, va, next, pa, opts) {
                 if raw != 0 {
                     return Err(Error::AlreadyMapped(
@@ -114,16 +108,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     ));
                 }
             } else {
-                match A::decode(raw, height) {
-                    Decoded::None => {
+                match kind {
+                    Next::None => {
                         need += 1 + self.map_check(height - 1, None, va, next, pa, opts)?;
                     }
-                    Decoded::Table(c) => {
-                        // SAFETY: reached from the root.
-                        let ct = unsafe { table_at(&self.alloc, c) };
+                    Next::Table(ct) => {
                         need += self.map_check(height - 1, Some(ct), va, next, pa, opts)?;
                     }
-                    Decoded::Leaf(_) | Decoded::Invalid => {
+                    Next::Leaf(_) | Next::Invalid => {
                         return Err(Error::AlreadyMapped(VirtAddr(va)));
                     }
                 }
@@ -158,7 +150,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         mut pa: u64,
         prot: Prot,
         opts: MapOptions,
-        stash: &mut Stash,
+        stash: &mut Reservation,
     ) {
         let TableSpan {
             height,

@@ -73,9 +73,10 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Stash, TableSpan};
+use crate::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, size};
+use crate::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, TlbRange,
     VirtAddr, PAGE_SIZE,
@@ -152,11 +153,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         end: u64,
         va: VirtAddr,
         prot: Prot,
-        change: fn(&mut Self, TableSpan, Prot, &mut Stash, &mut TlbGather),
+        change: fn(&mut Self, TableSpan, Prot, &mut Reservation, &mut TlbGather),
     ) -> Result<(), Error> {
         let top = A::LEVELS - 1;
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
-        let need = self.split_check(top, self.root, va.0, end, &differs);
+        let need = self.split_check(top, self.root_table(), va.0, end, &differs);
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         // A run the range covers in part is unfolded first; whole runs are
@@ -166,81 +167,100 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut gather = TlbGather::new();
         let root = TableSpan::new(top, self.root, va.0, end);
         change(self, root, prot, &mut stash, &mut gather);
-        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
-        let short = stash.short;
-        self.release(stash);
+        let settled = self.settle(stash);
         self.finish(gather, FreeQueue::new());
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        settled
     }
 
-    /// Phase 3: changes `[va, end)` in the table `tpa` at `height`.
+    /// Phase 3: changes `[va, end)` of `span` (the root's) on the cursor:
+    /// each PTE span through the PTE loop, the spans above it through
+    /// [`protect_span`](Self::protect_span), one barrier per table that
+    /// changed when the cursor leaves it.
     pub(crate) fn protect_change(
         &mut self,
         span: TableSpan,
         prot: Prot,
-        stash: &mut Stash,
+        stash: &mut Reservation,
         gather: &mut TlbGather,
     ) {
-        let TableSpan {
-            height,
-            table: tpa,
-            va,
-            end,
-        } = span;
-        // SAFETY: the root, a table reached from it, or a table a split
-        // just linked.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        if height == 0 {
-            self.protect_ptes(t, va, end, prot, gather);
-            return;
+        debug_assert!(span.height == A::LEVELS - 1 && span.table == self.root);
+        let s = &*self;
+        let mut changed = [0u64; crate::walker::MAX_LEVELS];
+        let mut cur = s.cursor(span.va, span.end);
+        while let Some(sp) = cur.span() {
+            let h = sp.height as usize;
+            if h == 0 {
+                s.protect_ptes(sp.table.table(), sp.va, sp.next, prot, gather);
+            } else if let Some((child, va)) =
+                s.protect_span(sp, prot, stash, gather, &mut changed[h])
+            {
+                cur.descend(child, va);
+                continue;
+            }
+            for h in cur.advance(sp.next) {
+                let n = core::mem::take(&mut changed[h as usize]);
+                if n > 0 {
+                    s.mmu.stats.add_entries_written(n);
+                    s.table_done();
+                }
+            }
         }
-        let mut changed = 0u64;
-        let mut va = va;
+    }
+
+    /// Changes the leaves of `span` (above the PTE level) up to its first
+    /// table entry, splitting a block it covers in part, counting the
+    /// changed entries in `changed`; returns that entry's table and first
+    /// address (`None`: the span is done).
+    fn protect_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        prot: Prot,
+        stash: &mut Reservation,
+        gather: &mut TlbGather,
+        changed: &mut u64,
+    ) -> Option<(TableRef<'a>, u64)> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
         loop {
             let next = entry_end(va, height, end);
-            let slot = &t.entries[index(va, height)];
-            // Relaxed: we hold the address space exclusively; a racing
-            // hardware update is picked up by the atomic start below.
-            let raw = slot.load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Table(c) => {
-                    self.protect_change(
-                        TableSpan::new(height - 1, c, va, next),
-                        prot,
-                        stash,
-                        gather,
-                    );
-                }
-                Decoded::Leaf(_) if A::leaf_prot(raw, height) == prot => {}
-                Decoded::Leaf(_)
+            let i = index(va, height);
+            let slot = t.slot(i);
+            // A racing hardware update is picked up by the atomic start
+            // below.
+            match self.read(t, i, height) {
+                (_, Next::Table(c)) => return Some((c, va)),
+                (raw, Next::Leaf(_)) if A::leaf_prot(raw, height) == prot => {}
+                (raw, Next::Leaf(_))
                     if A::is_cont(raw, height)
                         && needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) =>
                 {
                     // A whole folded run of blocks: see `protect_ptes`.
                     let c = A::cont_entries(height) as usize;
-                    let at = index(va, height) & !(c - 1);
+                    let at = i & !(c - 1);
                     let base = va & !((c as u64 * size(height)) - 1);
                     let lazy = LazyBarrier::new(&self.mmu);
                     contpte::break_run::<A, _>(
                         &lazy,
-                        &t.entries[at..at + c],
+                        t.slots(at, at + c),
                         base,
                         height,
                         |o, _, _| A::modify_prot(o, prot, height),
                     );
                     gather.add_range(VirtAddr(base), c as u64 * size(height), height);
-                    changed += c as u64;
+                    *changed += c as u64;
                     va = base.wrapping_add(c as u64 * size(height));
                     if va == end {
-                        break;
+                        return None;
                     }
                     continue;
                 }
-                Decoded::Leaf(_) if covers(va, next, height) => {
+                (raw, Next::Leaf(_)) if covers(va, next, height) => {
                     let v = VirtAddr(va);
                     let lazy = LazyBarrier::new(&self.mmu);
                     let old = if needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) {
@@ -251,40 +271,35 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let new = A::modify_prot(old, prot, height);
                     A::pmdp_modify_prot_commit(&lazy, v, slot, height, old, new);
                     gather.add_leaf(v, height);
-                    changed += 1;
+                    *changed += 1;
                 }
-                Decoded::Leaf(_) => {
+                (raw, Next::Leaf(_)) => {
                     // Partly covered (Linux `__split_huge_pmd`): split, then
-                    // change the covered part one level down.
+                    // change the covered part one level down, through the
+                    // table the split linked.
                     // (No table: the count was short, see `take`; the
                     // block keeps its protection.)
-                    if let Some(c) =
-                        self.split_block_to_change(slot, raw, VirtAddr(va), height, stash)
+                    if self
+                        .split_block_to_change(slot, raw, VirtAddr(va), height, stash)
+                        .is_some()
                     {
-                        self.protect_change(
-                            TableSpan::new(height - 1, c, va, next),
-                            prot,
-                            stash,
-                            gather,
-                        );
+                        if let (_, Next::Table(c)) = self.read(t, i, height) {
+                            return Some((c, va));
+                        }
                     }
                 }
-                Decoded::None | Decoded::Invalid => {}
+                (_, Next::None | Next::Invalid) => {}
             }
             va = next;
             if va == end {
-                break;
+                return None;
             }
-        }
-        if changed > 0 {
-            self.mmu.stats.add_entries_written(changed);
-            self.table_done();
         }
     }
 
     /// The PTE loop (Linux `change_pte_range`) over `[va, end)` of `t`.
     fn protect_ptes(
-        &mut self,
+        &self,
         t: &crate::Table,
         va: u64,
         end: u64,

@@ -91,14 +91,10 @@
 //! ```
 
 use core::fmt;
-use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::table_at;
-use crate::level::{entry_end, index, size};
-use crate::{
-    AddressSpace, Arch, Decoded, Error, Level, MemType, Mmu, PhysAddr, Prot, TableAlloc, VaRange,
-    VirtAddr,
-};
+use crate::level::{entry_end, size};
+use crate::walker::{Next, Span, TableRef};
+use crate::{AddressSpace, Arch, Error, Level, MemType, Mmu, Prot, TableAlloc, VaRange, VirtAddr};
 
 /// A dump of (part of) an address space's tables, written when formatted
 /// with [`fmt::Display`] (see the [module documentation](crate::ptdump)
@@ -185,7 +181,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> fmt::Display for PtDump<'_, A, M, T> {
         };
         out.begin(start)?;
         for (start, end) in pieces.into_iter().flatten() {
-            out.table(self.space, A::LEVELS - 1, self.space.root, start, end)?;
+            out.walk(self.space, start, end)?;
         }
         let end = pieces.into_iter().flatten().last().map_or(0, |p| p.1);
         out.finish(end)
@@ -309,37 +305,54 @@ impl Printer<'_, '_, '_> {
         writeln!(self.f, "---[ {} ]---", self.markers[i].1)
     }
 
-    /// Walks the table at `tpa` (at `height`) over `[va, end)`.
-    fn table<A: Arch, M: Mmu, T: TableAlloc>(
+    /// Walks `[start, end)` of `space`'s tables.
+    fn walk<A: Arch, M: Mmu, T: TableAlloc>(
         &mut self,
         space: &AddressSpace<A, M, T>,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
+        start: u64,
         end: u64,
     ) -> fmt::Result {
-        // SAFETY: the root or a table reached from it; the space is
-        // borrowed, so no operation frees it meanwhile.
-        let t = unsafe { table_at(&space.alloc, tpa) };
-        loop {
-            let next = entry_end(va, height, end);
-            // Relaxed: a snapshot for reading; the walker may set A/D
-            // concurrently and the dump shows whichever value it sees.
-            let raw = t.entries[index(va, height)].load(Relaxed);
-            let kind = match A::decode(raw, height) {
-                Decoded::None => None,
-                Decoded::Table(c) if height > 0 => {
-                    self.table(space, height - 1, c, va, next)?;
-                    None
+        let mut cur = space.cursor(start, end);
+        while let Some(span) = cur.span() {
+            match self.span(space, span)? {
+                Some((child, va)) => cur.descend(child, va),
+                None => {
+                    cur.advance(span.next);
                 }
-                Decoded::Leaf(pa) => Some(Kind::Leaf {
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the entries of `span` up to its first table entry, and returns
+    /// that entry's table and first address (`None`: the span is done).
+    /// The loads are snapshots: the walker may set A/D concurrently and
+    /// the dump shows whichever value it sees.
+    fn span<'a, A: Arch, M: Mmu, T: TableAlloc>(
+        &mut self,
+        space: &'a AddressSpace<A, M, T>,
+        span: Span<'a>,
+    ) -> Result<Option<(TableRef<'a>, u64)>, fmt::Error> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        for i in span.from..span.to {
+            let next = entry_end(va, height, end);
+            let kind = match space.read(t, i, height) {
+                (_, Next::None) => None,
+                (_, Next::Table(c)) => return Ok(Some((c, va))),
+                (raw, Next::Leaf(pa)) => Some(Kind::Leaf {
                     // A range form may start inside a block.
                     pa: pa.0 + (va & (size(height) - 1)),
                     prot: A::leaf_prot(raw, height),
                     young: A::is_young(raw),
                     dirty: A::is_dirty(raw),
                 }),
-                Decoded::Table(_) | Decoded::Invalid => Some(match A::swp_value(raw) {
+                (raw, Next::Invalid) => Some(match A::swp_value(raw) {
                     Some(v) => Kind::Swap { first: v, last: v },
                     None => Kind::Invalid { raw },
                 }),
@@ -348,10 +361,8 @@ impl Printer<'_, '_, '_> {
                 self.entry(va, next, height, kind)?;
             }
             va = next;
-            if va == end {
-                return Ok(());
-            }
         }
+        Ok(None)
     }
 
     /// Adds the entry (or the part of it in the dump) `[va, next)`.

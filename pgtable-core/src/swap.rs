@@ -29,11 +29,9 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::table_at;
 use crate::level::index;
-use crate::{
-    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr, PAGE_SIZE,
-};
+use crate::walker::Next;
+use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr, PAGE_SIZE};
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Puts a software entry carrying `value` into the PTE of `va` (Linux
@@ -59,55 +57,49 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.check_range(va, PAGE_SIZE)?;
         let entry = A::swp_entry(value).ok_or(Error::SwapValueTooWide(value))?;
         // Check: walk down, counting the missing tables.
-        let mut tpa = self.root;
+        let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         let need = loop {
-            // SAFETY: the root or a table reached from it.
-            let t = unsafe { table_at(&self.alloc, tpa) };
-            // Relaxed: we hold the address space exclusively.
-            let raw = t.entries[index(va.0, h)].load(Relaxed);
             if h == 0 {
+                let raw = t.load(index(va.0, 0));
                 if raw != 0 && A::swp_value(raw).is_none() {
                     return Err(Error::AlreadyMapped(va));
                 }
                 break 0;
             }
-            match A::decode(raw, h) {
-                Decoded::Table(c) => tpa = c,
-                Decoded::None => break h as usize,
-                Decoded::Leaf(_) | Decoded::Invalid => return Err(Error::AlreadyMapped(va)),
+            match self.read(t, index(va.0, h), h).1 {
+                Next::Table(c) => t = c,
+                Next::None => break h as usize,
+                Next::Leaf(_) | Next::Invalid => return Err(Error::AlreadyMapped(va)),
             }
             h -= 1;
         };
         let mut stash = self.reserve(need)?;
         // Write: link the missing tables top-down (populate publishes each
         // zeroed table before its link), then the entry.
-        let mut tpa = self.root;
+        let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         let mut linked = false;
         let short = loop {
-            // SAFETY: the root, a table reached from it or one just linked.
-            let t = unsafe { table_at(&self.alloc, tpa) };
-            let slot = &t.entries[index(va.0, h)];
+            let slot = t.slot(index(va.0, h));
             if h == 0 {
                 // Not present before and after: no TLB holds either.
                 A::set_pte_nosync(&self.mmu, slot, entry);
                 self.mmu.stats.add_entries_written(1);
                 break false;
             }
-            // Relaxed: as above.
-            match A::decode(slot.load(Relaxed), h) {
-                Decoded::Table(c) => tpa = c,
+            match self.read(t, index(va.0, h), h).1 {
+                Next::Table(c) => t = c,
                 _ => {
                     // Checked none above. (No table: the count was short,
                     // see `take`; nothing is written below.)
-                    let Some(c) = self.take(&mut stash) else {
+                    let Some(c) = self.take_table(&mut stash) else {
                         break true;
                     };
-                    A::populate_attrs(&self.mmu, slot, c, h, self.table_attrs);
+                    A::populate_attrs(&self.mmu, slot, c.pa(), h, self.table_attrs);
                     self.mmu.stats.add_entries_written(1);
                     linked = true;
-                    tpa = c;
+                    t = c;
                 }
             }
             h -= 1;
@@ -118,12 +110,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // walk can rely on them).
             self.table_done();
         }
-        debug_assert_eq!(stash.count, 0, "table reservation over-counted");
-        self.release(stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        self.settle(stash)
     }
 
     /// The value of the software entry in the PTE of `va` (Linux

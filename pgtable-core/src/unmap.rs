@@ -21,7 +21,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, table_at, FreeQueue, Stash, TableSpan};
+use crate::aspace::{covers, table_at, FreeQueue, Reservation, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, shift};
 use crate::{
@@ -224,7 +224,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let pa = PhysAddr(head);
             // SAFETY: a PTE table this call unlinked; the flush is done, so
             // no walker reaches it and nothing but this loop reads it.
-            let t = unsafe { table_at(&self.alloc, pa) };
+            let t = unsafe { self.owned_frame(pa) };
             // Relaxed: private to this thread (see above).
             head = t.entries[0].load(Relaxed);
             let va = t.entries[1].load(Relaxed);
@@ -273,7 +273,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         z: &mut Z,
     ) {
         // SAFETY: the subtree is ours; it was reachable until unlinked.
-        let t = unsafe { table_at(&self.alloc, pa) };
+        let t = unsafe { self.owned_frame(pa) };
         let runs = A::cont_entries(0) as usize;
         // Relaxed: exclusive access; the swaps below re-read exactly.
         if height == 0 && runs != 0 && contpte::is_folded::<A>(t.entries[0].load(Relaxed), 0) {
@@ -378,7 +378,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
         let top = A::LEVELS - 1;
-        let need = self.split_check(top, self.root, va.0, end, &|_, _| true);
+        let need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
         // Runs the range covers in part are unfolded first (whole runs go
         // whole, so the hint never outlives part of its run).
@@ -390,14 +390,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             q,
             z,
         );
-        debug_assert_eq!(stash.count, 0, "split reservation over-counted");
         // Short only if `split_check` under-counted (see `take`).
-        let short = stash.short;
-        self.release(stash);
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        self.settle(stash)
     }
 
     /// Clears `[va, end)` in the table `tpa` at `height`; returns whether
@@ -405,7 +399,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     fn unmap_clear<Z: Zap<A>>(
         &mut self,
         span: TableSpan,
-        stash: &mut Stash,
+        stash: &mut Reservation,
         gather: &mut TlbGather,
         q: &mut FreeQueue,
         z: &mut Z,

@@ -1,11 +1,9 @@
 //! `translate` and range walks.
 
-use core::sync::atomic::Ordering::Relaxed;
-
-use crate::aspace::table_at;
 use crate::contpte;
 use crate::level::{entry_end, index, size};
-use crate::{AddressSpace, Arch, Decoded, Error, Level, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr};
+use crate::walker::{Next, Span, TableRef};
+use crate::{AddressSpace, Arch, Error, Level, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr};
 
 /// Where a virtual address translates to.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -49,17 +47,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     pub fn translate(&self, va: VirtAddr) -> Option<Translation> {
         self.check_va(va).ok()?;
         let mut h = A::LEVELS - 1;
-        let mut tpa = self.root;
+        let mut t = self.root_table();
         loop {
-            // SAFETY: the root or a table reached from it.
-            let t = unsafe { table_at(&self.alloc, tpa) };
-            // Relaxed: we hold the address space; the walker may write A/D.
-            let raw = t.entries[index(va.0, h)].load(Relaxed);
-            match A::decode(raw, h) {
-                Decoded::Table(c) if h > 0 => tpa = c,
-                Decoded::Leaf(pa) => {
+            match self.read(t, index(va.0, h), h) {
+                (_, Next::Table(c)) => t = c,
+                (raw, Next::Leaf(pa)) => {
                     let raw = if A::is_cont(raw, h) {
-                        let run = contpte::run_slots::<A>(t, index(va.0, h), h);
+                        let run = contpte::run_slots::<A>(t.table(), index(va.0, h), h);
                         let (young, dirty) = contpte::gather_ad::<A>(run);
                         contpte::with_ad::<A>(raw, h, young, dirty)
                     } else {
@@ -87,39 +81,49 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Misaligned or zero length, or a range outside the address space.
     pub fn walk(&self, va: VirtAddr, len: u64, mut f: impl FnMut(Mapping)) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
-        self.walk_table(A::LEVELS - 1, self.root, va.0, end, &mut f);
+        let mut cur = self.cursor(va.0, end);
+        while let Some(span) = cur.span() {
+            match self.walk_span(span, &mut f) {
+                Some((child, va)) => cur.descend(child, va),
+                None => {
+                    cur.advance(span.next);
+                }
+            }
+        }
         Ok(())
     }
 
-    fn walk_table(
-        &self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
+    /// Reports the leaves of `span` up to its first table entry, and
+    /// returns that entry's table and first address (`None`: the span is
+    /// done).
+    fn walk_span<'a>(
+        &'a self,
+        span: Span<'a>,
         f: &mut impl FnMut(Mapping),
-    ) {
-        // SAFETY: the root or a table reached from it.
-        let t = unsafe { table_at(&self.alloc, tpa) };
+    ) -> Option<(TableRef<'a>, u64)> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
         // The accessed/dirty state of the folded run last met: (index of
         // its first entry, young, dirty).
         let mut run_ad = (usize::MAX, false, false);
-        loop {
+        for i in span.from..span.to {
             let next = entry_end(va, height, end);
-            // Relaxed: we hold the address space; the walker may write A/D.
-            let raw = t.entries[index(va, height)].load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::Table(c) if height > 0 => self.walk_table(height - 1, c, va, next, f),
-                Decoded::Leaf(pa) => f(Mapping {
+            match self.read(t, i, height) {
+                (_, Next::Table(c)) => return Some((c, va)),
+                (raw, Next::Leaf(pa)) => f(Mapping {
                     va: VirtAddr(va & !(size(height) - 1)),
                     pa,
                     size: size(height),
                     height,
                     entry: if A::is_cont(raw, height) {
-                        let i = index(va, height);
                         let first = i & !(A::cont_entries(height) as usize - 1);
                         if run_ad.0 != first {
-                            let run = contpte::run_slots::<A>(t, i, height);
+                            let run = contpte::run_slots::<A>(t.table(), i, height);
                             let (young, dirty) = contpte::gather_ad::<A>(run);
                             run_ad = (first, young, dirty);
                         }
@@ -132,9 +136,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 _ => {}
             }
             va = next;
-            if va == end {
-                return;
-            }
         }
+        None
     }
 }

@@ -99,7 +99,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
                     }
                 }
             };
-            if self.stash.short {
+            if self.stash.is_short() {
                 // The count was short (see `take`): the step changed
                 // nothing; stop here and keep what is left at the source.
                 break;
@@ -108,7 +108,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
         }
         // After a short count nothing is freed: entries that did not move
         // may sit in tables `free_empty` takes to be empty.
-        let nothing_to_free = self.stash.short
+        let nothing_to_free = self.stash.is_short()
             || single.is_some_and(|(t, height, count): (&Table, u32, usize)| {
                 height == A::LEVELS - 1
                     || (count < ENTRIES_PER_TABLE
@@ -145,16 +145,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
         if owed.pending {
             space.table_done();
         }
-        debug_assert_eq!(stash.count, 0, "table reservation over-counted");
-        let short = stash.short;
-        space.release(stash);
+        let settled = space.settle(stash);
         if deferred {
             space.finish(TlbGather::new(), q);
         }
-        if short {
-            return Err(Error::OutOfMemory);
-        }
-        Ok(())
+        settled
     }
 
     /// The destination table at `height` (the one holding entries of that

@@ -99,7 +99,7 @@ mod plan;
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{first_used, table_at, FreeQueue, Stash};
+use crate::aspace::{first_used, table_at, FreeQueue, Reservation};
 use crate::level::{entry_end, index, size};
 use crate::{AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, TableAlloc, TlbGather, VirtAddr};
 
@@ -257,7 +257,7 @@ struct Mover<'s, A: Arch, M: Mmu, T: TableAlloc> {
     /// Length of the whole move.
     len: u64,
     /// The reserved tables (none until phase 2).
-    stash: Stash,
+    stash: Reservation,
     /// The source range to flush.
     gather: TlbGather,
     /// Destination tables still owed a walker barrier.
@@ -428,7 +428,7 @@ impl<'s, A: Arch, M: Mmu, T: TableAlloc> Mover<'s, A, M, T> {
             old,
             new,
             len,
-            stash: Stash::new(),
+            stash: Reservation::new(),
             gather: TlbGather::new(),
             owed: Owed::default(),
             later: Deferred::default(),

@@ -1,0 +1,259 @@
+//! The walker: table references that are reachable by construction, and
+//! the range cursor the operations walk `[start, end)` with.
+//!
+//! A [`TableRef`] is made only from the space's root
+//! ([`AddressSpace::root_table`]), from a table entry of another
+//! `TableRef` ([`AddressSpace::read`]), or from a frame just taken from the
+//! operation's [`Reservation`](crate::aspace::Reservation)
+//! ([`AddressSpace::take_table`]); it borrows the space shared, and a table
+//! is freed only through `&mut` paths (after it is unlinked and the TLB
+//! flush), so no `TableRef` outlives its table. The one `unsafe` access to
+//! a table frame lives in those constructors.
+//!
+//! A [`Cursor`] is a position in `[start, end)` plus the tables on the
+//! path from the root down to it (Asterinas ostd's `Cursor`, so that a
+//! later change can make it hold a lock on each). It hands the operation
+//! one [`Span`] at a time: the entries of the table at the cursor's height
+//! from its position up to the end of that table or of the range (what a
+//! Linux `p?d_addr_end` loop runs over); the operation runs its own tight
+//! loop over the span and either [`descend`](Cursor::descend)s into one
+//! entry's table or, done with the span, [`advance`](Cursor::advance)s,
+//! which ascends as far as the new position has left tables behind.
+
+use crate::level::{entry_end, index, size};
+use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc};
+
+/// A table of the space that the current operation may read and write:
+/// the root, a table linked by a table entry of another `TableRef`, or a
+/// reserved frame not linked yet (see the module docs).
+#[derive(Clone, Copy)]
+pub(crate) struct TableRef<'a> {
+    table: &'a Table,
+    pa: PhysAddr,
+}
+
+impl<'a> TableRef<'a> {
+    /// The table's physical address (what a table entry links).
+    #[inline]
+    pub(crate) fn pa(self) -> PhysAddr {
+        self.pa
+    }
+
+    /// The table itself.
+    #[inline]
+    pub(crate) fn table(self) -> &'a Table {
+        self.table
+    }
+
+    /// The entry `i`.
+    #[inline]
+    pub(crate) fn slot(self, i: usize) -> &'a Slot {
+        &self.table.entries[i]
+    }
+
+    /// The entries `from..to`.
+    #[inline]
+    pub(crate) fn slots(self, from: usize, to: usize) -> &'a [Slot] {
+        &self.table.entries[from..to]
+    }
+
+    /// The raw value of entry `i`.
+    ///
+    /// Relaxed, here for every walk: the operation holds the space (`&`
+    /// for readers, `&mut` for writers), so no other software changes the
+    /// entry; the hardware walker may set accessed/dirty state in a leaf,
+    /// which never changes the kind of an entry, its address or its
+    /// protection. The walker is ordered against the operation's stores by
+    /// `Mmu::walker_barrier`, `Mmu::publish_barrier` and the TLB flushes,
+    /// not by this load.
+    #[inline]
+    pub(crate) fn load(self, i: usize) -> u64 {
+        self.table.entries[i].load(core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// What an entry read through [`AddressSpace::read`] is.
+#[derive(Clone, Copy)]
+pub(crate) enum Next<'a> {
+    /// No entry (the raw value is 0).
+    None,
+    /// A leaf mapping this physical address (its first byte).
+    Leaf(PhysAddr),
+    /// A table entry above the PTE level: the table it links.
+    Table(TableRef<'a>),
+    /// Anything else: a software entry, a reserved-bit pattern, or a value
+    /// that decodes as a table at the PTE level.
+    Invalid,
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// The root table.
+    #[inline]
+    pub(crate) fn root_table(&self) -> TableRef<'_> {
+        // SAFETY: the root is a live table frame of `self.alloc` while the
+        // space lives, and the reference borrows the space.
+        let table = unsafe { crate::aspace::table_at(&self.alloc, self.root) };
+        TableRef {
+            table,
+            pa: self.root,
+        }
+    }
+
+    /// Entry `i` of `t`, a table at `height`: its raw value and what it
+    /// is, with the table it links for a table entry.
+    #[inline]
+    pub(crate) fn read<'a>(&'a self, t: TableRef<'a>, i: usize, height: u32) -> (u64, Next<'a>) {
+        let raw = t.load(i);
+        let next = match A::decode(raw, height) {
+            Decoded::None => Next::None,
+            Decoded::Leaf(pa) => Next::Leaf(pa),
+            Decoded::Table(pa) if height > 0 => {
+                // SAFETY: `t` is reachable (by construction), and a table
+                // entry of a reachable table links a live table frame of
+                // ours (the `Format` and `from_root` rules: every table
+                // entry links a table linked nowhere else); it stays live
+                // while the space is borrowed, as tables are unlinked and
+                // freed only through `&mut self`.
+                let table = unsafe { crate::aspace::table_at(&self.alloc, pa) };
+                Next::Table(TableRef { table, pa })
+            }
+            Decoded::Table(_) | Decoded::Invalid => Next::Invalid,
+        };
+        (raw, next)
+    }
+
+    /// Takes one table from `res` (see [`take`](Self::take)), zeroed and
+    /// not linked yet: the caller fills it and links it with a populate
+    /// operation.
+    #[inline]
+    pub(crate) fn take_table(&self, res: &mut crate::aspace::Reservation) -> Option<TableRef<'_>> {
+        let pa = self.take(res)?;
+        // SAFETY: a reserved frame of ours, handed out once: it is freed
+        // only by `&mut self` paths (a `settle` of another reservation
+        // never holds it, and after it is linked, the free queue after
+        // the flush), so it outlives the borrow of the space.
+        let table = unsafe { self.owned_frame(pa) };
+        Some(TableRef { table, pa })
+    }
+
+    /// The tables on the path to `va` down to `height` and the slot of the
+    /// entry there, if those tables exist (a leaf or nothing above
+    /// `height` ends the walk: `None`). The fault-time short path: no
+    /// range, no cursor, a fixed number of dependent loads.
+    #[inline]
+    pub(crate) fn table_for(&self, va: u64, height: u32) -> Option<TableRef<'_>> {
+        let mut t = self.root_table();
+        let mut h = A::LEVELS - 1;
+        while h > height {
+            match self.read(t, index(va, h), h).1 {
+                Next::Table(c) => t = c,
+                _ => return None,
+            }
+            h -= 1;
+        }
+        Some(t)
+    }
+
+    /// A cursor over `[va, end)` (checked by the caller), at the root.
+    #[inline]
+    pub(crate) fn cursor(&self, va: u64, end: u64) -> Cursor<'_> {
+        let top = A::LEVELS - 1;
+        let mut path = [None; MAX_LEVELS];
+        path[top as usize] = Some(self.root_table());
+        Cursor {
+            path,
+            va,
+            end,
+            height: top,
+            top,
+        }
+    }
+}
+
+/// The most translation levels a format may have (x86 LA57).
+pub(crate) const MAX_LEVELS: usize = 5;
+
+/// A position in `[start, end)` and the tables on the path to it (see the
+/// module docs).
+pub(crate) struct Cursor<'a> {
+    /// `path[h]`: the table at height `h` on the path; `Some` for every
+    /// height from the cursor's up to the root.
+    path: [Option<TableRef<'a>>; MAX_LEVELS],
+    va: u64,
+    end: u64,
+    height: u32,
+    top: u32,
+}
+
+/// The entries `from..to` of `table`, a table at `height`, covering
+/// `[va, next)`: the first and the last may be covered in part.
+#[derive(Clone, Copy)]
+pub(crate) struct Span<'a> {
+    pub(crate) table: TableRef<'a>,
+    pub(crate) from: usize,
+    pub(crate) to: usize,
+    pub(crate) va: u64,
+    pub(crate) next: u64,
+    pub(crate) height: u32,
+}
+
+impl<'a> Cursor<'a> {
+    /// The span at the cursor: the entries of the current table from the
+    /// position up to the end of the table or of the range; `None` when
+    /// the cursor has passed the end.
+    #[inline]
+    pub(crate) fn span(&self) -> Option<Span<'a>> {
+        if self.height > self.top {
+            return None;
+        }
+        let h = self.height;
+        let table = self.path[h as usize]?;
+        let next = if h == self.top {
+            self.end
+        } else {
+            entry_end(self.va, h + 1, self.end)
+        };
+        Some(Span {
+            table,
+            from: index(self.va, h),
+            // The last entry is that of `next - 1` (wrapping: `next` is 0
+            // at the top of the 64-bit space).
+            to: index(next.wrapping_sub(1), h) + 1,
+            va: self.va,
+            next,
+            height: h,
+        })
+    }
+
+    /// Moves into `child`, the table of the entry of the current span that
+    /// covers `va` (the first address of that entry in the range).
+    #[inline]
+    pub(crate) fn descend(&mut self, child: TableRef<'a>, va: u64) {
+        debug_assert!(self.height > 0);
+        self.height -= 1;
+        self.path[self.height as usize] = Some(child);
+        self.va = va;
+    }
+
+    /// Moves to `next`, the end of the current span, and up to the table
+    /// whose entries go on from there (or past the end of the range).
+    /// Returns the heights of the tables the cursor is done with (each
+    /// visited for the last time), lowest first: where an operation issues
+    /// its per-table barrier.
+    #[inline]
+    pub(crate) fn advance(&mut self, next: u64) -> core::ops::Range<u32> {
+        let from = self.height;
+        self.va = next;
+        if next == self.end {
+            self.height = self.top + 1;
+            return from..self.height;
+        }
+        // A table at height `h` covers `size(h + 1)`: while `next` starts
+        // a new table there, that table is done too.
+        self.height += 1;
+        while self.height < self.top && next & (size(self.height + 1) - 1) == 0 {
+            self.height += 1;
+        }
+        from..self.height
+    }
+}
