@@ -924,6 +924,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Never deferred: the table must be live before we go on.
             self.mmu.walker_barrier();
         } else {
+            // A change of this block still in `gather` (an earlier step of
+            // the operation or of the caller's gather) may leave its old
+            // value cached: children made from the new one would differ
+            // from it in size and attributes, which the Intel SDM (Vol. 3A
+            // 4.10.2.3) leaves undefined. Flush what is pending first (the
+            // gather stays open).
+            let block = va.0 & !(size(height) - 1);
+            if gather.overlaps(block, size(height)) {
+                let mut pending = core::mem::take(gather);
+                if self.may_hold_global {
+                    pending.global_changed();
+                }
+                pending.flush::<A, _>(&self.mmu);
+            }
             // In place: retry if the hardware updated accessed/dirty state
             // between our read and the exchange, so it is not lost.
             let mut cur = raw;

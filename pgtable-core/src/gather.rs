@@ -94,6 +94,12 @@ impl TlbGather {
         self.empty = false;
     }
 
+    /// Whether the range gathered so far meets `[start, start + len)`.
+    #[inline]
+    pub(crate) fn overlaps(&self, start: u64, len: u64) -> bool {
+        !self.empty && start <= self.last && self.start <= start + (len - 1)
+    }
+
     /// The range gathered so far, if any.
     pub fn range(&self) -> Option<TlbRange> {
         (!self.empty).then(|| TlbRange {

@@ -417,3 +417,21 @@ fn a_protection_change_of_one_page_of_a_cached_block_flushes_the_block_first() {
 fn a_cow_copy_of_one_page_of_a_cached_block_flushes_the_block_first() {
     partial_change_of_a_cached_block("fork");
 }
+
+/// A gather that changed a cached block's protection and then splits it
+/// (an unmap of part of the block in the same gather) flushes the pending
+/// change before the split: the new 4 KiB entries carry the new rights,
+/// and the old 2 MiB translation must be gone before they are linked.
+#[test]
+fn a_gather_that_splits_a_block_it_changed_flushes_the_change_first() {
+    let (m, mut s) = cached_block(user_rw());
+    let mut g = s.tlb_gather_mmu();
+    g.change_protection(BLOCK_VA, MIB2, user_ro()).unwrap();
+    g.unmap(BLOCK_VA.add(0x1000), 0x1000).unwrap();
+    g.finish();
+    assert_eq!(m.check(), Ok(()));
+    assert!(m.read_u64(BLOCK_VA.add(0x1000)).is_err());
+    assert!(m.write_u64(BLOCK_VA, 1).is_err());
+    m.read_u64(BLOCK_VA.add(0x2000)).unwrap();
+    m.check().unwrap();
+}
