@@ -34,7 +34,6 @@ mod linux_mremap;
 mod qemu;
 #[cfg(test)]
 mod readme;
-mod report;
 mod x86;
 
 use std::process::ExitCode;
