@@ -33,10 +33,11 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use pgtable_core::{Arch, Error, Mmu, Slot, TlbRange, VirtAddr, LEVEL_BITS, PAGE_SHIFT};
 
-use crate::format::{
-    Arm64, AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE,
-    UXN, UXN_TABLE, VALID,
+use crate::bits::{
+    AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE, UXN,
+    UXN_TABLE, VALID,
 };
+use crate::format::Arm64;
 
 /// Leaf bits that may change in a live entry (besides nG set).
 pub const LEAF_SAFE_MASK: u64 = AP_EL0 | AP_RDONLY | PXN | UXN | DBM | AF | SW_MASK | NG;

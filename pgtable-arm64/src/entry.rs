@@ -13,7 +13,8 @@ use core::fmt;
 
 use pgtable_core::{Decoded, Format, Level, PhysAddr, Prot, LEVEL_BITS, PAGE_SIZE};
 
-use crate::format::{Arm64Format, AF, OA_MASK, VALID};
+use crate::bits::{AF, OA_MASK, VALID};
+use crate::format::Arm64Format;
 
 /// Why a descriptor could not be built or accepted.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

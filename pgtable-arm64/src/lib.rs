@@ -8,7 +8,8 @@
 //!   [`pgtable_core::Arch`]: table, block (1 GiB at L1, 2 MiB at L2) and
 //!   page descriptors, the [`MAIR_VALUE`] memory types, AP / UXN / PXN
 //!   permissions, SH, AF, nG, DBM-based dirty state as Linux does it, the
-//!   contiguous hint. Every bit is documented in [`format`].
+//!   contiguous hint. Every bit is named, with its Arm ARM reference, in
+//!   [`bits`].
 //! - **Entry operations** as Linux arm64 has them: `set_p*_at` with the
 //!   walker barrier, `set_pte_nosync` without (Linux "arm64: mm: Batch dsb and isb when
 //!   populating pgtables"), atomic
@@ -23,7 +24,7 @@
 //! - **TLB maintenance encodings and the flush plan** ([`flush`]): which
 //!   TLBIs a range flush takes ([`flush_plan`]), the range-TLBI split
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
-//! - **Register values** ([`regs`]): [`tcr_value`], SCTLR bits, [`Asid`]
+//! - **Register values** ([`regs`]): [`MAIR_VALUE`], [`tcr_value`], SCTLR bits, [`Asid`]
 //!   (8- or 16-bit, checked) and [`ttbr0_value`].
 //! - **MMU operations** (`mmu`, only for `target_arch = "aarch64"`):
 //!   `Arm64Mmu` with `dsb ishst; isb`, `tlbi vale1is` / `vae1is` /
@@ -51,6 +52,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bbm;
+pub mod bits;
 pub mod entry;
 pub mod flush;
 pub mod format;
@@ -65,7 +67,7 @@ pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
     flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
-pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures, MAIR_VALUE};
+pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
 #[cfg(target_arch = "aarch64")]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub use mmu::{
@@ -74,7 +76,7 @@ pub use mmu::{
 };
 pub use regs::{
     tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, ttbr0_value, txsz, Asid, AsidBits,
-    AsidTooWide, TcrConfig,
+    AsidTooWide, TcrConfig, MAIR_VALUE,
 };
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -1,6 +1,6 @@
 //! System register values the format assumes (pure, host-testable).
 //!
-//! [`MAIR_VALUE`](crate::MAIR_VALUE) gives the memory types of the AttrIndx
+//! [`MAIR_VALUE`] gives the memory types of the AttrIndx
 //! values; [`tcr_value`] the translation control; [`SCTLR_MMU_BITS`] the
 //! SCTLR_EL1 bits that turn the MMU and caches on; [`Asid`], [`AsidBits`]
 //! and [`ttbr0_value`] the address space identifier in TTBR0_EL1.
@@ -8,6 +8,31 @@
 use core::fmt;
 
 use bit_field::BitField;
+use static_assertions::const_assert_eq;
+
+use crate::bits::{
+    MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_DEVICE_NGNRNE, MAIR_IDX_NORMAL, MAIR_IDX_NORMAL_NC,
+};
+
+/// The MAIR_EL1 value the format assumes (Arm ARM D19.2 "MAIR_EL1"): one
+/// attribute byte per AttrIndx, Attr0 in bits \[7:0\].
+///
+/// | AttrIndx | byte | memory type |
+/// |---|---|---|
+/// | 0 | `0xff` | Normal, Inner/Outer Write-Back RW-Allocate ([`MemType::Normal`]) |
+/// | 1 | `0x44` | Normal, Inner/Outer Non-cacheable ([`MemType::NormalNonCacheable`]) |
+/// | 2 | `0x04` | Device-nGnRE ([`MemType::Device`]) |
+/// | 3–7 | `0x00` | Device-nGnRnE |
+///
+/// [`MemType::Normal`]: pgtable_core::MemType::Normal
+/// [`MemType::NormalNonCacheable`]: pgtable_core::MemType::NormalNonCacheable
+/// [`MemType::Device`]: pgtable_core::MemType::Device
+pub const MAIR_VALUE: u64 = 0xff << (8 * MAIR_IDX_NORMAL)
+    | 0x44 << (8 * MAIR_IDX_NORMAL_NC)
+    | 0x04 << (8 * MAIR_IDX_DEVICE_NGNRE)
+    | 0x00 << (8 * MAIR_IDX_DEVICE_NGNRNE);
+
+const_assert_eq!(MAIR_VALUE, 0x0004_44ff);
 
 /// TCR_EL1.IPS / ID_AA64MMFR0_EL1.PARange encoding of 48 bits, the most the
 /// format encodes.

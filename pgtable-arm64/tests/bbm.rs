@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Event, Recorder};
-use pgtable_arm64::format::{
+use pgtable_arm64::bits::{
     self, AF, AP_EL0, AP_RDONLY, CONT, DBM, NG, PXN, PXN_TABLE, SH_OUTER, UXN,
 };
 use pgtable_arm64::{pgattr_change_is_safe, set_live_entry, Arm64};
@@ -26,7 +26,7 @@ fn permission_af_and_dirty_changes_are_safe_in_place() {
         ("UXN cleared", rw & !UXN),
         ("EL0 access", rw | AP_EL0),
         ("AF cleared", rw & !AF),
-        ("software dirty", rw | format::SW_DIRTY),
+        ("software dirty", rw | bits::SW_DIRTY),
         ("global to non-global", (rw & !NG) | NG),
     ];
     for (what, new) in cases {
@@ -53,7 +53,7 @@ fn address_type_size_and_global_changes_need_break_before_make() {
                 0,
             ),
         ),
-        ("shareability", (g & !format::SH_MASK) | SH_OUTER),
+        ("shareability", (g & !bits::SH_MASK) | SH_OUTER),
         ("contiguous hint", g | CONT),
     ];
     for (what, new) in cases {

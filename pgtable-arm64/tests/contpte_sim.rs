@@ -5,7 +5,8 @@
 //! reports checked against the stores a run took when the hardware records
 //! their dirty state in another entry of the run.
 
-use pgtable_arm64::format::{self, is_contiguous};
+use pgtable_arm64::bits;
+use pgtable_arm64::format::is_contiguous;
 use pgtable_arm64::Arm64;
 use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
@@ -103,7 +104,7 @@ fn contpte_sim_catches_an_unfold_without_the_flush() {
     for (k, o) in old.into_iter().enumerate() {
         // SAFETY: as above.
         let slot = unsafe { s.slot(VA.add(k as u64 * PAGE), 0) }.unwrap();
-        Arm64::set_pte_at(&mmu, VA.add(k as u64 * PAGE), slot, o & !format::CONT);
+        Arm64::set_pte_at(&mmu, VA.add(k as u64 * PAGE), slot, o & !bits::CONT);
     }
     match m.check() {
         Err(CheckError::Conflict(c)) => assert_eq!(c.va, VA),
@@ -168,7 +169,7 @@ fn contpte_sim_catches_an_in_place_unfold_of_a_cached_run_at_the_write() {
     let (m, mut s) = machine();
     s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
-    rewrite_run_in_place(&m, &mut s, |raw| raw & !format::CONT);
+    rewrite_run_in_place(&m, &mut s, |raw| raw & !bits::CONT);
     match m.check_contiguous() {
         Err(c) => {
             assert_eq!((c.va, c.index, c.cached_on), (VA, 0, Some(0)));

@@ -19,9 +19,8 @@
 //!   counter, with the `stats` feature), no frame leaked, and no table but
 //!   the root is empty.
 //!
-//! A debug build takes a few seconds for the grid; `cargo xtask miri` does
-//! not run this file (it would take hours there), but runs the
-//! reproducers in `tests/moves.rs`.
+//! A debug build takes a few seconds for the grid; `cargo xtask miri` runs
+//! it too (slowly: every host test binary but the GiB-scale cases).
 #![cfg(feature = "alloc")]
 
 use std::sync::atomic::Ordering::Relaxed;

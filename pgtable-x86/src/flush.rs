@@ -30,7 +30,7 @@
 //! the PCID with INVPCID (type 0 per address, type 1 for all of it) or be
 //! deferred: [`PcidCpu::mark_stale`] records that the PCID owes a flush on
 //! this CPU, and the next switch to it loads CR3 *without* the no-flush
-//! bit ([`PcidCpu::take_stale`], [`cr3_value`]), as Linux does with
+//! bit ([`PcidCpu::take_stale`], [`cr3_value`](crate::cr3_value)), as Linux does with
 //! `cpu_tlbstate` and `tlb_gen`. Until then the processor cannot use the
 //! PCID's entries: it uses only the current PCID's (§4.10.2.4). Global
 //! entries are shared by every PCID, so a range flush also drops the
@@ -45,10 +45,11 @@
 //! ([`kernel_flush_plan`]: INVPCID type 3 after the `INVLPG`s, or type 2 /
 //! a CR4.PGE toggle).
 
-use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use pgtable_core::{TlbRange, VirtAddr};
+
+use crate::regs::Pcid;
 
 /// The TLB maintenance a range flush performs.
 ///
@@ -140,63 +141,6 @@ pub fn flush_plan(range: TlbRange, ceiling: u64, has_invpcid: bool, global: bool
     }
 }
 
-/// A process-context identifier: 12 bits, CR3\[11:0\] with CR4.PCIDE = 1.
-/// A value above 4095 is an error ([`Pcid::new`]), never truncated (a
-/// truncated PCID would tag one address space's entries as another's).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
-pub struct Pcid(u16);
-
-impl Pcid {
-    /// PCID 0: what CR3 holds with CR4.PCIDE = 0, and untagged roots.
-    pub const ZERO: Pcid = Pcid(0);
-
-    /// `pcid`, if below 4096.
-    pub const fn new(pcid: u16) -> Result<Pcid, PcidTooWide> {
-        if pcid < 4096 {
-            Ok(Pcid(pcid))
-        } else {
-            Err(PcidTooWide { pcid })
-        }
-    }
-
-    /// The value.
-    pub const fn get(self) -> u16 {
-        self.0
-    }
-}
-
-/// A PCID above 4095.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct PcidTooWide {
-    /// The value that did not fit.
-    pub pcid: u16,
-}
-
-impl fmt::Display for PcidTooWide {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PCID {:#x} does not fit 12 bits", self.pcid)
-    }
-}
-
-impl core::error::Error for PcidTooWide {}
-
-/// CR3 bit 63 on a MOV to CR3 with CR4.PCIDE = 1: keep the new PCID's
-/// cached entries (SDM Vol. 3A §4.10.4.1).
-pub const CR3_NOFLUSH: u64 = 1 << 63;
-
-/// The CR3 value that switches to `root` with `pcid`: the root's frame,
-/// the PCID in bits \[11:0\], and [`CR3_NOFLUSH`] unless `flush` (then the
-/// PCID's non-global entries are invalidated by the write).
-#[inline]
-pub const fn cr3_value(root: u64, pcid: Pcid, flush: bool) -> u64 {
-    let v = (root & 0x000f_ffff_ffff_f000) | pcid.0 as u64;
-    if flush {
-        v
-    } else {
-        v | CR3_NOFLUSH
-    }
-}
-
 /// One CPU's record of the PCIDs that owe a flush on it (Linux
 /// `cpu_tlbstate`): 4096 bits, one per PCID. Keep one per CPU (a `static`
 /// array indexed by CPU number, or per-CPU data) and hand the executing
@@ -238,7 +182,7 @@ impl PcidCpu {
 
     /// Whether `pcid` owed a flush, clearing the mark: call it when
     /// switching to `pcid`, and load CR3 without the no-flush bit if it
-    /// says so ([`cr3_value`]).
+    /// says so ([`cr3_value`](crate::cr3_value)).
     pub fn take_stale(&self, pcid: Pcid) -> bool {
         let (w, b) = (pcid.0 as usize / 64, pcid.0 % 64);
         // Relaxed: per-CPU state (type docs).

@@ -10,6 +10,9 @@
 //!   full flush; global pages) and the PCID policy (INVPCID for an address
 //!   space that is not current, or a flush deferred to its next switch) as
 //!   pure functions.
+//! - [`regs`]: register values and instruction operands, pure: CR3 with a
+//!   [`Pcid`] ([`cr3_value`]), the CR4 and CPUID bits paging uses, the
+//!   INVPCID types and descriptor.
 //! - `mmu`: `X86Mmu` (bare metal only: `target_arch = "x86_64"`,
 //!   `target_os = "none"`): [`pgtable_core::Mmu`] with `INVLPG`, CR3,
 //!   INVPCID and CR4.PGE, through the `x86_64` crate; optionally tagged
@@ -68,18 +71,20 @@ pub mod flush;
 pub mod format;
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
 pub mod mmu;
+pub mod regs;
 pub mod shootdown;
 
 pub use entry::X86Entry;
 pub use error::{EntryError, ReservedBits};
 pub use flush::{
-    cr3_value, flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind,
-    FlushPlan, OtherPcid, Pcid, PcidCpu, PcidFlush, PcidTooWide,
+    flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind, FlushPlan,
+    OtherPcid, PcidCpu, PcidFlush,
 };
 pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
 #[cfg(all(target_arch = "x86_64", target_os = "none"))]
 #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub use mmu::{cpu_has_pcid, enable_pcids, X86Mmu};
+pub use regs::{cr3_value, Pcid, PcidTooWide};
 pub use shootdown::{CpuMask, IpiSender, MmCpus, Shootdown, ShootdownStats, SmpMmu, SwitchAction};
 
 /// The README's examples, compiled and run as doctests.

@@ -36,8 +36,19 @@ use x86_64::structures::paging::PhysFrame;
 
 use crate::flush::{
     flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind, FlushPlan,
-    OtherPcid, Pcid, PcidCpu, PcidFlush,
+    OtherPcid, PcidCpu, PcidFlush,
 };
+use crate::regs::{
+    invpcid_descriptor, Pcid, CPUID_01_ECX_PCID, CPUID_07_EBX_INVPCID, CR4_LA57, CR4_PCIDE,
+    CR4_PGE, INVPCID_ADDRESS,
+};
+
+// The `x86_64` crate's CR4 flags are the bits `regs` names.
+const _: () = assert!(
+    Cr4Flags::PAGE_GLOBAL.bits() == CR4_PGE
+        && Cr4Flags::L5_PAGING.bits() == CR4_LA57
+        && Cr4Flags::PCID.bits() == CR4_PCIDE
+);
 
 /// `pcid` of an untagged [`X86Mmu`].
 const UNTAGGED: u32 = u32::MAX;
@@ -392,14 +403,14 @@ fn current() -> Pcid {
 ///
 /// The CPU implements INVPCID.
 unsafe fn invpcid_address(pcid: Pcid, va: u64) {
-    let desc: [u64; 2] = [u64::from(pcid.get()), va];
+    let desc = invpcid_descriptor(pcid, va);
     // SAFETY: INVPCID only invalidates TLB and paging-structure-cache
     // entries; it reads the 16-byte descriptor, which lives on our stack;
     // the CPU has INVPCID (our caller's promise). Type 0 raises #GP for a
     // non-canonical address; the addresses come from an address space of
     // the active paging mode, which are canonical.
     unsafe {
-        asm!("invpcid {0}, [{1}]", in(reg) 0u64, in(reg) desc.as_ptr(),
+        asm!("invpcid {0}, [{1}]", in(reg) INVPCID_ADDRESS, in(reg) desc.as_ptr(),
              options(nostack, preserves_flags, readonly))
     };
 }
@@ -410,7 +421,7 @@ pub fn cpu_has_pcid() -> bool {
     #[allow(unused_unsafe)]
     // SAFETY: CPUID exists on every x86-64 processor; leaf 1 always.
     let ecx = unsafe { core::arch::x86_64::__cpuid(1) }.ecx;
-    ecx & (1 << 17) != 0
+    ecx & CPUID_01_ECX_PCID != 0
 }
 
 /// Sets CR4.PCIDE on this CPU if it supports PCIDs; returns whether
@@ -447,7 +458,7 @@ fn cpu_has_invpcid() -> bool {
     #[allow(unused_unsafe)]
     // SAFETY: as above; leaf 7 exists (checked).
     let ebx = unsafe { core::arch::x86_64::__cpuid_count(7, 0) }.ebx;
-    ebx & (1 << 10) != 0
+    ebx & CPUID_07_EBX_INVPCID != 0
 }
 
 // SAFETY: x86 walkers see entry stores in program order (no barrier

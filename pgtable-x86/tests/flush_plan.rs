@@ -149,7 +149,10 @@ fn full_flush_choice_depends_on_invpcid_and_globals() {
 mod pcid {
     use super::range;
     use pgtable_core::VirtAddr;
-    use pgtable_x86::flush::CR3_NOFLUSH;
+    use pgtable_x86::regs::{
+        invpcid_descriptor, CR3_ADDR_MASK, CR3_NOFLUSH, CR3_PCID_MASK, INVPCID_ADDRESS,
+        INVPCID_ALL_INCLUDING_GLOBAL, INVPCID_ALL_NON_GLOBAL, INVPCID_SINGLE_CONTEXT,
+    };
     use pgtable_x86::{
         cr3_value, flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind,
         FlushPlan, OtherPcid, Pcid, PcidCpu, PcidFlush, PcidTooWide,
@@ -170,6 +173,35 @@ mod pcid {
         );
         assert_eq!(cr3_value(0x12_3000, p(7), true), 0x12_3007);
         assert_eq!(cr3_value(0x12_3000, p(7), true) & CR3_NOFLUSH, 0);
+    }
+
+    #[test]
+    fn cr3_keeps_the_root_frame_and_the_pcid_in_their_fields_only() {
+        // Low bits of the root and bits past MAXPHYADDR 52 never reach CR3.
+        let v = cr3_value(0xfff0_0000_0012_3fff, p(0xabc), true);
+        assert_eq!(v & CR3_ADDR_MASK, 0x12_3000);
+        assert_eq!(v & CR3_PCID_MASK, 0xabc);
+        assert_eq!(v & !(CR3_ADDR_MASK | CR3_PCID_MASK), 0);
+        assert_eq!(CR3_ADDR_MASK & (CR3_PCID_MASK | CR3_NOFLUSH), 0);
+    }
+
+    #[test]
+    fn invpcid_descriptors_carry_the_pcid_then_the_address() {
+        // SDM Vol. 2A INVPCID: PCID in bits 11:0 of the first quadword,
+        // the linear address in the second; types 0 to 3.
+        assert_eq!(
+            invpcid_descriptor(p(4095), 0xffff_8000_0000_1000),
+            [0xfff, 0xffff_8000_0000_1000]
+        );
+        assert_eq!(
+            [
+                INVPCID_ADDRESS,
+                INVPCID_SINGLE_CONTEXT,
+                INVPCID_ALL_INCLUDING_GLOBAL,
+                INVPCID_ALL_NON_GLOBAL
+            ],
+            [0, 1, 2, 3]
+        );
     }
 
     #[test]

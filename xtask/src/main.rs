@@ -19,7 +19,11 @@
 //!   operation sequences against a reference model) with a million
 //!   operations per format (or `N`), optimised with overflow checks and
 //!   debug assertions; prints each format's seed, count and time.
-//! - `cargo xtask miri`: pgtable-core's host tests under Miri (nightly).
+//! - `cargo xtask miri [--test NAME]...`: every host test binary of
+//!   pgtable-core and both arch crates (the simulator's included) under
+//!   Miri, or only the named integration tests; installs the nightly
+//!   toolchain and its `miri` component when missing. Not part of `ci`
+//!   (hours on a small machine).
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 
@@ -30,7 +34,6 @@ mod linux_mremap;
 mod qemu;
 #[cfg(test)]
 mod readme;
-mod report;
 mod x86;
 
 use std::process::ExitCode;
@@ -50,7 +53,7 @@ pub struct QemuOpts {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench [--quick] | soak [--ops N] [--seed S] | miri>"
+        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench [--quick] | soak [--ops N] [--seed S] | miri [--test NAME]...>"
     );
     ExitCode::from(2)
 }
@@ -77,7 +80,10 @@ fn main() -> ExitCode {
             Ok((ops, seed)) => ci::soak(ops, seed),
             Err(e) => Err(e),
         },
-        "miri" => ci::miri(),
+        "miri" => match parse_miri_opts(&args[1..]) {
+            Ok(tests) => ci::miri(&tests),
+            Err(e) => Err(e),
+        },
         _ => return usage(),
     };
     match result {
@@ -150,6 +156,20 @@ fn parse_soak_opts(args: &[String]) -> Result<(Option<u64>, Option<u64>), String
         }
     }
     Ok((ops, seed))
+}
+
+/// `--test NAME` (repeatable) of `miri`: the integration test binaries to
+/// run instead of every host test binary.
+fn parse_miri_opts(args: &[String]) -> Result<Vec<String>, String> {
+    let mut tests = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--test" => tests.push(it.next().ok_or("--test needs a value")?.clone()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(tests)
 }
 
 fn qemu_test(opts: &QemuOpts) -> Result<(), String> {

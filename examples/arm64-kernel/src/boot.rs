@@ -43,7 +43,7 @@
 
 use core::arch::{asm, global_asm};
 
-use pgtable_arm64::format::{
+use pgtable_arm64::bits::{
     AF, ATTR_INDX_SHIFT, MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_NORMAL, PXN, SH_INNER, TABLE_OR_PAGE, UXN,
     VALID,
 };

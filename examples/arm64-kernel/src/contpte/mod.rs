@@ -65,9 +65,8 @@ mod linear;
 
 use aarch64_cpu::asm::barrier::{isb, SY};
 use aarch64_cpu::registers::{ID_AA64MMFR1_EL1, TCR_EL1};
-use pgtable_arm64::format::{
-    is_contiguous, is_hw_dirty, AF, AP_RDONLY, CONT, DBM, OA_MASK, SW_DIRTY,
-};
+use pgtable_arm64::bits::{AF, AP_RDONLY, CONT, DBM, OA_MASK, SW_DIRTY};
+use pgtable_arm64::format::{is_contiguous, is_hw_dirty};
 use pgtable_arm64::mmu::local_flush_tlb_all;
 use pgtable_core::{ClearRefs, Decoded, FaultFlags, Format, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;

@@ -5,7 +5,8 @@ use core::arch::asm;
 use core::sync::atomic::Ordering::Relaxed;
 
 use aarch64_cpu::registers::TTBR0_EL1;
-use pgtable_arm64::format::{is_hw_dirty, SW_DIRTY};
+use pgtable_arm64::bits::SW_DIRTY;
+use pgtable_arm64::format::is_hw_dirty;
 use pgtable_arm64::mmu::{local_flush_tlb_all, Arm64Mmu, Ttbr};
 use pgtable_arm64::regs::{ttbr0_value, Asid};
 use pgtable_arm64::Arm64;

@@ -46,7 +46,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pgtable_arm64::format::{AP_TABLE_NO_EL0, PXN_TABLE, UXN_TABLE};
+use pgtable_arm64::bits::{AP_TABLE_NO_EL0, PXN_TABLE, UXN_TABLE};
 use pgtable_arm64::mmu::asid_bits;
 use pgtable_core::asid::AsidContext;
 use pgtable_core::{

@@ -1,13 +1,12 @@
-//! The report of `cargo xtask bench`: `target/bench-report/index.html`
-//! with SVG charts drawn by `plotters`, and the summary table as markdown
-//! in `summary.md`.
+//! The report itself: `index.html` with SVG charts drawn by `plotters`,
+//! and the summary table as markdown in `summary.md`.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::bench::{Data, Est};
+use crate::data::{Data, Est, LinearRow};
 
 /// A chart: file name, title, SVG text, caption.
 struct Chart {
@@ -494,7 +493,7 @@ pub fn write(dir: &Path, data: &Data) -> Result<usize, String> {
         });
     }
     if let Ok(k) = &data.kernel {
-        let rows: Vec<&crate::bench::LinearRow> = k.linear.iter().collect();
+        let rows: Vec<&LinearRow> = k.linear.iter().collect();
         if !rows.is_empty() {
             let mut cats = Vec::new();
             for r in &rows {
@@ -508,7 +507,7 @@ pub fn write(dir: &Path, data: &Data) -> Result<usize, String> {
                     cats.push(c);
                 }
             }
-            let val = |f: &dyn Fn(&crate::bench::LinearRow) -> u64| -> Vec<Option<f64>> {
+            let val = |f: &dyn Fn(&LinearRow) -> u64| -> Vec<Option<f64>> {
                 cats.iter()
                     .map(|c| {
                         rows.iter()
