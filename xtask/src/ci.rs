@@ -251,7 +251,7 @@ pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
 
 /// The crates whose host test binaries run under Miri: every library
 /// crate, each with every feature (the simulator and the suite included).
-const MIRI_CRATES: [&str; 3] = LIBS;
+const MIRI_CRATES: [&str; LIBS.len()] = LIBS;
 
 /// Test-name fragments Miri skips: only cases that map, move or walk a GiB
 /// or more of 4 KiB pages (hundreds of thousands of entries, hours each
