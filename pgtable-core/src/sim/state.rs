@@ -239,6 +239,11 @@ pub(super) struct Leaf<'a> {
     pub(super) raw: u64,
     pub(super) height: u32,
     pub(super) slot: &'a Slot,
+    /// The table holding it and its index there (a run's other entries
+    /// are reached through the table, never from `slot`, whose borrow
+    /// covers that one entry).
+    pub(super) table: &'a Table,
+    pub(super) index: usize,
     /// The walker saw an older value than memory holds (pending write).
     pub(super) stale: bool,
     /// The table-level restrictions of the tables the walk went through.
@@ -423,7 +428,9 @@ impl State {
             // state (see `table`); the 'static lifetime never escapes a
             // method that holds the state's lock (callers use the leaf's
             // slot before releasing it).
-            let slot: &'static Slot = unsafe { &*(&t.entries[index(va, h)] as *const Slot) };
+            let t: &'static Table = unsafe { &*(t as *const Table) };
+            let idx = index(va, h);
+            let slot = &t.entries[idx];
             let (raw, st) = self.walker_read::<A>(slot);
             stale |= st;
             match A::decode(raw, h) {
@@ -438,6 +445,8 @@ impl State {
                         raw,
                         height: h,
                         slot,
+                        table: t,
+                        index: idx,
                         stale,
                         limits,
                     })
@@ -528,7 +537,7 @@ impl State {
         va: u64,
         height: u32,
         raw: u64,
-        slot: &'static Slot,
+        table: &'static Table,
     ) -> Option<(&'static Slot, u64)> {
         let n = A::cont_entries(height);
         if n == 0 {
@@ -541,10 +550,10 @@ impl State {
         };
         let base_pa = pa.0.wrapping_sub(j * step);
         let mem = A::leaf_prot(raw, height).mem();
-        // SAFETY: the run's `n` entries are in the same table as `slot`
-        // (a run is aligned and `n` divides the table's entry count), so
-        // the first is `j` entries before it.
-        let first: &'static Slot = unsafe { &*(slot as *const Slot).sub(j as usize) };
+        // The run is aligned and `n` divides the table's entry count, so
+        // its entries are `first..first + n` of the same table.
+        let first = index(va, height) - j as usize;
+        let run = &table.entries[first..first + n as usize];
         let run_va = va & !(u64::from(n) * step - 1);
         let mut bad = None;
         if base_pa & (u64::from(n) * step - 1) != 0 {
@@ -554,8 +563,7 @@ impl State {
             if bad.is_some() {
                 break;
             }
-            // SAFETY: as above, inside the same table.
-            let e: &Slot = unsafe { &*(first as *const Slot).add(i as usize) };
+            let e = &run[i as usize];
             let (r, _) = self.walker_read::<A>(e);
             if r == 0 {
                 continue;
@@ -580,7 +588,7 @@ impl State {
             }
             return None;
         }
-        Some((first, base_pa))
+        Some((&run[0], base_pa))
     }
 
     /// Removes the cached entries for which `drop` holds; returns how many.
@@ -639,10 +647,9 @@ impl State {
             return None;
         }
         let j = index(va, h) & (n - 1);
-        // SAFETY: the run's `n` entries are in the same table as the walked
-        // one (a run is aligned and `n` divides the table's entry count),
-        // so the first is `j` entries before it.
-        let first: &'static Slot = unsafe { &*(leaf.slot as *const Slot).sub(j) };
+        // The run is aligned and `n` divides the table's entry count, so
+        // its first entry is `j` entries before the walked one.
+        let first: &'static Slot = &leaf.table.entries[leaf.index - j];
         let (raw, stale) = self.walker_read::<A>(first);
         if stale || !A::is_cont(raw, h) {
             return None;
@@ -736,7 +743,7 @@ impl State {
             };
             let root = self.root_for::<A>(va).map_err(fault)?;
             let run = if A::is_cont(new, h) {
-                self.run_of::<A>(va, h, new, leaf.slot)
+                self.run_of::<A>(va, h, new, leaf.table)
             } else {
                 None
             };
