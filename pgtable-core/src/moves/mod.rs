@@ -181,6 +181,12 @@ impl MoveOptions {
         pud: true,
         free_below: false,
     };
+
+    /// Whether this build of pgtable-core has the `move-pmd` feature
+    /// (whole-PMD moves compiled in). Cargo unifies a crate's features over
+    /// the whole build, so a dependent crate's own feature flag does not
+    /// tell.
+    pub const PMD_BUILT: bool = cfg!(feature = "move-pmd");
 }
 
 impl Default for MoveOptions {

@@ -825,7 +825,7 @@ impl<A: Arch> Episode<A> {
             // reaching the next PMD boundary, the widened ranges disjoint.
             let pmd = 512u64;
             let off = so % pmd;
-            let fast_pmd = A::HAVE_MOVE_PMD && cfg!(feature = "move-pmd");
+            let fast_pmd = A::HAVE_MOVE_PMD && pgtable_core::MoveOptions::PMD_BUILT;
             if fast_pmd && off != 0 && off == sn % pmd && eo - so >= pmd - off {
                 let (ao, an) = (so - off, sn - off);
                 let widened_overlap = ao < en && an < eo;
