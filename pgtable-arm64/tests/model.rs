@@ -2,21 +2,20 @@
 //! `unmap_with`, `change_protection`, `move_page_tables`, harvesting,
 //! faults, software entries, fork, live changes, gathers; kernel and user
 //! spaces) on the simulated machine against a reference model, for the
-//! arm64 formats (48-bit and 39-bit VA). The engine is pgtable-core's
-//! `tests/support/model/mod.rs`, which also describes how to replay a
-//! failure and run the soak (`cargo xtask soak`).
+//! arm64 formats (48-bit and 39-bit VA).
+//! The engine is `pgtable_testkit::model`, which also describes how to
+//! replay a failure and run the soak (`cargo xtask soak`).
 
-#[path = "../../pgtable-core/tests/support/model/mod.rs"]
-mod model;
+use pgtable_testkit::model;
 
 use pgtable_arm64::{Arm64, Arm64Va39};
 
 #[test]
 fn model_arm64_48bit_va() {
-    model::run_format::<Arm64>("arm64-4K-48bit");
+    model::run_format::<Arm64>("arm64-4K-48bit", env!("CARGO_PKG_NAME"));
 }
 
 #[test]
 fn model_arm64_39bit_va() {
-    model::run_format::<Arm64Va39>("arm64-4K-39bit");
+    model::run_format::<Arm64Va39>("arm64-4K-39bit", env!("CARGO_PKG_NAME"));
 }

@@ -5,31 +5,33 @@
 //! test formats (3, 4 and 5 levels, and the deferred block-protection
 //! path). The engine, shared with the arch crates, and how to replay a
 //! failure or run the soak (`cargo xtask soak`) are described in
-//! `tests/support/model/mod.rs`.
+//! `pgtable_testkit::model`.
 #![cfg(feature = "sim")]
 
-#[path = "support/model/mod.rs"]
-mod model;
+use pgtable_testkit::model;
 
 use pgtable_core::test_format::TestFormat;
 use pgtable_core::variants::DeferredBlockProt;
 
 #[test]
 fn model_test_format_3_levels() {
-    model::run_format::<TestFormat<3>>("test-3level");
+    model::run_format::<TestFormat<3>>("test-3level", env!("CARGO_PKG_NAME"));
 }
 
 #[test]
 fn model_test_format_4_levels() {
-    model::run_format::<TestFormat<4>>("test-4level");
+    model::run_format::<TestFormat<4>>("test-4level", env!("CARGO_PKG_NAME"));
 }
 
 #[test]
 fn model_test_format_5_levels() {
-    model::run_format::<TestFormat<5>>("test-5level");
+    model::run_format::<TestFormat<5>>("test-5level", env!("CARGO_PKG_NAME"));
 }
 
 #[test]
 fn model_test_format_deferred_block_protection() {
-    model::run_format::<DeferredBlockProt<TestFormat<4>>>("test-4level-deferred-block-prot");
+    model::run_format::<DeferredBlockProt<TestFormat<4>>>(
+        "test-4level-deferred-block-prot",
+        env!("CARGO_PKG_NAME"),
+    );
 }

@@ -211,7 +211,7 @@ const SOAK_OPS: u64 = 1_000_000;
 /// Each format prints its seed, operation count and time; a failure prints
 /// the episode seed that replays it. Without `--ops` / `--seed` the
 /// environment's `PGTABLE_SOAK_OPS` / `PGTABLE_SOAK_SEED` apply (see
-/// `pgtable-core/tests/support/model/mod.rs`); without either, a million
+/// `pgtable-testkit/src/model/mod.rs`); without either, a million
 /// operations from a fresh seed.
 pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
     let mut c = cargo();
@@ -308,8 +308,8 @@ fn ensure_miri() -> Result<(), String> {
 /// pgtable-core and both arch crates under Miri, with every feature, on
 /// the nightly toolchain (installed with its `miri` component when
 /// missing), skipping only [`MIRI_SKIP`]. `tests` restricts the run to
-/// these integration test binaries (`--test NAME` of each crate that has
-/// one). The arena hands out host addresses as physical addresses, hence
+/// these integration test binaries (`--test NAME` of each crate: `model`
+/// or `all`). The arena hands out host addresses as physical addresses, hence
 /// permissive provenance. Leaks are not checked: the SMP and race tests
 /// leak their `'static` handles on purpose (`Box::leak` of the
 /// `Shootdown`, `MmCpus` and slots their threads share), and the

@@ -21,7 +21,8 @@
 //!   debug assertions; prints each format's seed, count and time.
 //! - `cargo xtask miri [--test NAME]...`: every host test binary of
 //!   pgtable-core and both arch crates (the simulator's included) under
-//!   Miri, or only the named integration tests; installs the nightly
+//!   Miri, or only the named integration test binaries (each crate has
+//!   `model` and `all`); installs the nightly
 //!   toolchain and its `miri` component when missing. Not part of `ci`
 //!   (hours on a small machine).
 //!

@@ -1,0 +1,23 @@
+//! The integration tests of pgtable-arm64, one binary (the model test is
+//! `tests/model.rs`): descriptor encodings, break-before-make, contiguous
+//! runs, TLB maintenance, the translation regimes, and the cases
+//! pgtable-testkit shares with the other crates, on the simulated machine.
+
+#[macro_use]
+mod asid_sim;
+mod aspace;
+mod bbm;
+mod common;
+mod conformance;
+mod contpte;
+mod contpte_sim;
+mod descriptors;
+mod entry;
+mod flush_plan;
+mod halves;
+mod kernel_half;
+mod live;
+mod ops;
+mod ptdump;
+mod smp_sim;
+mod swfork;

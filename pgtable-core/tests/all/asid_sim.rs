@@ -1,0 +1,34 @@
+//! More address spaces than ASIDs on the simulator (the run is
+//! `pgtable_testkit::asid_switch`): roll-overs must happen, every switch
+//! must see only the current space's translations, and full flushes must
+//! stay far below the number of switches.
+#![cfg(feature = "sim")]
+
+use pgtable_testkit::asid_switch;
+
+use asid_switch::run;
+use pgtable_core::test_format::TestFormat;
+
+type T4 = TestFormat<4>;
+
+#[test]
+fn forty_spaces_share_fifteen_asids_without_a_stale_translation() {
+    for seed in [1, 2, 3, 0x5eed] {
+        let c = run::<T4>(seed, 3000, true).unwrap();
+        println!("seed {seed}: {c:?}");
+        assert!(c.rollovers >= 10, "seed {seed}: {c:?}");
+        // One CPU: one local flush per roll-over, and nothing else flushes
+        // the whole TLB (the remaps flush one page by ASID).
+        assert_eq!(c.local_flushes, c.rollovers, "seed {seed}");
+        assert_eq!(c.machine_full_flushes, c.local_flushes, "seed {seed}");
+        assert!(c.local_flushes * 5 < c.switches, "seed {seed}: {c:?}");
+        assert!(c.remaps > 100, "seed {seed}: {c:?}");
+    }
+}
+
+#[test]
+fn skipping_the_rollover_flush_is_caught() {
+    let err = run::<T4>(1, 3000, false).unwrap_err();
+    println!("{err}");
+    assert!(err.contains("reads") || err.contains("stale"), "{err}");
+}

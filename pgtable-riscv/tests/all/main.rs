@@ -1,0 +1,16 @@
+//! The integration tests of pgtable-riscv, one binary (the model test is
+//! `tests/model.rs`): PTE encodings, Svnapot, the `SFENCE.VMA` plans, and
+//! the cases pgtable-testkit shares with the other crates, on the
+//! simulated machine.
+
+mod asid_sim;
+mod conformance;
+mod encoding;
+mod flush_plan;
+mod kernel_half;
+mod live;
+mod napot;
+mod ops;
+mod ptdump;
+mod sim;
+mod swfork;

@@ -1,0 +1,23 @@
+//! Test cases shared by the integration tests of pgtable-core (the test
+//! formats) and of the arch crates (their formats), written once, generic
+//! over the format and run on pgtable-core's simulated machine:
+//!
+//! - [`model`]: random operation sequences against a reference model (the
+//!   `model` test binary of each crate, and `cargo xtask soak`);
+//! - [`ops`]: `MmuGather`, `unmap_with`, harvesting and the fault-time
+//!   operations, instantiated per format by [`ops_tests!`];
+//! - [`swfork`]: software entries and `copy_page_range`;
+//! - [`kernel_half`] and [`ranges`]: a kernel half shared by user spaces,
+//!   and every operation against the edges of the space's range;
+//! - [`live`]: live permission changes under CPUs using the range;
+//! - [`asid_switch`]: more address spaces than ASIDs.
+//!
+//! Not published: it exists for the tests of this repository.
+
+pub mod asid_switch;
+pub mod kernel_half;
+pub mod live;
+pub mod model;
+pub mod ops;
+pub mod ranges;
+pub mod swfork;

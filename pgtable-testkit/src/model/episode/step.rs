@@ -1,0 +1,216 @@
+//! One step of an episode: the operation applied to the current space,
+//! with the result, the tables and the translations the model expects.
+
+use pgtable_core::{Arch, Error, PhysAddr, VirtAddr};
+
+use super::{map_options, new_run, reprotect, Episode, Expected};
+use crate::model::gen::Op;
+use crate::model::oracle::Space;
+use crate::model::reference::{check_phys, pages};
+use crate::model::{Failure, Tally};
+
+impl<A: Arch> Episode<A> {
+    /// Applies one step and checks it.
+    pub(in crate::model) fn step(&mut self, op: &Op, tally: &mut Tally) -> Result<(), Failure> {
+        tally.ops += u64::from(!matches!(op, Op::Touch { .. } | Op::Switch));
+        match *op {
+            Op::Touch { va, write } => self.touch(va, write, tally),
+            Op::Map {
+                va,
+                pa,
+                len,
+                prot,
+                kind,
+                barrier_per_entry,
+                no_cont,
+                fail: k,
+            } => {
+                let mut want = self.map_expected(va, pa, len);
+                let need = want.is_ok().then(|| self.map_need(op));
+                if let (Some(n), Some(k)) = (need, k) {
+                    if k < n.tables {
+                        want = Err(Error::OutOfMemory);
+                    }
+                }
+                let opts = map_options(kind, barrier_per_entry, no_cont);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.map(VirtAddr(va), PhysAddr(pa), len, prot, opts)
+                };
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "map",
+                        want,
+                        need: need.map(|n| n.tables),
+                    },
+                    f,
+                )?;
+                if got {
+                    let (s, _) = pages(va, len);
+                    self.cur.model.insert(s, new_run::<A>(len >> 12, pa, prot));
+                }
+                self.after(&[(va, len)], got)
+            }
+            Op::Unmap { va, len, fail: k } => {
+                let mut want = self.check(va, len);
+                let need = want.is_ok().then(|| self.split_need(op));
+                if let (Some(n), Some(k)) = (need, k) {
+                    if k < n {
+                        want = Err(Error::OutOfMemory);
+                    }
+                }
+                let f = |s: &mut Space<A>, _: &mut Space<A>| s.unmap(VirtAddr(va), len);
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "unmap",
+                        want,
+                        need,
+                    },
+                    f,
+                )?;
+                if got {
+                    let (s, e) = pages(va, len);
+                    self.cur.model.take(s, e);
+                    self.cur.model.take_swp(s, e);
+                }
+                self.after(&[(va, len)], got)
+            }
+            Op::Protect {
+                va,
+                len,
+                prot,
+                fail: k,
+            } => {
+                let mut want = self.check(va, len);
+                let need = want.is_ok().then(|| self.split_need(op));
+                if let (Some(n), Some(k)) = (need, k) {
+                    if k < n {
+                        want = Err(Error::OutOfMemory);
+                    }
+                }
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.change_protection(VirtAddr(va), len, prot)
+                };
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "protect",
+                        want,
+                        need,
+                    },
+                    f,
+                )?;
+                if got {
+                    let (s, e) = pages(va, len);
+                    self.cur
+                        .model
+                        .protect(s, e, prot, &|r| reprotect::<A>(r, prot));
+                }
+                self.after(&[(va, len)], got)
+            }
+            Op::Move {
+                old,
+                new,
+                len,
+                kind,
+                fail: k,
+            } => {
+                let want = self.move_expected(old, new, len, kind);
+                let opts = kind.options();
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
+                };
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "move",
+                        want,
+                        need: None,
+                    },
+                    f,
+                )?;
+                if got {
+                    let (so, eo) = pages(old, len);
+                    let (sn, _) = pages(new, len);
+                    for (vpn, run) in self.cur.model.take(so, eo) {
+                        self.cur.model.insert(vpn - so + sn, run);
+                    }
+                    for (vpn, v) in self.cur.model.take_swp(so, eo) {
+                        self.cur.model.set_swp(vpn - so + sn, v);
+                    }
+                }
+                self.after(&[(old, len), (new, len)], got)
+            }
+            Op::Swap { va, value, fail: k } => {
+                let mut want = self.swap_expected(va, value);
+                let need = want.is_ok().then(|| self.swap_need(va));
+                if let (Some(n), Some(k)) = (need, k) {
+                    if k < n {
+                        want = Err(Error::OutOfMemory);
+                    }
+                }
+                let f = |s: &mut Space<A>, _: &mut Space<A>| s.set_swap_entry(VirtAddr(va), value);
+                let got = self.run_checked(
+                    op,
+                    k,
+                    tally,
+                    Expected {
+                        name: "swap",
+                        want,
+                        need,
+                    },
+                    f,
+                )?;
+                if got {
+                    self.cur.model.set_swp(va >> 12, value);
+                }
+                self.after(&[(va & !0xfff, 4096)], got)
+            }
+            Op::SwapIn { va, pa, prot } => {
+                let want = self
+                    .check(va, 4096)
+                    .and(check_phys::<A>(pa, 4096))
+                    .and_then(|()| {
+                        self.cur
+                            .model
+                            .swp(va >> 12)
+                            .ok_or(Error::NoSwapEntry(VirtAddr(va)))
+                    });
+                let value = want.ok();
+                // The value returned is checked here (a mismatch panics,
+                // which the episode reports as a failure).
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.swap_in(VirtAddr(va), PhysAddr(pa), prot).map(|v| {
+                        assert_eq!(Some(v), value, "swap_in returned another value");
+                    })
+                };
+                let got = self.run_checked(
+                    op,
+                    None,
+                    tally,
+                    Expected {
+                        name: "swap_in",
+                        want: want.map(|_| ()),
+                        need: Some(0),
+                    },
+                    f,
+                )?;
+                if got {
+                    self.cur.model.take_swp(va >> 12, (va >> 12) + 1);
+                    self.cur.model.insert(va >> 12, new_run::<A>(1, pa, prot));
+                }
+                self.after(&[(va & !0xfff, 4096)], got)
+            }
+            _ => self.step_more(op, tally),
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `copy_page_range` into the other space, and live permission changes.
+
+use pgtable_core::{Arch, CopyMode, Error, LiveOptions, Prot, VirtAddr};
+
+use super::unit_at;
+use crate::model::episode::{reprotect, Episode, Expected};
+use crate::model::gen::Op;
+use crate::model::oracle::Space;
+use crate::model::reference::{check_range_in, pages, Run};
+use crate::model::{Failure, Tally};
+
+impl<A: Arch> Episode<A> {
+    pub(super) fn copy(
+        &mut self,
+        op: &Op,
+        (va, len, cow): (u64, u64, bool),
+        k: Option<u64>,
+        tally: &mut Tally,
+    ) -> Result<(), Failure> {
+        let want = self.check(va, len).and_then(|()| {
+            check_range_in::<A>(self.other.range, va, len)?;
+            let (s, e) = pages(va, len);
+            match self.other.model.first_mapped(s, e) {
+                Some(p) => Err(Error::AlreadyMapped(VirtAddr(p << 12))),
+                None => Ok(()),
+            }
+        });
+        let mode = if cow { CopyMode::Cow } else { CopyMode::Shared };
+        let f = |s: &mut Space<A>, d: &mut Space<A>| s.copy_page_range(d, VirtAddr(va), len, mode);
+        let exp = Expected {
+            name: "copy",
+            want,
+            need: None,
+        };
+        let got = self.run_checked(op, k, tally, exp, f)?;
+        if got {
+            let (s, e) = pages(va, len);
+            for (p, r) in self.cur.model.runs_in(s, e) {
+                let prot = if cow {
+                    r.prot.difference(Prot::WRITE)
+                } else {
+                    r.prot
+                };
+                // The child's leaves are old, and clean when shared.
+                let child = Run {
+                    prot,
+                    young: false,
+                    dirty: cow && r.dirty,
+                    ..r
+                };
+                self.other.model.insert(p, child);
+            }
+            for (p, v) in self.cur.model.swp_in(s, e) {
+                self.other.model.set_swp(p, v);
+            }
+            if cow {
+                self.cur.model.update(s, e, |r| Run {
+                    prot: r.prot.difference(Prot::WRITE),
+                    ..r
+                });
+            }
+        }
+        self.other_tables.set(None);
+        self.other_changed.set(true);
+        self.after(&[(va, len)], got)?;
+        std::mem::swap(&mut self.cur, &mut self.other);
+        self.other_tables.set(None);
+        let r = self.after(&[(va, len)], got);
+        std::mem::swap(&mut self.cur, &mut self.other);
+        self.other_tables.set(None);
+        r
+    }
+
+    /// The first address of `[va, va + len)` whose change to `prot` cannot
+    /// be made in place: a leaf whose protection changes and that is a
+    /// block covered in part, an entry of a folded run covered in part,
+    /// or one the arch cannot change in place ([`Arch::change_is_safe`]).
+    pub(super) fn live_refusal(&self, va: u64, len: u64, prot: Prot) -> Option<u64> {
+        let end = u128::from(va) + u128::from(len);
+        let mut hit = None;
+        let _ = self.cur.space.walk(VirtAddr(va), len, |m| {
+            if hit.is_some() || m.prot == prot {
+                return;
+            }
+            let h = m.height;
+            let ls = u128::from(m.va.0);
+            let whole = ls >= u128::from(va) && ls + u128::from(m.size) <= end;
+            let (rs, re) = unit_at::<A>(m.va.0, h, m.entry);
+            let (rs, re) = (u128::from(rs) << 12, u128::from(re) << 12);
+            let run_part = rs < u128::from(va) || re > end;
+            let unsafe_change = !A::change_is_safe(m.entry, A::modify_prot(m.entry, prot, h), h);
+            if !whole || run_part || unsafe_change {
+                hit = Some(m.va.0.max(va));
+            }
+        });
+        hit
+    }
+
+    pub(super) fn live(
+        &mut self,
+        op: &Op,
+        (va, len, prot, bbm): (u64, u64, Prot, bool),
+        k: Option<u64>,
+        tally: &mut Tally,
+    ) -> Result<(), Failure> {
+        let mut want = self.check(va, len);
+        if want.is_ok() && A::BREAK_BEFORE_MAKE && !bbm {
+            if let Some(at) = self.live_refusal(va, len, prot) {
+                want = Err(Error::BreakBeforeMake(VirtAddr(at)));
+            }
+        }
+        let need = want.is_ok().then(|| self.split_need(op));
+        if let (Some(n), Some(k)) = (need, k) {
+            if k < n {
+                want = Err(Error::OutOfMemory);
+            }
+        }
+        let opts = if bbm {
+            LiveOptions::ALLOW_BBM
+        } else {
+            LiveOptions::IN_PLACE
+        };
+        let f = |s: &mut Space<A>, _: &mut Space<A>| {
+            s.change_protection_live(VirtAddr(va), len, prot, opts)
+        };
+        let exp = Expected {
+            name: "live",
+            want,
+            need,
+        };
+        let got = self.run_checked(op, k, tally, exp, f)?;
+        if got {
+            let (s, e) = pages(va, len);
+            self.cur
+                .model
+                .protect(s, e, prot, &|r| reprotect::<A>(r, prot));
+        }
+        self.after(&[(va, len)], got)
+    }
+}
