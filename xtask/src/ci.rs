@@ -211,7 +211,7 @@ const SOAK_OPS: u64 = 1_000_000;
 /// Each format prints its seed, operation count and time; a failure prints
 /// the episode seed that replays it. Without `--ops` / `--seed` the
 /// environment's `PGTABLE_SOAK_OPS` / `PGTABLE_SOAK_SEED` apply (see
-/// `pgtable-testkit/src/model/mod.rs`); without either, a million
+/// `testkit/src/model/mod.rs`); without either, a million
 /// operations from a fresh seed.
 pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
     let mut c = cargo();
