@@ -177,6 +177,12 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
         println!("0 passed, 1 failed");
         sbi::shutdown(false);
     }
+    if trap::harts_at_start() > 1 {
+        println!(
+            "boot: {} harts entered _start; all but this one were stopped (hart lottery)",
+            trap::harts_at_start()
+        );
+    }
     match smp::bring_up() {
         Ok(mask) => println!(
             "smp: {} CPUs online (harts {mask:#x}, started with SBI HSM)",

@@ -1,7 +1,11 @@
 //! Boot entry, the trap vector and the fault probes.
 //!
 //! - `_start`: OpenSBI enters the boot hart here in S-mode with
-//!   translation off, a0 = hart ID, a1 = device tree. It zeroes `.bss`,
+//!   translation off, a0 = hart ID, a1 = device tree. A lottery on a
+//!   word in `.data` lets only the first hart through (any other one is
+//!   stopped with `sbi_hart_stop` and started later as a secondary): a
+//!   second hart in `_start` would zero `.bss` under the first and run
+//!   the suite on the same RAM. The winner zeroes `.bss`,
 //!   takes the hart's stack (`__stacks_start` + 64 KiB × (ID + 1)) and
 //!   calls `kmain`. `_secondary` is where `sbi_hart_start` starts the
 //!   others (a0 = hart ID, a1 = its stack top) before `secondary_main`.
@@ -27,9 +31,22 @@ global_asm!(
     .section .text.entry, "ax"
     .option push
     .option norvc
+    .option arch, +a
     .global _start
 _start:
-    mv tp, a0
+    /* The hart lottery: only the first hart here boots; any other one
+       (firmware that enters several harts) counts itself and stops
+       through HSM, from where `bring_up` starts it as a secondary. */
+    la t0, boot_lottery
+    li t1, 1
+    amoadd.w t1, t1, (t0)
+    beqz t1, 0f
+    li a7, 0x48534d
+    li a6, 1
+    ecall
+8:  wfi
+    j 8b
+0:  mv tp, a0
     la t0, __bss_start
     la t1, __bss_end
 1:  bgeu t0, t1, 2f
@@ -56,6 +73,13 @@ _secondary:
 4:  wfi
     j 4b
 
+    .section .data.boot_lottery, "aw"
+    .align 2
+    .global boot_lottery
+boot_lottery:
+    .word 0
+
+    .section .text.entry, "ax"
     .align 4
     .global trap_vector
 trap_vector:
@@ -197,6 +221,16 @@ pub unsafe fn run_user(pc: u64, arg: u64) -> (u64, u64) {
     // callee-saved registers and the stack `enter_user` saved.
     let p = unsafe { enter_user(pc, arg) };
     (p.value, p.cause)
+}
+
+/// How many harts entered `_start` (1 unless the firmware let several in).
+pub fn harts_at_start() -> u32 {
+    extern "C" {
+        static boot_lottery: core::sync::atomic::AtomicU32;
+    }
+    // SAFETY: a word in `.data` that `_start` changes only atomically.
+    // Relaxed: a count for a message.
+    unsafe { boot_lottery.load(core::sync::atomic::Ordering::Relaxed) }
 }
 
 /// `scause` of an instruction page fault.
