@@ -1,8 +1,10 @@
 //! Just enough of a flattened device tree (devicetree specification
 //! v0.4, chapter 5, "Flattened Devicetree (DTB) Format") to find the RAM
 //! (the first `reg` of the `/memory` node, two address and two size
-//! cells as on QEMU virt) and the command line (`/chosen/bootargs`, what
-//! QEMU's `-append` sets).
+//! cells as on QEMU virt), the command line (`/chosen/bootargs`, what
+//! QEMU's `-append` sets) and the first hart's ISA string (`riscv,isa` of
+//! the first `/cpus/cpu@N`, e.g. `rv64imafdch_svinval_…`; QEMU lists the
+//! multi-letter extensions it was given with `-cpu rv64,svinval=on`).
 
 /// FDT header magic (big-endian 0xd00dfeed).
 const MAGIC: u32 = 0xd00d_feed;
@@ -18,6 +20,16 @@ pub struct BootInfo {
     pub ram: (u64, u64),
     /// The command line (empty without one).
     pub bootargs: &'static str,
+    /// The first hart's `riscv,isa` (empty without one).
+    pub isa: &'static str,
+}
+
+impl BootInfo {
+    /// Whether the ISA string names the multi-letter extension `ext`
+    /// (lower case, e.g. `"svinval"`).
+    pub fn has_extension(&self, ext: &str) -> bool {
+        self.isa.split('_').skip(1).any(|e| e == ext)
+    }
 }
 
 fn be32(b: &[u8], at: usize) -> Option<u32> {
@@ -40,7 +52,8 @@ fn cstr(b: &[u8], at: usize) -> Option<&[u8]> {
 ///
 /// `addr` is readable for 40 bytes and, when they hold the magic, for the
 /// header's `totalsize`, and stays unchanged while the result is used
-/// (`bootargs` points into it: copy it before the memory is reused).
+/// (`bootargs` and `isa` point into it: copy or use them before the
+/// memory is reused).
 pub unsafe fn read(addr: u64) -> Option<BootInfo> {
     let p = addr as *const u8;
     // SAFETY: 40 readable bytes (our caller's promise).
@@ -86,6 +99,10 @@ pub unsafe fn read(addr: u64) -> Option<BootInfo> {
                 let name = cstr(b, strings + be32(b, at + 4)? as usize)?;
                 let value = at + 8;
                 at = (value + len).next_multiple_of(4);
+                if name == b"riscv,isa" && info.isa.is_empty() {
+                    let s = cstr(b, value)?;
+                    info.isa = core::str::from_utf8(s).unwrap_or("");
+                }
                 if depth != 2 {
                     continue;
                 }

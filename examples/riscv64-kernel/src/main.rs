@@ -165,6 +165,14 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
     // SAFETY: once, on the boot hart, before the others start.
     let (line, opts) = unsafe { parse_cmdline(info.bootargs) };
     println!("cmdline: \"{line}\" -> {opts:?}");
+    let svinval = info.has_extension("svinval");
+    println!(
+        "isa: {} (Svinval {}, Svpbmt {}, Svnapot {})",
+        info.isa,
+        svinval,
+        info.has_extension("svpbmt"),
+        info.has_extension("svnapot")
+    );
     let ram = info.ram;
     println!(
         "ram: {:#x}..{:#x} ({} MiB)",
@@ -191,17 +199,26 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
         Err((h, e)) => println!("smp: sbi_hart_start of hart {h} failed: {e:?}"),
     }
     let ok = match opts.levels {
-        3 => run_on::<3>(ram, &opts),
-        4 => run_on::<4>(ram, &opts),
-        _ => run_on::<5>(ram, &opts),
+        3 => run_on::<3>(ram, &opts, svinval),
+        4 => run_on::<4>(ram, &opts, svinval),
+        _ => run_on::<5>(ram, &opts, svinval),
     };
     sbi::shutdown(ok)
 }
 
 /// Builds the kernel's space in `RiscvPaging<L>`, switches to it and runs
-/// every case on it; true when all passed.
-fn run_on<const L: u32>(ram: (u64, u64), opts: &Options) -> bool {
-    let mut k = match kernel_space::<RiscvPaging<L>, _>(ram, RiscvMmu::new::<L, 0>()) {
+/// every case on it; true when all passed. With `svinval` (every hart
+/// has it: one `-cpu` for all) the kernel's range flushes, the suite's
+/// included, use the Svinval sequence.
+fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool) -> bool {
+    let mut mmu = RiscvMmu::new::<L, 0>();
+    if svinval {
+        // SAFETY: the device tree lists Svinval for the harts (QEMU gives
+        // every hart the same `-cpu`), and only this hart runs the
+        // kernel's space's flushes.
+        mmu = unsafe { mmu.with_svinval() };
+    }
+    let mut k = match kernel_space::<RiscvPaging<L>, _>(ram, mmu) {
         Ok(k) => k,
         Err(e) => {
             println!("FAIL setup: cannot build the kernel's tables: {e}");
@@ -224,7 +241,15 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options) -> bool {
         k.root().0,
         k.count_tables()
     );
-    println!("not run: Svnapot (contpte_) cases: pgtable-core does not fold NAPOT runs yet; Svinval, Svpbmt: not offered by QEMU 7.2's virt CPU");
+    println!(
+        "range flushes: {}",
+        if svinval {
+            "Svinval (SFENCE.W.INVAL, SINVAL.VMA per stride, SFENCE.INVAL.IR)"
+        } else {
+            "SFENCE.VMA per stride"
+        }
+    );
+    println!("not run: Svnapot (contpte_) cases: pgtable-core does not fold NAPOT runs yet");
     let own = space::run::<L>(&mut k, ram, asid_bits);
     println!();
     let smp_asid = Asid::new(3, asid_bits).ok();
