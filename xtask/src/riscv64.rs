@@ -1,9 +1,10 @@
 //! `qemu-test --arch riscv64`: builds `examples/riscv64-kernel` and boots
 //! it on QEMU `virt` (OpenSBI through `-bios default`, 4 harts) once per
-//! format: Sv39, Sv48 and Sv57 (`mode=` on the command line). The Sv48
-//! run's harts have Svinval (`-cpu rv64,svinval=on`), so the kernel's
-//! range flushes use the Svinval sequence there and plain `SFENCE.VMA`s
-//! in the others; the Sv57 run adds the suite's 1 GiB and 2 GiB moves
+//! format: Sv39, Sv48 and Sv57 (`mode=` on the command line). The Sv39
+//! run's harts have Svpbmt (`-cpu rv64,svpbmt=on`: its case maps the UART
+//! with PBMT = IO); the Sv48 run's have Svinval (`-cpu rv64,svinval=on`),
+//! so the kernel's range flushes use the Svinval sequence there and plain
+//! `SFENCE.VMA`s in the others; the Sv57 run adds the suite's 1 GiB and 2 GiB moves
 //! (`big`), so the GiB-scale cases run on one format only. Each run must
 //! end with QEMU's exit status 0 (SBI SRST shutdown; the kernel makes a
 //! failure exit with 1), a last `N passed, 0 failed`, every hart online,
@@ -32,6 +33,8 @@ struct Run {
     cpu: &'static str,
     /// The line the kernel prints for its range flushes.
     flushes: &'static str,
+    /// The cases this run must pass on top of the `space_` and `smp_` ones.
+    extra: &'static [&'static str],
 }
 
 const PLAIN: &str = "range flushes: SFENCE.VMA per stride";
@@ -41,20 +44,23 @@ const RUNS: [Run; 3] = [
     Run {
         name: "Sv39",
         words: "mode=sv39",
-        cpu: "rv64",
+        cpu: "rv64,svpbmt=on",
         flushes: PLAIN,
+        extra: &["space_svpbmt_io_mapping_of_the_uart"],
     },
     Run {
         name: "Sv48",
         words: "mode=sv48",
         cpu: "rv64,svinval=on",
         flushes: SVINVAL,
+        extra: &[],
     },
     Run {
         name: "Sv57",
         words: "mode=sv57 big",
         cpu: "rv64",
         flushes: PLAIN,
+        extra: &[],
     },
 ];
 
@@ -168,6 +174,7 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         words,
         cpu,
         flushes,
+        extra,
     } in RUNS
     {
         let prefix = format!("riscv64 {name}| ");
@@ -188,8 +195,13 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
             })
             .and_then(|()| require_ok(&o, SPACE_CASES))
             .and_then(|()| require_ok(&o, SMP_CASES))
+            .and_then(|()| require_ok(&o, extra))
             .map_err(|e| format!("{name} run: {e}"))?;
-        let how = if flushes == SVINVAL { ", Svinval" } else { "" };
+        let how = match (flushes == SVINVAL, extra.is_empty()) {
+            (true, _) => ", Svinval",
+            (false, false) => ", Svpbmt",
+            _ => "",
+        };
         eprintln!("xtask: riscv64: {name} run passed (tcg{how})");
     }
     eprintln!("xtask: riscv64: not run: Svnapot (contpte_) cases, since pgtable-core does not fold NAPOT runs yet");

@@ -166,6 +166,7 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
     let (line, opts) = unsafe { parse_cmdline(info.bootargs) };
     println!("cmdline: \"{line}\" -> {opts:?}");
     let svinval = info.has_extension("svinval");
+    let svpbmt = info.has_extension("svpbmt");
     println!(
         "isa: {} (Svinval {}, Svpbmt {}, Svnapot {})",
         info.isa,
@@ -199,9 +200,9 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
         Err((h, e)) => println!("smp: sbi_hart_start of hart {h} failed: {e:?}"),
     }
     let ok = match opts.levels {
-        3 => run_on::<3>(ram, &opts, svinval),
-        4 => run_on::<4>(ram, &opts, svinval),
-        _ => run_on::<5>(ram, &opts, svinval),
+        3 => run_on::<3>(ram, &opts, svinval, svpbmt),
+        4 => run_on::<4>(ram, &opts, svinval, svpbmt),
+        _ => run_on::<5>(ram, &opts, svinval, svpbmt),
     };
     sbi::shutdown(ok)
 }
@@ -210,7 +211,7 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
 /// every case on it; true when all passed. With `svinval` (every hart
 /// has it: one `-cpu` for all) the kernel's range flushes, the suite's
 /// included, use the Svinval sequence.
-fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool) -> bool {
+fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool, svpbmt: bool) -> bool {
     let mut mmu = RiscvMmu::new::<L, 0>();
     if svinval {
         // SAFETY: the device tree lists Svinval for the harts (QEMU gives
@@ -250,7 +251,7 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool) -> bool 
         }
     );
     println!("not run: Svnapot (contpte_) cases: pgtable-core does not fold NAPOT runs yet");
-    let own = space::run::<L>(&mut k, ram, asid_bits);
+    let own = space::run::<L>(&mut k, ram, asid_bits).add(space::svpbmt::<L>(&mut k, ram, svpbmt));
     println!();
     let smp_asid = Asid::new(3, asid_bits).ok();
     let smp = smp_cases::run::<L>(ram, smp_asid).add(smp_cases::stop_others());

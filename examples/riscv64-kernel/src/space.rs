@@ -8,6 +8,8 @@
 //!   with SUM clear the kernel's loads from a user page fault, with SUM
 //!   set they succeed; the kernel never executes a user page (SUM does
 //!   not apply to fetches).
+//! - Svpbmt: a space of the Svpbmt format maps the UART with PBMT = IO
+//!   and reads its line status through that mapping.
 //! - ASIDs: two spaces tagged with different ASIDs map the same address
 //!   to different frames; switching `satp` between them without a fence
 //!   shows each its own mapping, and an unmap in a space that is not
@@ -16,8 +18,8 @@
 
 use core::arch::asm;
 
-use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, VirtAddr};
-use pgtable_riscv::{Asid, RiscvMmu, RiscvPaging};
+use pgtable_core::{AddressSpace, MapOptions, MemType, Mmu, PhysAddr, Prot, VirtAddr};
+use pgtable_riscv::{Asid, RiscvMmu, RiscvPaging, SVPBMT};
 
 use crate::cases::{ensure, fill, Counts, Why, R};
 use crate::mem::{case_frame, kernel_space, Frames, CASE_VA};
@@ -229,5 +231,58 @@ pub fn run<const L: u32>(k: &mut Kernel<L>, ram: (u64, u64), asid_bits: u32) -> 
             Frames.live(),
         )
     });
+    c
+}
+
+/// QEMU virt's NS16550 UART (`/soc/serial@10000000`) and its line status
+/// register (offset 5): THRE and TEMT (bits 5 and 6) are set while the
+/// transmitter is idle.
+const UART: u64 = 0x1000_0000;
+const UART_LSR: u64 = 5;
+/// Where the Svpbmt case maps the UART.
+const UART_VA: u64 = CASE_VA + 0x20_0000;
+
+fn svpbmt_io<const L: u32>(k: &mut Kernel<L>, ram: (u64, u64)) -> R {
+    let mmu = RiscvMmu::new::<L, SVPBMT>();
+    let mut s = kernel_space::<RiscvPaging<L, SVPBMT>, _>(ram, mmu)
+        .map_err(|_| Why("cannot build the Svpbmt space", 0))?;
+    let io = Prot::WRITE.with_mem(MemType::Device);
+    RiscvPaging::<L, SVPBMT>::check_prot(io).map_err(|_| Why("Device memory refused", 0))?;
+    map(&mut s, UART_VA, UART, io)?;
+    let pte = s.entry(VirtAddr(UART_VA), 0).unwrap_or(0);
+    ensure(
+        pte >> 61 == 2,
+        "the UART's PTE does not have PBMT = IO",
+        pte,
+    )?;
+    // SAFETY: the space maps all RAM identically, as the kernel's does.
+    unsafe { s.install() };
+    // SAFETY: a byte read of the UART's line status register, which has
+    // no side effect, through the IO mapping just made.
+    let lsr = unsafe { ((UART_VA + UART_LSR) as *const u8).read_volatile() };
+    // SAFETY: the kernel's space maps everything the kernel touches.
+    unsafe { k.install() };
+    // SAFETY: the untagged install fenced everything; no other hart runs
+    // the space.
+    unsafe { s.deactivate() };
+    ensure(
+        lsr & 0x60 == 0x60,
+        "the UART's line status read through the IO mapping is wrong",
+        u64::from(lsr),
+    )
+}
+
+/// The Svpbmt case: a space of the Svpbmt format maps the UART with PBMT
+/// = IO and reads it through that mapping (on harts without Svpbmt the
+/// PBMT bits are reserved, so the case is skipped there).
+pub fn svpbmt<const L: u32>(k: &mut Kernel<L>, ram: (u64, u64), has_svpbmt: bool) -> Counts {
+    let mut c = Counts::default();
+    if has_svpbmt {
+        c.case("space_svpbmt_io_mapping_of_the_uart", || svpbmt_io(k, ram));
+    } else {
+        crate::println!(
+            "skip space_svpbmt_io_mapping_of_the_uart: the harts lack Svpbmt (riscv,isa)"
+        );
+    }
     c
 }
