@@ -77,12 +77,14 @@ pub const SPACE_CASES: &[&str] = &[
 
 /// The `smp_` cases every run must pass: another hart holds a stale
 /// translation without the remote fence and sees the change with it
-/// (SBI RFENCE), unmaps and protection changes reach every hart, and the
+/// (SBI RFENCE), unmaps, protection changes and a move of a whole PMD
+/// table reach every hart, and the
 /// harts stop through SBI HSM before the suite.
 pub const SMP_CASES: &[&str] = &[
     "smp_remote_fence_replaces_stale_translation",
     "smp_unmap_faults_everywhere",
     "smp_protect_readonly_everywhere",
+    "smp_move_readers_follow",
     "smp_spaces_free_their_tables",
     "smp_secondaries_stopped",
 ];

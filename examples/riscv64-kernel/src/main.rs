@@ -287,9 +287,12 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool, svpbmt: 
         Frames.peak(),
         if frames_ok { "" } else { " -- LEAKED FRAMES" }
     );
+    if sum.passed == 0 {
+        println!("FAIL suite: no case ran");
+    }
     let total = Counts {
         passed: sum.passed,
-        failed: sum.failed + u32::from(!frames_ok),
+        failed: sum.failed + u32::from(!frames_ok) + u32::from(sum.passed == 0),
     }
     .add(own)
     .add(smp);
@@ -303,7 +306,7 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool, svpbmt: 
     // The live space is never torn down: the hart walks its tables until
     // the machine shuts down.
     let _kept = k.into_parts();
-    total.failed == 0 && sum.passed > 0
+    total.failed == 0
 }
 
 #[panic_handler]

@@ -70,8 +70,8 @@ pub fn has_extension(eid: u64) -> bool {
 /// boot by [`init`]).
 static DBCN: AtomicBool = AtomicBool::new(false);
 
-/// Probes the extensions the kernel depends on; returns which of HSM,
-/// RFENCE and SRST are missing (their names), or the console in use.
+/// Probes the extensions the kernel depends on: returns the console in
+/// use and, for HSM, RFENCE and SRST, whether the firmware has each.
 pub fn init() -> (&'static str, [(&'static str, bool); 3]) {
     // Relaxed: read by later console writes on the same hart, or on harts
     // started afterwards (the HSM start orders it).

@@ -5,6 +5,10 @@
 //! through its own TLB; after every change, every hart must see the new
 //! state.
 //!
+//! `smp_move_readers_follow` moves a whole PMD table of pages
+//! (`move_page_tables`) while the others have both ends cached: the old
+//! range must fault and the new one read the same frames on every hart.
+//!
 //! `smp_remote_fence_replaces_stale_translation` first turns the remote
 //! fences off for one change and checks that another hart really keeps
 //! the old translation (so the rest of the case proves the fences do the
@@ -33,8 +37,13 @@ fn answer(h: usize, cmd: Cmd, a: u64, b: u64) -> Result<Result<u64, u64>, Why> {
 
 /// Every other hart loads the case page and must read `want`.
 fn all_read(want: u64) -> R {
+    all_read_at(CASE_VA, want)
+}
+
+/// Every other hart loads `va` and must read `want`.
+fn all_read_at(va: u64, want: u64) -> R {
     for h in others() {
-        let got = answer(h, Cmd::Read, CASE_VA, 0)?;
+        let got = answer(h, Cmd::Read, va, 0)?;
         ensure(
             got == Ok(want),
             "a hart read another value or faulted",
@@ -44,10 +53,15 @@ fn all_read(want: u64) -> R {
     Ok(())
 }
 
-/// Every other hart's access must fault with `cause`.
+/// Every other hart's access to the case page must fault with `cause`.
 fn all_fault(cmd: Cmd, cause: u64) -> R {
+    all_fault_at(CASE_VA, cmd, cause)
+}
+
+/// Every other hart's access to `va` must fault with `cause`.
+fn all_fault_at(va: u64, cmd: Cmd, cause: u64) -> R {
     for h in others() {
-        let got = answer(h, cmd, CASE_VA, 0x5757)?;
+        let got = answer(h, cmd, va, 0x5757)?;
         ensure(got == Err(cause), "a hart still reached the page", h as u64)?;
     }
     Ok(())
@@ -96,6 +110,7 @@ fn stale_replaced<const L: u32>(s: &mut Space<'_, L>, mm: &MmHarts) -> R {
 }
 
 fn unmap_everywhere<const L: u32>(s: &mut Space<'_, L>) -> R {
+    // The page the previous case left mapped (to frame 2).
     all_read(0x5111_0002)?;
     unmap_page(s)?;
     all_fault(Cmd::Read, CAUSE_LOAD_PAGE_FAULT)
@@ -118,6 +133,49 @@ fn protect_everywhere<const L: u32>(s: &mut Space<'_, L>) -> R {
     all_fault(Cmd::Write, CAUSE_STORE_PAGE_FAULT)?;
     all_read(0x77)?;
     unmap_page(s)
+}
+
+/// Puts the space back to its start between cases, whatever the last one
+/// left: nothing mapped at the cases' addresses, and every other hart
+/// switched to the space again (`SFENCE.VMA x0, x0`: no stale entry), so
+/// one failing case does not fail the next.
+fn reset<const L: u32>(s: &mut Space<'_, L>, satp: u64) {
+    let _ = s.unmap(VirtAddr(CASE_VA), 2 << 20);
+    let _ = s.unmap(VirtAddr(MOVED_VA), 2 << 20);
+    for h in others() {
+        let _ = ask(h, Cmd::Satp, satp, 0);
+    }
+}
+
+/// Where `smp_move_readers_follow` moves the case PMD: 1 GiB higher.
+const MOVED_VA: u64 = CASE_VA + (1 << 30);
+
+fn move_readers_follow<const L: u32>(s: &mut Space<'_, L>) -> R {
+    // 2 MiB of pages over the cases' frames: one whole PMD table, which
+    // the move relinks (a table changes: the remote fences are full).
+    const LEN: u64 = 2 << 20;
+    let last = LEN - 4096;
+    fill(case_frame(0), 0x3030_0000);
+    fill(case_frame(511), 0x3030_0511);
+    s.map(
+        VirtAddr(CASE_VA),
+        PhysAddr(case_frame(0)),
+        LEN,
+        Prot::WRITE,
+        MapOptions::PAGES,
+    )
+    .map_err(|_| Why("map failed", CASE_VA))?;
+    all_read_at(CASE_VA, 0x3030_0000)?;
+    all_read_at(CASE_VA + last, 0x3030_0511)?;
+    s.move_page_tables(VirtAddr(CASE_VA), VirtAddr(MOVED_VA), LEN)
+        .map_err(|_| Why("move_page_tables failed", CASE_VA))?;
+    all_fault_at(CASE_VA, Cmd::Read, CAUSE_LOAD_PAGE_FAULT)?;
+    all_fault_at(CASE_VA + last, Cmd::Read, CAUSE_LOAD_PAGE_FAULT)?;
+    all_read_at(MOVED_VA, 0x3030_0000)?;
+    all_read_at(MOVED_VA + last, 0x3030_0511)?;
+    s.unmap(VirtAddr(MOVED_VA), LEN)
+        .map_err(|_| Why("unmap failed", MOVED_VA))?;
+    all_fault_at(MOVED_VA, Cmd::Read, CAUSE_LOAD_PAGE_FAULT)
 }
 
 /// Runs the `smp_` cases on format `RiscvPaging<L>` over `ram`, with the
@@ -159,9 +217,13 @@ pub fn run<const L: u32>(ram: (u64, u64), asid: Option<Asid>) -> Counts {
         stale_replaced(&mut s, &mm)
     });
     c.case("smp_unmap_faults_everywhere", || unmap_everywhere(&mut s));
+    reset(&mut s, satp);
     c.case("smp_protect_readonly_everywhere", || {
         protect_everywhere(&mut s)
     });
+    reset(&mut s, satp);
+    c.case("smp_move_readers_follow", || move_readers_follow(&mut s));
+    reset(&mut s, satp);
     // Back to Bare on every hart (which fences everything), then the
     // space's tables may go. A hart that does not confirm may still walk
     // them (and set A/D bits in them): keep them then.
