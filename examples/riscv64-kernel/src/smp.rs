@@ -137,18 +137,21 @@ extern "C" fn secondary_main(hart: usize) -> ! {
             continue;
         }
         let (a, b) = (m.a.load(Relaxed), m.b.load(Relaxed));
+        const SATP: u64 = Cmd::Satp as u64;
+        const READ: u64 = Cmd::Read as u64;
+        const WRITE: u64 = Cmd::Write as u64;
         let r = match cmd {
-            1 => {
+            SATP => {
                 // SAFETY: the boot hart names the kernel's identity map
                 // (every space the cases build maps all RAM identically),
                 // or 0 (Bare, also identity).
                 unsafe { asm!("csrw satp, {0}", "sfence.vma x0, x0", in(reg) a, options(nostack)) };
                 Ok(0)
             }
-            2 => trap::read_u64(a),
+            READ => trap::read_u64(a),
             // SAFETY: the boot hart asks for stores only into pages the
             // cases mapped over their own frames.
-            3 => unsafe { trap::write_u64(a, b) }.map(|()| 0),
+            WRITE => unsafe { trap::write_u64(a, b) }.map(|()| 0),
             _ => {
                 m.cause.store(0, Relaxed);
                 // Release: the answer before the hart stops.
