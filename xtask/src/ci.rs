@@ -197,9 +197,10 @@ pub fn msrv() -> Result<(), String> {
 }
 
 /// The tiny kernels and their targets.
-const KERNELS: [(&str, &str); 2] = [
+const KERNELS: [(&str, &str); 3] = [
     ("examples/arm64-kernel", "aarch64-unknown-none"),
     ("examples/x86-kernel", "x86_64-unknown-none"),
+    ("examples/riscv64-kernel", "riscv64gc-unknown-none-elf"),
 ];
 
 /// Operations per format in a soak run unless `--ops` says otherwise.

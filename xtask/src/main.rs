@@ -6,9 +6,10 @@
 //! - `cargo xtask msrv`: only the MSRV step of `ci` (the libraries built
 //!   with exactly the `rust-version` toolchain, installed when missing).
 //! - `cargo xtask docs`: only the bare-metal docs step of `ci`.
-//! - `cargo xtask qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N]`:
+//! - `cargo xtask qemu-test [--arch arm64|x86|riscv64|all] [--seed N] [--threshold-mb N]`:
 //!   builds the tiny kernels, boots them in QEMU, streams their console and
-//!   succeeds only on the agreed exit code and a final `N passed, 0 failed`.
+//!   succeeds only on the agreed exit code and a final `N passed, 0 failed`
+//!   (the RISC-V kernel once per format: Sv39, Sv48, Sv57).
 //! - `cargo xtask bench [--quick]`: the host benchmarks of pgtable-bench
 //!   (criterion, pgtable against its peers, and a size sweep), Linux's own
 //!   `mremap` of 1 GiB on this machine, and the x86 kernel's in-kernel
@@ -35,6 +36,7 @@ mod linux_mremap;
 mod qemu;
 #[cfg(test)]
 mod readme;
+mod riscv64;
 mod x86;
 
 use std::process::ExitCode;
@@ -54,7 +56,7 @@ pub struct QemuOpts {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench [--quick] | soak [--ops N] [--seed S] | miri [--test NAME]...>"
+        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|riscv64|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench [--quick] | soak [--ops N] [--seed S] | miri [--test NAME]...>"
     );
     ExitCode::from(2)
 }
@@ -130,9 +132,9 @@ fn parse_qemu_opts(args: &[String]) -> Result<QemuOpts, String> {
             other => return Err(format!("unknown option {other}")),
         }
     }
-    if !["arm64", "x86", "all"].contains(&opts.arch.as_str()) {
+    if !["arm64", "x86", "riscv64", "all"].contains(&opts.arch.as_str()) {
         return Err(format!(
-            "--arch must be arm64, x86 or all, not {}",
+            "--arch must be arm64, x86, riscv64 or all, not {}",
             opts.arch
         ));
     }
@@ -183,6 +185,11 @@ fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     if opts.arch == "x86" || opts.arch == "all" {
         if let Err(e) = x86::qemu_test(opts) {
             failures.push(format!("x86: {e}"));
+        }
+    }
+    if opts.arch == "riscv64" || opts.arch == "all" {
+        if let Err(e) = riscv64::qemu_test(opts) {
+            failures.push(format!("riscv64: {e}"));
         }
     }
     if failures.is_empty() {

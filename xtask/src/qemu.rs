@@ -62,8 +62,10 @@ pub fn ensure_target(target: &str) -> Result<(), String> {
 
 /// The apt command that installs the QEMU system emulators (Debian 12's
 /// QEMU 7.2; the machine's newer qemu-utils must be downgraded to match).
+/// `qemu-system-misc` has `qemu-system-riscv64`; its OpenSBI firmware
+/// (`-bios default`) comes with `qemu-system-data`, which it depends on.
 pub const QEMU_INSTALL: &str = "apt-get update && apt-get install -y --no-install-recommends \
-     --allow-downgrades qemu-system-x86 qemu-system-arm qemu-utils/bookworm";
+     --allow-downgrades qemu-system-x86 qemu-system-arm qemu-system-misc qemu-utils/bookworm";
 
 /// Makes sure `binary` (a QEMU system emulator) is on the PATH, installing
 /// QEMU when running as root, otherwise explaining how.
