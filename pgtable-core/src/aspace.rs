@@ -837,15 +837,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Flushes the gathered TLB range, then frees the queued tables (in that
     /// order: a walker may use an unlinked table until the flush).
-    pub(crate) fn finish(&mut self, mut gather: TlbGather, q: FreeQueue) {
-        if self.may_hold_global {
-            gather.global_changed();
-        }
-        gather.flush::<A, _>(&self.mmu);
+    pub(crate) fn finish(&mut self, gather: TlbGather, q: FreeQueue) {
+        self.flush(gather);
         self.mmu.stats.add_tables_freed(q.count as u64);
         // SAFETY: the queued frames are unlinked and the TLB flush above
         // has completed.
         unsafe { self.free_queued(q) };
+    }
+
+    /// Flushes the gathered TLB range (the flush of
+    /// [`finish`](Self::finish), for an operation that still uses the
+    /// tables it unlinked after the flush).
+    pub(crate) fn flush(&self, mut gather: TlbGather) {
+        if self.may_hold_global {
+            gather.global_changed();
+        }
+        gather.flush::<A, _>(&self.mmu);
     }
 
     /// Returns every queued frame to the allocator.
@@ -1085,6 +1092,44 @@ pub(crate) fn first_used(t: &Table, height: u32, va: u64, end: u64) -> Option<Vi
         .iter()
         .position(|e| e.load(Relaxed) != 0)?;
     Some(VirtAddr(va + ((k as u64) << shift(height))))
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// The first address in `[va, end)` that something is mapped at (a
+    /// leaf, or a software entry the walker does not decode), under the
+    /// table `tpa` at `height`.
+    pub(crate) fn first_mapped_in(
+        &self,
+        height: u32,
+        tpa: PhysAddr,
+        mut va: u64,
+        end: u64,
+    ) -> Option<VirtAddr> {
+        // SAFETY: the root or a table reached from it; nothing is freed
+        // while this shared borrow of the address space lasts.
+        let t = unsafe { table_at(&self.alloc, tpa) };
+        if height == 0 {
+            return first_used(t, 0, va, end);
+        }
+        loop {
+            let next = entry_end(va, height, end);
+            // Relaxed: we hold the address space exclusively.
+            let raw = t.entries[index(va, height)].load(Relaxed);
+            match A::decode(raw, height) {
+                Decoded::None => {}
+                Decoded::Table(c) => {
+                    if let Some(hit) = self.first_mapped_in(height - 1, c, va, next) {
+                        return Some(hit);
+                    }
+                }
+                Decoded::Leaf(_) | Decoded::Invalid => return Some(VirtAddr(va)),
+            }
+            va = next;
+            if va == end {
+                return None;
+            }
+        }
+    }
 }
 
 /// Whether `[va, next)` is exactly one whole entry at `height`.

@@ -8,7 +8,11 @@
 //! ([`AddressSpace::take_table`]); it borrows the space shared, and a table
 //! is freed only through `&mut` paths (after it is unlinked and the TLB
 //! flush), so no `TableRef` outlives its table. The one `unsafe` access to
-//! a table frame lives in those constructors.
+//! a table frame lives in those constructors. An operation that must keep
+//! a table by its address (in a list threaded through table frames, or
+//! across one of its own `&mut` steps that frees nothing) comes back to it
+//! through [`AddressSpace::table_again`], whose contract is exactly that
+//! no table was freed since.
 //!
 //! A [`Cursor`] is a position in `[start, end)` plus the tables on the
 //! path from the root down to it (Asterinas ostd's `Cursor`, so that a
@@ -136,6 +140,49 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Some(TableRef { table, pa })
     }
 
+    /// The table whose [`pa`](TableRef::pa) is `pa`, again: for a table
+    /// the operation reached or took earlier and kept by address, because a
+    /// reference cannot be stored in a table frame (a list threaded through
+    /// unlinked tables) or held across the operation's own `&mut` steps
+    /// (reserving tables, unfolding runs in place).
+    ///
+    /// # Safety
+    ///
+    /// `pa` is the address of a `TableRef` of this space, and no table of
+    /// the space has been freed since that `TableRef` was made. (Tables are
+    /// freed only by `&mut` operations after their TLB flush, so within one
+    /// shared borrow of the space this always holds.)
+    #[inline]
+    pub(crate) unsafe fn table_again(&self, pa: PhysAddr) -> TableRef<'_> {
+        // SAFETY: a table frame of ours that is still live (the caller's
+        // guarantee); it stays live while the space is borrowed shared.
+        let table = unsafe { self.owned_frame(pa) };
+        TableRef { table, pa }
+    }
+
+    /// The table at `height` on the path to `va` (`Ok`), or where the path
+    /// ends above it (`Err`): the deepest table on the path, its height and
+    /// what its entry for `va` is (anything but a table entry).
+    #[inline]
+    pub(crate) fn path_to(&self, va: u64, height: u32) -> Result<TableRef<'_>, Stop<'_>> {
+        let mut t = self.root_table();
+        let mut h = A::LEVELS - 1;
+        while h > height {
+            match self.read(t, index(va, h), h).1 {
+                Next::Table(c) => t = c,
+                next => {
+                    return Err(Stop {
+                        table: t,
+                        height: h,
+                        next,
+                    })
+                }
+            }
+            h -= 1;
+        }
+        Ok(t)
+    }
+
     /// The tables on the path to `va` down to `height` and the slot of the
     /// entry there, if those tables exist (a leaf or nothing above
     /// `height` ends the walk: `None`). The fault-time short path: no
@@ -168,6 +215,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             top,
         }
     }
+}
+
+/// Where [`AddressSpace::path_to`] ended above the height it walked to.
+#[derive(Clone, Copy)]
+pub(crate) struct Stop<'a> {
+    /// The deepest table on the path.
+    pub(crate) table: TableRef<'a>,
+    /// Its height.
+    pub(crate) height: u32,
+    /// Its entry for the address: not a [`Next::Table`].
+    pub(crate) next: Next<'a>,
 }
 
 /// The most translation levels a format may have (x86 LA57).

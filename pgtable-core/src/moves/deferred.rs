@@ -4,9 +4,9 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::{Cursor, Mover};
-use crate::aspace::table_at;
+use super::{Mover, Pos};
 use crate::level::{index, size};
+use crate::walker::TableRef;
 use crate::{
     generic, Arch, Mmu, PhysAddr, Slot, TableAlloc, VirtAddr, ENTRIES_PER_TABLE, PAGE_SIZE,
 };
@@ -19,10 +19,15 @@ use crate::{
 /// that half is empty). All of these have their low 12 bits clear, so a
 /// walker that still reaches the table sees them as invalid entries and
 /// never writes them.
+///
+/// The tables are unlinked, so they are kept by address from the second
+/// one on (a table frame cannot hold a reference) and reached again with
+/// [`table_again`](crate::AddressSpace::table_again): each was a
+/// `TableRef` of the move, and the move frees no table before the copy.
 #[derive(Default)]
-pub(super) struct Deferred {
-    head: u64,
-    tail: u64,
+pub(super) struct Deferred<'a> {
+    head: Option<TableRef<'a>>,
+    tail: Option<TableRef<'a>>,
     pub(super) count: usize,
 }
 
@@ -52,13 +57,13 @@ pub(super) fn dest_meets_source(new: u64, old: u64, len: u64) -> bool {
     first <= old.wrapping_add(len - 1) && old <= last
 }
 
-impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
-    /// Moves a whole source PTE table (`[at.old, at.old + 2 MiB)`, linked
-    /// from `pmd`) without an atomic exchange per entry: the destination
-    /// tables are taken now, the first [`DEFER_HEAD`] entries move now
-    /// (their slots then carry the [`Deferred`] record), the table is
-    /// unlinked, and [`copy_deferred`](Self::copy_deferred) copies the rest
-    /// with plain loads after the flush. Until the flush a walker that
+impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
+    /// Moves a whole source PTE table `t` (`[at.old, at.old + 2 MiB)`,
+    /// linked from `pmd`) without an atomic exchange per entry: the
+    /// destination tables are taken now, the first [`DEFER_HEAD`] entries
+    /// move now (their slots then carry the [`Deferred`] record), the table
+    /// is unlinked, and [`copy_deferred`](Self::copy_deferred) copies the
+    /// rest with plain loads after the flush. Until the flush a walker that
     /// cached the path may still set accessed/dirty bits in the table; the
     /// copy reads them, so none is lost.
     ///
@@ -76,35 +81,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
     /// Takes the same tables, in the same order, as the dry run counts for
     /// the two halves. Changes nothing and leaves the table in place when
     /// the reservation is short (see `take`).
-    pub(super) fn defer_ptes(&mut self, src: PhysAddr, pmd: &Slot, at: Cursor) {
-        let (old, new) = (at.old, at.new);
-        // SAFETY: a table reached from the root; unlinked below, freed only
-        // after the copy.
-        let t = unsafe { table_at(&self.space.alloc, src) };
-        let split = first_half(new);
-        let mut dts = [0u64; 2];
-        for (dt, (lo, hi)) in dts.iter_mut().zip([(0, split), (split, ENTRIES_PER_TABLE)]) {
+    pub(super) fn defer_ptes(&mut self, t: TableRef<'a>, pmd: &Slot, at: Pos) {
+        let Some(dts) = self.defer_dests(t, at.new) else {
+            return;
+        };
+        let mmu = &self.space.mmu;
+        let split = first_half(at.new);
+        for (k, e) in t.slots(0, DEFER_HEAD).iter().enumerate() {
             // Relaxed: we hold the address space exclusively; the hardware
             // never makes a none entry valid.
-            if t.entries[lo..hi].iter().any(|e| e.load(Relaxed) != 0) {
-                let va = new + lo as u64 * PAGE_SIZE;
-                match self.dest_table(va, 0) {
-                    Some(pa) => *dt = pa.0,
-                    None => return,
-                }
-            }
-        }
-        let mmu = &self.space.mmu;
-        for (k, e) in t.entries[..DEFER_HEAD].iter().enumerate() {
-            // Relaxed: as above.
             if e.load(Relaxed) == 0 {
                 continue;
             }
-            let va = new + k as u64 * PAGE_SIZE;
-            // Nonzero: its half holds an entry, so its table was taken.
-            let dt = PhysAddr(dts[usize::from(k >= split)]);
-            // SAFETY: `dest_table` returned a live table of ours.
-            let d = unsafe { &table_at(&self.space.alloc, dt).entries[index(va, 0)] };
+            let va = at.new + k as u64 * PAGE_SIZE;
+            // Its half holds an entry, so its table was taken.
+            let Some(dt) = dts[usize::from(k >= split)] else {
+                continue;
+            };
+            let d = dt.slot(index(va, 0));
             // Atomic: the table is still live.
             let pte = A::ptep_get_and_clear(mmu, e);
             A::set_pte_nosync(mmu, d, pte);
@@ -115,24 +109,39 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
         }
         // Atomic, as `move_table_entry`; walk caches of the path must go.
         generic::get_and_clear(mmu, pmd);
-        self.gather.add_tables(VirtAddr(old), size(1));
+        self.gather.add_tables(VirtAddr(at.old), size(1));
+        let pa = |d: Option<TableRef<'_>>| d.map_or(0, |d| d.pa().0);
         // Relaxed: only this thread follows the record; a walker reading
         // these slots sees invalid entries (low 12 bits clear).
-        t.entries[0].store(0, Relaxed);
-        t.entries[1].store(old, Relaxed);
-        t.entries[2].store(dts[0], Relaxed);
-        t.entries[3].store(dts[1], Relaxed);
+        t.slot(0).store(0, Relaxed);
+        t.slot(1).store(at.old, Relaxed);
+        t.slot(2).store(pa(dts[0]), Relaxed);
+        t.slot(3).store(pa(dts[1]), Relaxed);
         let later = &mut self.later;
-        if later.count == 0 {
-            later.head = src.0;
-        } else {
-            // SAFETY: the tail is a deferred table of ours, not yet freed.
-            let tail = unsafe { table_at(&self.space.alloc, PhysAddr(later.tail)) };
+        match later.tail {
             // Relaxed: as above.
-            tail.entries[0].store(src.0, Relaxed);
+            Some(tail) => tail.slot(0).store(t.pa().0, Relaxed),
+            None => later.head = Some(t),
         }
-        later.tail = src.0;
+        later.tail = Some(t);
         later.count += 1;
+    }
+
+    /// The destination PTE tables of the two halves of the whole source
+    /// PTE table `t` moving to `new` (see [`first_half`]), taken for each
+    /// half that holds an entry; `None` when the reservation is short.
+    fn defer_dests(&mut self, t: TableRef<'a>, new: u64) -> Option<[Option<TableRef<'a>>; 2]> {
+        let split = first_half(new);
+        let mut dts = [None; 2];
+        for (dt, (lo, hi)) in dts.iter_mut().zip([(0, split), (split, ENTRIES_PER_TABLE)]) {
+            // Relaxed: we hold the address space exclusively; the hardware
+            // never makes a none entry valid.
+            if t.slots(lo, hi).iter().any(|e| e.load(Relaxed) != 0) {
+                let va = new + lo as u64 * PAGE_SIZE;
+                *dt = Some(self.dest_table(va, 0)?);
+            }
+        }
+        Some(dts)
     }
 
     /// After the flush: copies the deferred source PTE tables to their
@@ -141,15 +150,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
     /// record.
     pub(super) fn copy_deferred(&mut self) {
         // Destination − source.
-        let delta = self.new.wrapping_sub(self.old);
-        let mut pa = self.later.head;
-        for _ in 0..self.later.count {
-            // SAFETY: a deferred table of ours: unlinked, flushed, not freed.
-            let t = unsafe { table_at(&self.space.alloc, PhysAddr(pa)) };
+        let delta = self.range.new.wrapping_sub(self.range.old);
+        let mut next = self.later.head;
+        while let Some(t) = next {
             // Relaxed: private to this thread since the flush.
-            let next = t.entries[0].load(Relaxed);
-            let new = t.entries[1].load(Relaxed).wrapping_add(delta);
-            let dts = [t.entries[2].load(Relaxed), t.entries[3].load(Relaxed)];
+            let link = t.slot(0).load(Relaxed);
+            let new = t.slot(1).load(Relaxed).wrapping_add(delta);
+            let dts = [t.slot(2).load(Relaxed), t.slot(3).load(Relaxed)];
             // Entries that land in the first destination table, then the
             // rest (a misaligned destination spans two tables).
             let split = first_half(new);
@@ -159,36 +166,46 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
             {
                 // The first entries moved already.
                 let lo = lo.max(DEFER_HEAD);
-                if dt == 0 || lo >= hi {
-                    continue;
+                if dt != 0 && lo < hi {
+                    // SAFETY: `defer_ptes` took or found this table (a
+                    // `TableRef` of the move) and linked it; nothing is
+                    // freed before the copy.
+                    let dt = unsafe { self.space.table_again(PhysAddr(dt)) };
+                    self.copy_half(t.slots(lo, hi), dt, new.wrapping_add(lo as u64 * PAGE_SIZE));
                 }
-                let src = &t.entries[lo..hi];
-                // Relaxed: as above.
-                let Some(first) = src.iter().position(|e| e.load(Relaxed) != 0) else {
-                    continue;
-                };
-                let va = new.wrapping_add(lo as u64 * PAGE_SIZE);
-                // SAFETY: `defer_ptes` took this table and linked it; the
-                // move freed nothing on its path (see there).
-                let dst = unsafe {
-                    &table_at(&self.space.alloc, PhysAddr(dt)).entries[index(va, 0)..][..hi - lo]
-                };
-                let mmu = &self.space.mmu;
-                let mut moved = 0u64;
-                for (s, d) in src[first..].iter().zip(&dst[first..]) {
-                    // Relaxed: no walker can reach the source any more; the
-                    // destination is ordered by its barrier.
-                    let pte = s.load(Relaxed);
-                    if pte != 0 {
-                        A::set_pte_nosync(mmu, d, pte);
-                        moved += 1;
-                    }
-                }
-                self.wrote(0, PhysAddr(dt));
-                self.space.mmu.stats.add_entries_written(moved);
             }
-            self.space.queue_free(&mut self.q, PhysAddr(pa));
-            pa = next;
+            self.space.queue_free(&mut self.q, t.pa());
+            next = if Some(t.pa()) == self.later.tail.map(TableRef::pa) {
+                None
+            } else {
+                // SAFETY: the next deferred table, a `TableRef` of the
+                // move when it was deferred; unlinked, not freed.
+                Some(unsafe { self.space.table_again(PhysAddr(link)) })
+            };
         }
+    }
+
+    /// Copies the source PTEs `src` of a deferred table to the destination
+    /// table `dt`, from the entry for `va` on.
+    fn copy_half(&mut self, src: &[Slot], dt: TableRef<'a>, va: u64) {
+        // Relaxed: as in `copy_deferred`.
+        let Some(first) = src.iter().position(|e| e.load(Relaxed) != 0) else {
+            return;
+        };
+        let j = index(va, 0);
+        let dst = dt.slots(j, j + src.len());
+        let mmu = &self.space.mmu;
+        let mut moved = 0u64;
+        for (s, d) in src[first..].iter().zip(&dst[first..]) {
+            // Relaxed: no walker can reach the source any more; the
+            // destination is ordered by its barrier.
+            let pte = s.load(Relaxed);
+            if pte != 0 {
+                A::set_pte_nosync(mmu, d, pte);
+                moved += 1;
+            }
+        }
+        self.wrote(0, dt);
+        self.space.mmu.stats.add_entries_written(moved);
     }
 }

@@ -84,28 +84,31 @@
 //! destination tables are not counted. `tables_allocated` / `tables_freed`
 //! count destination tables and freed (emptied) source tables.
 //!
-//! **Code map.** One move in progress is a [`Mover`]: the address space,
-//! the ranges, the fast paths allowed and the write phase's state. Its
-//! methods are split by step: `plan.rs` is the planning walk (what to do
-//! at one position), `dry_run.rs` the read-only count of the tables the
-//! move takes, `apply.rs` the write phase (the move loop, the entry moves
-//! and the freeing of emptied source tables) and `deferred.rs` the whole
-//! PTE tables copied after the flush.
+//! **Code map.** The check phase is a [`Planner`](plan::Planner): the
+//! space, borrowed shared, and the fast paths allowed. `plan.rs` is its
+//! planning walk (what to do at one position, as a [`Step`](plan::Step)),
+//! `dry_run.rs` its read-only count of the tables the move takes (with
+//! its own step type). The write phase is a [`Mover`]: the planner, the
+//! range and the write phase's state, under one shared borrow of the space
+//! from the first write to the copy after the flush; `apply.rs` is the
+//! move loop, the entry moves and the freeing of emptied source tables,
+//! `deferred.rs` the whole PTE tables copied after the flush. Only the
+//! closing steps (freeing the queued tables, returning the reservation)
+//! take the space `&mut` again.
 
 mod apply;
 mod deferred;
 mod dry_run;
 mod plan;
 
-use core::sync::atomic::Ordering::Relaxed;
-
-use crate::aspace::{first_used, table_at, FreeQueue, Reservation};
-use crate::level::{entry_end, index, size};
-use crate::{AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, TableAlloc, TlbGather, VirtAddr};
+use crate::aspace::{first_used, FreeQueue, Reservation};
+use crate::level::{entry_end, size};
+use crate::walker::{Next, Span, TableRef};
+use crate::{AddressSpace, Arch, Error, Mmu, TableAlloc, TlbGather, VirtAddr};
 
 use apply::Owed;
 use deferred::Deferred;
-use plan::{Dest, Step};
+use plan::{Dest, KeptMove, Planner, Step};
 
 /// Runtime switches of [`AddressSpace::move_page_tables_with`]; each fast
 /// path also needs the arch constant and the core's Cargo feature.
@@ -197,7 +200,7 @@ impl Default for MoveOptions {
 
 /// Which fast paths are on: arch constant AND Cargo feature AND option.
 #[derive(Clone, Copy)]
-struct Fast {
+pub(super) struct Fast {
     pmd: bool,
     pud: bool,
 }
@@ -212,7 +215,7 @@ impl Fast {
 
     /// Whether a whole table at `height` may move as one entry.
     #[inline]
-    fn table_move(self, height: u32) -> bool {
+    pub(super) fn table_move(self, height: u32) -> bool {
         match height {
             1 => self.pmd,
             2 => self.pud,
@@ -224,13 +227,13 @@ impl Fast {
 /// A position of the move loop: the source address `old`, the destination
 /// address `new` and the `rem` bytes left from there.
 #[derive(Clone, Copy)]
-struct Cursor {
+struct Pos {
     old: u64,
     new: u64,
     rem: u64,
 }
 
-impl Cursor {
+impl Pos {
     /// Steps `len` bytes forward on both sides.
     #[inline]
     fn advance(&mut self, len: u64) {
@@ -250,28 +253,60 @@ impl Cursor {
     }
 }
 
-/// One move in progress: the address space, the whole (possibly
-/// realigned) range, the fast paths allowed, and the state of the write
-/// phase. Every step of the move is a method of it.
-struct Mover<'s, A: Arch, M: Mmu, T: TableAlloc> {
-    space: &'s mut AddressSpace<A, M, T>,
-    fast: Fast,
-    /// Source start of the whole move.
+/// The whole (possibly realigned) move: source start, destination start,
+/// length.
+#[derive(Clone, Copy)]
+struct Range {
     old: u64,
-    /// Destination start of the whole move.
     new: u64,
-    /// Length of the whole move.
     len: u64,
-    /// The reserved tables (none until phase 2).
+}
+
+impl Range {
+    /// The position at the start of the whole move.
+    #[inline]
+    fn start(self) -> Pos {
+        Pos {
+            old: self.old,
+            new: self.new,
+            rem: self.len,
+        }
+    }
+}
+
+/// The write phase of one move: the planner, the whole range, and the
+/// state the writes build up. Every step of the write phase is a method
+/// of it.
+struct Mover<'a, A: Arch, M: Mmu, T: TableAlloc> {
+    plan: Planner<'a, A, M, T>,
+    space: &'a AddressSpace<A, M, T>,
+    range: Range,
+    /// The reserved tables.
     stash: Reservation,
     /// The source range to flush.
     gather: TlbGather,
     /// Destination tables still owed a walker barrier.
     owed: Owed,
     /// Whole PTE tables to copy after the flush.
-    later: Deferred,
+    later: Deferred<'a>,
     /// Unlinked source tables, freed after the flush.
     q: FreeQueue,
+}
+
+/// What the write phase leaves to the closing steps, which take the space
+/// `&mut`.
+struct Done {
+    /// The gather still to flush (empty when `flushed`).
+    gather: TlbGather,
+    /// The source tables to free after the flush.
+    q: FreeQueue,
+    /// What is left of the reservation.
+    stash: Reservation,
+    /// A destination write still needs its walker barrier.
+    pending: bool,
+    /// The write phase flushed already (to copy deferred PTE tables
+    /// after the flush).
+    flushed: bool,
 }
 
 /// Whether `[a, a + len)` and `[b, b + len)` intersect (`len > 0`, neither
@@ -350,113 +385,141 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if overlap(old.0, new.0, len) {
             return Err(Error::Overlap);
         }
-        let mut mv = Mover::new(self, Fast::new::<A>(opts), old.0, new.0, len);
-        // One whole-entry step covering the whole range (a 1 GiB PUD
-        // entry, a run of PMD entries, a block): its planning walk already
-        // found every destination entry of the range none, so the
-        // destination is empty, the mutual-alignment rule does not apply
-        // (the start is entry aligned) and the tables it needs are the
-        // missing ones on its destination path. Checked in one walk of
-        // each side instead of the separate check and dry run below.
-        let first = match mv.plan(mv.start(), None) {
-            step @ Step::Entry { height, count, .. } if count as u64 * size(height) == len => {
-                Some(step)
-            }
-            _ => None,
+        let fast = Fast::new::<A>(opts);
+        let mut range = Range {
+            old: old.0,
+            new: new.0,
+            len,
         };
-        let need = match first {
-            Some(Step::Entry { dst, .. }) => match dst {
-                Dest::Table(_) => 0,
-                Dest::Missing(m) => m as usize,
-            },
-            _ => {
-                if let Some(va) = mv.space.first_mapped(new.0, len) {
-                    return Err(Error::AlreadyMapped(va));
-                }
-                mv.realign(opts.free_below)?;
-                mv.count_tables_needed()
-            }
+        let planner = Planner {
+            space: &*self,
+            fast,
         };
+        let (first, need) = planner.check(&mut range, opts.free_below)?;
 
         // Phase 2: reserve; the only failure left.
-        mv.stash = mv.space.reserve(need)?;
-        mv.space.contpte_before_move(old.0, new.0, len);
+        let stash = self.reserve(need)?;
+        self.contpte_before_move(old.0, new.0, len);
 
         // Phase 3: move, free the emptied source tables, flush, release.
-        mv.apply(first)
+        let planner = Planner {
+            space: &*self,
+            fast,
+        };
+        // SAFETY: `first` was planned in this space; reserving and
+        // unfolding runs in place free no table.
+        let first = first.map(|k| unsafe { k.again(planner.space) });
+        let done = Mover::new(planner, range, stash).apply(first);
+        self.end_move(done)
+    }
+
+    /// The closing steps of the write phase: the flush and the freeing of
+    /// the unlinked source tables (unless the write phase flushed
+    /// already), the last walker barrier, and the reservation's return.
+    fn end_move(&mut self, mut done: Done) -> Result<(), Error> {
+        if !done.flushed {
+            let q = core::mem::replace(&mut done.q, FreeQueue::new());
+            self.finish(done.gather, q);
+        }
+        if done.pending {
+            self.table_done();
+        }
+        let settled = self.settle(done.stash);
+        if done.flushed {
+            self.finish(TlbGather::new(), done.q);
+        }
+        settled
     }
 
     /// The first address in `[va, va + len)` that something is mapped at
     /// (a leaf, or a software entry the walker does not decode).
     fn first_mapped(&self, va: u64, len: u64) -> Option<VirtAddr> {
-        self.first_mapped_in(A::LEVELS - 1, self.root, va, va.wrapping_add(len))
+        let mut cur = self.cursor(va, va.wrapping_add(len));
+        while let Some(span) = cur.span() {
+            match self.first_mapped_in_span(span) {
+                Ok(Some((child, va))) => cur.descend(child, va),
+                Ok(None) => {
+                    cur.advance(span.next);
+                }
+                Err(hit) => return Some(hit),
+            }
+        }
+        None
     }
 
-    pub(crate) fn first_mapped_in(
-        &self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
-    ) -> Option<VirtAddr> {
-        // SAFETY: the root or a table reached from it; nothing is freed
-        // while this shared borrow of the address space lasts.
-        let t = unsafe { table_at(&self.alloc, tpa) };
+    /// The first mapped address of `span` up to its first table entry
+    /// (`Err`), or that entry's table and first address (`Ok(Some)`), or
+    /// `Ok(None)`: nothing mapped in the span.
+    fn first_mapped_in_span<'a>(
+        &'a self,
+        span: Span<'a>,
+    ) -> Result<Option<(TableRef<'a>, u64)>, VirtAddr> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
         if height == 0 {
-            return first_used(t, 0, va, end);
+            // At the PTE level anything but none is mapped.
+            return match first_used(t.table(), 0, va, end) {
+                Some(hit) => Err(hit),
+                None => Ok(None),
+            };
         }
-        loop {
-            let next = entry_end(va, height, end);
-            // Relaxed: we hold the address space exclusively.
-            let raw = t.entries[index(va, height)].load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::None => {}
-                Decoded::Table(c) => {
-                    if let Some(hit) = self.first_mapped_in(height - 1, c, va, next) {
-                        return Some(hit);
-                    }
-                }
-                Decoded::Leaf(_) | Decoded::Invalid => return Some(VirtAddr(va)),
+        for i in span.from..span.to {
+            match self.read(t, i, height).1 {
+                Next::None => {}
+                Next::Table(c) => return Ok(Some((c, va))),
+                Next::Leaf(_) | Next::Invalid => return Err(VirtAddr(va)),
             }
-            va = next;
-            if va == end {
-                return None;
-            }
+            va = entry_end(va, height, end);
         }
+        Ok(None)
     }
 }
 
-impl<'s, A: Arch, M: Mmu, T: TableAlloc> Mover<'s, A, M, T> {
-    fn new(space: &'s mut AddressSpace<A, M, T>, fast: Fast, old: u64, new: u64, len: u64) -> Self {
-        Mover {
-            space,
-            fast,
-            old,
-            new,
-            len,
-            stash: Reservation::new(),
-            gather: TlbGather::new(),
-            owed: Owed::default(),
-            later: Deferred::default(),
-            q: FreeQueue::new(),
+impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
+    /// Phase 1 after the range checks: plans the first step and, unless it
+    /// moves the whole range at once, checks the destination empty,
+    /// applies the mutual-alignment rule to `range` and counts the tables
+    /// the move takes. Returns that first step (kept by address) and the
+    /// count.
+    ///
+    /// One whole-entry step covering the whole range (a 1 GiB PUD entry, a
+    /// run of PMD entries, a block): its planning walk already found every
+    /// destination entry of the range none, so the destination is empty,
+    /// the mutual-alignment rule does not apply (the start is entry
+    /// aligned) and the tables it needs are the missing ones on its
+    /// destination path. Checked in one walk of each side instead of the
+    /// separate check and dry run.
+    fn check(
+        self,
+        range: &mut Range,
+        free_below: bool,
+    ) -> Result<(Option<KeptMove>, usize), Error> {
+        if let Step::Entry(e) = self.plan(range.start()) {
+            if e.len() == range.len {
+                let need = match e.dst {
+                    Dest::Table(_) => 0,
+                    Dest::Missing(m) => m as usize,
+                };
+                return Ok((Some(e.keep()), need));
+            }
         }
-    }
-
-    /// The position at the start of the whole move.
-    #[inline]
-    fn start(&self) -> Cursor {
-        Cursor {
-            old: self.old,
-            new: self.new,
-            rem: self.len,
+        if let Some(va) = self.space.first_mapped(range.new, range.len) {
+            return Err(Error::AlreadyMapped(va));
         }
+        self.realign(range, free_below)?;
+        Ok((None, self.count_tables_needed(range.start())))
     }
 
     /// The mutual-alignment rule: aligns the move's starts down to the
     /// PMD boundary when it applies. `claimed_free` is
     /// [`MoveOptions::free_below`].
-    fn realign(&mut self, claimed_free: bool) -> Result<(), Error> {
-        let (old, new, len) = (self.old, self.new, self.len);
+    fn realign(self, range: &mut Range, claimed_free: bool) -> Result<(), Error> {
+        let Range { old, new, len } = *range;
         let pmd = size(1);
         let off = old & (pmd - 1);
         if !self.fast.pmd || off == 0 || off != new & (pmd - 1) || len < pmd - off {
@@ -475,11 +538,30 @@ impl<'s, A: Arch, M: Mmu, T: TableAlloc> Mover<'s, A, M, T> {
             .or_else(|| self.space.first_mapped(an, off))
         {
             None => {
-                (self.old, self.new, self.len) = (ao, an, alen);
+                *range = Range {
+                    old: ao,
+                    new: an,
+                    len: alen,
+                };
                 Ok(())
             }
             Some(va) if claimed_free => Err(Error::AlreadyMapped(va)),
             Some(_) => Ok(()),
+        }
+    }
+}
+
+impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
+    fn new(plan: Planner<'a, A, M, T>, range: Range, stash: Reservation) -> Self {
+        Mover {
+            plan,
+            space: plan.space,
+            range,
+            stash,
+            gather: TlbGather::new(),
+            owed: Owed::default(),
+            later: Deferred::default(),
+            q: FreeQueue::new(),
         }
     }
 }

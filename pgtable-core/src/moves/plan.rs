@@ -1,14 +1,11 @@
 //! The planning walk: what the move does at one position, found by one
 //! walk from the root of the source (and, for whole entries, of the
-//! destination).
+//! destination), through the walker's table references.
 
-use core::sync::atomic::Ordering::Relaxed;
-
-use super::dry_run::DryRun;
-use super::{Cursor, Mover};
-use crate::aspace::table_at;
+use super::{Fast, Pos};
 use crate::level::{entry_end, index, size};
-use crate::{Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc, ENTRIES_PER_TABLE};
+use crate::walker::{Next, Stop, TableRef};
+use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, TableAlloc, ENTRIES_PER_TABLE};
 
 /// Linux `enum pgt_entry`: the kinds of entries moved whole.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -22,180 +19,223 @@ pub(super) enum PgtEntry {
     Huge(u32),
 }
 
-/// What the move does at the current position.
-pub(super) enum Step<'t> {
+/// What the write phase does at the current position.
+pub(super) enum Step<'a> {
     /// Nothing is mapped in the next `len` bytes of the source.
     Skip(u64),
-    /// Move `count` consecutive source entries of one kind at `height`
-    /// (`slots`, in the source table `table`; both `None` for a block
-    /// split in the dry run), each covering `size(height)` bytes whole at
-    /// both ends, to `dst`.
-    Entry {
-        kind: PgtEntry,
-        height: u32,
-        slots: Option<&'t [Slot]>,
-        table: Option<&'t Table>,
-        count: usize,
-        dst: Dest,
-    },
+    /// Move a run of whole entries.
+    Entry(EntryMove<'a>),
     /// Split the partly covered source block `raw` at `height` (in `slot`).
     Split {
         height: u32,
-        slot: Option<&'t Slot>,
+        slot: &'a Slot,
         raw: u64,
     },
     /// Move the PTEs of the next `len` bytes out of the source PTE table
-    /// `src` (`None`: a block split in the dry run, every entry present),
-    /// linked from the PMD entry `pmd`.
+    /// `src`, linked from the PMD entry `pmd`.
     Ptes {
         len: u64,
-        src: Option<PhysAddr>,
-        pmd: Option<&'t Slot>,
+        src: TableRef<'a>,
+        pmd: &'a Slot,
     },
 }
 
-/// Where the destination entries of a [`Step::Entry`] go, as found by the
+/// `count` consecutive source entries of one kind at `height`, from entry
+/// `from` of the source table `table`, each covering `size(height)` bytes
+/// whole at both ends, moving to `dst`.
+#[derive(Clone, Copy)]
+pub(super) struct EntryMove<'a> {
+    pub(super) kind: PgtEntry,
+    pub(super) height: u32,
+    pub(super) table: TableRef<'a>,
+    pub(super) from: usize,
+    pub(super) count: usize,
+    pub(super) dst: Dest<'a>,
+}
+
+/// Where the destination entries of an [`EntryMove`] go, as found by the
 /// walk that checked them none: the existing destination table at the
 /// step's height, or how many tables on the path to it are missing.
 #[derive(Clone, Copy)]
-pub(super) enum Dest {
+pub(super) enum Dest<'a> {
     /// The destination table holding the entries.
-    Table(PhysAddr),
+    Table(TableRef<'a>),
     /// This many tables (the deepest at the step's height) are missing.
     Missing(u32),
 }
 
-impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
-    /// What to do at `at`. `dry` is the dry run's simulated state (`None`
-    /// in the write phase, where the tables themselves are the state).
-    pub(super) fn plan<'t>(&self, at: Cursor, dry: Option<&DryRun>) -> Step<'t> {
-        let (old, new, rem) = (at.old, at.new, at.rem);
+/// An [`EntryMove`] kept by address across the `&mut` steps between the
+/// check and the write phase (reserving tables, unfolding contiguous runs
+/// in place), which free no table and unlink none.
+pub(super) struct KeptMove {
+    kind: PgtEntry,
+    height: u32,
+    table: PhysAddr,
+    from: usize,
+    count: usize,
+    /// The destination table, when it exists (else the write phase links
+    /// the missing ones).
+    dst: Option<PhysAddr>,
+    missing: u32,
+}
+
+impl<'a> EntryMove<'a> {
+    /// The source entries.
+    #[inline]
+    pub(super) fn slots(&self) -> &'a [Slot] {
+        self.table.slots(self.from, self.from + self.count)
+    }
+
+    /// Bytes the run covers.
+    #[inline]
+    pub(super) fn len(&self) -> u64 {
+        self.count as u64 * size(self.height)
+    }
+
+    /// The step by address (see [`KeptMove`]).
+    pub(super) fn keep(self) -> KeptMove {
+        let (dst, missing) = match self.dst {
+            Dest::Table(t) => (Some(t.pa()), 0),
+            Dest::Missing(m) => (None, m),
+        };
+        KeptMove {
+            kind: self.kind,
+            height: self.height,
+            table: self.table.pa(),
+            from: self.from,
+            count: self.count,
+            dst,
+            missing,
+        }
+    }
+}
+
+impl KeptMove {
+    /// The step again, with its tables.
+    ///
+    /// # Safety
+    ///
+    /// `self` was planned in `space`, and no table of it has been freed
+    /// since (see [`AddressSpace::table_again`]).
+    pub(super) unsafe fn again<A: Arch, M: Mmu, T: TableAlloc>(
+        self,
+        space: &AddressSpace<A, M, T>,
+    ) -> EntryMove<'_> {
+        // SAFETY: tables of a `TableRef` the planning walk made, none freed
+        // since (the caller's guarantee).
+        let again = |pa| unsafe { space.table_again(pa) };
+        EntryMove {
+            kind: self.kind,
+            height: self.height,
+            table: again(self.table),
+            from: self.from,
+            count: self.count,
+            dst: match self.dst {
+                Some(pa) => Dest::Table(again(pa)),
+                None => Dest::Missing(self.missing),
+            },
+        }
+    }
+}
+
+/// The planning side of a move: the space, read only, and the fast paths
+/// allowed.
+pub(super) struct Planner<'a, A: Arch, M: Mmu, T: TableAlloc> {
+    pub(super) space: &'a AddressSpace<A, M, T>,
+    pub(super) fast: Fast,
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> Clone for Planner<'_, A, M, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> Copy for Planner<'_, A, M, T> {}
+
+impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
+    /// What to do at `at`: walks the source from the root down to the
+    /// first entry that is not a table the move descends into.
+    pub(super) fn plan(self, at: Pos) -> Step<'a> {
+        let mut t = self.space.root_table();
         let mut h = A::LEVELS - 1;
-        // SAFETY: the root is a live table of ours; the frames reached from
-        // it stay live until `finish` (nothing is freed before).
-        let mut t: &'t Table = unsafe { table_at(&self.space.alloc, self.space.root) };
-        let mut slot = Some(&t.entries[index(old, h)]);
-        // Relaxed: we hold the address space exclusively; the walker's A/D
-        // updates are picked up by the atomic moves below, not here.
-        let mut raw = slot.map_or(0, |s| s.load(Relaxed));
         loop {
+            let i = index(at.old, h);
+            let (raw, next) = self.space.read(t, i, h);
             let ext = at.extent(h);
             let whole = ext == size(h);
-            let decoded = A::decode(raw, h);
             // Whole entries move as one when the destination entry is none
             // (it can hold an empty table, see `dest_lookup`); the walk
             // that checks it also finds where the entries go.
-            let dst = match decoded {
-                Decoded::Invalid | Decoded::Leaf(_) if whole && h > 0 => self.dest_none(new, h),
-                Decoded::Table(_) if whole && self.fast.table_move(h) => self.dest_none(new, h),
-                _ => None,
-            };
-            match decoded {
-                Decoded::None => {
-                    return Step::Skip(entry_end(old, h, old.wrapping_add(rem)).wrapping_sub(old));
+            match next {
+                Next::None => {
+                    let end = entry_end(at.old, h, at.old.wrapping_add(at.rem));
+                    return Step::Skip(end.wrapping_sub(at.old));
                 }
-                Decoded::Invalid if h == 0 => unreachable!("PTE tables are moved as a whole"),
-                Decoded::Invalid => {
-                    let Some(dst) = dst else {
+                Next::Invalid => {
+                    return match self.whole_dest(whole, at.new, h) {
+                        Some(dst) => Step::Entry(EntryMove {
+                            kind: PgtEntry::Huge(h),
+                            height: h,
+                            table: t,
+                            from: i,
+                            count: 1,
+                            dst,
+                        }),
                         // A software entry cannot be split; leave it in
                         // place.
-                        return Step::Skip(ext);
-                    };
-                    return Step::Entry {
-                        kind: PgtEntry::Huge(h),
-                        height: h,
-                        slots: slot.map(core::slice::from_ref),
-                        table: slot.map(|_| t),
-                        count: 1,
-                        dst,
+                        None => Step::Skip(ext),
                     };
                 }
-                Decoded::Leaf(_) if dst.is_some() => {
-                    let dst = dst.expect("checked above");
-                    let slots = slot.map(|_| self.run(t, at, h, false, dst));
-                    return Step::Entry {
-                        kind: PgtEntry::Huge(h),
-                        height: h,
-                        slots,
-                        table: slot.map(|_| t),
-                        count: slots.map_or(1, <[Slot]>::len),
-                        dst,
-                    };
-                }
-                // Partly covered, or an (empty) table in the way at the
-                // destination: split, as Linux does when `move_huge_pmd`
-                // fails.
-                Decoded::Leaf(_) => {
-                    let block = old & !(size(h) - 1);
-                    if dry.is_some_and(|d| d.split[h as usize] == Some(block)) {
-                        // Split in the dry run: its children are blocks (or
-                        // pages) of the next size down, all present.
-                        if h == 1 {
-                            return Step::Ptes {
-                                len: ext,
-                                src: None,
-                                pmd: None,
-                            };
-                        }
-                        raw = A::split_leaf(raw, h)
-                            + ((index(old, h - 1) as u64 * size(h - 1)) >> A::OA_SHIFT);
-                        slot = None;
-                        h -= 1;
-                        continue;
-                    }
-                    return Step::Split {
-                        height: h,
-                        slot,
-                        raw,
-                    };
-                }
-                Decoded::Table(c) => {
-                    if let Some(dst) = dst {
-                        let kind = if h == 2 {
-                            PgtEntry::NormalPud
-                        } else {
-                            PgtEntry::NormalPmd
-                        };
-                        let slots = self.run(t, at, h, true, dst);
-                        return Step::Entry {
-                            kind,
+                Next::Leaf(_) => {
+                    return match self.whole_dest(whole, at.new, h) {
+                        Some(dst) => Step::Entry(self.run(t, at, h, false, dst)),
+                        // Partly covered, or an (empty) table in the way at
+                        // the destination: split, as Linux does when
+                        // `move_huge_pmd` fails.
+                        None => Step::Split {
                             height: h,
-                            slots: Some(slots),
-                            table: Some(t),
-                            count: slots.len(),
-                            dst,
-                        };
+                            slot: t.slot(i),
+                            raw,
+                        },
+                    };
+                }
+                Next::Table(c) => {
+                    if let Some(dst) = self.whole_dest(whole && self.fast.table_move(h), at.new, h)
+                    {
+                        return Step::Entry(self.run(t, at, h, true, dst));
                     }
                     if h == 1 {
                         return Step::Ptes {
                             len: ext,
-                            src: Some(c),
-                            pmd: slot,
+                            src: c,
+                            pmd: t.slot(i),
                         };
                     }
-                    // SAFETY: a table reached from the root.
-                    t = unsafe { table_at(&self.space.alloc, c) };
+                    t = c;
                     h -= 1;
-                    let s = &t.entries[index(old, h)];
-                    slot = Some(s);
-                    // Relaxed: as above.
-                    raw = s.load(Relaxed);
                 }
             }
+        }
+    }
+
+    /// Where the destination entry at `height` for `new` is, when `whole`
+    /// holds (the entry moves whole) and it is none.
+    #[inline]
+    pub(super) fn whole_dest(self, whole: bool, new: u64, height: u32) -> Option<Dest<'a>> {
+        if whole {
+            self.dest_none(new, height)
+        } else {
+            None
         }
     }
 
     /// Where the destination entry at `height` for `new` is, when it is
     /// none (or will be, in a table still to be allocated); `None` when it
     /// is not.
-    fn dest_none(&self, new: u64, height: u32) -> Option<Dest> {
+    fn dest_none(self, new: u64, height: u32) -> Option<Dest<'a>> {
         match self.dest_lookup(new, height) {
-            Ok(Dest::Table(pa)) => {
-                // SAFETY: `dest_lookup` returns a live table of ours.
-                let t = unsafe { table_at(&self.space.alloc, pa) };
-                // Relaxed: we hold the address space exclusively.
-                (t.entries[index(new, height)].load(Relaxed) == 0).then_some(Dest::Table(pa))
-            }
+            Ok(Dest::Table(t)) => (t.load(index(new, height)) == 0).then_some(Dest::Table(t)),
             Ok(missing) => Some(missing),
             Err(()) => None,
         }
@@ -205,22 +245,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
     /// tables are missing on the path to it (every entry below is none);
     /// `Err` when a leaf or software entry is on the path (only possible
     /// before the empty-destination check).
-    fn dest_lookup(&self, new: u64, height: u32) -> Result<Dest, ()> {
-        let mut tpa = self.space.root;
-        let mut h = A::LEVELS - 1;
-        loop {
-            if h == height {
-                return Ok(Dest::Table(tpa));
-            }
-            // SAFETY: the root or a table reached from it.
-            let t = unsafe { table_at(&self.space.alloc, tpa) };
-            // Relaxed: we hold the address space exclusively.
-            match A::decode(t.entries[index(new, h)].load(Relaxed), h) {
-                Decoded::None => return Ok(Dest::Missing(h - height)),
-                Decoded::Table(c) => tpa = c,
-                Decoded::Leaf(_) | Decoded::Invalid => return Err(()),
-            }
-            h -= 1;
+    fn dest_lookup(self, new: u64, height: u32) -> Result<Dest<'a>, ()> {
+        match self.space.path_to(new, height) {
+            Ok(t) => Ok(Dest::Table(t)),
+            Err(Stop {
+                height: h,
+                next: Next::None,
+                ..
+            }) => Ok(Dest::Missing(h - height)),
+            Err(_) => Err(()),
         }
     }
 
@@ -230,39 +263,46 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
     /// and one destination table (`dst`, where the first one goes). Moving
     /// them in one step saves a walk from the root per entry (512 per GiB
     /// on the PMD path).
-    fn run<'t>(
-        &self,
-        t: &'t Table,
-        at: Cursor,
+    fn run(
+        self,
+        t: TableRef<'a>,
+        at: Pos,
         height: u32,
         tables: bool,
-        dst: Dest,
-    ) -> &'t [Slot] {
+        dst: Dest<'a>,
+    ) -> EntryMove<'a> {
         let (i, j) = (index(at.old, height), index(at.new, height));
         let max = (ENTRIES_PER_TABLE - i)
             .min(ENTRIES_PER_TABLE - j)
             .min((at.rem / size(height)) as usize);
         let mut k = 1;
-        if max > 1 {
-            let dst = match dst {
-                // SAFETY: `dest_lookup` returned a live table of ours.
-                Dest::Table(pa) => Some(unsafe { table_at(&self.space.alloc, pa) }),
-                Dest::Missing(_) => None,
+        let dt = match dst {
+            Dest::Table(d) => Some(d),
+            Dest::Missing(_) => None,
+        };
+        while k < max {
+            let same = match A::decode(t.load(i + k), height) {
+                Decoded::Table(_) => tables,
+                Decoded::Leaf(_) => !tables,
+                _ => false,
             };
-            while k < max {
-                // Relaxed: we hold the address space exclusively.
-                let same = match A::decode(t.entries[i + k].load(Relaxed), height) {
-                    Decoded::Table(_) => tables,
-                    Decoded::Leaf(_) => !tables,
-                    _ => false,
-                };
-                // Relaxed: as above.
-                if !same || dst.is_some_and(|d| d.entries[j + k].load(Relaxed) != 0) {
-                    break;
-                }
-                k += 1;
+            if !same || dt.is_some_and(|d| d.load(j + k) != 0) {
+                break;
             }
+            k += 1;
         }
-        &t.entries[i..i + k]
+        let kind = match (tables, height) {
+            (true, 2) => PgtEntry::NormalPud,
+            (true, _) => PgtEntry::NormalPmd,
+            (false, h) => PgtEntry::Huge(h),
+        };
+        EntryMove {
+            kind,
+            height,
+            table: t,
+            from: i,
+            count: k,
+            dst,
+        }
     }
 }

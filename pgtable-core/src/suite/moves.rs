@@ -90,6 +90,45 @@ fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     align: Align,
     blocks: bool,
 ) -> R {
+    let (src, dst, opts) = placement(cx, len, align)?;
+    if blocks && cx.ram.gran < M2 {
+        skip!("the RAM pool holds no aligned 2 MiB block");
+    }
+    map_moved_source(cx, src, len, blocks)?;
+    let filled = fill_source(cx, src, len)?;
+
+    let t0 = cx.mach.cycles();
+    let r = cx
+        .space
+        .move_page_tables_with(VirtAddr(src), VirtAddr(dst), len, opts);
+    let t1 = cx.mach.cycles();
+    if let Err(e) = r {
+        fail!("move {src:#x} -> {dst:#x} ({len:#x} bytes): {e}");
+    }
+    cx.consistent("move_page_tables")?;
+    let emulated = if cx.mach.emulated() {
+        " (emulated)"
+    } else {
+        ""
+    };
+    cx.note(format_args!(
+        "move {src:#x} -> {dst:#x} len {len:#x}: {} cycles{emulated}",
+        t1.wrapping_sub(t0)
+    ));
+
+    check_new_range(cx, dst, len, &filled)?;
+    check_old_range_gone(cx, src, len)?;
+    cx.unmap(dst, len)?;
+    cx.read_faults(dst)
+}
+
+/// Source start, destination start and options of a move of `len` bytes
+/// placed as `align` says in the window (skips when it does not fit).
+fn placement<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    len: u64,
+    align: Align,
+) -> R<(u64, u64, MoveOptions)> {
     let half = cx.win_len / 2;
     let (src, dst, opts) = match align {
         Align::To(a) => (
@@ -122,9 +161,17 @@ fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     if src + len > cx.win + half || dst + len > cx.win + cx.win_len {
         skip!("the window is too small for this placement");
     }
-    if blocks && cx.ram.gran < M2 {
-        skip!("the RAM pool holds no aligned 2 MiB block");
-    }
+    Ok((src, dst, opts))
+}
+
+/// Maps the source of a move with pages or, when `blocks`, with blocks
+/// where possible (and notes how many).
+fn map_moved_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    src: u64,
+    len: u64,
+    blocks: bool,
+) -> R {
     let mopts = if blocks {
         MapOptions::BLOCKS
     } else {
@@ -142,8 +189,29 @@ fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         });
         cx.note(format_args!("source: {leaves} leaves, {big} blocks"));
     }
+    Ok(())
+}
 
-    // Fill the first `threshold` bytes with the pattern, through the MMU.
+/// What the source held before the move.
+struct Filled {
+    /// The pattern's seed and the bytes filled with it.
+    seed: u64,
+    thr: u64,
+    /// Offsets of sample words beyond the threshold, and their values.
+    samples: [u64; 3],
+    before: [u64; 3],
+    /// The frames of the first and last words.
+    pa_first: Option<u64>,
+    pa_last: Option<u64>,
+}
+
+/// Fills the first `threshold` bytes of the source with the pattern,
+/// through the MMU, and samples words beyond it.
+fn fill_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    src: u64,
+    len: u64,
+) -> R<Filled> {
     let seed = cx.seed();
     let thr = cx.cfg.threshold_bytes.min(len).min(cx.ram.len) & !7;
     for i in 0..thr / 8 {
@@ -155,43 +223,39 @@ fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     for (b, &o) in before.iter_mut().zip(&samples) {
         *b = cx.read(src + o)?;
     }
-    let pa_first = cx.pa(src);
-    let pa_last = cx.pa(src + len - 8);
+    Ok(Filled {
+        seed,
+        thr,
+        samples,
+        before,
+        pa_first: cx.pa(src),
+        pa_last: cx.pa(src + len - 8),
+    })
+}
 
-    let t0 = cx.mach.cycles();
-    let r = cx
-        .space
-        .move_page_tables_with(VirtAddr(src), VirtAddr(dst), len, opts);
-    let t1 = cx.mach.cycles();
-    if let Err(e) = r {
-        fail!("move {src:#x} -> {dst:#x} ({len:#x} bytes): {e}");
-    }
-    cx.consistent("move_page_tables")?;
-    let emulated = if cx.mach.emulated() {
-        " (emulated)"
-    } else {
-        ""
-    };
-    cx.note(format_args!(
-        "move {src:#x} -> {dst:#x} len {len:#x}: {} cycles{emulated}",
-        t1.wrapping_sub(t0)
-    ));
-
-    // The new range holds the same bytes.
+/// The new range holds the same bytes, in the same frames, and maps all
+/// of `len`.
+fn check_new_range<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    dst: u64,
+    len: u64,
+    f: &Filled,
+) -> R {
     ensure!(
-        cx.pa(dst) == pa_first && cx.pa(dst + len - 8) == pa_last,
+        cx.pa(dst) == f.pa_first && cx.pa(dst + len - 8) == f.pa_last,
         "the new range translates to other frames than the old one did"
     );
-    for i in 0..thr / 8 {
+    for i in 0..f.thr / 8 {
         let got = cx.read(dst + 8 * i)?;
-        let want = pattern(seed, i);
+        let want = pattern(f.seed, i);
         ensure!(
             got == want,
-            "moved data differs at offset {:#x}: {got:#x}, expected {want:#x} (seed {seed:#x})",
-            8 * i
+            "moved data differs at offset {:#x}: {got:#x}, expected {want:#x} (seed {:#x})",
+            8 * i,
+            f.seed
         );
     }
-    for (&b, &o) in before.iter().zip(&samples) {
+    for (&b, &o) in f.before.iter().zip(&f.samples) {
         cx.expect(dst + o, b)?;
     }
     let mut mapped = 0u64;
@@ -200,8 +264,15 @@ fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         mapped == len,
         "the new range maps {mapped:#x} bytes, expected {len:#x}"
     );
+    Ok(())
+}
 
-    // The old range is gone, for the tables and for the MMU.
+/// The old range is gone, for the tables and for the MMU.
+fn check_old_range_gone<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &mut Ctx<'_, A, M, T, H>,
+    src: u64,
+    len: u64,
+) -> R {
     let mut left = None;
     let _ = cx.space.walk(VirtAddr(src), len, |m| {
         left.get_or_insert(m.va.0);
@@ -212,10 +283,7 @@ fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     for o in [0, 8, len / 2 - 8, len - 8] {
         cx.read_faults(src + o)?;
     }
-    cx.write_faults(src)?;
-
-    cx.unmap(dst, len)?;
-    cx.read_faults(dst)
+    cx.write_faults(src)
 }
 
 fn move_overlap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
