@@ -31,7 +31,8 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::{Arch, Error, Mmu, Slot, TlbRange, VirtAddr, LEVEL_BITS, PAGE_SHIFT};
+use pgtable_core::contract::{Arch, Mmu, Slot, TlbRange, LEVEL_BITS, PAGE_SHIFT};
+use pgtable_core::{Error, VirtAddr};
 
 use crate::bits::{
     AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE, UXN,

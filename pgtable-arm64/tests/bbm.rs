@@ -8,7 +8,8 @@ use pgtable_arm64::bits::{
     self, AF, AP_EL0, AP_RDONLY, CONT, DBM, NG, PXN, PXN_TABLE, SH_OUTER, UXN,
 };
 use pgtable_arm64::{pgattr_change_is_safe, set_live_entry, Arm64};
-use pgtable_core::{Arch, Error, Format, MemType, PhysAddr, Prot, Slot, TlbRange, VirtAddr};
+use pgtable_core::contract::{Arch, Format, Slot, TlbRange};
+use pgtable_core::{Error, MemType, PhysAddr, Prot, VirtAddr};
 
 const VA: VirtAddr = VirtAddr(0x4020_3000);
 

@@ -6,12 +6,11 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use pgtable_arm64::{set_live_entry, Arm64, Arm64Va39};
+use pgtable_core::contract::{Access, AccessFault, Arch, Format, Mmu};
 use pgtable_core::sim::{CheckError, Installed, SimFaultKind, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Format, MapOptions, Mmu, PhysAddr, Prot, VirtAddr,
-};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const VA: VirtAddr = VirtAddr(0x4000_0000);
 const PAGE: u64 = 4096;
@@ -110,7 +109,7 @@ fn nosync_write_without_barrier_is_invisible_to_the_walker() {
     let va = VirtAddr(VA.0 + PAGE);
     // SAFETY: a leaf into an empty entry; the missing barrier is the point
     // (the simulated machine reports it).
-    let slot = unsafe { space.slot(va, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(va, 0) }.unwrap();
     let pte = Arm64::leaf(PhysAddr(0x8000_1000), Prot::READ_WRITE, 0);
     Arm64::set_pte_nosync(space.mmu(), slot, pte);
     // The walker still sees the empty entry, and the check names the write.
@@ -132,7 +131,7 @@ fn set_pte_at_is_visible_at_once() {
     let (machine, space) = one_page::<Arm64>();
     let va = VirtAddr(VA.0 + PAGE);
     // SAFETY: a leaf into an empty entry, by the arch's own setter.
-    let slot = unsafe { space.slot(va, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(va, 0) }.unwrap();
     let pte = Arm64::leaf(PhysAddr(0x8000_1000), Prot::READ_WRITE, 0);
     Arm64::set_pte_at(space.mmu(), va, slot, pte);
     machine.check().unwrap();
@@ -147,7 +146,7 @@ fn break_before_make_leaves_no_stale_translation() {
     assert_eq!(machine.read_u64(VA).unwrap(), 1); // now cached in the TLB
                                                   // SAFETY: leaves only; the plain store of the control skips the
                                                   // break-before-make on purpose (the simulated machine reports it).
-    let slot = unsafe { space.slot(VA, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(VA, 0) }.unwrap();
     let new = Arm64::leaf(PhysAddr(0x9000_0000), Prot::READ_WRITE, 0);
     // Refused without permission: nothing changes.
     assert!(set_live_entry(space.mmu(), VA, slot, 0, new, false).is_err());
@@ -170,7 +169,7 @@ fn safe_in_place_change_flushes_the_old_permissions() {
     let (machine, space) = one_page::<Arm64>();
     machine.write_u64(VA, 5).unwrap();
     // SAFETY: the same page read-only, stored by `set_live_entry`.
-    let slot = unsafe { space.slot(VA, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(VA, 0) }.unwrap();
     let ro = Arm64::modify_prot(slot.load(Relaxed), Prot::READ_ONLY, 0);
     set_live_entry(space.mmu(), VA, slot, 0, ro, false).unwrap();
     machine.check().unwrap();

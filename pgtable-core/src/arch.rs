@@ -163,17 +163,14 @@ pub unsafe trait Arch: Format {
         generic::pmdp_modify_prot_start::<Self, M>(mmu, va, slot, height)
     }
 
-    /// Linux `pmdp_modify_prot_commit`: install the modified block.
+    /// Installs the modified block `new` at `height` after
+    /// [`pmdp_modify_prot_start`](Arch::pmdp_modify_prot_start): Linux's
+    /// `change_huge_pmd` / `change_huge_pud` end with `set_pmd_at` /
+    /// `set_pud_at` of the new entry (the old value, unlike the PTE
+    /// transaction's, is no argument: no arch needs it).
     #[inline]
-    fn pmdp_modify_prot_commit<M: Mmu>(
-        mmu: &M,
-        va: VirtAddr,
-        slot: &Slot,
-        height: u32,
-        old: u64,
-        new: u64,
-    ) {
-        generic::pmdp_modify_prot_commit::<Self, M>(mmu, va, slot, height, old, new)
+    fn pmdp_modify_prot_commit<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, new: u64) {
+        generic::pmdp_modify_prot_commit::<Self, M>(mmu, va, slot, height, new)
     }
 
     /// Whether the live entry `old` may be replaced by `new` in place,

@@ -32,7 +32,8 @@
 //!
 //! ```
 //! # #[cfg(feature = "alloc")] {
-//! use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+//! use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+//! use pgtable_core::contract::{Arena, NoopMmu};
 //! use pgtable_core::test_format::TestFormat;
 //!
 //! let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
@@ -81,6 +82,7 @@ mod fault;
 mod fork;
 mod format;
 mod gather;
+mod generic;
 mod half;
 mod harvest;
 mod kernel_half;
@@ -91,6 +93,7 @@ mod mmu;
 mod mmu_gather;
 mod moves;
 mod protect;
+mod ptdump;
 mod stats;
 mod swap;
 mod table;
@@ -100,8 +103,7 @@ mod walk;
 mod walker;
 
 pub mod asid;
-pub mod generic;
-pub mod ptdump;
+pub mod contract;
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
@@ -111,96 +113,102 @@ pub mod suite;
 pub mod test_format;
 pub mod variants;
 
-pub use addr::{PhysAddr, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
-pub use arch::Arch;
+pub use addr::{PhysAddr, VirtAddr};
 pub use aspace::{AddressSpace, MapOptions};
-pub use entry::{LeafEntry, Removed};
-pub use error::{Error, ErrorKind};
+pub use entry::LeafEntry;
+pub use error::Error;
 pub use fault::FaultFlags;
 pub use fork::CopyMode;
-pub use format::{Access, AccessFault, Decoded, Format, MemType, Prot};
-pub use gather::TlbGather;
+pub use format::{MemType, Prot};
 pub use half::VaRange;
 pub use harvest::ClearRefs;
-pub use level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
 pub use live::LiveOptions;
-pub use mmu::{Mmu, NoopMmu, TlbRange};
 pub use mmu_gather::MmuGather;
 pub use moves::MoveOptions;
 pub use ptdump::PtDump;
-pub use stats::Stats;
-#[cfg(feature = "alloc")]
-pub use table::Arena;
-pub use table::{Slot, Table, TableAlloc};
-pub use table_attrs::TableAttrs;
 pub use walk::{Mapping, Translation};
 
-/// The README's examples, compiled and run as doctests. The workspace
-/// README's examples are copies of this crate's and the arch crates'
-/// (`cargo test -p xtask` checks that they stay identical).
-#[cfg(all(doctest, feature = "alloc"))]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+// The contract's names also at the root, crate-private, for the crate's
+// own code (`crate::Slot`, …).
+pub(crate) use contract::*;
+pub(crate) use entry::Removed;
+pub(crate) use gather::TlbGather;
 
-/// What safe code must not be able to do, each shown not to compile.
-///
-/// Reach a live entry (it could store a forged table pointer):
-///
-/// ```compile_fail,E0133
-/// use pgtable_core::test_format::TestFormat;
-/// use pgtable_core::{AddressSpace, Arena, NoopMmu, VirtAddr};
-///
-/// let s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
-/// let _ = s.slot(VirtAddr(0), 3);
-/// ```
-///
-/// Replace the allocator the tables came from:
-///
-/// ```compile_fail,E0133
-/// use pgtable_core::test_format::TestFormat;
-/// use pgtable_core::{AddressSpace, Arena, NoopMmu};
-///
-/// let mut s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
-/// let _old = core::mem::replace(s.alloc_mut(), Arena::new());
-/// ```
-///
-/// Ask an allocator for the address of something that is not its frame:
-///
-/// ```compile_fail,E0133
-/// use pgtable_core::{Arena, PhysAddr, TableAlloc};
-///
-/// let _ = Arena::new().phys_to_virt(PhysAddr(0));
-/// ```
-///
-/// Implement a format whose decoding the algorithms would trust without
-/// promising it is right:
-///
-/// ```compile_fail,E0200
-/// use pgtable_core::test_format::TestFormat;
-/// use pgtable_core::{Access, AccessFault, Decoded, Format, PhysAddr, Prot};
-///
-/// type T = TestFormat<4>;
-/// struct Lying;
-/// impl Format for Lying {
-///     const NAME: &'static str = "lying";
-///     const LEVELS: u32 = 4;
-///     const PA_BITS: u32 = 52;
-///     fn leaf_allowed(h: u32) -> bool { T::leaf_allowed(h) }
-///     // Every non-zero entry "points at a table" wherever its bits say.
-///     fn decode(raw: u64, _h: u32) -> Decoded {
-///         if raw == 0 { Decoded::None } else { Decoded::Table(PhysAddr(raw & !0xfff)) }
-///     }
-///     fn table_entry(pa: PhysAddr, h: u32) -> u64 { <T as Format>::table_entry(pa, h) }
-///     fn leaf_template(p: Prot, h: u32) -> u64 { T::leaf_template(p, h) }
-///     fn leaf_prot(raw: u64, h: u32) -> Prot { T::leaf_prot(raw, h) }
-///     fn modify_prot(raw: u64, p: Prot, h: u32) -> u64 { T::modify_prot(raw, p, h) }
-///     fn split_leaf(raw: u64, h: u32) -> u64 { T::split_leaf(raw, h) }
-///     fn is_young(raw: u64) -> bool { T::is_young(raw) }
-///     fn is_dirty(raw: u64) -> bool { T::is_dirty(raw) }
-///     fn hw_access(raw: u64, h: u32, a: Access) -> Result<u64, AccessFault> {
-///         T::hw_access(raw, h, a)
-///     }
-/// }
-/// ```
+/// Doctests that are no part of the API: the READMEs' examples and the
+/// misuses that must not compile.
 #[cfg(all(doctest, feature = "alloc"))]
-pub struct UnsafeAccessDoctests;
+mod doctests {
+    /// The README's examples, compiled and run as doctests. The workspace
+    /// README's examples are copies of this crate's and the arch crates'
+    /// (`cargo test -p xtask` checks that they stay identical).
+    #[cfg(all(doctest, feature = "alloc"))]
+    #[doc = include_str!("../README.md")]
+    pub struct ReadmeDoctests;
+
+    /// What safe code must not be able to do, each shown not to compile.
+    ///
+    /// Reach a live entry (it could store a forged table pointer):
+    ///
+    /// ```compile_fail,E0133
+    /// use pgtable_core::test_format::TestFormat;
+    /// use pgtable_core::{AddressSpace, VirtAddr};
+    /// use pgtable_core::contract::{Arena, NoopMmu};
+    ///
+    /// let s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let _ = s.inspect().slot(VirtAddr(0), 3);
+    /// ```
+    ///
+    /// Replace the allocator the tables came from:
+    ///
+    /// ```compile_fail,E0133
+    /// use pgtable_core::test_format::TestFormat;
+    /// use pgtable_core::AddressSpace;
+    /// use pgtable_core::contract::{Arena, NoopMmu};
+    ///
+    /// let mut s = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let _old = core::mem::replace(s.alloc_mut(), Arena::new());
+    /// ```
+    ///
+    /// Ask an allocator for the address of something that is not its frame:
+    ///
+    /// ```compile_fail,E0133
+    /// use pgtable_core::PhysAddr;
+    /// use pgtable_core::contract::{Arena, TableAlloc};
+    ///
+    /// let _ = Arena::new().phys_to_virt(PhysAddr(0));
+    /// ```
+    ///
+    /// Implement a format whose decoding the algorithms would trust without
+    /// promising it is right:
+    ///
+    /// ```compile_fail,E0200
+    /// use pgtable_core::test_format::TestFormat;
+    /// use pgtable_core::{PhysAddr, Prot};
+    /// use pgtable_core::contract::{Access, AccessFault, Decoded, Format};
+    ///
+    /// type T = TestFormat<4>;
+    /// struct Lying;
+    /// impl Format for Lying {
+    ///     const NAME: &'static str = "lying";
+    ///     const LEVELS: u32 = 4;
+    ///     const PA_BITS: u32 = 52;
+    ///     fn leaf_allowed(h: u32) -> bool { T::leaf_allowed(h) }
+    ///     // Every non-zero entry "points at a table" wherever its bits say.
+    ///     fn decode(raw: u64, _h: u32) -> Decoded {
+    ///         if raw == 0 { Decoded::None } else { Decoded::Table(PhysAddr(raw & !0xfff)) }
+    ///     }
+    ///     fn table_entry(pa: PhysAddr, h: u32) -> u64 { <T as Format>::table_entry(pa, h) }
+    ///     fn leaf_template(p: Prot, h: u32) -> u64 { T::leaf_template(p, h) }
+    ///     fn leaf_prot(raw: u64, h: u32) -> Prot { T::leaf_prot(raw, h) }
+    ///     fn modify_prot(raw: u64, p: Prot, h: u32) -> u64 { T::modify_prot(raw, p, h) }
+    ///     fn split_leaf(raw: u64, h: u32) -> u64 { T::split_leaf(raw, h) }
+    ///     fn is_young(raw: u64) -> bool { T::is_young(raw) }
+    ///     fn is_dirty(raw: u64) -> bool { T::is_dirty(raw) }
+    ///     fn hw_access(raw: u64, h: u32, a: Access) -> Result<u64, AccessFault> {
+    ///         T::hw_access(raw, h, a)
+    ///     }
+    /// }
+    /// ```
+    #[cfg(all(doctest, feature = "alloc"))]
+    pub struct UnsafeAccessDoctests;
+}

@@ -6,10 +6,9 @@ use std::io::Write;
 use std::ops::{Deref, DerefMut};
 use std::panic::{self, AssertUnwindSafe};
 
+use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{
-    variants, AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr,
-};
+use pgtable_core::{variants, AddressSpace, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 
 use super::gen::{Gen, MapKind, MoveKind, Op, Rng};
 use super::oracle::{self, Space};
@@ -104,7 +103,7 @@ pub struct Episode<A: Arch> {
     pub(super) other: Slot<A>,
     /// Values stored through the MMU, by physical address.
     pub(super) phys: HashMap<u64, u64>,
-    /// `other.space.count_tables()` while it holds (only [`Op::Switch`]
+    /// `other.space.inspect().count_tables()` while it holds (only [`Op::Switch`]
     /// and copies change the other space).
     pub(super) other_tables: std::cell::Cell<Option<usize>>,
     /// Whether the other space may have changed since the last full check.
@@ -130,7 +129,7 @@ pub(super) fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
 /// protection is changed to `prot` ([`Format::modify_prot`] of a leaf
 /// in that state).
 ///
-/// [`Format::modify_prot`]: pgtable_core::Format::modify_prot
+/// [`Format::modify_prot`]: pgtable_core::contract::Format::modify_prot
 pub(super) fn reprotect<A: Arch>(r: &Run, prot: Prot) -> (bool, bool) {
     let mut raw = A::leaf(PhysAddr(r.ppn << 12), r.prot, 0);
     raw = if r.young {
@@ -620,7 +619,7 @@ impl<A: Arch> Episode<A> {
                 let want = self.move_expected(old, new, len, kind);
                 let opts = kind.options();
                 let f = |s: &mut Space<A>, _: &mut Space<A>| {
-                    s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
+                    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, opts)
                 };
                 let got = self.run_checked(
                     op,

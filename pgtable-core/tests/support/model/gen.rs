@@ -9,9 +9,8 @@
 
 use std::fmt;
 
-use pgtable_core::{
-    variants, ClearRefs, FaultFlags, Format, MemType, MoveOptions, Prot, VaRange, PAGE_SIZE,
-};
+use pgtable_core::contract::{Format, PAGE_SIZE};
+use pgtable_core::{variants, ClearRefs, FaultFlags, MemType, MoveOptions, Prot, VaRange};
 
 use super::reference::Model;
 
@@ -376,7 +375,7 @@ impl fmt::Display for Op {
                 };
                 write!(
                     f,
-                    "space.move_page_tables_with(VirtAddr({old:#x}), VirtAddr({new:#x}), {len:#x}, {opts})"
+                    "space.move_page_tables(VirtAddr({old:#x}), VirtAddr({new:#x}), {len:#x}, {opts})"
                 )
             }
             Op::Swap { va, value, .. } => {

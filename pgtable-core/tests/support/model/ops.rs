@@ -14,7 +14,8 @@
 use std::cell::{Cell, RefCell};
 use std::panic::{self, AssertUnwindSafe};
 
-use pgtable_core::{Arch, CopyMode, Error, LeafEntry, LiveOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{CopyMode, Error, LeafEntry, LiveOptions, PhysAddr, Prot, VirtAddr};
 
 use super::episode::{reprotect, Episode, Expected};
 use super::gen::{Fault, GStep, Harvest, Op};
@@ -415,7 +416,12 @@ impl<A: Arch> Episode<A> {
                 change = Some((span, mkwrite));
                 // Whether an entry of the span changes.
                 let changed = (span.0..span.1).step_by((size >> 12) as usize).any(|p| {
-                    let raw = self.cur.space.entry(VirtAddr(p << 12), h).unwrap_or(0);
+                    let raw = self
+                        .cur
+                        .space
+                        .inspect()
+                        .entry(VirtAddr(p << 12), h)
+                        .unwrap_or(0);
                     change_of(raw) != raw
                 });
                 Ok(changed)

@@ -12,10 +12,10 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
+use pgtable_core::contract::{Arch, Decoded};
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
-    AddressSpace, Arch, ClearRefs, Decoded, Error, FaultFlags, MapOptions, PhysAddr, Prot, Removed,
-    VirtAddr,
+    AddressSpace, ClearRefs, Error, FaultFlags, LeafEntry, MapOptions, PhysAddr, Prot, VirtAddr,
 };
 
 pub const K4: u64 = 4 << 10;
@@ -61,7 +61,7 @@ pub fn snapshot<A: Arch>(
     let mut a = va;
     while a < va + len {
         for h in 0..A::LEVELS {
-            if let Some(raw) = s.entry(VirtAddr(a), h) {
+            if let Some(raw) = s.inspect().entry(VirtAddr(a), h) {
                 v.push((a, h, raw));
             }
         }
@@ -80,7 +80,7 @@ pub struct Rec {
     pub dirty: bool,
 }
 
-pub fn rec<A: Arch>(r: Removed<A>) -> Rec {
+pub fn rec<A: Arch>(r: LeafEntry<A>) -> Rec {
     Rec {
         va: r.va().0,
         size: r.size(),
@@ -123,7 +123,7 @@ pub fn unmap_with_reports_each_removed_entry<A: Arch>() {
     // SAFETY: an empty PTE slot of an existing table gets a value that
     // decodes as not present, as `slot` allows.
     unsafe {
-        let slot = s.slot(VirtAddr(swap_va), 0).unwrap();
+        let slot = s.inspect().slot(VirtAddr(swap_va), 0).unwrap();
         assert!(matches!(A::decode(SWAP, 0), Decoded::Invalid));
         slot.store(SWAP, Relaxed);
     }
@@ -208,7 +208,7 @@ pub fn unmap_with_reports_leaves_of_whole_tables<A: Arch>() {
     assert_eq!(got.len(), 2 * 512 + 8);
     assert_eq!(dirty, 1);
     assert_eq!(m.alloc().live(), live0);
-    assert_eq!(s.count_tables(), 1);
+    assert_eq!(s.inspect().count_tables(), 1);
 }
 
 /// Errors report nothing and change nothing (no frame leaked).
@@ -579,7 +579,12 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
     map(&mut s, 0, K4, URW, MapOptions::PAGES);
     // SAFETY: an empty PTE slot of an existing table gets a not-present
     // value, as `slot` allows.
-    unsafe { s.slot(VirtAddr(VA + K4), 0).unwrap().store(SWAP, Relaxed) };
+    unsafe {
+        s.inspect()
+            .slot(VirtAddr(VA + K4), 0)
+            .unwrap()
+            .store(SWAP, Relaxed)
+    };
     let before = snapshot(&s, VA, 4 * K4);
     let live = m.alloc().live();
     // `ptep_get` shows the software entry as a non-present leaf entry.
@@ -615,13 +620,13 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
     // Needs LEVELS - 1 tables far away; only one can be had.
     let live = m.alloc().live().max(live);
     let far = VirtAddr(VA + (1 << (A::VA_BITS - 2)));
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     m.alloc().fail_after(Some(1));
     let e = s.install_pte(far, PhysAddr(PA), URW);
     m.alloc().fail_after(None);
     assert_eq!(e, Err(Error::OutOfMemory));
     assert_eq!(m.alloc().live(), live);
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     assert!(s.ptep_get(far).is_none());
     m.check().unwrap();
 }
