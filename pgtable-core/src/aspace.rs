@@ -310,7 +310,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// A new, empty address space that translates `range` only: an
     /// address outside it is [`Error::OutOfRange`] for every operation
     /// (and the tables stay as they were), [`translate`](Self::translate)
-    /// and [`entry`](Self::entry) return `None` for it, and dropping the
+    /// and [`Inspector::entry`] return `None` for it, and dropping the
     /// space frees only the tables under the root entries of `range`
     /// ([`VaRange::root_indices`]).
     ///
@@ -423,7 +423,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The table allocator, mutably: to take a frame from it and link it
-    /// through [`slot`](Self::slot).
+    /// through [`Inspector::slot`].
     ///
     /// # Safety
     ///
@@ -432,7 +432,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// replace it (`core::mem::replace`, `swap`, assignment) and do not
     /// free through it a frame the tables use. A frame the caller allocates
     /// through it is the caller's until it is freed or linked as
-    /// [`slot`](Self::slot) allows.
+    /// [`Inspector::slot`] allows.
     pub unsafe fn alloc_mut(&mut self) -> &mut T {
         &mut self.alloc
     }

@@ -11,7 +11,7 @@
 //! Pick an arch type (`pgtable_arm64::Arm64`, `pgtable_x86::X86_64`,
 //! `pgtable_riscv::Sv48`, …), its [`Mmu`] (the arch crate's, or the
 //! simulator's on the host) and a [`TableAlloc`] of your own (your frame
-//! allocator; [`Arena`] on a host), and make an
+//! allocator; `Arena`, feature `alloc`, on a host), and make an
 //! [`AddressSpace`]. The operations are its methods, under Linux's names:
 //!
 //! - build and tear down: [`map`](AddressSpace::map),

@@ -1,32 +1,54 @@
 //! # pgtable-core
 //!
-//! The generic half of the pgtable family: the contract an architecture
-//! implements ([`Format`] for the pure descriptor encoding, [`Arch`] for the
-//! Linux-named entry operations, [`Mmu`] for the machine's barriers and TLB
-//! maintenance) and the algorithms written once against it: [`map`],
-//! [`unmap`], [`change_protection`], [`move_page_tables`], [`translate`]
-//! and [`walk`] on an [`AddressSpace`], software (swap) entries
-//! ([`set_swap_entry`], [`swap_in`]) and fork's copy-on-write copy
-//! ([`copy_page_range`]).
+//! The generic half of the pgtable family: Linux's page-table algorithms
+//! written once against a small contract that each architecture
+//! implements. The crate root is what a kernel's memory manager uses; the
+//! [`contract`] module is what an architecture port (or a frame
+//! allocator, a test, a benchmark) implements and names.
 //!
-//! For a kernel's memory manager there is more, under Linux's names: a
-//! caller-owned flush batch ([`MmuGather`], Linux `tlb_gather_mmu` /
-//! `tlb_finish_mmu`) that borrows its space and runs the batched
-//! operations, [`unmap_with`] reporting every removed page with its final
+//! ## For kernel authors
+//!
+//! An [`AddressSpace`] over one arch, one MMU handle and one table
+//! allocator is the whole API; its operations have Linux's names:
+//! [`map`], [`unmap`], [`change_protection`], [`move_page_tables`],
+//! [`translate`] and [`walk`], software (swap) entries
+//! ([`set_swap_entry`], [`swap_in`]) and fork's copy-on-write copy
+//! ([`copy_page_range`]). The options of each are plain values at the
+//! root ([`MapOptions`], [`MoveOptions`], [`LiveOptions`], [`ClearRefs`],
+//! [`FaultFlags`], [`CopyMode`]); every error is an [`Error`] that left
+//! the tables unchanged.
+//!
+//! For a kernel's memory manager there is more: a caller-owned flush
+//! batch ([`MmuGather`], Linux `tlb_gather_mmu` / `tlb_finish_mmu`) that
+//! borrows its space and runs the batched operations, [`unmap_with`]
+//! reporting every removed page as a [`LeafEntry`] with its final
 //! accessed/dirty state, accessed/dirty harvesting ([`clear_refs`],
 //! [`test_and_clear_young`]) and the fault-time single-entry operations
 //! [`install_pte`] and [`ptep_set_access_flags`], with [`ptep_get`] to read
 //! one entry safely. [`ptdump`](AddressSpace::ptdump) prints the tables
-//! the way Linux's `kernel_page_tables` file does, through `core::fmt`.
+//! the way Linux's `kernel_page_tables` file does, through `core::fmt`
+//! ([`PtDump`]).
+//!
+//! ## For arch authors
+//!
+//! An arch implements [`Format`] (the pure descriptor
+//! encoding), [`Arch`] (capabilities and the Linux-named
+//! entry operations, each with Linux's generic fallback as its default)
+//! and [`Mmu`] (barriers, TLB maintenance, installing a
+//! root). The [`contract`] module lists the minimum port and which hooks
+//! each of the three arch crates overrides, and why.
 //!
 //! The code Linux ran before the changes this crate follows (a barrier per
 //! entry, PTE-by-PTE moves, the generic block protection change) is kept
-//! in [`variants`], for benchmarks and tests that compare both ways.
+//! in [`variants`], for benchmarks and tests that compare both ways;
+//! `sim` (a simulated MMU) and `suite` (the conformance suite) are
+//! features for tests.
 //!
 //! The crate is `#![no_std]`, contains no `asm!` and no `cfg(target_arch)`.
-//! Arch crates (`pgtable-arm64`, `pgtable-x86`) implement the traits; a
-//! kernel or a host test picks one arch, one [`Mmu`] (the real one or a
-//! simulated one) and one [`TableAlloc`].
+//! Arch crates (`pgtable-arm64`, `pgtable-x86`, `pgtable-riscv`) implement
+//! the traits; a kernel or a host test picks one arch, one
+//! [`Mmu`] (the real one or a simulated one) and one
+//! [`TableAlloc`].
 //!
 //! ## Example
 //!

@@ -44,7 +44,7 @@ pub const fn barrier_per_entry(opts: MapOptions) -> MapOptions {
 }
 
 /// Only the PTE-by-PTE path of
-/// [`move_page_tables_with`](crate::AddressSpace::move_page_tables_with):
+/// [`move_page_tables`](crate::AddressSpace::move_page_tables):
 /// no whole-table moves, as before Linux "mm: Speed up mremap on large
 /// regions".
 pub const PTES_ONLY: MoveOptions = MoveOptions {

@@ -947,11 +947,11 @@ fn hardware_updates_until_the_flush_reach_the_destination() {
         .unwrap();
     let before = leaves_in(&s, old, len);
     let slots: Vec<usize> = (0..len / KIB4)
-        // SAFETY: only the address is kept; through it the agent changes
-        // accessed/dirty state as the hardware does.
         .map(|i| {
-            unsafe { s.inspect().slot(VirtAddr(old + i * KIB4), 0) }.unwrap() as *const Slot
-                as usize
+            // SAFETY: only the address is kept; through it the agent
+            // changes accessed/dirty state as the hardware does.
+            let slot = unsafe { s.inspect().slot(VirtAddr(old + i * KIB4), 0) };
+            slot.unwrap() as *const Slot as usize
         })
         .collect();
     *s.mmu().watched.borrow_mut() = slots;

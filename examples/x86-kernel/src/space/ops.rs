@@ -7,7 +7,7 @@
 //!   0 (CR0.WP) and CPL 3;
 //! - software (swap) entries survive `move_page_tables`, by one page and
 //!   with their whole PTE table (a 2 MiB-aligned move that relinks the
-//!   table): `swap_entry` finds them at the new address, the old address
+//!   table): `ptep_get(..).swap_value()` finds them at the new address, the old address
 //!   faults, and `swap_in` makes the page present;
 //! - `change_protection_live` of a kernel data page and of a page of the
 //!   linear map inside a block (split in place) RW → RO: a CPL-0 store

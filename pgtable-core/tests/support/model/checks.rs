@@ -131,7 +131,7 @@ fn translate_check<A: Arch>(slot: &Slot<A>, p: u64) -> Result<(), Failure> {
 }
 
 /// The software entries in pages `[s, e)` (one canonical half)
-/// against the model, through the tables and through `swap_entry`.
+/// against the model, through the tables and through `ptep_get` (`LeafEntry::swap_value`).
 fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
     if s >= e {
         return Ok(());
