@@ -5,12 +5,12 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_arm64::{set_live_entry, Arm64, Arm64Va39};
+use pgtable_arm64::{set_live_entry, Arm64, Arm64Va39, LiveEntry};
 use pgtable_core::contract::{Access, AccessFault, Arch, Format, Mmu};
 use pgtable_core::sim::{CheckError, Installed, SimFaultKind, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, LiveOptions, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const VA: VirtAddr = VirtAddr(0x4000_0000);
 const PAGE: u64 = 4096;
@@ -149,9 +149,29 @@ fn break_before_make_leaves_no_stale_translation() {
     let slot = unsafe { space.inspect().slot(VA, 0) }.unwrap();
     let new = Arm64::leaf(PhysAddr(0x9000_0000), Prot::READ_WRITE, 0);
     // Refused without permission: nothing changes.
-    assert!(set_live_entry(space.mmu(), VA, slot, 0, new, false).is_err());
+    assert!(set_live_entry(
+        space.mmu(),
+        LiveEntry {
+            va: VA,
+            slot: slot,
+            height: 0
+        },
+        new,
+        LiveOptions::IN_PLACE
+    )
+    .is_err());
     assert_eq!(machine.read_u64(VA).unwrap(), 1);
-    set_live_entry(space.mmu(), VA, slot, 0, new, true).unwrap();
+    set_live_entry(
+        space.mmu(),
+        LiveEntry {
+            va: VA,
+            slot: slot,
+            height: 0,
+        },
+        new,
+        LiveOptions::ALLOW_BBM,
+    )
+    .unwrap();
     machine.check().unwrap();
     assert_eq!(machine.read_u64(VA).unwrap(), 2);
 
@@ -171,7 +191,17 @@ fn safe_in_place_change_flushes_the_old_permissions() {
     // SAFETY: the same page read-only, stored by `set_live_entry`.
     let slot = unsafe { space.inspect().slot(VA, 0) }.unwrap();
     let ro = Arm64::modify_prot(slot.load(Relaxed), Prot::READ_ONLY, 0);
-    set_live_entry(space.mmu(), VA, slot, 0, ro, false).unwrap();
+    set_live_entry(
+        space.mmu(),
+        LiveEntry {
+            va: VA,
+            slot: slot,
+            height: 0,
+        },
+        ro,
+        LiveOptions::IN_PLACE,
+    )
+    .unwrap();
     machine.check().unwrap();
     let fault = machine.write_u64(VA, 6).unwrap_err();
     assert_eq!(fault.kind, SimFaultKind::Permission(AccessFault::Write));

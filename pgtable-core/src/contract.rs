@@ -82,19 +82,22 @@
 //!   immediate flush), `set_pte_at`/`set_pmd_at`/`set_pud_at` and
 //!   `change_is_safe` (arm64: the walker barrier after a valid entry, and
 //!   `pgattr_change_is_safe`). The others (`set_pte_nosync`, the
-//!   populate operations, the get-and-clear operations, the
-//!   `*_modify_prot_*` transactions, `populate_attrs`) no arch crate
-//!   overrides today: they are the places a port whose entry stores are
-//!   not plain atomic stores (a paravirtualised MMU, an arch that must
-//!   mark an entry in transition) hooks in, and the test arches that
-//!   break one rule to show that the simulator notices override them.
-//!   [`Arch::populate`] is the dispatcher to the per-level populate
-//!   operations; override those, not it.
+//!   per-level populate operations, the get-and-clear operations, the
+//!   `ptep_modify_prot_*` transaction, `pmdp_modify_prot_commit`) no arch
+//!   crate overrides today. They stay because the algorithms write every
+//!   live entry through them and through nothing else: they are where a
+//!   port whose entry writes are not plain atomic stores hooks in (Linux
+//!   x86 routes exactly these through paravirt ops, so that Xen can
+//!   replace `set_pte`, `ptep_modify_prot_start` and `_commit`), and the
+//!   wrappers in [`variants`](crate::variants) forward each one to the
+//!   arch they wrap. [`Arch::populate`] and [`Arch::populate_attrs`] are
+//!   dispatchers to the per-level populate operations (with table
+//!   attributes, [`Format::table_entry_attrs`]); override those, not them.
 //! - [`Mmu`] requires `walker_barrier`, `flush_tlb_range`, `flush_tlb_all`
 //!   and `install_root`; all three arches override `flush_tlb_mm` (by
 //!   ASID/PCID) and `publish_barrier`; `OBSERVES_WRITES` and
-//!   `entry_written` are for the simulator (and x86's shootdown
-//!   bookkeeping).
+//!   `entry_written` are for the simulator (x86's `SmpMmu` forwards them
+//!   to the MMU it wraps).
 //! - [`TableAlloc`] requires `alloc_table`, `free_table` and
 //!   `phys_to_virt`.
 //!
