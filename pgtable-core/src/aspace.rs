@@ -494,7 +494,23 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// A read-only view of the raw entries, for tests, arch ports and
-    /// diagnostics.
+    /// diagnostics ([`Inspector`]: one entry's raw value, the table count,
+    /// the live slot behind an `unsafe` door).
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::contract::{Arena, Decoded, Format, NoopMmu};
+    /// use pgtable_core::test_format::TestFormat;
+    /// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+    ///
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let va = VirtAddr(1 << 30);
+    /// space.map(va, PhysAddr(0x8000_0000), 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    /// let raw = space.inspect().entry(va, 0).unwrap();
+    /// assert_eq!(TestFormat::<4>::decode(raw, 0), Decoded::Leaf(PhysAddr(0x8000_0000)));
+    /// assert_eq!(space.inspect().count_tables(), 4); // root, PUD, PMD and PTE tables
+    /// # }
+    /// ```
     pub fn inspect(&self) -> Inspector<'_, A, M, T> {
         Inspector { space: self }
     }
