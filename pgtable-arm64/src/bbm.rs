@@ -31,7 +31,8 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::{Arch, Error, Mmu, Slot, TlbRange, VirtAddr, LEVEL_BITS, PAGE_SHIFT};
+use pgtable_core::contract::{Arch, Mmu, Slot, TlbRange, LEVEL_BITS, PAGE_SHIFT};
+use pgtable_core::{Error, LiveOptions, VirtAddr};
 
 use crate::bits::{
     AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE, UXN,
@@ -84,6 +85,18 @@ fn entry_range(va: VirtAddr, height: u32, old: u64) -> TlbRange {
     }
 }
 
+/// A live entry: the slot at `height` on the path to `va` (the address
+/// its translation covers, for the TLB invalidation).
+#[derive(Clone, Copy, Debug)]
+pub struct LiveEntry<'a> {
+    /// An address the entry translates.
+    pub va: VirtAddr,
+    /// The entry.
+    pub slot: &'a Slot,
+    /// Its height above the PTE level (0 PTE, 1 PMD, 2 PUD).
+    pub height: u32,
+}
+
 /// Stores with the setter Linux uses for this level (each issues the walker
 /// barrier for a valid entry).
 fn set_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
@@ -94,13 +107,13 @@ fn set_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
     }
 }
 
-/// Changes the live entry in `slot` (at `height`, covering `va`) to `new`,
-/// safely for CPUs that may be using it.
+/// Changes the live `entry` to `new`, safely for CPUs that may be using
+/// it.
 ///
 /// - If [`pgattr_change_is_safe`] allows it, the entry is written in place
 ///   (store, walker barrier) and, when the old entry was valid, its TLB
 ///   range is invalidated so no CPU keeps the old attributes.
-/// - Otherwise, with `allow_bbm`: break-before-make — the entry is
+/// - Otherwise, with [`LiveOptions::allow_bbm`]: break-before-make — the entry is
 ///   atomically cleared, a walker barrier (`dsb ishst; isb`) makes the
 ///   invalid entry visible, the TLB range is invalidated (the flush ends
 ///   with `dsb ish; isb`, the barrier before the make), then `new` is
@@ -117,15 +130,14 @@ fn set_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
 /// # Errors
 ///
 /// [`Error::BreakBeforeMake`] with `va` when the change is unsafe in place
-/// and `allow_bbm` is false.
+/// and `opts` does not allow break-before-make.
 pub fn set_live_entry<M: Mmu>(
     mmu: &M,
-    va: VirtAddr,
-    slot: &Slot,
-    height: u32,
+    entry: LiveEntry<'_>,
     new: u64,
-    allow_bbm: bool,
+    opts: LiveOptions,
 ) -> Result<(), Error> {
+    let LiveEntry { va, slot, height } = entry;
     // Relaxed: the caller holds the address space; ordering toward the
     // walker comes from barriers and TLB maintenance, not Rust orderings.
     let old = slot.load(Relaxed);
@@ -139,7 +151,7 @@ pub fn set_live_entry<M: Mmu>(
         }
         return Ok(());
     }
-    if !allow_bbm {
+    if !opts.allow_bbm {
         return Err(Error::BreakBeforeMake(va));
     }
     // Break: atomically, so the range flushed is the one of the entry that

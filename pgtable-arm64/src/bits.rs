@@ -34,7 +34,7 @@
 //! bits\[63:1\] are available to software); FEAT_HAFDBS never updates an
 //! invalid descriptor (D8.5), and no TLB caches it. This crate's software
 //! entries
-//! ([`Format::swp_entry`](pgtable_core::Format::swp_entry), Linux's swap
+//! ([`Format::swp_entry`](pgtable_core::contract::Format::swp_entry), Linux's swap
 //! and migration entries) use:
 //!
 //! | bits | software entry |

@@ -11,7 +11,8 @@
 
 use core::fmt;
 
-use pgtable_core::{Decoded, Format, Level, PhysAddr, Prot, LEVEL_BITS, PAGE_SIZE};
+use pgtable_core::contract::{Decoded, Format, Level, LEVEL_BITS, PAGE_SIZE};
+use pgtable_core::{PhysAddr, Prot};
 
 use crate::bits::{AF, OA_MASK, VALID};
 use crate::format::Arm64Format;

@@ -18,7 +18,8 @@
 //! from the largest scale down, at most one per scale — so any range up to
 //! the limit needs at most five instructions.
 
-use pgtable_core::{TlbRange, VirtAddr};
+use pgtable_core::contract::TlbRange;
+use pgtable_core::VirtAddr;
 
 /// Past this many per-stride TLBIs a full flush is issued (Linux arm64
 /// `MAX_TLBI_OPS` = `PTRS_PER_PTE`).

@@ -39,10 +39,11 @@
 //! the layout of [`bits`](crate::bits#software-entries).
 
 use bit_field::BitField;
-use pgtable_core::{
-    generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    TableAttrs, VirtAddr, LEVEL_BITS, PAGE_SHIFT,
+use pgtable_core::contract::{
+    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs, LEVEL_BITS,
+    PAGE_SHIFT,
 };
+use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 use static_assertions::{assert_eq_align, assert_eq_size};
 
 use crate::bits::{

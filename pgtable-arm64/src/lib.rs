@@ -4,8 +4,8 @@
 //!
 //! - **Format** (pure, host-testable): [`Arm64`] (48-bit VA, 4 levels:
 //!   L0 = PGD, L1 = PUD, L2 = PMD, L3 = PTE) and [`Arm64Va39`] (39-bit VA,
-//!   3 levels), implementing [`pgtable_core::Format`] and
-//!   [`pgtable_core::Arch`]: table, block (1 GiB at L1, 2 MiB at L2) and
+//!   3 levels), implementing [`pgtable_core::contract::Format`] and
+//!   [`pgtable_core::contract::Arch`]: table, block (1 GiB at L1, 2 MiB at L2) and
 //!   page descriptors, the [`MAIR_VALUE`] memory types, AP / UXN / PXN
 //!   permissions, SH, AF, nG, DBM-based dirty state as Linux does it, the
 //!   contiguous hint. Every bit is named, with its Arm ARM reference, in
@@ -37,7 +37,8 @@
 //!
 //! ```
 //! use pgtable_arm64::{format, Arm64};
-//! use pgtable_core::{Decoded, Format, PhysAddr, Prot};
+//! use pgtable_core::{PhysAddr, Prot};
+//! use pgtable_core::contract::{Decoded, Format};
 //!
 //! // A kernel read-write 2 MiB block: AttrIndx 0, SH inner, AF, UXN|PXN,
 //! // DBM (writable, already dirty), nG clear (global).
@@ -62,7 +63,7 @@ pub mod regs;
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod mmu;
 
-pub use bbm::{pgattr_change_is_safe, set_live_entry};
+pub use bbm::{pgattr_change_is_safe, set_live_entry, LiveEntry};
 pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
     flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,

@@ -23,7 +23,8 @@ use aarch64_cpu::registers::{
     ID_AA64ISAR0_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, MAIR_EL1, SCTLR_EL1, TCR_EL1, TTBR0_EL1,
     TTBR1_EL1,
 };
-use pgtable_core::{Format, Mmu, PhysAddr, TlbRange};
+use pgtable_core::contract::{Format, Mmu, TlbRange};
+use pgtable_core::PhysAddr;
 use tock_registers::interfaces::{Readable, Writeable};
 
 use crate::flush::{

@@ -16,10 +16,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pgtable_arm64::Arm64;
-use pgtable_core::test_format::TestFormat;
-use pgtable_core::{
-    variants, AddressSpace, Arena, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, TlbRange, VirtAddr,
-};
+use pgtable_core::contract::{Arena, Mmu, NoopMmu, TlbRange};
+use pgtable_core::{test_format::TestFormat, MoveOptions};
+use pgtable_core::{variants, AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const G1: u64 = 1 << 30;
 const VA: VirtAddr = VirtAddr(8 * G1);
@@ -136,7 +135,7 @@ fn engine(c: &mut Criterion) {
     for off in (0..G1).step_by(4096) {
         // SAFETY: sets accessed/dirty state in a leaf, as the hardware
         // does; the space is never installed.
-        let slot = unsafe { t.slot(VirtAddr(VA.0 + off), 0) }.unwrap();
+        let slot = unsafe { t.inspect().slot(VirtAddr(VA.0 + off), 0) }.unwrap();
         slot.fetch_or(ad, Ordering::Relaxed);
     }
     let mut ro = true;
@@ -160,7 +159,10 @@ fn engine(c: &mut Criterion) {
                 &mut s,
                 n,
                 map_4k,
-                |s| s.move_page_tables(VA, dst, G1).unwrap(),
+                |s| {
+                    s.move_page_tables(VA, dst, G1, MoveOptions::DEFAULT)
+                        .unwrap()
+                },
                 |s| s.unmap(dst, G1).unwrap(),
             )
         })

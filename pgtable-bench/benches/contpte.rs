@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
 use pgtable_arm64::Arm64;
+use pgtable_core::contract::{Access, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
-use pgtable_core::{Access, AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const G1: u64 = 1 << 30;
 const PAGE: u64 = 4096;

@@ -11,8 +11,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pgtable_core::contract::{Arena, NoopMmu};
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const G1: u64 = 1 << 30;
 const VA: VirtAddr = VirtAddr(8 * G1);

@@ -32,10 +32,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pgtable_core::contract::{Arena, NoopMmu, PAGE_SIZE};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
-use pgtable_core::{
-    AddressSpace, Arena, CopyMode, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
-};
+use pgtable_core::{AddressSpace, CopyMode, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const G1: u64 = 1 << 30;
 const VA: VirtAddr = VirtAddr(8 * G1);
@@ -66,7 +65,7 @@ fn bench(c: &mut Criterion) {
             for i in 0..G1 / PAGE_SIZE {
                 // SAFETY: sets accessed/dirty state in a leaf, as the
                 // hardware does; the space is never installed.
-                let slot = unsafe { src.slot(VA.add(i * PAGE_SIZE), 0) }.unwrap();
+                let slot = unsafe { src.inspect().slot(VA.add(i * PAGE_SIZE), 0) }.unwrap();
                 slot.fetch_or(ACCESSED | DIRTY, Relaxed);
             }
         }

@@ -25,11 +25,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pgtable_core::contract::{Arena, NoopMmu, PAGE_SIZE};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
-use pgtable_core::{
-    variants, AddressSpace, Arena, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
-    PAGE_SIZE,
-};
+use pgtable_core::{variants, AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 
 const G1: u64 = 1 << 30;
 const A: VirtAddr = VirtAddr(8 * G1);
@@ -47,15 +45,13 @@ fn space(settled: bool) -> Space {
         for i in 0..G1 / PAGE_SIZE {
             // SAFETY: sets accessed/dirty state in a leaf, as the hardware
             // does; the space is never installed.
-            let slot = unsafe { s.slot(A.add(i * PAGE_SIZE), 0) }.unwrap();
+            let slot = unsafe { s.inspect().slot(A.add(i * PAGE_SIZE), 0) }.unwrap();
             slot.fetch_or(ACCESSED | DIRTY, Relaxed);
         }
     }
     // Warm the arena's free list: one round trip.
-    s.move_page_tables_with(A, B, G1, variants::PTES_ONLY)
-        .unwrap();
-    s.move_page_tables_with(B, A, G1, variants::PTES_ONLY)
-        .unwrap();
+    s.move_page_tables(A, B, G1, variants::PTES_ONLY).unwrap();
+    s.move_page_tables(B, A, G1, variants::PTES_ONLY).unwrap();
     s
 }
 
@@ -79,7 +75,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 let (from, to) = if at_a { (A, B) } else { (B, A) };
-                s.move_page_tables_with(from, to, G1, opts).unwrap();
+                s.move_page_tables(from, to, G1, opts).unwrap();
                 at_a = !at_a;
             })
         });

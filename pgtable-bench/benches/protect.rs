@@ -19,7 +19,7 @@
 //! shows only the extra work of the generic path; the cost of real TLB
 //! invalidations shows in the in-kernel benchmark.
 //!
-//! [`NoopMmu`]: pgtable_core::NoopMmu
+//! [`NoopMmu`]: pgtable_core::contract::NoopMmu
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]
 
@@ -29,10 +29,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pgtable_core::contract::{Arch, Arena, Mmu, TlbRange};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
     variants::{DeferredBlockProt, GenericBlockProt},
-    AddressSpace, Arch, Arena, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr,
+    AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr,
 };
 
 const G1: u64 = 1 << 30;
@@ -70,7 +71,7 @@ fn mapped<A: Arch>(len: u64, opts: MapOptions, ad: u64) -> Space<A> {
         for off in (0..len).step_by(step as usize) {
             // SAFETY: sets accessed/dirty state in a leaf, as the hardware
             // does; the space is never installed.
-            let slot = unsafe { s.slot(VA.add(off), h) }.unwrap();
+            let slot = unsafe { s.inspect().slot(VA.add(off), h) }.unwrap();
             slot.fetch_or(ad, Relaxed);
         }
     }
@@ -125,7 +126,7 @@ fn bench_pages(c: &mut Criterion) {
         b.iter(|| {
             for e in black_box(&entries) {
                 // Relaxed: what the transaction path does (see
-                // `pgtable_core::generic`); only atomicity matters.
+                // `pgtable_core::contract::generic`); only atomicity matters.
                 let old = e.swap(0, Relaxed);
                 e.store(old ^ 0x2, Relaxed);
             }

@@ -48,7 +48,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pgtable_bench::harness::{self, clock, Pgtable, Space, Subject, Subjects, ZeroOnAlloc};
 use pgtable_bench::harness::{G1, M2, PA, PAGE, PAGES, VA};
 use pgtable_bench::x86::X86_64Crate;
-use pgtable_core::{AddressSpace, CopyMode, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::NoopMmu;
+use pgtable_core::{AddressSpace, CopyMode, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86_64;
 
 /// Every subject of all groups but move (the harness adds `pgtable-user`
@@ -213,7 +214,7 @@ fn report_and_fault(c: &mut Criterion) {
     );
     uninstall(&mut s);
     // Root, PUD, PMD and the 64 PTE tables stay.
-    assert_eq!(s.count_tables(), 3 + TABLES as usize);
+    assert_eq!(s.inspect().count_tables(), 3 + TABLES as usize);
     g.bench_function("pgtable", |b| {
         b.iter_custom(|iters| {
             let mut t = Duration::ZERO;

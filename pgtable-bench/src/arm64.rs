@@ -9,7 +9,8 @@ use aarch64_paging::descriptor::{El1Attributes as Attr, PhysicalAddress, Updatab
 use aarch64_paging::paging::{Constraints, El1And0, MemoryRegion, PageTable, Translation, VaRange};
 use aarch64_paging::Mapping;
 use pgtable_arm64::Arm64;
-use pgtable_core::{Format, Prot};
+use pgtable_core::contract::Format;
+use pgtable_core::Prot;
 
 use crate::harness::{Subject, PA, PAGE};
 
@@ -178,7 +179,8 @@ pub mod ptm {
     use memory_addr::{PhysAddr, VirtAddr};
     use page_table_multiarch::{GenericPTE, MappingFlags, PageTable64, PagingMetaData};
     use pgtable_arm64::Arm64;
-    use pgtable_core::{Format, MemType, Prot};
+    use pgtable_core::contract::Format;
+    use pgtable_core::{MemType, Prot};
 
     use crate::harness::Subject;
     use crate::ptm::{Handler, Ptm};

@@ -77,7 +77,7 @@
 //! that clock is a system call (under a microsecond); the shortest timed
 //! sample, pgtable's `unmap-4K` batch, lasts about 50 µs.
 //!
-//! [`Arena`]: pgtable_core::Arena
+//! [`Arena`]: pgtable_core::contract::Arena
 
 use std::hint::black_box;
 use std::ptr::NonNull;
@@ -85,10 +85,8 @@ use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use pgtable_core::{
-    variants, AddressSpace, Arch, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, Table,
-    TableAlloc, VirtAddr,
-};
+use pgtable_core::contract::{Arch, NoopMmu, Table, TableAlloc};
+use pgtable_core::{variants, AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 
 /// 1 GiB: the size of the range most groups work on.
 pub const G1: u64 = 1 << 30;
@@ -596,9 +594,9 @@ fn bench_move<A: Arch>(c: &mut Criterion, group_name: &str) {
         s.map_pages(VA, G1);
         let s = &mut s.s;
         // Warm the allocator for the destination tables: one round trip.
-        s.move_page_tables_with(VirtAddr(VA), VirtAddr(VA2), G1, opts)
+        s.move_page_tables(VirtAddr(VA), VirtAddr(VA2), G1, opts)
             .unwrap();
-        s.move_page_tables_with(VirtAddr(VA2), VirtAddr(VA), G1, opts)
+        s.move_page_tables(VirtAddr(VA2), VirtAddr(VA), G1, opts)
             .unwrap();
         let mut at_a = true;
         g.throughput(Throughput::Elements(elements));
@@ -608,7 +606,7 @@ fn bench_move<A: Arch>(c: &mut Criterion, group_name: &str) {
                 let t0 = clock::now();
                 for _ in 0..iters {
                     let (from, to) = if at_a { (VA, VA2) } else { (VA2, VA) };
-                    s.move_page_tables_with(VirtAddr(from), VirtAddr(to), G1, opts)
+                    s.move_page_tables(VirtAddr(from), VirtAddr(to), G1, opts)
                         .unwrap();
                     at_a = !at_a;
                 }

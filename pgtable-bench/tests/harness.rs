@@ -3,7 +3,8 @@
 //! the tables an unmap empties as its label says.
 
 use pgtable_bench::harness::{Pgtable, Subject, ZeroOnAlloc, G1, M2, PA, PAGE, VA};
-use pgtable_core::{PhysAddr, TableAlloc};
+use pgtable_core::contract::TableAlloc;
+use pgtable_core::PhysAddr;
 use pgtable_x86::X86_64;
 
 #[test]

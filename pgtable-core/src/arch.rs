@@ -6,7 +6,7 @@ use crate::{generic, Format, Mmu, PhysAddr, Slot, TableAttrs, VirtAddr};
 ///
 /// Every entry operation is a provided method whose body is Linux's generic
 /// fallback from `include/linux/pgtable.h`, also callable as a free function
-/// in [`generic`] so an override can reuse it. An arch overrides a method
+/// in [`generic`](crate::contract::generic) so an override can reuse it. An arch overrides a method
 /// where Linux's arch code defines `__HAVE_ARCH_…`.
 ///
 /// Entries are single 64-bit atomics: the hardware walker reads them
@@ -26,7 +26,7 @@ use crate::{generic, Format, Mmu, PhysAddr, Slot, TableAttrs, VirtAddr};
 ///   the value the entry held, read in the same atomic operation that
 ///   cleared it.
 ///
-/// The provided bodies (the [`generic`] fallbacks) do exactly that.
+/// The provided bodies (the [`generic`](crate::contract::generic) fallbacks) do exactly that.
 ///
 /// [`Decoded::Table`]: crate::Decoded::Table
 pub unsafe trait Arch: Format {
@@ -156,24 +156,21 @@ pub unsafe trait Arch: Format {
     /// and flush its TLB range at once — the first of the two flushes Linux
     /// "arm64: mm: rework the pmd protect changing flow" removes. An arch whose hardware updates are made safe by
     /// the atomic clear alone overrides this with
-    /// [`generic::pmdp_modify_prot_start_deferred`], leaving one flush at the
+    /// [`generic::pmdp_modify_prot_start_deferred`](crate::contract::generic::pmdp_modify_prot_start_deferred), leaving one flush at the
     /// end of the operation.
     #[inline]
     fn pmdp_modify_prot_start<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32) -> u64 {
         generic::pmdp_modify_prot_start::<Self, M>(mmu, va, slot, height)
     }
 
-    /// Linux `pmdp_modify_prot_commit`: install the modified block.
+    /// Installs the modified block `new` at `height` after
+    /// [`pmdp_modify_prot_start`](Arch::pmdp_modify_prot_start): Linux's
+    /// `change_huge_pmd` / `change_huge_pud` end with `set_pmd_at` /
+    /// `set_pud_at` of the new entry (the old value, unlike the PTE
+    /// transaction's, is no argument: no arch needs it).
     #[inline]
-    fn pmdp_modify_prot_commit<M: Mmu>(
-        mmu: &M,
-        va: VirtAddr,
-        slot: &Slot,
-        height: u32,
-        old: u64,
-        new: u64,
-    ) {
-        generic::pmdp_modify_prot_commit::<Self, M>(mmu, va, slot, height, old, new)
+    fn pmdp_modify_prot_commit<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, new: u64) {
+        generic::pmdp_modify_prot_commit::<Self, M>(mmu, va, slot, height, new)
     }
 
     /// Whether the live entry `old` may be replaced by `new` in place,

@@ -7,6 +7,7 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 use core::sync::atomic::Ordering::Relaxed;
 
+use crate::contract::Inspector;
 use crate::level::{entry_end, index, shift, size};
 use crate::walker::{Next, TableRef};
 use crate::{
@@ -115,7 +116,7 @@ pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     /// translations too.
     pub(crate) may_hold_global: bool,
     /// Installed on the MMU and not deactivated since.
-    active: bool,
+    pub(crate) active: bool,
     /// The part of the virtual address space this space translates.
     pub(crate) range: VaRange,
     /// The upper half's root entries link tables shared with user spaces
@@ -309,7 +310,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// A new, empty address space that translates `range` only: an
     /// address outside it is [`Error::OutOfRange`] for every operation
     /// (and the tables stay as they were), [`translate`](Self::translate)
-    /// and [`entry`](Self::entry) return `None` for it, and dropping the
+    /// and [`Inspector::entry`] return `None` for it, and dropping the
     /// space frees only the tables under the root entries of `range`
     /// ([`VaRange::root_indices`]).
     ///
@@ -340,11 +341,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// set). A new space starts with [`TableAttrs::NONE`].
     pub fn set_table_attrs(&mut self, attrs: TableAttrs) {
         self.table_attrs = attrs;
-    }
-
-    /// The attributes of the tables the space links.
-    pub fn table_attrs(&self) -> TableAttrs {
-        self.table_attrs
     }
 
     /// Adopts an existing root table, e.g. one given up by
@@ -427,7 +423,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The table allocator, mutably: to take a frame from it and link it
-    /// through [`slot`](Self::slot).
+    /// through [`Inspector::slot`].
     ///
     /// # Safety
     ///
@@ -436,7 +432,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// replace it (`core::mem::replace`, `swap`, assignment) and do not
     /// free through it a frame the tables use. A frame the caller allocates
     /// through it is the caller's until it is freed or linked as
-    /// [`slot`](Self::slot) allows.
+    /// [`Inspector::slot`] allows.
     pub unsafe fn alloc_mut(&mut self) -> &mut T {
         &mut self.alloc
     }
@@ -481,12 +477,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.active = false;
     }
 
-    /// Whether the address space is active: [`install`](Self::install)ed
-    /// and not [`deactivate`](Self::deactivate)d since.
-    pub fn is_active(&self) -> bool {
-        self.active
-    }
-
     /// Runs `f` in a lazy-MMU scope (Linux `arch_enter_lazy_mmu_mode`): the
     /// per-table walker barriers of the operations inside are deferred and
     /// issued once when the scope ends. Barriers that break-before-make
@@ -503,49 +493,26 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         r
     }
 
-    /// The raw value of the entry at `height` on the path to `va` (Linux
-    /// `ptep_get` / `pmdp_get` / `pudp_get`), if the tables down to that
-    /// height exist; `None` also for an address outside the address space
-    /// or a height of `LEVELS` or more. [`Format::decode`] tells what it is.
+    /// A read-only view of the raw entries, for tests, arch ports and
+    /// diagnostics ([`Inspector`]: one entry's raw value, the table count,
+    /// the live slot behind an `unsafe` door).
     ///
-    /// [`Format::decode`]: crate::Format::decode
-    pub fn entry(&self, va: VirtAddr, height: u32) -> Option<u64> {
-        // Relaxed: we read one entry; the hardware may write A/D into it.
-        self.find_slot(va, height).map(|s| s.load(Relaxed))
-    }
-
-    /// The live entry at `height` on the path to `va` (Linux
-    /// `pte_offset_kernel` and its PMD/PUD kin), if the tables down to
-    /// that height exist. To read an entry, use the safe
-    /// [`entry`](Self::entry).
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::contract::{Arena, Decoded, Format, NoopMmu};
+    /// use pgtable_core::test_format::TestFormat;
+    /// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
     ///
-    /// The address space cannot change while the slot is borrowed, but the
-    /// hardware walker may read it, or set accessed/dirty state in it, at
-    /// any time.
-    ///
-    /// # Safety
-    ///
-    /// The algorithms, `Drop` included, trust every entry they find: a
-    /// table entry is followed, and its frame handed back to the allocator
-    /// in the end. Whatever the caller stores through the slot must
-    /// therefore keep the tables sound:
-    ///
-    /// - store only `0`, a leaf the format allows at `height`, a value that
-    ///   [decodes](crate::Format::decode) as [`Decoded::Invalid`], or a
-    ///   leaf's accessed/dirty state changed as the hardware would;
-    /// - never store a table entry, with one exception:
-    ///   `A::table_entry(pa, height)` into an entry that is `0`, where `pa`
-    ///   is a zero-filled frame that this address space's allocator handed
-    ///   out (see [`alloc_mut`](Self::alloc_mut)) and that is linked
-    ///   nowhere else; the address space owns and frees it from then on;
-    /// - never overwrite a table entry;
-    /// - if the address space may be installed, make the change in the way
-    ///   the architecture requires for a live entry (break-before-make,
-    ///   walker barrier, TLB invalidation: the [`Arch`] entry operations
-    ///   and the [`Mmu`] flushes) before relying on it, so no CPU keeps
-    ///   using a translation the caller has taken away.
-    pub unsafe fn slot(&self, va: VirtAddr, height: u32) -> Option<&Slot> {
-        self.find_slot(va, height)
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let va = VirtAddr(1 << 30);
+    /// space.map(va, PhysAddr(0x8000_0000), 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    /// let raw = space.inspect().entry(va, 0).unwrap();
+    /// assert_eq!(TestFormat::<4>::decode(raw, 0), Decoded::Leaf(PhysAddr(0x8000_0000)));
+    /// assert_eq!(space.inspect().count_tables(), 4); // root, PUD, PMD and PTE tables
+    /// # }
+    /// ```
+    pub fn inspect(&self) -> Inspector<'_, A, M, T> {
+        Inspector { space: self }
     }
 
     /// The slot of the entry at `height` on the path to `va`.
@@ -556,22 +523,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Some(self.table_for(va.0, height)?.slot(index(va.0, height)))
     }
 
-    /// Number of tables reachable from the root through the root entries
-    /// of the space's [range](Self::va_range), the root included (a user
-    /// space does not count the kernel tables its root links).
-    pub fn count_tables(&self) -> usize {
-        let (first, last) = self.range.root_indices::<A>();
-        let root = self.root_table();
-        let mut n = 1;
-        for i in first..=last {
-            if let Next::Table(c) = self.read(root, i, A::LEVELS - 1).1 {
-                n += self.count_below(c, A::LEVELS - 2);
-            }
-        }
-        n
-    }
-
-    fn count_below(&self, t: TableRef<'_>, h: u32) -> usize {
+    pub(crate) fn count_below(&self, t: TableRef<'_>, h: u32) -> usize {
         let mut n = 1;
         if h > 0 {
             for i in 0..crate::ENTRIES_PER_TABLE {

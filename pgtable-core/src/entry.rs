@@ -25,8 +25,8 @@ pub struct LeafEntry<A: Format> {
 
 /// What [`AddressSpace::unmap_with`](crate::AddressSpace::unmap_with)
 /// reports for each entry it removed (Linux `zap_pte_range` handing each
-/// page to `tlb_remove_page`).
-pub type Removed<A> = LeafEntry<A>;
+/// page to `tlb_remove_page`), under the name the unmap code uses.
+pub(crate) type Removed<A> = LeafEntry<A>;
 
 impl<A: Format> Clone for LeafEntry<A> {
     #[inline]
@@ -128,5 +128,17 @@ impl<A: Format> LeafEntry<A> {
     #[inline]
     pub fn dirty(&self) -> bool {
         self.is_present() && A::is_dirty(self.raw)
+    }
+
+    /// The value of the software entry (swap or migration entry) it is,
+    /// Linux `is_swap_pte` and `pte_to_swp_entry`: `None` for a present
+    /// page, a block, or anything at a height above the PTE level.
+    #[inline]
+    pub fn swap_value(&self) -> Option<u64> {
+        if self.height == 0 {
+            A::swp_value(self.raw)
+        } else {
+            None
+        }
     }
 }

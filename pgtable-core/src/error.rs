@@ -59,40 +59,6 @@ pub enum Error {
     NotMapped(VirtAddr),
 }
 
-/// The broad class of an [`Error`], for callers that only branch on it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The input was malformed (alignment, length, range).
-    InvalidInput,
-    /// The input conflicts with what is mapped.
-    Conflict,
-    /// Out of memory for a table.
-    OutOfMemory,
-}
-
-impl Error {
-    /// The broad class of this error.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Error::MisalignedVirt(_)
-            | Error::MisalignedPhys(_)
-            | Error::MisalignedLength(_)
-            | Error::ZeroLength
-            | Error::OutOfRange(_)
-            | Error::PhysOutOfRange(_)
-            | Error::Overlap
-            | Error::SwapValueTooWide(_)
-            | Error::KernelHalf => ErrorKind::InvalidInput,
-            Error::AlreadyMapped(_)
-            | Error::BreakBeforeMake(_)
-            | Error::NoSwapEntry(_)
-            | Error::NotMapped(_) => ErrorKind::Conflict,
-            Error::OutOfMemory => ErrorKind::OutOfMemory,
-        }
-    }
-}
-
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -139,3 +139,25 @@ impl Drop for TlbGather {
         debug_assert!(self.empty, "TlbGather dropped without flush");
     }
 }
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use std::panic::catch_unwind;
+
+    use super::TlbGather;
+    use crate::VirtAddr;
+
+    /// A gather that still holds work, dropped while a panic unwinds
+    /// through the caller, does not panic a second time (which would
+    /// abort the process instead of letting the first panic be caught).
+    #[test]
+    fn unflushed_tlb_gather_dropped_while_unwinding_does_not_abort() {
+        let r = catch_unwind(|| {
+            let mut gather = TlbGather::new();
+            gather.add_leaf(VirtAddr(0x1000), 0);
+            assert!(!gather.is_empty());
+            panic!("an operation fails while its gather holds work");
+        });
+        assert!(r.is_err());
+    }
+}

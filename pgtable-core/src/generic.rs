@@ -135,7 +135,6 @@ pub fn pmdp_modify_prot_commit<A: Arch, M: Mmu>(
     va: VirtAddr,
     slot: &Slot,
     height: u32,
-    _old: u64,
     new: u64,
 ) {
     if height >= 2 {

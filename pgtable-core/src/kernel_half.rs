@@ -41,7 +41,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// ```
     /// # #[cfg(feature = "alloc")] {
     /// use pgtable_core::test_format::TestFormat;
-    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::contract::{Arena, NoopMmu};
     ///
     /// type F = TestFormat<4>; // one root for both halves, like x86
     /// let mut kernel = AddressSpace::<F, _, _>::new_kernel(NoopMmu, Arena::new()).unwrap();
@@ -53,7 +54,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// // ... lies in a table the user root links too (the user space itself
     /// // does not translate the upper half).
     /// assert!(user.translate(kva).is_none());
-    /// assert_eq!(user.count_tables(), 1);
+    /// assert_eq!(user.inspect().count_tables(), 1);
     /// drop(user);
     /// # }
     /// ```
@@ -134,12 +135,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.settle(stash)?;
         self.kernel_half = true;
         Ok(())
-    }
-
-    /// Whether the space shares its upper half with user spaces
-    /// ([`share_kernel_half`](Self::share_kernel_half)).
-    pub fn is_kernel_half_shared(&self) -> bool {
-        self.kernel_half
     }
 
     /// A new user address space ([`VaRange::Lower`]) that sees `kernel`'s

@@ -39,7 +39,8 @@ use crate::{
 ///
 /// ```
 /// # #[cfg(feature = "alloc")] {
-/// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+/// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+/// use pgtable_core::contract::{Arena, NoopMmu};
 /// use pgtable_core::test_format::TestFormat;
 ///
 /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
@@ -60,7 +61,8 @@ use crate::{
 /// its table frames can never be freed into another space's allocator).
 ///
 /// ```compile_fail
-/// use pgtable_core::{AddressSpace, Arena, NoopMmu, VirtAddr};
+/// use pgtable_core::{AddressSpace, VirtAddr};
+/// use pgtable_core::contract::{Arena, NoopMmu};
 /// use pgtable_core::test_format::TestFormat;
 ///
 /// let mut a = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
@@ -72,7 +74,8 @@ use crate::{
 /// ```
 ///
 /// ```compile_fail
-/// use pgtable_core::{AddressSpace, Arena, NoopMmu, VirtAddr};
+/// use pgtable_core::{AddressSpace, VirtAddr};
+/// use pgtable_core::contract::{Arena, NoopMmu};
 /// use pgtable_core::test_format::TestFormat;
 ///
 /// let mut a = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
@@ -87,7 +90,8 @@ use crate::{
 ///
 /// ```compile_fail
 /// #![deny(unused_must_use)]
-/// use pgtable_core::{AddressSpace, Arena, NoopMmu};
+/// use pgtable_core::AddressSpace;
+/// use pgtable_core::contract::{Arena, NoopMmu};
 /// use pgtable_core::test_format::TestFormat;
 ///
 /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();

@@ -119,7 +119,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// ```
     /// # #[cfg(feature = "alloc")] {
-    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::contract::{Arena, NoopMmu};
     /// use pgtable_core::test_format::TestFormat;
     ///
     /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
@@ -269,7 +270,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         A::pmdp_modify_prot_start(&lazy, v, slot, height)
                     };
                     let new = A::modify_prot(old, prot, height);
-                    A::pmdp_modify_prot_commit(&lazy, v, slot, height, old, new);
+                    A::pmdp_modify_prot_commit(&lazy, v, slot, height, new);
                     gather.add_leaf(v, height);
                     *changed += 1;
                 }

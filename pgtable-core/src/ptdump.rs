@@ -1,94 +1,4 @@
-//! A read-only, human-readable dump of an address space's tables, in the
-//! style of Linux's `ptdump` (`/sys/kernel/debug/kernel_page_tables`, Linux
-//! `ptdump_walk_pgd` with the arm64 and x86 `note_page` printers).
-//!
-//! [`AddressSpace::ptdump`] returns a value that implements
-//! [`fmt::Display`]: formatting it walks the tables and writes one line per
-//! *range* of entries that look the same, so it works without an allocator
-//! (`no_std`, into any [`core::fmt::Write`]) and reads only what it prints.
-//! The walk is a plain read of the tables through the [`Format`](crate::Format) methods
-//! ([`decode`](crate::Format::decode), [`leaf_prot`](crate::Format::leaf_prot),
-//! [`is_young`](crate::Format::is_young), [`is_dirty`](crate::Format::is_dirty),
-//! [`swp_value`](crate::Format::swp_value)): nothing is written, no accessed or
-//! dirty state is cleared, no TLB is flushed.
-//!
-//! # Format
-//!
-//! ```text
-//! ---[ linear map ]---
-//! 0xffff800000000000-0xffff800000600000     6M      3 x PMD 2M    RW NX K  G A D WB
-//! 0xffff800000600000-0xffff800000608000    32K      8 x PTE 4K    ro x  K nG A   DEV
-//! 0xffff800000608000-0xffff80000060a000     8K      2 x PTE 4K    swap 0x11-0x12
-//! ```
-//!
-//! Each line is one range: its first and its exclusive end virtual
-//! address (the end of a range that reaches the top of the 64-bit space
-//! prints as `0x10000000000000000`), its size in the largest binary unit
-//! that divides it exactly (`K`, `M`, `G`, `T`, `P`), the number of entries
-//! and their level (Linux names: `PTE`, `PMD`, `PUD`, `P4D`, `PGD` for a
-//! block in the root table) and the bytes one entry maps, then:
-//!
-//! - for a leaf (a page or a block): `RW` or `ro` (writable), `x` or `NX`
-//!   (executable), `U` or `K` (user or kernel only), `G` or `nG` (global or
-//!   tagged with an address-space identifier; spelt out both ways, as
-//!   arm64's ptdump does, so a column is never blank), `A` if accessed
-//!   (young) and `D` if dirty (blank otherwise, as Linux prints absent
-//!   bits), and the memory type: `WB` normal write-back, `NC` normal
-//!   non-cacheable, `DEV` device;
-//! - for a software (swap) entry ([`Format::swp_entry`](crate::Format::swp_entry)): `swap` and its
-//!   value, or the first and the last value of the range;
-//! - for any other non-zero entry the walker ignores: `invalid` and its raw
-//!   value.
-//!
-//! Consecutive leaves share a line when they are at the same level, have
-//! the same protection, accessed and dirty state and memory type, and map
-//! contiguous physical memory (each one starts where the previous one
-//! ended). Consecutive software entries share a line when they are at the
-//! same level and their values count up by one; other invalid entries when
-//! their raw values are equal. A hole (empty entries) ends a range and is
-//! not printed, unlike Linux, which prints holes as lines without
-//! attributes: a kernel's dump stays a screenful.
-//!
-//! The attributes are the leaf's own ([`Format::leaf_prot`](crate::Format::leaf_prot)); restrictions
-//! that table entries above it add ([`Format::table_limits`](crate::Format::table_limits), arm64
-//! `APTable`/`UXNTable`/`PXNTable`, x86 U/S and R/W at every level) are not
-//! folded in.
-//!
-//! # Section headers
-//!
-//! [`AddressSpace::ptdump_with_markers`] (and [`PtDump::with_markers`])
-//! take named addresses in ascending order, like Linux's
-//! `address_markers`: before the first range at or after a marker's address
-//! the dump writes `---[ name ]---`, and no range of several entries
-//! continues past a marker (one block may contain it). The
-//! marker of the section the dump starts in is written first; markers at or
-//! past the end of the dump are not written.
-//!
-//! # Example
-//!
-//! ```
-//! # #[cfg(feature = "alloc")] {
-//! use core::fmt::Write;
-//! use pgtable_core::test_format::TestFormat;
-//! use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
-//!
-//! let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
-//! let va = VirtAddr(1 << 30);
-//! space.map(va, PhysAddr(0x8000_0000), 4 << 20, Prot::READ_WRITE, MapOptions::BLOCKS).unwrap();
-//! space.map(VirtAddr(va.0 + (4 << 20)), PhysAddr(0x9000_0000), 0x3000, Prot::READ_EXEC,
-//!           MapOptions::PAGES).unwrap();
-//!
-//! // Any `core::fmt::Write` will do; a kernel would hand it its console.
-//! let mut out = String::new();
-//! write!(out, "{}", space.ptdump_with_markers(&[(va, "data")])).unwrap();
-//! assert_eq!(
-//!     out,
-//!     "---[ data ]---\n\
-//!      0x0000000040000000-0x0000000040400000     4M      2 x PMD 2M    RW NX K nG     WB\n\
-//!      0x0000000040400000-0x0000000040403000    12K      3 x PTE 4K    ro x  K nG     WB\n"
-//! );
-//! # }
-//! ```
+//! The page-table dump (Linux `ptdump`): see [`PtDump`].
 
 use core::fmt;
 
@@ -96,11 +6,97 @@ use crate::level::{entry_end, size};
 use crate::walker::{Next, Span, TableRef};
 use crate::{AddressSpace, Arch, Error, Level, MemType, Mmu, Prot, TableAlloc, VaRange, VirtAddr};
 
-/// A dump of (part of) an address space's tables, written when formatted
-/// with [`fmt::Display`] (see the [module documentation](crate::ptdump)
-/// for the format). Made by [`AddressSpace::ptdump`],
-/// [`AddressSpace::ptdump_range`] and
-/// [`AddressSpace::ptdump_with_markers`].
+/// A read-only, human-readable dump of an address space's tables, in the
+/// style of Linux's `ptdump` (`/sys/kernel/debug/kernel_page_tables`, Linux
+/// `ptdump_walk_pgd` with the arm64 and x86 `note_page` printers).
+///
+/// [`AddressSpace::ptdump`] returns this value; it implements
+/// [`fmt::Display`]: formatting it walks the tables and writes one line per
+/// *range* of entries that look the same, so it works without an allocator
+/// (`no_std`, into any [`core::fmt::Write`]) and reads only what it prints.
+/// The walk is a plain read of the tables through the [`Format`](crate::Format) methods
+/// ([`decode`](crate::Format::decode), [`leaf_prot`](crate::Format::leaf_prot),
+/// [`is_young`](crate::Format::is_young), [`is_dirty`](crate::Format::is_dirty),
+/// [`swp_value`](crate::Format::swp_value)): nothing is written, no accessed or
+/// dirty state is cleared, no TLB is flushed.
+///
+/// # What it prints
+///
+/// ```text
+/// ---[ linear map ]---
+/// 0xffff800000000000-0xffff800000600000     6M      3 x PMD 2M    RW NX K  G A D WB
+/// 0xffff800000600000-0xffff800000608000    32K      8 x PTE 4K    ro x  K nG A   DEV
+/// 0xffff800000608000-0xffff80000060a000     8K      2 x PTE 4K    swap 0x11-0x12
+/// ```
+///
+/// Each line is one range: its first and its exclusive end virtual
+/// address (the end of a range that reaches the top of the 64-bit space
+/// prints as `0x10000000000000000`), its size in the largest binary unit
+/// that divides it exactly (`K`, `M`, `G`, `T`, `P`), the number of entries
+/// and their level (Linux names: `PTE`, `PMD`, `PUD`, `P4D`, `PGD` for a
+/// block in the root table) and the bytes one entry maps, then:
+///
+/// - for a leaf (a page or a block): `RW` or `ro` (writable), `x` or `NX`
+///   (executable), `U` or `K` (user or kernel only), `G` or `nG` (global or
+///   tagged with an address-space identifier; spelt out both ways, as
+///   arm64's ptdump does, so a column is never blank), `A` if accessed
+///   (young) and `D` if dirty (blank otherwise, as Linux prints absent
+///   bits), and the memory type: `WB` normal write-back, `NC` normal
+///   non-cacheable, `DEV` device;
+/// - for a software (swap) entry ([`Format::swp_entry`](crate::Format::swp_entry)): `swap` and its
+///   value, or the first and the last value of the range;
+/// - for any other non-zero entry the walker ignores: `invalid` and its raw
+///   value.
+///
+/// Consecutive leaves share a line when they are at the same level, have
+/// the same protection, accessed and dirty state and memory type, and map
+/// contiguous physical memory (each one starts where the previous one
+/// ended). Consecutive software entries share a line when they are at the
+/// same level and their values count up by one; other invalid entries when
+/// their raw values are equal. A hole (empty entries) ends a range and is
+/// not printed, unlike Linux, which prints holes as lines without
+/// attributes: a kernel's dump stays a screenful.
+///
+/// The attributes are the leaf's own ([`Format::leaf_prot`](crate::Format::leaf_prot)); restrictions
+/// that table entries above it add ([`Format::table_limits`](crate::Format::table_limits), arm64
+/// `APTable`/`UXNTable`/`PXNTable`, x86 U/S and R/W at every level) are not
+/// folded in.
+///
+/// # Section headers
+///
+/// [`markers`](PtDump::markers) takes named addresses in ascending order, like Linux's
+/// `address_markers`: before the first range at or after a marker's address
+/// the dump writes `---[ name ]---`, and no range of several entries
+/// continues past a marker (one block may contain it). The
+/// marker of the section the dump starts in is written first; markers at or
+/// past the end of the dump are not written.
+///
+/// # Example
+///
+/// ```
+/// # #[cfg(feature = "alloc")] {
+/// use core::fmt::Write;
+/// use pgtable_core::test_format::TestFormat;
+/// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+/// use pgtable_core::contract::{Arena, NoopMmu};
+///
+/// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+/// let va = VirtAddr(1 << 30);
+/// space.map(va, PhysAddr(0x8000_0000), 4 << 20, Prot::READ_WRITE, MapOptions::BLOCKS).unwrap();
+/// space.map(VirtAddr(va.0 + (4 << 20)), PhysAddr(0x9000_0000), 0x3000, Prot::READ_EXEC,
+///           MapOptions::PAGES).unwrap();
+///
+/// // Any `core::fmt::Write` will do; a kernel would hand it its console.
+/// let mut out = String::new();
+/// write!(out, "{}", space.ptdump().markers(&[(va, "data")])).unwrap();
+/// assert_eq!(
+///     out,
+///     "---[ data ]---\n\
+///      0x0000000040000000-0x0000000040400000     4M      2 x PMD 2M    RW NX K nG     WB\n\
+///      0x0000000040400000-0x0000000040403000    12K      3 x PTE 4K    ro x  K nG     WB\n"
+/// );
+/// # }
+/// ```
 #[must_use = "the tables are read only when the dump is formatted"]
 pub struct PtDump<'a, A: Arch, M: Mmu, T: TableAlloc> {
     space: &'a AddressSpace<A, M, T>,
@@ -113,8 +109,9 @@ pub struct PtDump<'a, A: Arch, M: Mmu, T: TableAlloc> {
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// A dump of everything the space translates (its
     /// [`va_range`](Self::va_range)), one line per range of like entries;
-    /// see the [`ptdump`](crate::ptdump) module for the format. The tables
-    /// are read when the result is formatted, not before.
+    /// see [`PtDump`] for the format, [`PtDump::range`] for part of the
+    /// space and [`PtDump::markers`] for section headers. The tables are
+    /// read when the result is formatted, not before.
     pub fn ptdump(&self) -> PtDump<'_, A, M, T> {
         PtDump {
             space: self,
@@ -122,38 +119,28 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             markers: &[],
         }
     }
+}
 
-    /// A dump of `[va, va + len)` only. Ranges are cut at its ends: a block
-    /// that starts below `va` prints from `va`.
+impl<'a, A: Arch, M: Mmu, T: TableAlloc> PtDump<'a, A, M, T> {
+    /// The same dump of `[va, va + len)` only. Ranges are cut at its
+    /// ends: a block that starts below `va` prints from `va`.
     ///
     /// # Errors
     ///
     /// Misaligned or zero length, or a range outside the address space.
-    pub fn ptdump_range(&self, va: VirtAddr, len: u64) -> Result<PtDump<'_, A, M, T>, Error> {
-        let end = self.check_range(va, len)?;
+    pub fn range(self, va: VirtAddr, len: u64) -> Result<Self, Error> {
+        let end = self.space.check_range(va, len)?;
         Ok(PtDump {
-            space: self,
             range: Some((va.0, end)),
-            markers: &[],
+            ..self
         })
     }
 
-    /// [`ptdump`](Self::ptdump) with section headers: each `(address,
-    /// name)` of `markers` (in ascending address order) is written as
-    /// `---[ name ]---` before the first range at or after its address.
-    pub fn ptdump_with_markers<'a>(
-        &'a self,
-        markers: &'a [(VirtAddr, &'a str)],
-    ) -> PtDump<'a, A, M, T> {
-        self.ptdump().with_markers(markers)
-    }
-}
-
-impl<'a, A: Arch, M: Mmu, T: TableAlloc> PtDump<'a, A, M, T> {
-    /// The same dump with section headers (see
-    /// [`AddressSpace::ptdump_with_markers`]); with a range form, e.g.
-    /// `space.ptdump_range(va, len)?.with_markers(&markers)`.
-    pub fn with_markers(self, markers: &'a [(VirtAddr, &'a str)]) -> Self {
+    /// The same dump with section headers: each `(address, name)` of
+    /// `markers` (in ascending address order) is written as
+    /// `---[ name ]---` before the first range at or after its address
+    /// (see [Section headers](PtDump#section-headers)).
+    pub fn markers(self, markers: &'a [(VirtAddr, &'a str)]) -> Self {
         PtDump { markers, ..self }
     }
 }

@@ -113,14 +113,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.settle(stash)
     }
 
-    /// The value of the software entry in the PTE of `va` (Linux
-    /// `is_swap_pte` and `pte_to_swp_entry`), or `None` when there is none
-    /// (nothing, a present page, a block, or no PTE table).
-    pub fn swap_entry(&self, va: VirtAddr) -> Option<u64> {
-        // Relaxed: one entry; the hardware never writes a non-present one.
-        A::swp_value(self.entry(va, 0)?)
-    }
-
     /// Replaces the software entry of `va` by a present page mapping `pa`
     /// with `prot` (Linux `do_swap_page`: `set_pte_at` of the new PTE), and
     /// returns the entry's value.

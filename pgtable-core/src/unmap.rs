@@ -181,7 +181,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// ```
     /// # #[cfg(feature = "alloc")] {
-    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::contract::{Arena, NoopMmu};
     /// use pgtable_core::test_format::TestFormat;
     ///
     /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();

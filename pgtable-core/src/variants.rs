@@ -30,7 +30,8 @@ use crate::{
 ///
 /// ```
 /// # #[cfg(feature = "alloc")] {
-/// use pgtable_core::{variants, AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+/// use pgtable_core::{variants, AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+/// use pgtable_core::contract::{Arena, NoopMmu};
 /// use pgtable_core::test_format::TestFormat;
 ///
 /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
@@ -43,7 +44,7 @@ pub const fn barrier_per_entry(opts: MapOptions) -> MapOptions {
 }
 
 /// Only the PTE-by-PTE path of
-/// [`move_page_tables_with`](crate::AddressSpace::move_page_tables_with):
+/// [`move_page_tables`](crate::AddressSpace::move_page_tables):
 /// no whole-table moves, as before Linux "mm: Speed up mremap on large
 /// regions".
 pub const PTES_ONLY: MoveOptions = MoveOptions {
@@ -232,10 +233,9 @@ macro_rules! block_prot_wrapper {
                 va: VirtAddr,
                 slot: &Slot,
                 height: u32,
-                old: u64,
                 new: u64,
             ) {
-                A::pmdp_modify_prot_commit(mmu, va, slot, height, old, new)
+                A::pmdp_modify_prot_commit(mmu, va, slot, height, new)
             }
             #[inline]
             fn change_is_safe(old: u64, new: u64, height: u32) -> bool {

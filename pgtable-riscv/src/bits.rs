@@ -26,8 +26,8 @@
 //! meets a set reserved bit or encoding ("if any bits or encodings that are
 //! reserved for future standard use are set within pte, stop and raise a
 //! page-fault exception"), for W = 1 with R = 0, and for a misaligned
-//! superpage; [`Format::decode`](pgtable_core::Format::decode) reports all
-//! of them as [`Decoded::Invalid`](pgtable_core::Decoded::Invalid).
+//! superpage; [`Format::decode`](pgtable_core::contract::Format::decode) reports all
+//! of them as [`Decoded::Invalid`](pgtable_core::contract::Decoded::Invalid).
 
 use static_assertions::const_assert;
 

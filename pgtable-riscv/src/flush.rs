@@ -39,7 +39,8 @@
 
 use core::fmt;
 
-use pgtable_core::{TlbRange, VirtAddr};
+use pgtable_core::contract::TlbRange;
+use pgtable_core::VirtAddr;
 
 /// Past this many strides a range flush becomes a full flush (Linux riscv
 /// `tlb_flush_all_threshold`, 64).

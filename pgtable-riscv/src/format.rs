@@ -96,10 +96,10 @@
 //! ([`RiscvPaging::try_napot_64k`]) keeps them out of the ranges it hands
 //! to the operations.
 
-use pgtable_core::{
-    generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    VirtAddr, LEVEL_BITS, PAGE_SHIFT,
+use pgtable_core::contract::{
+    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, LEVEL_BITS, PAGE_SHIFT,
 };
+use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 
 use crate::bits::{
     self, A, D, G, N, NAPOT_64K_MASK, NAPOT_64K_PPN, PBMT_IO, PBMT_MASK, PBMT_NC, PBMT_RESERVED,

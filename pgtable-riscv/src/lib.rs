@@ -3,7 +3,7 @@
 //! The RISC-V half of the pgtable family:
 //!
 //! - [`format`]: [`Sv39`], [`Sv48`] and [`Sv57`] ([`RiscvPaging`] with 3, 4
-//!   or 5 levels; [`pgtable_core::Format`] + [`pgtable_core::Arch`]), pure
+//!   or 5 levels; [`pgtable_core::contract::Format`] + [`pgtable_core::contract::Arch`]), pure
 //!   data, testable on any host, with the optional Svpbmt memory types and
 //!   Svnapot PTEs chosen by a type parameter ([`SVPBMT`], [`SVNAPOT`]).
 //!   Every bit is documented with its privileged-spec reference in
@@ -12,7 +12,7 @@
 //!   ceiling, by ASID, global; the Svinval batch) as a pure function, and
 //!   the `satp` value with an [`Asid`].
 //! - `mmu`: `RiscvMmu` (bare metal only: `target_arch = "riscv64"`):
-//!   [`pgtable_core::Mmu`] with `SFENCE.VMA`, the Svinval instructions and
+//!   [`pgtable_core::contract::Mmu`] with `SFENCE.VMA`, the Svinval instructions and
 //!   `satp`, optionally tagged with an ASID; `probe_asid_bits` (ASIDLEN).
 //! - [`entry`]: [`RiscvEntry`] and [`EntryError`]: checked construction of
 //!   entries ([`RiscvPaging::try_leaf`], [`RiscvPaging::try_table_entry`],
@@ -21,7 +21,7 @@
 //!
 //! ## Decisions (details in the item docs)
 //!
-//! - The hart's extensions are a type parameter, since a [`Format`](pgtable_core::Format) cannot
+//! - The hart's extensions are a type parameter, since a [`Format`](pgtable_core::contract::Format) cannot
 //!   fail: without Svpbmt every leaf is PBMT = PMA and the checked
 //!   constructors refuse another memory type ([`EntryError::NoSvpbmt`];
 //!   [`RiscvPaging::check_prot`] before a map).
@@ -36,7 +36,8 @@
 //! ## Example
 //!
 //! ```
-//! use pgtable_core::{Decoded, Format, MemType, PhysAddr, Prot};
+//! use pgtable_core::{MemType, PhysAddr, Prot};
+//! use pgtable_core::contract::{Decoded, Format};
 //! use pgtable_riscv::{EntryError, RiscvPaging, Sv39, SVPBMT};
 //!
 //! // A 2 MiB kernel megapage at 0x8020_0000, read-write.

@@ -44,7 +44,8 @@
 
 use core::arch::asm;
 
-use pgtable_core::{Arch, Mmu, PhysAddr, TlbRange};
+use pgtable_core::contract::{Arch, Mmu, TlbRange};
+use pgtable_core::PhysAddr;
 
 use crate::flush::{
     flush_plan, full_flush_plan, satp_value, Asid, FlushCaps, FlushPlan, SATP_ASID_SHIFT,

@@ -4,7 +4,8 @@
 
 use core::fmt;
 
-use pgtable_core::{Decoded, Format, Level, PhysAddr, Prot};
+use pgtable_core::contract::{Decoded, Format, Level};
+use pgtable_core::{PhysAddr, Prot};
 
 use crate::bits;
 pub use crate::error::{EntryError, ReservedBits};

@@ -47,7 +47,8 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::{TlbRange, VirtAddr};
+use pgtable_core::contract::TlbRange;
+use pgtable_core::VirtAddr;
 
 use crate::regs::Pcid;
 
@@ -202,13 +203,13 @@ impl PcidCpu {
 /// What is flushed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FlushKind {
-    /// [`Mmu::flush_tlb_range`](pgtable_core::Mmu::flush_tlb_range): the
+    /// [`Mmu::flush_tlb_range`](pgtable_core::contract::Mmu::flush_tlb_range): the
     /// range's entries, global ones included.
     Range(TlbRange),
-    /// [`Mmu::flush_tlb_mm`](pgtable_core::Mmu::flush_tlb_mm): the address
+    /// [`Mmu::flush_tlb_mm`](pgtable_core::contract::Mmu::flush_tlb_mm): the address
     /// space's non-global entries.
     Mm,
-    /// [`Mmu::flush_tlb_all`](pgtable_core::Mmu::flush_tlb_all):
+    /// [`Mmu::flush_tlb_all`](pgtable_core::contract::Mmu::flush_tlb_all):
     /// everything.
     All,
 }

@@ -85,10 +85,11 @@
 //! physical address space, where no cacheable memory is.
 
 use bit_field::BitField;
-use pgtable_core::{
-    generic, Access, AccessFault, Arch, Decoded, Format, MemType, Mmu, PhysAddr, Prot, Slot,
-    TableAttrs, VirtAddr, LEVEL_BITS, PAGE_SHIFT, PAGE_SIZE,
+use pgtable_core::contract::{
+    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs, LEVEL_BITS,
+    PAGE_SHIFT, PAGE_SIZE,
 };
+use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 
 use crate::bits::{
     self, A, ADDR_MASK, D, G, P, PAT_4K, PAT_HUGE, PS, RW, SWP_TAG, SWP_VALUE_SHIFT, US, XD,

@@ -3,7 +3,7 @@
 //! The x86-64 half of the pgtable family:
 //!
 //! - [`format`]: [`X86_64`] and [`X86_64La57`], the 4-level and 5-level
-//!   (LA57) paging formats ([`pgtable_core::Format`] + [`pgtable_core::Arch`]), pure data,
+//!   (LA57) paging formats ([`pgtable_core::contract::Format`] + [`pgtable_core::contract::Arch`]), pure data,
 //!   testable on any host. Every bit is documented with its Intel SDM
 //!   reference in [`bits`].
 //! - [`flush`]: the range-flush policy (`INVLPG` up to a ceiling, then one
@@ -14,7 +14,7 @@
 //!   [`Pcid`] ([`cr3_value`]), the CR4 and CPUID bits paging uses, the
 //!   INVPCID types and descriptor.
 //! - `mmu`: `X86Mmu` (bare metal only: `target_arch = "x86_64"`,
-//!   `target_os = "none"`): [`pgtable_core::Mmu`] with `INVLPG`, CR3,
+//!   `target_os = "none"`): [`pgtable_core::contract::Mmu`] with `INVLPG`, CR3,
 //!   INVPCID and CR4.PGE, through the `x86_64` crate; optionally tagged
 //!   with a [`Pcid`] (switches without a flush).
 //! - [`shootdown`]: TLB shootdown for SMP kernels ([`SmpMmu`]: local
@@ -39,16 +39,17 @@
 //! - `pmdp_modify_prot_start` is overridden with the deferred form (atomic
 //!   clear, one gathered flush at the end), as Linux x86's
 //!   `pmdp_invalidate_ad` skips its flush.
-//! - [`Format::hw_access`](pgtable_core::Format::hw_access) models CR0.WP = 1
+//! - [`Format::hw_access`](pgtable_core::contract::Format::hw_access) models CR0.WP = 1
 //!   and EFER.NXE = 1 without SMEP, SMAP or protection keys.
-//! - Reserved bits make an entry [`Decoded::Invalid`](pgtable_core::Decoded)
+//! - Reserved bits make an entry [`Decoded::Invalid`](pgtable_core::contract::Decoded)
 //!   (the processor's reserved-bit fault); MAXPHYADDR is a type parameter
 //!   of [`X86Paging`] (52 by default).
 //!
 //! ## Example
 //!
 //! ```
-//! use pgtable_core::{Decoded, Format, PhysAddr, Prot};
+//! use pgtable_core::{PhysAddr, Prot};
+//! use pgtable_core::contract::{Decoded, Format};
 //! use pgtable_x86::X86_64;
 //!
 //! // A 2 MiB kernel page at 0x20_0000, read-write, not executable.

@@ -29,7 +29,8 @@
 use core::arch::asm;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::{Arch, Mmu, PhysAddr, TlbRange, VirtAddr};
+use pgtable_core::contract::{Arch, Mmu, TlbRange};
+use pgtable_core::{PhysAddr, VirtAddr};
 use x86_64::instructions::tlb::{self, InvPcidCommand};
 use x86_64::registers::control::{Cr3, Cr4, Cr4Flags};
 use x86_64::structures::paging::PhysFrame;

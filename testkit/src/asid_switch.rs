@@ -8,8 +8,9 @@
 //! and of the arch crates with ASIDs.
 
 use pgtable_core::asid::{AsidAllocator, AsidContext};
+use pgtable_core::contract::{Arch, Mmu};
 use pgtable_core::sim::{SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, Arch, MapOptions, Mmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
 type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
 

@@ -2,11 +2,12 @@
 //! same checks for every format, run by the tests of pgtable-core
 //! and of each arch crate.
 
-use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
+use pgtable_core::contract::{Access, AccessFault, Arch, TableAttrs};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, TableAttrs,
-    VaRange, VirtAddr,
+    sim::{Installed, SimAlloc, SimMachine, SimMmu},
+    MoveOptions,
 };
+use pgtable_core::{AddressSpace, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 
 const PAGE: u64 = 4096;
 const USER_VA: VirtAddr = VirtAddr(0x40_0000);
@@ -67,7 +68,7 @@ pub fn three_user_spaces_share_the_kernel_half<A: Arch>() {
     let m = SimMachine::<A>::new();
     let mut kernel = new_kernel(&m);
     let shared = if A::SEPARATE_HALVES { 0 } else { 256 };
-    assert_eq!(kernel.count_tables(), 1 + shared);
+    assert_eq!(kernel.inspect().count_tables(), 1 + shared);
     assert_eq!(m.live_tables(), 1 + shared);
     let (kva0, kva1) = (kernel_va::<A>(3), kernel_va::<A>(44));
     let (kpa0, kpa1) = (PhysAddr(0x7000_0000), PhysAddr(0x7100_0000));
@@ -80,7 +81,7 @@ pub fn three_user_spaces_share_the_kernel_half<A: Arch>() {
         .map(|i| {
             let mut u = new_user(&m, &kernel);
             assert_eq!(u.va_range(), VaRange::Lower);
-            assert_eq!(u.table_attrs(), TableAttrs::USER);
+            assert_eq!(u.inspect().table_attrs(), TableAttrs::USER);
             let pa = PhysAddr(0x1000_0000 + i * 0x10_0000);
             u.map(USER_VA, pa, PAGE, user_prot(), MapOptions::PAGES)
                 .unwrap();
@@ -88,7 +89,7 @@ pub fn three_user_spaces_share_the_kernel_half<A: Arch>() {
             u
         })
         .collect();
-    let user_tables: usize = users.iter().map(|u| u.count_tables()).sum();
+    let user_tables: usize = users.iter().map(|u| u.inspect().count_tables()).sum();
 
     // A kernel mapping added after the user spaces exist, under a root
     // entry no kernel mapping used before.
@@ -123,29 +124,29 @@ pub fn three_user_spaces_share_the_kernel_half<A: Arch>() {
         assert!(u.translate(kva1).is_none());
     }
     // ... and their unmap, move and drop leave it alone.
-    let kernel_tables = kernel.count_tables();
+    let kernel_tables = kernel.inspect().count_tables();
     let top = A::LEVELS - 1;
-    let kentry = kernel.entry(kva1, top);
-    let u0_tables = users[0].count_tables();
+    let kentry = kernel.inspect().entry(kva1, top);
+    let u0_tables = users[0].inspect().count_tables();
     {
         let u = &mut users[0];
         switch_to(u);
-        u.move_page_tables(USER_VA, VirtAddr(1 << 30), PAGE)
+        u.move_page_tables(USER_VA, VirtAddr(1 << 30), PAGE, MoveOptions::DEFAULT)
             .unwrap();
         assert_eq!(m.read_u64(VirtAddr(1 << 30)), Ok(0));
         u.unmap(VirtAddr(0), lower_end).unwrap();
-        assert_eq!(u.count_tables(), 1);
+        assert_eq!(u.inspect().count_tables(), 1);
         assert_eq!(m.read_u64(kva1), Ok(0xfeed));
         m.check().unwrap();
     }
-    assert_eq!(kernel.count_tables(), kernel_tables);
-    let dropped = users.remove(1).count_tables();
+    assert_eq!(kernel.inspect().count_tables(), kernel_tables);
+    let dropped = users.remove(1).inspect().count_tables();
     assert_eq!(
         m.live_tables(),
         // User 0 kept only its root.
         kernel_tables + user_tables - dropped - (u0_tables - 1)
     );
-    assert_eq!(kernel.entry(kva1, top), kentry);
+    assert_eq!(kernel.inspect().entry(kva1, top), kentry);
     for u in users.iter_mut() {
         switch_to(u);
         assert_eq!(m.read_u64(kva1), Ok(0xfeed));
@@ -158,12 +159,16 @@ pub fn three_user_spaces_share_the_kernel_half<A: Arch>() {
     let entry_start = VirtAddr(kva1.0 & !(top_size::<A>() - 1));
     kernel.unmap(entry_start, top_size::<A>()).unwrap();
     if A::SEPARATE_HALVES {
-        assert!(kernel.entry(kva1, top).unwrap() == 0);
+        assert!(kernel.inspect().entry(kva1, top).unwrap() == 0);
     } else {
-        assert_eq!(kernel.entry(kva1, top), kentry, "the shared table stays");
+        assert_eq!(
+            kernel.inspect().entry(kva1, top),
+            kentry,
+            "the shared table stays"
+        );
         // The root, the shared tables and those below them on kva0's path.
         let below = (A::LEVELS - 2) as usize;
-        assert_eq!(kernel.count_tables(), 1 + 256 + below);
+        assert_eq!(kernel.inspect().count_tables(), 1 + 256 + below);
     }
     for u in users.iter_mut() {
         switch_to(u);
@@ -181,10 +186,19 @@ pub fn three_user_spaces_share_the_kernel_half<A: Arch>() {
     // either.
     let elsewhere = VirtAddr(kernel_va::<A>(45).0 & !(top_size::<A>() - 1));
     kernel
-        .move_page_tables(entry_start, elsewhere, top_size::<A>())
+        .move_page_tables(
+            entry_start,
+            elsewhere,
+            top_size::<A>(),
+            MoveOptions::DEFAULT,
+        )
         .unwrap();
     if !A::SEPARATE_HALVES {
-        assert_eq!(kernel.entry(kva1, top), kentry, "the shared table stays");
+        assert_eq!(
+            kernel.inspect().entry(kva1, top),
+            kentry,
+            "the shared table stays"
+        );
     }
     for u in users.iter_mut() {
         switch_to(u);
@@ -197,7 +211,7 @@ pub fn three_user_spaces_share_the_kernel_half<A: Arch>() {
 
     // Every table is freed once: the users' own, then the kernel's.
     drop(users);
-    assert_eq!(m.live_tables(), kernel.count_tables());
+    assert_eq!(m.live_tables(), kernel.inspect().count_tables());
     drop(kernel);
     assert_eq!(m.live_tables(), 0);
 }
@@ -220,10 +234,10 @@ pub fn a_kernel_half_needs_the_upper_half<A: Arch>() {
         assert_eq!(r, Err(Error::KernelHalf));
     } else {
         assert_eq!(r, Ok(()));
-        assert_eq!(both.count_tables(), 257);
+        assert_eq!(both.inspect().count_tables(), 257);
         // The kernel's upper-half tables are kernel-only.
         let top = A::LEVELS - 1;
-        let raw = both.entry(kernel_va::<A>(0), top).unwrap();
+        let raw = both.inspect().entry(kernel_va::<A>(0), top).unwrap();
         assert!(A::table_limits(raw, top).no_user());
     }
     drop((plain, lower, both));
@@ -234,7 +248,7 @@ pub fn a_kernel_half_needs_the_upper_half<A: Arch>() {
     m.fail_after(None);
     if A::SEPARATE_HALVES {
         // Nothing to preallocate.
-        assert_eq!(r.map(|k| k.count_tables()).ok(), Some(1));
+        assert_eq!(r.map(|k| k.inspect().count_tables()).ok(), Some(1));
     } else {
         assert_eq!(r.err(), Some(Error::OutOfMemory));
     }
@@ -280,7 +294,7 @@ pub fn table_attributes_guard_the_halves<A: Arch>() {
     );
     assert!(m.access(kva, Access::READ).is_ok());
     let top = A::LEVELS - 1;
-    let urw = u.entry(USER_VA, top).unwrap();
+    let urw = u.inspect().entry(USER_VA, top).unwrap();
     if A::table_limits(urw, top).pxn() {
         assert_eq!(
             m.exec(USER_VA).unwrap_err().kind,
@@ -295,7 +309,7 @@ pub fn table_attributes_guard_the_halves<A: Arch>() {
 /// more than was asked, and user access and write restrictions exactly
 /// as asked; a plain table entry restricts nothing.
 pub fn table_attributes_keep_the_table_decodable<A: Arch>() {
-    use pgtable_core::Decoded;
+    use pgtable_core::contract::Decoded;
     let pas = [
         0x1000u64,
         0x4000_0000,

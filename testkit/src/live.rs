@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pgtable_core::contract::{Arch, Decoded, Mmu, Slot, TlbRange};
 use pgtable_core::sim::{AgentReport, Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
-    AddressSpace, Arch, Decoded, Error, LiveOptions, MapOptions, MemType, Mmu, PhysAddr, Prot,
-    Slot, TlbRange, VirtAddr,
+    AddressSpace, Error, LiveOptions, MapOptions, MemType, PhysAddr, Prot, VirtAddr,
 };
 
 /// A base page.
@@ -214,13 +214,13 @@ pub fn break_before_make_is_refused_unless_allowed<A: Arch + Send>() {
     let part = VirtAddr(BLOCK.0 + 4 * PAGE);
     let cases = [(VA, PAGE, nc), (VA, PAGE, global), (part, PAGE, user_rwx())];
     for (va, len, prot) in cases {
-        let tables = s.count_tables();
+        let tables = s.inspect().count_tables();
         let before = s.translate(va).unwrap();
         let r = s.change_protection_live(va, len, prot, LiveOptions::IN_PLACE);
         if A::BREAK_BEFORE_MAKE {
             assert_eq!(r, Err(Error::BreakBeforeMake(va)), "{prot:?}");
             assert_eq!(s.translate(va), Some(before), "unchanged");
-            assert_eq!(s.count_tables(), tables);
+            assert_eq!(s.inspect().count_tables(), tables);
             assert_eq!(m.live_tables(), tables);
             s.change_protection_live(va, len, prot, LiveOptions::ALLOW_BBM)
                 .unwrap();

@@ -11,10 +11,14 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::sim::{SimAlloc, SimMachine, SimMmu};
+use pgtable_core::contract::{Arch, Decoded, TableAlloc};
 use pgtable_core::{
-    AddressSpace, Arch, ClearRefs, CopyMode, Decoded, Error, FaultFlags, LiveOptions, MapOptions,
-    PhysAddr, Prot, TableAlloc, VaRange, VirtAddr,
+    sim::{SimAlloc, SimMachine, SimMmu},
+    MoveOptions,
+};
+use pgtable_core::{
+    AddressSpace, ClearRefs, CopyMode, Error, FaultFlags, LiveOptions, MapOptions, PhysAddr, Prot,
+    VaRange, VirtAddr,
 };
 
 const PAGE: u64 = 4096;
@@ -174,13 +178,13 @@ fn ops<A: Arch>() -> Vec<Op<A>> {
             done(s.change_protection_live(va, PAGE, Prot::READ_WRITE, opts))
         }),
         op("move_page_tables (source)", Page, false, |s, x, va| {
-            done(s.move_page_tables(va, x.free, PAGE))
+            done(s.move_page_tables(va, x.free, PAGE, MoveOptions::DEFAULT))
         }),
         op(
             "move_page_tables (destination)",
             Empty,
             false,
-            |s, x, va| done(s.move_page_tables(x.mapped, va, PAGE)),
+            |s, x, va| done(s.move_page_tables(x.mapped, va, PAGE, MoveOptions::DEFAULT)),
         ),
         op("copy_page_range (source)", Page, false, |s, x, va| {
             done(s.copy_page_range(&mut x.twin, va, PAGE, CopyMode::Cow))
@@ -191,7 +195,9 @@ fn ops<A: Arch>() -> Vec<Op<A>> {
         op("set_swap_entry", Empty, false, |s, _, va| {
             done(s.set_swap_entry(va, SWAP_VALUE))
         }),
-        op("swap_entry", Swap, true, |s, _, va| found(s.swap_entry(va))),
+        op("swap_entry", Swap, true, |s, _, va| {
+            found(s.ptep_get(va).and_then(|e| e.swap_value()))
+        }),
         op("swap_in", Swap, false, |s, _, va| {
             done(s.swap_in(va, PA, Prot::READ_ONLY))
         }),
@@ -211,13 +217,15 @@ fn ops<A: Arch>() -> Vec<Op<A>> {
             counted(r, n)
         }),
         op("translate", Page, true, |s, _, va| found(s.translate(va))),
-        op("entry (PTE)", Page, true, |s, _, va| found(s.entry(va, 0))),
+        op("entry (PTE)", Page, true, |s, _, va| {
+            found(s.inspect().entry(va, 0))
+        }),
         op("entry (root)", Page, true, |s, _, va| {
-            found(s.entry(va, A::LEVELS - 1))
+            found(s.inspect().entry(va, A::LEVELS - 1))
         }),
         op("slot", Page, true, |s, _, va| {
             // SAFETY: the slot is only looked at, never written.
-            found(unsafe { s.slot(va, 0) })
+            found(unsafe { s.inspect().slot(va, 0) })
         }),
         op("walk", Page, false, |s, _, va| {
             let mut n = 0;
@@ -225,7 +233,7 @@ fn ops<A: Arch>() -> Vec<Op<A>> {
             counted(r, n)
         }),
         op("ptdump_range", Page, false, |s, _, va| {
-            match s.ptdump_range(va, PAGE) {
+            match s.ptdump().range(va, PAGE) {
                 Ok(d) => counted(Ok(()), d.to_string().len()),
                 Err(e) => Got::Failed(e),
             }
@@ -373,7 +381,7 @@ fn put<A: Arch>(s: &mut Space<A>, va: u64, fill: Fill) {
                 // Young, as the hardware would make it.
                 // SAFETY: only the accessed state changes, as the
                 // hardware may change it.
-                let slot = unsafe { s.slot(va, 0) }.unwrap();
+                let slot = unsafe { s.inspect().slot(va, 0) }.unwrap();
                 slot.store(A::mkyoung(slot.load(Relaxed), 0), Relaxed);
             }
         }

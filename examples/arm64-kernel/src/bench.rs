@@ -16,9 +16,10 @@
 //!   populating pgtables"): one walker
 //!   barrier per table against one per entry.
 
+use pgtable_core::contract::{Arch, Mmu as _};
 use pgtable_core::{
-    variants, variants::GenericBlockProt, AddressSpace, Arch, MapOptions, Mmu as _, MoveOptions,
-    PhysAddr, Prot, VirtAddr,
+    variants, variants::GenericBlockProt, AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot,
+    VirtAddr,
 };
 
 use crate::memory::KernelTables;
@@ -104,7 +105,7 @@ fn bench_move(space: &mut Space<Arm64>, pool: (u64, u64)) -> Result<(), &'static
             space.stats().reset();
             let t0 = timer::ticks();
             space
-                .move_page_tables_with(VirtAddr(at), VirtAddr(to), GIB, *opts)
+                .move_page_tables(VirtAddr(at), VirtAddr(to), GIB, *opts)
                 .map_err(|_| "bench: move 1 GiB failed")?;
             *t = timer::ticks() - t0;
             entries[p] = space.stats().entries_written();

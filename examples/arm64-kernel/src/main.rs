@@ -285,7 +285,7 @@ extern "C" fn kernel_main() -> ! {
     ];
     print!(
         "ptdump of the kernel space (TTBR1_EL1):\n{}",
-        kspace.ptdump_with_markers(&regions)
+        kspace.ptdump().markers(&regions)
     );
 
     // SMP (smp.rs, smp_cases/): every CPU QEMU gives comes up, the

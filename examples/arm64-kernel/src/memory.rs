@@ -34,7 +34,8 @@
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
 
-use pgtable_core::{PhysAddr, Table, TableAlloc};
+use pgtable_core::contract::{Table, TableAlloc};
+use pgtable_core::PhysAddr;
 
 /// Bytes reserved for page-table frames.
 pub const TABLE_POOL: u64 = 64 << 20;

@@ -11,7 +11,8 @@ use pgtable_arm64::flush::{flush_plan, FlushPlan};
 use pgtable_arm64::mmu::{has_tlb_range, Arm64Mmu};
 pub use pgtable_arm64::mmu::{local_flush_tlb_all, Ttbr};
 pub use pgtable_arm64::Arm64;
-use pgtable_core::{Mmu as MmuOps, PhysAddr, Slot, TlbRange};
+use pgtable_core::contract::{Mmu as MmuOps, Slot, TlbRange};
+use pgtable_core::PhysAddr;
 
 /// Range flushes (`tlbi va…e1is` / `rva…e1is`, one count per flush call).
 static FLUSH_RANGE: AtomicU64 = AtomicU64::new(0);

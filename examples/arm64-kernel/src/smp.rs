@@ -48,7 +48,8 @@ use aarch64_cpu::registers::{
 };
 use pgtable_arm64::mmu::{Arm64Mmu, Ttbr};
 use pgtable_arm64::Arm64;
-use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::Mmu;
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 use crate::memory::{kimage_to_phys, KernelTables};

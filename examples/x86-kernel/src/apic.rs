@@ -12,7 +12,8 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use pgtable_core::{AddressSpace, Arch, MapOptions, MemType, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use pgtable_core::contract::{Arch, PAGE_SIZE};
+use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86Mmu;
 
 use crate::mem::{phys_to_virt, Frames};

@@ -22,9 +22,10 @@
 
 use core::marker::PhantomData;
 
+use pgtable_core::contract::{Access, AccessFault, Arch, Decoded, Format, Mmu, PAGE_SIZE};
 use pgtable_core::{
-    variants, variants::GenericBlockProt, Access, AccessFault, AddressSpace, Arch, Decoded, Error,
-    Format, MapOptions, Mmu, MoveOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE,
+    variants, variants::GenericBlockProt, AddressSpace, Error, MapOptions, MoveOptions, PhysAddr,
+    Prot, VirtAddr,
 };
 use pgtable_x86::X86Mmu;
 
@@ -136,7 +137,7 @@ fn move_1g<A: Arch>(
     for (n, t) in t.iter_mut().enumerate() {
         let (from, to) = if n % 2 == 0 { (a, b) } else { (b, a) };
         let t0 = tsc::now();
-        let r = space.move_page_tables_with(VirtAddr(from), VirtAddr(to), G1, opts);
+        let r = space.move_page_tables(VirtAddr(from), VirtAddr(to), G1, opts);
         let t1 = tsc::now();
         op("move 1 GiB", r)?;
         *t = mach.tsc.ns(t1 - t0);

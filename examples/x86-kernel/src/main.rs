@@ -42,10 +42,9 @@ mod tsc;
 use core::arch::x86_64::{__cpuid, __cpuid_count};
 use core::cell::UnsafeCell;
 
+use pgtable_core::contract::{Arch, TableAttrs};
 use pgtable_core::suite::{self, Config};
-use pgtable_core::{
-    AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, TableAttrs, VaRange, VirtAddr,
-};
+use pgtable_core::{AddressSpace, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use pgtable_x86::{X86Mmu, X86_64La57, X86_64};
 
 use crate::machine::KernelMachine;
@@ -512,7 +511,7 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
         "running on pgtable tables: format {}, root {:#x}, {} tables, INVPCID {}",
         A::NAME,
         space.root().0,
-        space.count_tables(),
+        space.inspect().count_tables(),
         if space.mmu().has_invpcid() {
             "used"
         } else {
@@ -526,8 +525,8 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
         (va(LINEAR_BASE), "Low Kernel Mapping"),
         (va(mem::KERNEL_VMA), "High Kernel Mapping"),
     ];
-    match space.ptdump_range(va(half.wrapping_neg()), half) {
-        Ok(d) => print!("ptdump of the kernel half:\n{}", d.with_markers(&regions)),
+    match space.ptdump().range(va(half.wrapping_neg()), half) {
+        Ok(d) => print!("ptdump of the kernel half:\n{}", d.markers(&regions)),
         Err(e) => println!("ptdump: {e}"),
     }
     // Every CPU, before any case runs.
@@ -590,7 +589,7 @@ fn run_on<A: Arch>(ram: &RamMap, tsc: Tsc, kvm: bool, smep: bool, opts: &Options
     // No table frame may leak: every frame still allocated must belong to
     // the kernel's own tables.
     let live = Frames.live();
-    let held = space.count_tables() as u64;
+    let held = space.inspect().count_tables() as u64;
     let frames_ok = live == held;
     println!(
         "table frames: {live} allocated, {held} in the kernel's tables, peak {}{}",

@@ -32,7 +32,8 @@
 use core::cell::Cell;
 use core::ptr::NonNull;
 
-use pgtable_core::{PhysAddr, Table, TableAlloc};
+use pgtable_core::contract::{Table, TableAlloc};
+use pgtable_core::PhysAddr;
 
 use crate::boot::{MemmapEntry, StartInfo};
 

@@ -8,7 +8,8 @@
 
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use pgtable_core::{NoopMmu, PhysAddr};
+use pgtable_core::contract::NoopMmu;
+use pgtable_core::PhysAddr;
 use pgtable_x86::{CpuMask, IpiSender, MmCpus, Shootdown, ShootdownStats, X86Mmu};
 
 use crate::smp;

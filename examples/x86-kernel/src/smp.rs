@@ -33,7 +33,8 @@ use core::arch::{asm, global_asm};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 
-use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use pgtable_core::contract::{Arch, PAGE_SIZE};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86Mmu;
 use x86_64::instructions::port::Port;
 use x86_64::instructions::segmentation::{Segment, CS, DS, ES, SS};

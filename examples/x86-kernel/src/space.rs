@@ -31,7 +31,8 @@
 use core::arch::global_asm;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use pgtable_core::contract::{Arch, PAGE_SIZE};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86Mmu;
 use x86_64::registers::control::{Cr4, Cr4Flags};
 
@@ -347,7 +348,7 @@ fn lower_half_is_empty<A: Arch>(space: &AddressSpace<A, X86Mmu, Frames>) -> Resu
     let shift = 12 + 9 * (A::LEVELS - 1);
     for i in 0..256u64 {
         let va = i << shift;
-        if let Some(raw) = space.entry(VirtAddr(va), A::LEVELS - 1) {
+        if let Some(raw) = space.inspect().entry(VirtAddr(va), A::LEVELS - 1) {
             ensure!(raw == 0, "root entry {i} ({va:#x}) is {raw:#x}");
         }
     }

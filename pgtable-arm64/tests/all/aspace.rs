@@ -4,16 +4,16 @@
 
 use crate::common::{Counter, Event, Recorder};
 use pgtable_arm64::{Arm64, Arm64Va39};
+use pgtable_core::contract::{Arena, Format, Level, Mmu, NoopMmu, TlbRange};
 use pgtable_core::{
-    variants, AddressSpace, Arena, Error, Format, Level, MapOptions, Mmu, NoopMmu, PhysAddr, Prot,
-    TlbRange, VirtAddr,
+    variants, AddressSpace, Error, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
 };
 
 const GIB: u64 = 1 << 30;
 const MIB2: u64 = 2 << 20;
 const PAGE: u64 = 4096;
 
-fn space<F: pgtable_core::Arch, M: Mmu>(mmu: M) -> AddressSpace<F, M, Arena> {
+fn space<F: pgtable_core::contract::Arch, M: Mmu>(mmu: M) -> AddressSpace<F, M, Arena> {
     AddressSpace::new(mmu, Arena::new()).unwrap()
 }
 
@@ -33,7 +33,7 @@ fn linear_map_of_1g_pages_issues_one_barrier_per_table() {
     // 512 PTE tables + 1 PMD table + 1 PUD table were filled, and the root
     // got one entry: one barrier each.
     let tables_written = pages / 512 + 1 + 1 + 1;
-    assert_eq!(s.count_tables() as u64, tables_written);
+    assert_eq!(s.inspect().count_tables() as u64, tables_written);
     assert_eq!(s.mmu().barriers.get(), tables_written);
     assert_eq!(s.stats().barriers(), tables_written);
     assert_eq!(tables_written, 515);
@@ -91,11 +91,11 @@ fn va39_linear_map_counts_one_barrier_per_table_too() {
     )
     .unwrap();
     // 512 PTE tables + 1 PMD table + the root (L1).
-    assert_eq!(s.count_tables(), 514);
+    assert_eq!(s.inspect().count_tables(), 514);
     assert_eq!(s.mmu().barriers.get(), 514);
 }
 
-fn check_blocks_and_pages<F: pgtable_core::Arch>() {
+fn check_blocks_and_pages<F: pgtable_core::contract::Arch>() {
     let mut s = space::<F, _>(NoopMmu);
     let prot = Prot::WRITE | Prot::GLOBAL;
     // 1 GiB block at 1 GiB, two 2 MiB blocks at 3 GiB, pages at 4 GiB.
@@ -150,7 +150,7 @@ fn check_blocks_and_pages<F: pgtable_core::Arch>() {
     // Unmap everything: only the root is left, nothing leaks.
     s.unmap(VirtAddr(0), 8 * GIB).unwrap();
     assert!(s.translate(VirtAddr(GIB)).is_none());
-    assert_eq!(s.count_tables(), 1);
+    assert_eq!(s.inspect().count_tables(), 1);
     assert_eq!(s.alloc().live(), 1);
 }
 
@@ -189,7 +189,7 @@ fn partial_unmap_of_a_1g_block_splits_it_down_to_pages() {
     assert_eq!(before.prot, Prot::READ_WRITE);
     // Root, one PUD table, the PMD table of the split 1 GiB block and the
     // PTE table of the split 2 MiB block.
-    assert_eq!(s.count_tables(), 4);
+    assert_eq!(s.inspect().count_tables(), 4);
     let mut n = 0;
     s.walk(VirtAddr(GIB), GIB, |_| n += 1).unwrap();
     assert_eq!(n, 511 + 511);
@@ -242,7 +242,7 @@ fn bad_input_is_a_typed_error_and_changes_nothing() {
         MapOptions::BLOCKS,
     )
     .unwrap();
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     assert!(matches!(
         s.map(
             VirtAddr(GIB + PAGE),
@@ -285,9 +285,9 @@ fn bad_input_is_a_typed_error_and_changes_nothing() {
         ),
         Err(Error::OutOfRange(_))
     ));
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     assert_eq!(s.alloc().live(), tables);
-    assert_eq!(s39.count_tables(), 1);
+    assert_eq!(s39.inspect().count_tables(), 1);
 }
 
 #[test]
@@ -313,7 +313,7 @@ fn high_half_addresses_use_the_upper_root_entries() {
     assert_eq!(s.translate(hi).unwrap().pa, PhysAddr(GIB));
     assert_eq!(s.translate(VirtAddr(0)).unwrap().pa, PhysAddr(2 * GIB));
     // Root entry 256 is the first one of the TTBR1 half.
-    assert!(s.entry(hi, 3).is_some_and(|e| e != 0));
+    assert!(s.inspect().entry(hi, 3).is_some_and(|e| e != 0));
     assert_eq!(Arm64::VA_BITS, 48);
 }
 
@@ -373,9 +373,9 @@ fn change_protection_keeps_hardware_dirty_state() {
     // The walker dirties the first page (FEAT_HAFDBS clears AP[2]).
     // SAFETY: the leaf gets the update the hardware makes; the space is
     // never installed.
-    let slot = unsafe { s.slot(VirtAddr(GIB), 0) }.unwrap();
+    let slot = unsafe { s.inspect().slot(VirtAddr(GIB), 0) }.unwrap();
     let e = slot.load(std::sync::atomic::Ordering::Relaxed);
-    let write = pgtable_core::Access {
+    let write = pgtable_core::contract::Access {
         write: true,
         exec: false,
         user: true,
@@ -404,14 +404,14 @@ fn change_protection_keeps_hardware_dirty_state() {
 #[test]
 fn moving_a_pud_aligned_gib_moves_one_entry_with_move_pud() {
     let mut s = gib_mapped(MapOptions::PAGES);
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     s.stats().reset();
-    s.move_page_tables(VirtAddr(GIB), VirtAddr(4 * GIB), GIB)
+    s.move_page_tables(VirtAddr(GIB), VirtAddr(4 * GIB), GIB, MoveOptions::DEFAULT)
         .unwrap();
     assert!(s.translate(VirtAddr(GIB + 0x5000)).is_none());
     let t = s.translate(VirtAddr(4 * GIB + 0x5000)).unwrap();
     assert_eq!((t.pa, t.height), (PhysAddr(GIB + 0x5000), 0));
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     // The core counts the destination entries that carry a moved mapping
     // or table: one PUD entry, or 512 PMD entries, or 262,144 PTEs.
     let want = if cfg!(feature = "move-pud") {

@@ -5,8 +5,9 @@ use crate::common::{Event, Recorder};
 use pgtable_arm64::bits::{
     self, AF, AP_EL0, AP_RDONLY, CONT, DBM, NG, PXN, PXN_TABLE, SH_OUTER, UXN,
 };
-use pgtable_arm64::{pgattr_change_is_safe, set_live_entry, Arm64};
-use pgtable_core::{Arch, Error, Format, MemType, PhysAddr, Prot, Slot, TlbRange, VirtAddr};
+use pgtable_arm64::{pgattr_change_is_safe, set_live_entry, Arm64, LiveEntry};
+use pgtable_core::contract::{Arch, Format, Slot, TlbRange};
+use pgtable_core::{Error, LiveOptions, MemType, PhysAddr, Prot, VirtAddr};
 
 const VA: VirtAddr = VirtAddr(0x4020_3000);
 
@@ -78,7 +79,17 @@ fn safe_change_writes_in_place_then_flushes_the_old_translation() {
     let old = page(0x8000, Prot::READ_WRITE);
     let new = page(0x8000, Prot::READ_ONLY);
     let slot = Slot::new(old);
-    set_live_entry(&mmu, VA, &slot, 0, new, false).unwrap();
+    set_live_entry(
+        &mmu,
+        LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: 0,
+        },
+        new,
+        LiveOptions::IN_PLACE,
+    )
+    .unwrap();
     assert_eq!(slot.into_inner(), new);
     assert_eq!(
         mmu.take(),
@@ -100,7 +111,17 @@ fn creating_an_entry_needs_no_flush() {
     let mmu = Recorder::default();
     let new = page(0x8000, Prot::READ_WRITE);
     let slot = Slot::new(0);
-    set_live_entry(&mmu, VA, &slot, 0, new, false).unwrap();
+    set_live_entry(
+        &mmu,
+        LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: 0,
+        },
+        new,
+        LiveOptions::IN_PLACE,
+    )
+    .unwrap();
     assert_eq!(
         mmu.take(),
         vec![Event::Write { old: 0, new }, Event::Barrier]
@@ -112,7 +133,16 @@ fn unsafe_change_without_permission_is_refused_and_leaves_the_entry() {
     let mmu = Recorder::default();
     let old = page(0x8000, Prot::READ_WRITE);
     let slot = Slot::new(old);
-    let r = set_live_entry(&mmu, VA, &slot, 0, page(0x9000, Prot::READ_WRITE), false);
+    let r = set_live_entry(
+        &mmu,
+        LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: 0,
+        },
+        page(0x9000, Prot::READ_WRITE),
+        LiveOptions::IN_PLACE,
+    );
     assert_eq!(r, Err(Error::BreakBeforeMake(VA)));
     assert_eq!(slot.into_inner(), old);
     assert!(mmu.take().is_empty(), "nothing issued");
@@ -124,7 +154,17 @@ fn unsafe_change_breaks_flushes_then_makes() {
     let old = page(0x8000, Prot::READ_WRITE);
     let new = page(0x9000, Prot::READ_WRITE);
     let slot = Slot::new(old);
-    set_live_entry(&mmu, VA, &slot, 0, new, true).unwrap();
+    set_live_entry(
+        &mmu,
+        LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: 0,
+        },
+        new,
+        LiveOptions::ALLOW_BBM,
+    )
+    .unwrap();
     assert_eq!(slot.into_inner(), new);
     assert_eq!(
         mmu.take(),
@@ -149,7 +189,17 @@ fn block_to_table_break_flushes_the_whole_block_and_table_removal_its_walks() {
     let block = Arm64::leaf(PhysAddr(0x4020_0000), Prot::READ_WRITE, 1);
     let table = Arm64::table_entry(PhysAddr(0x7000), 1);
     let slot = Slot::new(block);
-    set_live_entry(&mmu, VA, &slot, 1, table, true).unwrap();
+    set_live_entry(
+        &mmu,
+        LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: 1,
+        },
+        table,
+        LiveOptions::ALLOW_BBM,
+    )
+    .unwrap();
     let log = mmu.take();
     assert_eq!(
         log[2],
@@ -161,7 +211,17 @@ fn block_to_table_break_flushes_the_whole_block_and_table_removal_its_walks() {
         })
     );
     // And back: the old entry is a table, so intermediate walks go too.
-    set_live_entry(&mmu, VA, &slot, 1, block, true).unwrap();
+    set_live_entry(
+        &mmu,
+        LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: 1,
+        },
+        block,
+        LiveOptions::ALLOW_BBM,
+    )
+    .unwrap();
     let log = mmu.take();
     assert_eq!(log[0], Event::Write { old: table, new: 0 });
     assert_eq!(
@@ -181,7 +241,17 @@ fn writing_the_same_value_does_nothing() {
     let mmu = Recorder::default();
     let e = page(0x8000, Prot::READ_WRITE);
     let slot = Slot::new(e);
-    set_live_entry(&mmu, VA, &slot, 0, e, false).unwrap();
+    set_live_entry(
+        &mmu,
+        LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: 0,
+        },
+        e,
+        LiveOptions::IN_PLACE,
+    )
+    .unwrap();
     assert!(mmu.take().is_empty());
 }
 

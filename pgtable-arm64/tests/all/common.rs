@@ -6,7 +6,8 @@
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::{Mmu, PhysAddr, Slot, TlbRange};
+use pgtable_core::contract::{Mmu, Slot, TlbRange};
+use pgtable_core::PhysAddr;
 
 /// What the recording MMU saw.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

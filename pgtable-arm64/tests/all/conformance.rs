@@ -5,13 +5,12 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_arm64::{set_live_entry, Arm64, Arm64Va39};
+use pgtable_arm64::{set_live_entry, Arm64, Arm64Va39, LiveEntry};
+use pgtable_core::contract::{Access, AccessFault, Arch, Format, Mmu};
 use pgtable_core::sim::{CheckError, Installed, SimFaultKind, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Format, MapOptions, Mmu, PhysAddr, Prot, VirtAddr,
-};
+use pgtable_core::{AddressSpace, LiveOptions, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const VA: VirtAddr = VirtAddr(0x4000_0000);
 const PAGE: u64 = 4096;
@@ -110,7 +109,7 @@ fn nosync_write_without_barrier_is_invisible_to_the_walker() {
     let va = VirtAddr(VA.0 + PAGE);
     // SAFETY: a leaf into an empty entry; the missing barrier is the point
     // (the simulated machine reports it).
-    let slot = unsafe { space.slot(va, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(va, 0) }.unwrap();
     let pte = Arm64::leaf(PhysAddr(0x8000_1000), Prot::READ_WRITE, 0);
     Arm64::set_pte_nosync(space.mmu(), slot, pte);
     // The walker still sees the empty entry, and the check names the write.
@@ -132,7 +131,7 @@ fn set_pte_at_is_visible_at_once() {
     let (machine, space) = one_page::<Arm64>();
     let va = VirtAddr(VA.0 + PAGE);
     // SAFETY: a leaf into an empty entry, by the arch's own setter.
-    let slot = unsafe { space.slot(va, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(va, 0) }.unwrap();
     let pte = Arm64::leaf(PhysAddr(0x8000_1000), Prot::READ_WRITE, 0);
     Arm64::set_pte_at(space.mmu(), va, slot, pte);
     machine.check().unwrap();
@@ -147,12 +146,32 @@ fn break_before_make_leaves_no_stale_translation() {
     assert_eq!(machine.read_u64(VA).unwrap(), 1); // now cached in the TLB
                                                   // SAFETY: leaves only; the plain store of the control skips the
                                                   // break-before-make on purpose (the simulated machine reports it).
-    let slot = unsafe { space.slot(VA, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(VA, 0) }.unwrap();
     let new = Arm64::leaf(PhysAddr(0x9000_0000), Prot::READ_WRITE, 0);
     // Refused without permission: nothing changes.
-    assert!(set_live_entry(space.mmu(), VA, slot, 0, new, false).is_err());
+    assert!(set_live_entry(
+        space.mmu(),
+        LiveEntry {
+            va: VA,
+            slot: slot,
+            height: 0
+        },
+        new,
+        LiveOptions::IN_PLACE
+    )
+    .is_err());
     assert_eq!(machine.read_u64(VA).unwrap(), 1);
-    set_live_entry(space.mmu(), VA, slot, 0, new, true).unwrap();
+    set_live_entry(
+        space.mmu(),
+        LiveEntry {
+            va: VA,
+            slot: slot,
+            height: 0,
+        },
+        new,
+        LiveOptions::ALLOW_BBM,
+    )
+    .unwrap();
     machine.check().unwrap();
     assert_eq!(machine.read_u64(VA).unwrap(), 2);
 
@@ -170,9 +189,19 @@ fn safe_in_place_change_flushes_the_old_permissions() {
     let (machine, space) = one_page::<Arm64>();
     machine.write_u64(VA, 5).unwrap();
     // SAFETY: the same page read-only, stored by `set_live_entry`.
-    let slot = unsafe { space.slot(VA, 0) }.unwrap();
+    let slot = unsafe { space.inspect().slot(VA, 0) }.unwrap();
     let ro = Arm64::modify_prot(slot.load(Relaxed), Prot::READ_ONLY, 0);
-    set_live_entry(space.mmu(), VA, slot, 0, ro, false).unwrap();
+    set_live_entry(
+        space.mmu(),
+        LiveEntry {
+            va: VA,
+            slot: slot,
+            height: 0,
+        },
+        ro,
+        LiveOptions::IN_PLACE,
+    )
+    .unwrap();
     machine.check().unwrap();
     let fault = machine.write_u64(VA, 6).unwrap_err();
     assert_eq!(fault.kind, SimFaultKind::Permission(AccessFault::Write));

@@ -5,10 +5,14 @@
 
 use pgtable_arm64::format::is_contiguous;
 use pgtable_arm64::Arm64;
-use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
+use pgtable_core::contract::{Access, Format};
 use pgtable_core::{
-    Access, AddressSpace, ClearRefs, CopyMode, Error, FaultFlags, Format, LiveOptions, MapOptions,
-    MemType, PhysAddr, Prot, Removed, VirtAddr,
+    sim::{Installed, SimAlloc, SimMachine, SimMmu},
+    MoveOptions,
+};
+use pgtable_core::{
+    AddressSpace, ClearRefs, CopyMode, Error, FaultFlags, LeafEntry, LiveOptions, MapOptions,
+    MemType, PhysAddr, Prot, VirtAddr,
 };
 
 const PAGE: u64 = 4096;
@@ -31,7 +35,7 @@ fn machine() -> (SimMachine<Arm64>, Space) {
 fn hints(s: &Space, va: VirtAddr, len: u64, height: u32) -> Vec<bool> {
     let step = 1u64 << (12 + 9 * height);
     (0..len / step)
-        .map(|k| is_contiguous(s.entry(va.add(k * step), height).unwrap()))
+        .map(|k| is_contiguous(s.inspect().entry(va.add(k * step), height).unwrap()))
         .collect()
 }
 
@@ -175,7 +179,7 @@ fn touch(m: &SimMachine<Arm64>, va: VirtAddr, len: u64) {
 /// comparisons.
 fn ptes(s: &Space, va: VirtAddr, len: u64) -> Vec<Option<u64>> {
     (0..len / PAGE)
-        .map(|k| s.entry(va.add(k * PAGE), 0))
+        .map(|k| s.inspect().entry(va.add(k * PAGE), 0))
         .collect()
 }
 
@@ -227,7 +231,7 @@ fn contpte_block_split_unfolds_the_pmd_run() {
     m.check().unwrap();
     assert_eq!(s.translate(at).unwrap().height, 0);
     for k in (0..16).filter(|&k| k != 2) {
-        let raw = s.entry(va.add(k * (2 << 20)), 1).unwrap();
+        let raw = s.inspect().entry(va.add(k * (2 << 20)), 1).unwrap();
         assert!(!is_contiguous(raw), "sibling block {k} keeps the hint");
     }
     assert!(hints(&s, va.add(2 * (2 << 20)), 2 << 20, 0)
@@ -245,8 +249,12 @@ fn contpte_dirty_on_one_entry_is_reported_for_the_whole_run() {
     // The hardware (FEAT_HAFDBS) marks the one entry it walked: page 7.
     let u = m.hw_touch(VA.add(7 * PAGE), true).unwrap();
     assert!(u.dirty);
-    assert!(Arm64::is_dirty(s.entry(VA.add(7 * PAGE), 0).unwrap()));
-    assert!(!Arm64::is_dirty(s.entry(VA.add(3 * PAGE), 0).unwrap()));
+    assert!(Arm64::is_dirty(
+        s.inspect().entry(VA.add(7 * PAGE), 0).unwrap()
+    ));
+    assert!(!Arm64::is_dirty(
+        s.inspect().entry(VA.add(3 * PAGE), 0).unwrap()
+    ));
     for k in 0..16 {
         let e = s.ptep_get(VA.add(k * PAGE)).unwrap();
         assert!(e.dirty() && e.young(), "page {k}");
@@ -311,7 +319,7 @@ fn contpte_harvesting_clears_young_over_the_run() {
     m.check().unwrap();
     for k in 0..16 {
         assert!(
-            !Arm64::is_young(s.entry(VA.add(k * PAGE), 0).unwrap()),
+            !Arm64::is_young(s.inspect().entry(VA.add(k * PAGE), 0).unwrap()),
             "page {k}"
         );
         assert!(!s.ptep_get(VA.add(k * PAGE)).unwrap().young());
@@ -331,7 +339,7 @@ fn contpte_harvesting_clears_young_over_the_run() {
     assert_eq!(seen, vec![(VA.add(2 * PAGE), true)]);
     for k in 0..16 {
         assert!(
-            !Arm64::is_young(s.entry(VA.add(k * PAGE), 0).unwrap()),
+            !Arm64::is_young(s.inspect().entry(VA.add(k * PAGE), 0).unwrap()),
             "page {k}"
         );
     }
@@ -351,7 +359,7 @@ fn contpte_set_access_flags_applies_to_the_whole_run() {
         .unwrap());
     m.check().unwrap();
     for k in 0..16 {
-        let raw = s.entry(VA.add(k * PAGE), 0).unwrap();
+        let raw = s.inspect().entry(VA.add(k * PAGE), 0).unwrap();
         assert!(Arm64::is_dirty(raw) && is_contiguous(raw), "page {k}");
     }
     // Nothing left to do: a spurious fault.
@@ -370,7 +378,8 @@ fn contpte_congruent_move_keeps_runs_folded() {
     // 64 KiB-congruent but not 2 MiB-congruent: entries are moved one by
     // one, and the runs stay folded.
     let dst = VA.add(64 << 20).add(5 * RUN);
-    s.move_page_tables(VA, dst, len).unwrap();
+    s.move_page_tables(VA, dst, len, MoveOptions::DEFAULT)
+        .unwrap();
     m.check().unwrap();
     assert!(hints(&s, dst, len, 0).iter().all(|&c| c));
     touch(&m, dst, len);
@@ -383,8 +392,13 @@ fn contpte_congruent_move_keeps_runs_folded() {
     }
     // Part of a run, congruent: the source run is unfolded first.
     let dst2 = dst.add(128 << 20);
-    s.move_page_tables(dst.add(RUN + 4 * PAGE), dst2.add(RUN + 4 * PAGE), RUN)
-        .unwrap();
+    s.move_page_tables(
+        dst.add(RUN + 4 * PAGE),
+        dst2.add(RUN + 4 * PAGE),
+        RUN,
+        MoveOptions::DEFAULT,
+    )
+    .unwrap();
     m.check().unwrap();
     assert!(hints(&s, dst2.add(RUN + 4 * PAGE), RUN, 0)
         .iter()
@@ -404,7 +418,8 @@ fn contpte_non_congruent_move_unfolds_runs() {
         .unwrap();
     touch(&m, VA, len);
     let dst = VA.add(64 << 20).add(3 * PAGE);
-    s.move_page_tables(VA, dst, len).unwrap();
+    s.move_page_tables(VA, dst, len, MoveOptions::DEFAULT)
+        .unwrap();
     m.check().unwrap();
     assert!(hints(&s, dst, len, 0).iter().all(|&c| !c));
     touch(&m, dst, len);
@@ -499,10 +514,10 @@ fn contpte_fork_of_part_of_a_run_gives_the_child_no_partial_run() {
         .unwrap();
     m.check().unwrap();
     for k in 8..24 {
-        let raw = child.entry(VA.add(k * PAGE), 0).unwrap();
+        let raw = child.inspect().entry(VA.add(k * PAGE), 0).unwrap();
         assert!(!is_contiguous(raw), "child page {k}");
         assert!(
-            !is_contiguous(s.entry(VA.add(k * PAGE), 0).unwrap()),
+            !is_contiguous(s.inspect().entry(VA.add(k * PAGE), 0).unwrap()),
             "parent page {k}"
         );
     }
@@ -521,7 +536,10 @@ fn contpte_fork_of_part_of_a_run_gives_the_child_no_partial_run() {
     m.check().unwrap();
     assert!(hints(&s, VA.add(4 * RUN), RUN, 0).iter().all(|&c| c));
     for k in 0..16 {
-        let raw = child2.entry(VA.add(4 * RUN + k * PAGE), 0).unwrap();
+        let raw = child2
+            .inspect()
+            .entry(VA.add(4 * RUN + k * PAGE), 0)
+            .unwrap();
         assert!(is_contiguous(raw) && !Arm64::leaf_prot(raw, 0).writable());
     }
 }
@@ -543,11 +561,11 @@ fn contpte_failed_operations_leave_the_tables_unchanged() {
         .unwrap();
     let blocks = |s: &Space| -> Vec<u64> {
         (0..16)
-            .map(|k| s.entry(va.add(k * (2 << 20)), 1).unwrap())
+            .map(|k| s.inspect().entry(va.add(k * (2 << 20)), 1).unwrap())
             .collect()
     };
     let (b0, p0) = (blocks(&s), ptes(&s, VA, 2 * RUN));
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     // Splitting a block needs a table: none left.
     m.fail_after(Some(0));
     let at = va.add(PAGE);
@@ -558,13 +576,18 @@ fn contpte_failed_operations_leave_the_tables_unchanged() {
     assert_eq!(s.unmap(at, PAGE), Err(Error::OutOfMemory));
     // A move that needs destination tables.
     assert_eq!(
-        s.move_page_tables(VA.add(PAGE), VirtAddr(1 << 38).add(PAGE), RUN),
+        s.move_page_tables(
+            VA.add(PAGE),
+            VirtAddr(1 << 38).add(PAGE),
+            RUN,
+            MoveOptions::DEFAULT
+        ),
         Err(Error::OutOfMemory)
     );
     m.fail_after(None);
     assert_eq!(blocks(&s), b0);
     assert_eq!(ptes(&s, VA, 2 * RUN), p0);
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     m.check().unwrap();
 }
 
@@ -617,7 +640,7 @@ fn contpte_gather_operations_unfold_partial_runs_too() {
         let k = (va.0 - VA.0) / PAGE;
         assert_eq!(d, k < 32, "page {k}");
     }
-    assert!(Arm64::is_dirty(s.entry(VA.add(RUN), 0).unwrap()));
+    assert!(Arm64::is_dirty(s.inspect().entry(VA.add(RUN), 0).unwrap()));
 }
 
 #[test]
@@ -667,7 +690,7 @@ fn contpte_write_fault_on_a_cow_run_makes_only_that_page_writable() {
     s.copy_page_range(&mut child, VA, 2 * RUN, CopyMode::Cow)
         .unwrap();
     let child_before = (0..32)
-        .map(|k| child.entry(VA.add(k * PAGE), 0))
+        .map(|k| child.inspect().entry(VA.add(k * PAGE), 0))
         .collect::<Vec<_>>();
     // The read-only run is cached whole.
     touch(&m, VA, 2 * RUN);
@@ -685,7 +708,7 @@ fn contpte_write_fault_on_a_cow_run_makes_only_that_page_writable() {
         .unwrap());
     m.check().unwrap();
     for k in 0..16 {
-        let raw = s.entry(VA.add(k * PAGE), 0).unwrap();
+        let raw = s.inspect().entry(VA.add(k * PAGE), 0).unwrap();
         assert_eq!(Arm64::leaf_prot(raw, 0).writable(), k == 3, "page {k}");
         assert!(!is_contiguous(raw), "page {k} keeps the hint");
         assert_eq!(s.translate(VA.add(k * PAGE)).unwrap().pa.0, PA.0 + k * PAGE);
@@ -694,7 +717,7 @@ fn contpte_write_fault_on_a_cow_run_makes_only_that_page_writable() {
     assert!(hints(&s, VA.add(RUN), RUN, 0).iter().all(|&c| c));
     assert_eq!(storable(&m, VA, 2 * RUN, PAGE), vec![3]);
     let child_after = (0..32)
-        .map(|k| child.entry(VA.add(k * PAGE), 0))
+        .map(|k| child.inspect().entry(VA.add(k * PAGE), 0))
         .collect::<Vec<_>>();
     assert_eq!(child_after, child_before);
     m.check().unwrap();
@@ -725,7 +748,7 @@ fn contpte_write_fault_on_a_read_only_block_run_makes_only_that_block_writable()
         .unwrap());
     m.check().unwrap();
     for k in 0..16 {
-        let raw = s.entry(va.add(k * block), 1).unwrap();
+        let raw = s.inspect().entry(va.add(k * block), 1).unwrap();
         assert_eq!(Arm64::leaf_prot(raw, 1).writable(), k == 3, "block {k}");
         assert!(!is_contiguous(raw), "block {k} keeps the hint");
     }
@@ -801,7 +824,7 @@ fn contpte_clear_refs_of_part_of_a_block_run_reports_each_block_once() {
 
 /// `unmap_with` through a caller's gather, finished at once (the one place
 /// this file's new checks use the gathered form).
-fn unmap_with_gathered(s: &mut Space, va: VirtAddr, len: u64, f: impl FnMut(Removed<Arm64>)) {
+fn unmap_with_gathered(s: &mut Space, va: VirtAddr, len: u64, f: impl FnMut(LeafEntry<Arm64>)) {
     let mut tlb = s.tlb_gather_mmu();
     tlb.unmap_with(va, len, f).unwrap();
     tlb.finish();
@@ -818,7 +841,7 @@ fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
     let block = 2u64 << 20;
     let dirty_blocks = |s: &mut Space, va: VirtAddr, len: u64, gathered: bool| {
         let mut dirty = Vec::new();
-        let f = |r: Removed<Arm64>| {
+        let f = |r: LeafEntry<Arm64>| {
             assert_eq!(r.height(), 1);
             if r.dirty() {
                 dirty.push((r.va().0 - va.0) / block)

@@ -8,11 +8,9 @@
 use pgtable_arm64::bits;
 use pgtable_arm64::format::is_contiguous;
 use pgtable_arm64::Arm64;
+use pgtable_core::contract::{Access, Arch, Format, Mmu, Slot, TlbRange};
 use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{
-    Access, AddressSpace, Arch, Format, MapOptions, MemType, Mmu, PhysAddr, Prot, Slot, TlbRange,
-    VirtAddr,
-};
+use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VirtAddr};
 
 const PAGE: u64 = 4096;
 const RUN: u64 = 16 * PAGE;
@@ -47,7 +45,7 @@ fn contpte_sim_catches_a_hint_left_on_a_partly_changed_run() {
     // that entry alone made read-only, the hint kept.
     // SAFETY: a leaf changed in place into another leaf of the format;
     // the test flushes nothing because nothing is cached.
-    let slot = unsafe { s.slot(VA.add(PAGE), 0) }.unwrap();
+    let slot = unsafe { s.inspect().slot(VA.add(PAGE), 0) }.unwrap();
     let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
     let ro = Arm64::modify_prot(raw, Prot::READ_ONLY, 0);
     assert!(is_contiguous(ro));
@@ -69,7 +67,7 @@ fn contpte_sim_catches_a_fill_through_a_misprogrammed_run() {
     s.map(VA, PA, RUN, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     // SAFETY: a leaf replaced by another leaf while nothing is cached.
-    let slot = unsafe { s.slot(VA.add(9 * PAGE), 0) }.unwrap();
+    let slot = unsafe { s.inspect().slot(VA.add(9 * PAGE), 0) }.unwrap();
     let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
     Arm64::set_pte_at(s.mmu(), VA.add(9 * PAGE), slot, raw + 0x10_0000);
     m.access(VA, Access::READ).unwrap();
@@ -97,13 +95,13 @@ fn contpte_sim_catches_an_unfold_without_the_flush() {
     for k in 0..16 {
         // SAFETY: the run's leaves are cleared and made again as the same
         // leaves without the hint (the broken part is the missing flush).
-        let slot = unsafe { s.slot(VA.add(k * PAGE), 0) }.unwrap();
+        let slot = unsafe { s.inspect().slot(VA.add(k * PAGE), 0) }.unwrap();
         old.push(Arm64::ptep_get_and_clear(&mmu, slot));
     }
     // (The flush of the run belongs here.)
     for (k, o) in old.into_iter().enumerate() {
         // SAFETY: as above.
-        let slot = unsafe { s.slot(VA.add(k as u64 * PAGE), 0) }.unwrap();
+        let slot = unsafe { s.inspect().slot(VA.add(k as u64 * PAGE), 0) }.unwrap();
         Arm64::set_pte_at(&mmu, VA.add(k as u64 * PAGE), slot, o & !bits::CONT);
     }
     match m.check() {
@@ -123,7 +121,7 @@ fn rewrite_run_in_place(cpu: &SimMachine<Arm64>, s: &mut Space, f: impl Fn(u64) 
     for k in 0..16 {
         // SAFETY: a leaf replaced by another leaf of the format at the same
         // output address (the broken part is doing it in place).
-        let slot = unsafe { s.slot(VA.add(k * PAGE), 0) }.unwrap();
+        let slot = unsafe { s.inspect().slot(VA.add(k * PAGE), 0) }.unwrap();
         let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
         Arm64::set_pte_at(&mmu, VA.add(k * PAGE), slot, f(raw));
     }
@@ -214,7 +212,7 @@ fn contpte_whole_run_permission_changes_in_place_are_accepted_while_cached() {
     s.change_protection(VA, len, nc).unwrap();
     m.check().unwrap();
     for k in 0..len / PAGE {
-        let e = s.entry(VA.add(k * PAGE), 0).unwrap();
+        let e = s.inspect().entry(VA.add(k * PAGE), 0).unwrap();
         assert!(is_contiguous(e));
         assert_eq!(Arm64::leaf_prot(e, 0), nc);
     }
@@ -367,7 +365,7 @@ fn contpte_sim_catches_a_write_fault_applied_to_the_whole_run() {
         let va = VA.add(k * PAGE);
         // SAFETY: a leaf of the run changed in place into a more permissive
         // leaf of the same output address; flushed below.
-        let slot = unsafe { s.slot(va, 0) }.unwrap();
+        let slot = unsafe { s.inspect().slot(va, 0) }.unwrap();
         let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
         let rw = Arm64::mkdirty(Arm64::modify_prot(raw, Prot::USER | Prot::WRITE, 0), 0);
         Arm64::set_pte_at(s.mmu(), va, slot, rw);
@@ -393,7 +391,7 @@ fn contpte_sim_catches_a_write_fault_that_keeps_the_hint() {
     let (m, s) = read_only_run();
     let va = VA.add(3 * PAGE);
     // SAFETY: one leaf of the run made writable in place; flushed below.
-    let slot = unsafe { s.slot(va, 0) }.unwrap();
+    let slot = unsafe { s.inspect().slot(va, 0) }.unwrap();
     let raw = slot.load(std::sync::atomic::Ordering::Relaxed);
     let rw = Arm64::modify_prot(raw, Prot::USER | Prot::WRITE, 0);
     assert!(is_contiguous(rw));
@@ -444,9 +442,9 @@ fn stored_block_run() -> (SimMachine<Arm64>, Space, Vec<VirtAddr>) {
     m.set_run_ad_on_first_entry(true);
     let stored = vec![BLOCK_RUN.add(2 * BLOCK + 8), BLOCK_RUN.add(15 * BLOCK + 8)];
     store(&m, &stored);
-    assert!(Arm64::is_dirty(s.entry(BLOCK_RUN, 1).unwrap()));
+    assert!(Arm64::is_dirty(s.inspect().entry(BLOCK_RUN, 1).unwrap()));
     assert!(!Arm64::is_dirty(
-        s.entry(BLOCK_RUN.add(15 * BLOCK), 1).unwrap()
+        s.inspect().entry(BLOCK_RUN.add(15 * BLOCK), 1).unwrap()
     ));
     (m, s, stored)
 }
@@ -493,7 +491,11 @@ fn contpte_sim_catches_a_report_of_each_blocks_own_state() {
     let reports: Vec<_> = (0..16)
         .map(|k| {
             let va = BLOCK_RUN.add(k * BLOCK);
-            (va, BLOCK, Arm64::is_dirty(s.entry(va, 1).unwrap()))
+            (
+                va,
+                BLOCK,
+                Arm64::is_dirty(s.inspect().entry(va, 1).unwrap()),
+            )
         })
         .collect();
     s.unmap(BLOCK_RUN, 16 * BLOCK).unwrap();
@@ -509,7 +511,7 @@ fn contpte_sim_catches_a_report_loop_that_skips_a_block() {
     let (m, s, stored) = stored_block_run();
     let (start, end) = (BLOCK_RUN.0 + PAGE, BLOCK_RUN.0 + PAGE + 2 * BLOCK);
     let (young, dirty) = (0..16).fold((false, false), |(y, d), k| {
-        let raw = s.entry(BLOCK_RUN.add(k * BLOCK), 1).unwrap();
+        let raw = s.inspect().entry(BLOCK_RUN.add(k * BLOCK), 1).unwrap();
         (y | Arm64::is_young(raw), d | Arm64::is_dirty(raw))
     });
     assert!(young && dirty);

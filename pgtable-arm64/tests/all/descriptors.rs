@@ -4,7 +4,8 @@
 
 use pgtable_arm64::format::{self, HwFeatures};
 use pgtable_arm64::{Arm64, Arm64Va39, Descriptor, MAIR_VALUE};
-use pgtable_core::{Access, AccessFault, Decoded, Format, MemType, PhysAddr, Prot};
+use pgtable_core::contract::{Access, AccessFault, Decoded, Format};
+use pgtable_core::{MemType, PhysAddr, Prot};
 
 const KERNEL_RW_GLOBAL: Prot = Prot::WRITE.union(Prot::GLOBAL);
 const KERNEL_RO_GLOBAL: Prot = Prot::GLOBAL;

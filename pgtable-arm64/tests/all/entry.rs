@@ -3,7 +3,8 @@
 //! is exactly what the unchecked `Format` methods build.
 
 use pgtable_arm64::{Arm64, Arm64Entry, Arm64Va39, EntryError};
-use pgtable_core::{Decoded, Format, Level, PhysAddr, Prot};
+use pgtable_core::contract::{Decoded, Format, Level};
+use pgtable_core::{PhysAddr, Prot};
 
 const M2: u64 = 2 << 20;
 

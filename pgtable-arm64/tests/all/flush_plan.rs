@@ -5,7 +5,8 @@ use pgtable_arm64::flush::{
 };
 use pgtable_arm64::regs::{tcr_value, ttbr1_base, TcrConfig, PARANGE_48};
 use pgtable_arm64::{tlbi_range_ops, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES};
-use pgtable_core::{TlbRange, VirtAddr};
+use pgtable_core::contract::TlbRange;
+use pgtable_core::VirtAddr;
 
 fn ops(start: u64, pages: u64) -> Vec<TlbiOp> {
     tlbi_range_ops(start, pages).collect()

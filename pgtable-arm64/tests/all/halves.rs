@@ -6,10 +6,10 @@
 use pgtable_arm64::{
     tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, Arm64, Arm64Va39, TcrConfig,
 };
+use pgtable_core::contract::{Arch, Arena, Format, NoopMmu};
 use pgtable_core::sim::{Installed, SimFaultKind, SimMachine};
 use pgtable_core::{
-    AddressSpace, Arch, Arena, Error, Format, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot,
-    VaRange, VirtAddr,
+    AddressSpace, Error, MapOptions, MoveOptions, PhysAddr, Prot, VaRange, VirtAddr,
 };
 
 const PAGE: u64 = 4096;
@@ -54,8 +54,8 @@ fn upper_space_uses_every_root_entry<A: Arch>() {
         PhysAddr(0x5000_0000)
     );
     // Root entries 0 and 511 are the two tables' parents.
-    assert!(s.entry(VirtAddr(first), A::LEVELS - 1).unwrap() != 0);
-    assert!(s.entry(VirtAddr(last), A::LEVELS - 1).unwrap() != 0);
+    assert!(s.inspect().entry(VirtAddr(first), A::LEVELS - 1).unwrap() != 0);
+    assert!(s.inspect().entry(VirtAddr(last), A::LEVELS - 1).unwrap() != 0);
     // A space for both halves (one root, VA_BITS - 1 per half) cannot
     // reach the bottom of the TTBR1 half.
     let mut both = half::<A>(VaRange::Both);
@@ -109,7 +109,11 @@ fn lower_space_reaches_2_pow_va_bits<A: Arch>() {
         PhysAddr(0x5000_0000)
     );
     s.unmap(VirtAddr(mid), top - mid).unwrap();
-    assert_eq!(s.count_tables(), 1, "unmap freed every table but the root");
+    assert_eq!(
+        s.inspect().count_tables(),
+        1,
+        "unmap freed every table but the root"
+    );
 }
 
 #[test]
@@ -133,8 +137,8 @@ fn outside_the_half_is_out_of_range_and_changes_nothing<A: Arch>() {
         MapOptions::PAGES,
     )
     .unwrap();
-    let tables = lo.count_tables();
-    let before = lo.entry(VirtAddr(top - 2 * PAGE), 0);
+    let tables = lo.inspect().count_tables();
+    let before = lo.inspect().entry(VirtAddr(top - 2 * PAGE), 0);
     let upper = VirtAddr(u64::MAX - (PAGE - 1));
     let rw = Prot::READ_WRITE;
     let p = MapOptions::PAGES;
@@ -150,7 +154,7 @@ fn outside_the_half_is_out_of_range_and_changes_nothing<A: Arch>() {
     );
     assert_eq!(lo.walk(upper, PAGE, |_| {}), Err(Error::OutOfRange(upper)));
     assert!(lo.translate(upper).is_none());
-    assert!(lo.entry(upper, A::LEVELS - 1).is_none());
+    assert!(lo.inspect().entry(upper, A::LEVELS - 1).is_none());
     // Runs past the end: the first address outside is named.
     let tail = VirtAddr(top - PAGE);
     assert_eq!(
@@ -162,7 +166,7 @@ fn outside_the_half_is_out_of_range_and_changes_nothing<A: Arch>() {
         Err(Error::OutOfRange(VirtAddr(top)))
     );
     assert_eq!(
-        lo.move_page_tables_with(
+        lo.move_page_tables(
             VirtAddr(top - 2 * PAGE),
             tail,
             2 * PAGE,
@@ -170,8 +174,8 @@ fn outside_the_half_is_out_of_range_and_changes_nothing<A: Arch>() {
         ),
         Err(Error::OutOfRange(VirtAddr(top)))
     );
-    assert_eq!(lo.count_tables(), tables);
-    assert_eq!(lo.entry(VirtAddr(top - 2 * PAGE), 0), before);
+    assert_eq!(lo.inspect().count_tables(), tables);
+    assert_eq!(lo.inspect().entry(VirtAddr(top - 2 * PAGE), 0), before);
 
     let mut up = half::<A>(VaRange::Upper);
     let below = VirtAddr((1u64 << A::VA_BITS).wrapping_neg() - PAGE);
@@ -183,7 +187,7 @@ fn outside_the_half_is_out_of_range_and_changes_nothing<A: Arch>() {
         up.map(VirtAddr(0), PhysAddr(0), PAGE, rw, p),
         Err(Error::OutOfRange(VirtAddr(0)))
     );
-    assert_eq!(up.count_tables(), 1);
+    assert_eq!(up.inspect().count_tables(), 1);
 }
 
 #[test]
@@ -259,11 +263,11 @@ fn simulator_walks_two_roots<A: Arch + Send>() {
     // and the user address walks the kernel's tables, which do not map it.
     let wrong = m.mmu_installing_into(VaRange::Lower);
     // SAFETY: the simulated MMU.
-    unsafe { pgtable_core::Mmu::install_root(&wrong, k.root()) };
+    unsafe { pgtable_core::contract::Mmu::install_root(&wrong, k.root()) };
     let upper_only = m.mmu_installing_into(VaRange::Upper);
     // SAFETY: the simulated MMU; a root of nothing but zeroes is a
     // valid (empty) root.
-    unsafe { pgtable_core::Mmu::install_root(&upper_only, u.root()) };
+    unsafe { pgtable_core::contract::Mmu::install_root(&upper_only, u.root()) };
     assert!(m.read_u64(kva).is_err(), "the user root in TTBR1");
     assert!(m.read_u64(uva).is_err(), "the kernel root in TTBR0");
     m.check().unwrap();

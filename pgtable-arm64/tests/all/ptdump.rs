@@ -5,10 +5,9 @@
 //! format's root blocks and software entries.
 
 use pgtable_arm64::{Arm64, Arm64Va39};
+use pgtable_core::contract::{Arch, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
-use pgtable_core::{
-    AddressSpace, Arch, Arena, MapOptions, MemType, NoopMmu, PhysAddr, Prot, VaRange, VirtAddr,
-};
+use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VaRange, VirtAddr};
 
 const K4: u64 = 4096;
 const M2: u64 = 2 << 20;
@@ -73,7 +72,8 @@ fn ptdump_arm64_kernel_half_like_linux_kernel_map() {
         (VirtAddr(img), "kernel image"),
     ];
     assert_eq!(
-        k.ptdump_with_markers(&markers)
+        k.ptdump()
+            .markers(&markers)
             .to_string()
             .lines()
             .collect::<Vec<_>>(),
@@ -117,7 +117,7 @@ fn ptdump_arm64_user_pages_are_clean_until_a_store() {
     )
     .expect("map");
     m.hw_touch(VirtAddr(va + K4), true).expect("store");
-    let before = s.entry(VirtAddr(va + K4), 0);
+    let before = s.inspect().entry(VirtAddr(va + K4), 0);
     assert_eq!(
         s.ptdump().to_string().lines().collect::<Vec<_>>(),
         [
@@ -128,7 +128,7 @@ fn ptdump_arm64_user_pages_are_clean_until_a_store() {
         ]
     );
     assert_eq!(
-        s.entry(VirtAddr(va + K4), 0),
+        s.inspect().entry(VirtAddr(va + K4), 0),
         before,
         "the dump wrote an entry"
     );

@@ -8,8 +8,12 @@
 //! its translations.
 
 use pgtable_arm64::Arm64;
-use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::Mmu;
+use pgtable_core::{
+    sim::{CheckError, Installed, SimAlloc, SimMachine, SimMmu},
+    MoveOptions,
+};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const K4: u64 = 0x1000;
 const VA: VirtAddr = VirtAddr(0x4000_0000);
@@ -59,7 +63,7 @@ fn change(s: &mut Space, op: &str) {
             .unwrap();
         }
         _ => s
-            .move_page_tables(VA, VirtAddr(0x8000_0000), 2 * K4)
+            .move_page_tables(VA, VirtAddr(0x8000_0000), 2 * K4, MoveOptions::DEFAULT)
             .unwrap(),
     }
 }

@@ -143,7 +143,7 @@ fn sweep(sizes: &[u64], samples: usize) {
                 unit,
                 &mut |s, off| s.map_pages(FROM + off, size),
                 &mut |s, off| {
-                    s.s.move_page_tables_with(VirtAddr(FROM + off), VirtAddr(TO + off), size, opts)
+                    s.s.move_page_tables(VirtAddr(FROM + off), VirtAddr(TO + off), size, opts)
                         .unwrap()
                 },
                 &mut |s, off| {

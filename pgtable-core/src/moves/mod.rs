@@ -110,7 +110,7 @@ use apply::Owed;
 use deferred::Deferred;
 use plan::{Dest, KeptMove, Planner, Step};
 
-/// Runtime switches of [`AddressSpace::move_page_tables_with`]; each fast
+/// Runtime switches of [`AddressSpace::move_page_tables`]; each fast
 /// path also needs the arch constant and the core's Cargo feature.
 ///
 /// [`MoveOptions::DEFAULT`] (also `Default::default()`) allows every fast
@@ -140,9 +140,8 @@ use plan::{Dest, KeptMove, Planner, Step};
 ///
 /// ```
 /// # #[cfg(all(feature = "alloc", feature = "move-pmd"))] {
-/// use pgtable_core::{
-///     AddressSpace, Arena, Error, MapOptions, MoveOptions, NoopMmu, PhysAddr, Prot, VirtAddr,
-/// };
+/// use pgtable_core::{AddressSpace, Error, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
+/// use pgtable_core::contract::{Arena, NoopMmu};
 /// use pgtable_core::test_format::TestFormat;
 ///
 /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
@@ -154,11 +153,11 @@ use plan::{Dest, KeptMove, Planner, Step};
 /// space.map(below, PhysAddr(0x9000_0000), 0x1000, Prot::READ_ONLY, MapOptions::PAGES).unwrap();
 /// let opts = MoveOptions { free_below: true, ..MoveOptions::DEFAULT };
 /// assert_eq!(
-///     space.move_page_tables_with(old, new, 2 << 20, opts),
+///     space.move_page_tables(old, new, 2 << 20, opts),
 ///     Err(Error::AlreadyMapped(below))
 /// );
 /// // Without the claim the move checks the same space and takes the slower path.
-/// space.move_page_tables_with(old, new, 2 << 20, MoveOptions::DEFAULT).unwrap();
+/// space.move_page_tables(old, new, 2 << 20, MoveOptions::DEFAULT).unwrap();
 /// assert_eq!(space.translate(new).unwrap().pa, PhysAddr(0x8000_0000));
 /// assert_eq!(space.translate(below).unwrap().pa, PhysAddr(0x9000_0000));
 /// # }
@@ -317,9 +316,16 @@ fn overlap(a: u64, b: u64, len: u64) -> bool {
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
-    /// Moves the mappings of `[old, old + len)` to `[new, new + len)`, with
-    /// every fast path the arch and the build allow
-    /// ([`MoveOptions::DEFAULT`]).
+    /// Moves the mappings of `[old, old + len)` to `[new, new + len)`
+    /// (Linux `move_page_tables`, the heart of mremap). Each fast path
+    /// runs only when `opts`, the arch constant and the Cargo feature all
+    /// allow it ([`MoveOptions::DEFAULT`]: every one the arch and the
+    /// build allow), so one binary can measure every variant.
+    ///
+    /// With [`MoveOptions::free_below`] the caller claims the space between
+    /// each start and the PMD boundary below it free, so a first partial
+    /// PMD whose starts are mutually aligned moves as one entry; the claim
+    /// is checked, not trusted (see [`MoveOptions`]).
     ///
     /// Every leaf keeps its output address and attributes, accessed and
     /// dirty state included; the source range translates to nothing
@@ -332,47 +338,27 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// the address space, overlapping ranges ([`Error::Overlap`]), anything
     /// mapped in the destination ([`Error::AlreadyMapped`] with the first
     /// such address), or [`Error::OutOfMemory`] for the destination tables.
-    /// On error nothing was changed and no table frame is kept.
+    /// With [`MoveOptions::free_below`] also [`Error::AlreadyMapped`] when
+    /// the space the caller claimed free below a start is mapped. On error
+    /// nothing was changed and no table frame is kept.
     ///
     /// # Example
     ///
     /// ```
     /// # #[cfg(feature = "alloc")] {
-    /// use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::contract::{Arena, NoopMmu};
     /// use pgtable_core::test_format::TestFormat;
     ///
     /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
     /// let (old, new) = (VirtAddr(1 << 30), VirtAddr(3 << 30));
     /// space.map(old, PhysAddr(0x8000_0000), 4 << 20, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
-    /// space.move_page_tables(old, new, 4 << 20).unwrap();
+    /// space.move_page_tables(old, new, 4 << 20, MoveOptions::DEFAULT).unwrap();
     /// assert_eq!(space.translate(new.add(0x1234)).unwrap().pa, PhysAddr(0x8000_1234));
     /// assert!(space.translate(old).is_none());
     /// # }
     /// ```
     pub fn move_page_tables(
-        &mut self,
-        old: VirtAddr,
-        new: VirtAddr,
-        len: u64,
-    ) -> Result<(), Error> {
-        self.move_page_tables_with(old, new, len, MoveOptions::DEFAULT)
-    }
-
-    /// [`move_page_tables`](Self::move_page_tables) with runtime switches:
-    /// each fast path runs only when `opts`, the arch constant and the Cargo
-    /// feature all allow it, so one binary can measure every variant.
-    ///
-    /// With [`MoveOptions::free_below`] the caller claims the space between
-    /// each start and the PMD boundary below it free, so a first partial
-    /// PMD whose starts are mutually aligned moves as one entry; the claim
-    /// is checked, not trusted (see [`MoveOptions`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`move_page_tables`](Self::move_page_tables); with
-    /// [`MoveOptions::free_below`] also [`Error::AlreadyMapped`] when the
-    /// space the caller claimed free below a start is mapped.
-    pub fn move_page_tables_with(
         &mut self,
         old: VirtAddr,
         new: VirtAddr,

@@ -223,7 +223,7 @@
 //! machine.read_u64(va).unwrap();
 //! // SAFETY: 0 may be stored in any leaf; the missing TLB flush is the bug
 //! // this example shows, on a machine where nothing but the check uses it.
-//! let slot = unsafe { space.slot(va, 0) }.unwrap();
+//! let slot = unsafe { space.inspect().slot(va, 0) }.unwrap();
 //! slot.store(0, core::sync::atomic::Ordering::Relaxed);
 //! let stale = machine.check_tlb().unwrap_err();
 //! assert_eq!(stale.va, va);

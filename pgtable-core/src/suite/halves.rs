@@ -21,7 +21,7 @@
 //! ends.
 
 use super::{ensure, fail, pattern, skip, Ctx, Machine, K4, R};
-use crate::{Arch, MapOptions, Mmu, Prot, TableAlloc, VirtAddr};
+use crate::{Arch, MapOptions, Mmu, MoveOptions, Prot, TableAlloc, VirtAddr};
 
 /// Runs the cases in both halves.
 pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) {
@@ -144,7 +144,10 @@ fn mv<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     to: u64,
     len: u64,
 ) -> R {
-    if let Err(e) = cx.space.move_page_tables(VirtAddr(from), VirtAddr(to), len) {
+    if let Err(e) =
+        cx.space
+            .move_page_tables(VirtAddr(from), VirtAddr(to), len, MoveOptions::DEFAULT)
+    {
         fail!("move {from:#x} -> {to:#x} ({len:#x} bytes): {e}");
     }
     cx.consistent("move_page_tables")

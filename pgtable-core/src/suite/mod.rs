@@ -287,7 +287,7 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     let (win, win_len) = mach.window();
     let (rb, rl) = mach.ram();
     let ram = Ram::new(rb.0, rl);
-    let tables = space.count_tables();
+    let tables = space.inspect().count_tables();
     let mut cx = Ctx {
         space,
         mach,
@@ -564,7 +564,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc, H: Machine> Ctx<'_, A, M, T, H> {
         if let Some(va) = first {
             fail!("the case left a mapping at {va:#x}");
         }
-        let n = self.space.count_tables();
+        let n = self.space.inspect().count_tables();
         ensure!(
             n <= self.tables,
             "{} table(s) leaked ({} now, {} before)",
@@ -682,7 +682,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc, H: Machine> Ctx<'_, A, M, T, H> {
         }
         Snap {
             entries,
-            tables: self.space.count_tables(),
+            tables: self.space.inspect().count_tables(),
         }
     }
 

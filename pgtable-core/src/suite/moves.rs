@@ -100,7 +100,7 @@ fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     let t0 = cx.mach.cycles();
     let r = cx
         .space
-        .move_page_tables_with(VirtAddr(src), VirtAddr(dst), len, opts);
+        .move_page_tables(VirtAddr(src), VirtAddr(dst), len, opts);
     let t1 = cx.mach.cycles();
     if let Err(e) = r {
         fail!("move {src:#x} -> {dst:#x} ({len:#x} bytes): {e}");
@@ -294,13 +294,15 @@ fn move_overlap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, 
     let before = cx.snap(&vas);
     let r = cx
         .space
-        .move_page_tables(VirtAddr(va), VirtAddr(va + K4), len);
+        .move_page_tables(VirtAddr(va), VirtAddr(va + K4), len, MoveOptions::DEFAULT);
     cx.expect_error("a move up by one page", r, Error::Overlap, &vas, &before)?;
     let r = cx
         .space
-        .move_page_tables(VirtAddr(va), VirtAddr(va - K4), len);
+        .move_page_tables(VirtAddr(va), VirtAddr(va - K4), len, MoveOptions::DEFAULT);
     cx.expect_error("a move down by one page", r, Error::Overlap, &vas, &before)?;
-    let r = cx.space.move_page_tables(VirtAddr(va), VirtAddr(va), len);
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(va), len, MoveOptions::DEFAULT);
     cx.expect_error("a move onto itself", r, Error::Overlap, &vas, &before)?;
     cx.unmap(va, len)
 }
@@ -314,7 +316,7 @@ fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, 
     let before = cx.snap(&vas);
     let r = cx
         .space
-        .move_page_tables(VirtAddr(va + 8), VirtAddr(dst), len);
+        .move_page_tables(VirtAddr(va + 8), VirtAddr(dst), len, MoveOptions::DEFAULT);
     cx.expect_error(
         "a move from a misaligned address",
         r,
@@ -322,9 +324,12 @@ fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, 
         &vas,
         &before,
     )?;
-    let r = cx
-        .space
-        .move_page_tables(VirtAddr(va), VirtAddr(dst + 0x800), len);
+    let r = cx.space.move_page_tables(
+        VirtAddr(va),
+        VirtAddr(dst + 0x800),
+        len,
+        MoveOptions::DEFAULT,
+    );
     cx.expect_error(
         "a move to a misaligned address",
         r,
@@ -334,7 +339,7 @@ fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, 
     )?;
     let r = cx
         .space
-        .move_page_tables(VirtAddr(va), VirtAddr(dst), len - 8);
+        .move_page_tables(VirtAddr(va), VirtAddr(dst), len - 8, MoveOptions::DEFAULT);
     cx.expect_error(
         "a move of a misaligned length",
         r,
@@ -342,7 +347,9 @@ fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, 
         &vas,
         &before,
     )?;
-    let r = cx.space.move_page_tables(VirtAddr(va), VirtAddr(dst), 0);
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(dst), 0, MoveOptions::DEFAULT);
     cx.expect_error("a move of nothing", r, Error::ZeroLength, &vas, &before)?;
     cx.unmap(va, len)
 }
@@ -358,7 +365,9 @@ fn move_onto_mapping<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     map_source(cx, dst + 2 * K4, K4, MapOptions::PAGES)?;
     let vas = [va, va + 3 * K4, dst, dst + 2 * K4, dst + 3 * K4];
     let before = cx.snap(&vas);
-    let r = cx.space.move_page_tables(VirtAddr(va), VirtAddr(dst), len);
+    let r = cx
+        .space
+        .move_page_tables(VirtAddr(va), VirtAddr(dst), len, MoveOptions::DEFAULT);
     match r {
         Err(Error::AlreadyMapped(_)) => {
             ensure!(
@@ -385,9 +394,9 @@ fn move_keeps_protection<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx.write(va, pattern(seed, 0))?;
     cx.write(va + K4, pattern(seed, 1))?;
     cx.protect(va, K4, Prot::READ_ONLY)?;
-    if let Err(e) = cx
-        .space
-        .move_page_tables(VirtAddr(va), VirtAddr(dst), 2 * K4)
+    if let Err(e) =
+        cx.space
+            .move_page_tables(VirtAddr(va), VirtAddr(dst), 2 * K4, MoveOptions::DEFAULT)
     {
         fail!("move: {e}");
     }

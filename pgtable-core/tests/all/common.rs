@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests of this binary.
 
-/// Defines `$name`, a unit struct whose [`Format`](pgtable_core::Format) is
+/// Defines `$name`, a unit struct whose [`Format`](pgtable_core::contract::Format) is
 /// `TestFormat<4>`'s, entry for entry, under the name `$label` (and, if
 /// given, with fewer output-address bits); the test then writes the `Arch`
 /// impl that differs (the variant under test). `is_settled`, `leaf`,
@@ -18,14 +18,14 @@ macro_rules! test_format_variant {
 
         // SAFETY: every method is `TestFormat<4>`'s, which upholds the
         // contract; with fewer address bits it promises less.
-        unsafe impl pgtable_core::Format for $name {
+        unsafe impl pgtable_core::contract::Format for $name {
             const NAME: &'static str = $label;
             const LEVELS: u32 = 4;
             const PA_BITS: u32 = $pa_bits;
             fn leaf_allowed(h: u32) -> bool {
                 T4::leaf_allowed(h)
             }
-            fn decode(raw: u64, h: u32) -> pgtable_core::Decoded {
+            fn decode(raw: u64, h: u32) -> pgtable_core::contract::Decoded {
                 T4::decode(raw, h)
             }
             fn table_entry(pa: pgtable_core::PhysAddr, h: u32) -> u64 {
@@ -52,11 +52,11 @@ macro_rules! test_format_variant {
             fn hw_access(
                 raw: u64,
                 h: u32,
-                a: pgtable_core::Access,
-            ) -> Result<u64, pgtable_core::AccessFault> {
+                a: pgtable_core::contract::Access,
+            ) -> Result<u64, pgtable_core::contract::AccessFault> {
                 T4::hw_access(raw, h, a)
             }
-            fn table_limits(raw: u64, h: u32) -> pgtable_core::TableAttrs {
+            fn table_limits(raw: u64, h: u32) -> pgtable_core::contract::TableAttrs {
                 T4::table_limits(raw, h)
             }
         }

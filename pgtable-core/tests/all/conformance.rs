@@ -3,10 +3,11 @@
 //! simulator's stale-TLB and walker-visibility check.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
+use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::{AddressSpace, Arch};
+use pgtable_core::AddressSpace;
 
 /// Runs the suite on a fresh simulated machine; returns the summary, the
 /// failure lines and the number of table frames still live after the

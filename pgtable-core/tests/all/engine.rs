@@ -9,11 +9,12 @@ use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
-use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
+use pgtable_core::contract::{Arena, Format, Mmu, NoopMmu, Table, TableAlloc, TlbRange};
 use pgtable_core::{
-    variants, AddressSpace, Arena, Error, Format, MapOptions, Mmu, NoopMmu, PhysAddr, Prot, Table,
-    TableAlloc, TlbRange, VirtAddr,
+    test_format::{TestFormat, ACCESSED, DIRTY},
+    MoveOptions,
 };
+use pgtable_core::{variants, AddressSpace, Error, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const K4: u64 = 4 << 10;
 const M2: u64 = 2 << 20;
@@ -31,7 +32,7 @@ test_format_variant!(
 );
 
 // SAFETY: every entry operation is the generic fallback.
-unsafe impl pgtable_core::Arch for Pa12 {}
+unsafe impl pgtable_core::contract::Arch for Pa12 {}
 
 /// An MMU that records what the algorithms asked of it.
 #[derive(Default)]
@@ -95,7 +96,7 @@ fn snapshot<const L: u32, M: Mmu>(s: &AddressSpace<TestFormat<L>, M, Arena>) -> 
     }
     Snapshot {
         leaves,
-        tables: s.count_tables(),
+        tables: s.inspect().count_tables(),
         live: s.alloc().live(),
     }
 }
@@ -104,7 +105,7 @@ trait VaBits {
     const VA_BITS_PUB: u32;
 }
 impl<const L: u32> VaBits for TestFormat<L> {
-    const VA_BITS_PUB: u32 = <TestFormat<L> as pgtable_core::Format>::VA_BITS;
+    const VA_BITS_PUB: u32 = <TestFormat<L> as pgtable_core::contract::Format>::VA_BITS;
 }
 
 fn pa_of<const L: u32, M: Mmu>(s: &AddressSpace<TestFormat<L>, M, Arena>, va: u64) -> Option<u64> {
@@ -139,7 +140,7 @@ fn map_translate_unmap_at_every_level() {
     }
     // Four tables for the 4 KiB pages (root, PUD, PMD, PTE) plus a PUD
     // table for the 1 GiB block region, whose PMD shares the first PUD.
-    assert_eq!(s.count_tables(), 5);
+    assert_eq!(s.inspect().count_tables(), 5);
     let mut seen = Vec::new();
     s.walk(VirtAddr(0), 1 << 47, |m| seen.push((m.va.0, m.height)))
         .unwrap();
@@ -157,7 +158,7 @@ fn map_translate_unmap_at_every_level() {
         s.unmap(VirtAddr(va), len).unwrap();
         assert_eq!(pa_of(&s, va), None);
     }
-    assert_eq!(s.count_tables(), 1, "empty tables are freed");
+    assert_eq!(s.inspect().count_tables(), 1, "empty tables are freed");
     assert_eq!(s.alloc().live(), 1);
 }
 
@@ -266,9 +267,16 @@ fn three_and_five_level_formats_fold_like_linux() {
         MapOptions::BLOCKS,
     )
     .unwrap();
-    assert_eq!(s3.count_tables(), 1, "a 1 GiB block sits in the root");
+    assert_eq!(
+        s3.inspect().count_tables(),
+        1,
+        "a 1 GiB block sits in the root"
+    );
     let t = s3.translate(VirtAddr(G1 + 0x1234)).unwrap();
-    assert_eq!((t.pa.0, t.level), (0x1234, pgtable_core::Level::Pgd));
+    assert_eq!(
+        (t.pa.0, t.level),
+        (0x1234, pgtable_core::contract::Level::Pgd)
+    );
     // 39-bit VA: 1 << 38 is the start of the upper half.
     assert_eq!(
         s3.map(
@@ -291,10 +299,10 @@ fn three_and_five_level_formats_fold_like_linux() {
         MapOptions::PAGES,
     )
     .unwrap();
-    assert_eq!(s5.count_tables(), 5);
+    assert_eq!(s5.inspect().count_tables(), 5);
     assert_eq!(pa_of(&s5, va + 8), Some(0x5008));
     s5.unmap(VirtAddr(va), K4).unwrap();
-    assert_eq!(s5.count_tables(), 1);
+    assert_eq!(s5.inspect().count_tables(), 1);
 }
 
 #[test]
@@ -312,7 +320,7 @@ fn the_top_page_of_the_upper_half_maps_and_unmaps() {
     assert_eq!(pa_of(&s, va + 0xff8), Some(0x7ff8));
     s.unmap(VirtAddr(va - M2 + K4), M2).unwrap();
     assert_eq!(pa_of(&s, va), None);
-    assert_eq!(s.count_tables(), 1);
+    assert_eq!(s.inspect().count_tables(), 1);
 }
 
 #[test]
@@ -327,7 +335,7 @@ fn the_top_page_maps_with_a_barrier_per_entry_too() {
             .unwrap();
         assert_eq!(pa_of(&s, 0xffff_ffff_ffff_fff8), Some(0x7000 + len - 8));
         s.unmap(VirtAddr(va), len).unwrap();
-        assert_eq!(s.count_tables(), 1);
+        assert_eq!(s.inspect().count_tables(), 1);
     }
 }
 
@@ -483,7 +491,10 @@ fn out_of_range_names_the_hole_also_when_the_length_wraps_past_the_top() {
     assert_eq!(s.unmap(va, len), hole);
     assert_eq!(s.change_protection(va, len, rw), hole);
     assert_eq!(s.walk(va, len, |_| {}), hole);
-    assert_eq!(s.move_page_tables(VirtAddr(0), va, len), hole);
+    assert_eq!(
+        s.move_page_tables(VirtAddr(0), va, len, MoveOptions::DEFAULT),
+        hole
+    );
     // An upper-half range that passes 2^64 has no first invalid address
     // in 64 bits: it is named by its start.
     let top = VirtAddr(0xffff_ffff_ffff_e000);
@@ -520,12 +531,12 @@ fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
         )
         .unwrap();
         let mut other = new();
-        let other_tables = other.count_tables();
+        let other_tables = other.inspect().count_tables();
         let leaves = |s: &Space| {
             let mut v = Vec::new();
             s.walk(VirtAddr(top.0 - M2 + K4), M2, |m| v.push(m))
                 .unwrap();
-            (v, s.count_tables(), s.alloc().live())
+            (v, s.inspect().count_tables(), s.alloc().live())
         };
         let before = leaves(&s);
         let r = |op: &str, got: Result<(), Error>| assert_eq!(got, err, "{name}: {op}");
@@ -544,14 +555,20 @@ fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
             "clear_refs",
             s.clear_refs(va, len, young, |_| panic!("reported")),
         );
-        r("ptdump_range", s.ptdump_range(va, len).map(|_| ()));
+        r("ptdump_range", s.ptdump().range(va, len).map(|_| ()));
         r(
             "copy_page_range",
             s.copy_page_range(&mut other, va, len, CopyMode::Cow),
         );
         let below = VirtAddr(top.0 - M2);
-        r("move_page_tables (src)", s.move_page_tables(va, below, len));
-        r("move_page_tables (dst)", s.move_page_tables(below, va, len));
+        r(
+            "move_page_tables (src)",
+            s.move_page_tables(va, below, len, MoveOptions::DEFAULT),
+        );
+        r(
+            "move_page_tables (dst)",
+            s.move_page_tables(below, va, len, MoveOptions::DEFAULT),
+        );
         let mut tlb = s.tlb_gather_mmu();
         r("MmuGather::unmap", tlb.unmap(va, len));
         let f = |_| panic!("reported");
@@ -563,7 +580,7 @@ fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
         tlb.finish();
         assert_eq!(leaves(&s), before, "{name}: the tables changed");
         assert_eq!(
-            other.count_tables(),
+            other.inspect().count_tables(),
             other_tables,
             "{name}: the child changed"
         );
@@ -607,7 +624,7 @@ fn map_out_of_memory_at_every_allocation_point_changes_nothing() {
     }
     assert_eq!(needed, Some(4), "2 PMD + 2 PTE tables");
     assert_eq!(s.translate(VirtAddr(5 * G1)).unwrap().height, 1);
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 #[test]
@@ -621,7 +638,7 @@ fn partial_unmap_of_a_block_splits_it_down_to_pages() {
         MapOptions::BLOCKS,
     )
     .unwrap();
-    assert_eq!(s.count_tables(), 2);
+    assert_eq!(s.inspect().count_tables(), 2);
     // A 4 KiB hole in the middle of the 1 GiB block.
     let hole = G1 + 300 * M2 + 7 * K4;
     s.unmap(VirtAddr(hole), K4).unwrap();
@@ -633,12 +650,12 @@ fn partial_unmap_of_a_block_splits_it_down_to_pages() {
         assert_eq!(t.prot, Prot::READ_WRITE);
     }
     // Root, PUD, the new PMD table and one PTE table.
-    assert_eq!(s.count_tables(), 4);
+    assert_eq!(s.inspect().count_tables(), 4);
     // Break-before-make (the test format asks for it): the block was
     // invalidated and flushed before the table went in.
     let flushes = s.mmu().flushes();
     assert!(flushes.len() >= 2, "{flushes:?}");
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 #[test]
@@ -691,10 +708,14 @@ fn unmap_skips_holes_and_frees_tables_that_become_empty() {
         MapOptions::PAGES,
     )
     .unwrap();
-    assert_eq!(s.count_tables(), 5);
+    assert_eq!(s.inspect().count_tables(), 5);
     // Covers the first table's mappings and its holes, not the whole table.
     s.unmap(VirtAddr(0x4000_0000), 9 * K4).unwrap();
-    assert_eq!(s.count_tables(), 4, "the emptied PTE table is freed");
+    assert_eq!(
+        s.inspect().count_tables(),
+        4,
+        "the emptied PTE table is freed"
+    );
     assert_eq!(pa_of(&s, 0x5000_0000), Some(0));
     assert_eq!(s.alloc().live(), 4);
     // One range flush for the whole operation.
@@ -791,7 +812,7 @@ fn the_barrier_per_entry_control_variant_also_covers_blocks() {
 
 #[cfg(feature = "stats")]
 fn st_tables<M: Mmu>(s: &AddressSpace<TestFormat, M, Arena>) -> usize {
-    s.count_tables()
+    s.inspect().count_tables()
 }
 
 #[test]
@@ -826,7 +847,7 @@ fn accessed_and_dirty_state_survives_a_split() {
     .unwrap();
     // SAFETY: sets the accessed and dirty state of the block, as the
     // hardware does on a write through it; the space is not installed.
-    let slot = unsafe { s.slot(VirtAddr(G1), 1) }.unwrap();
+    let slot = unsafe { s.inspect().slot(VirtAddr(G1), 1) }.unwrap();
     slot.fetch_or(ACCESSED | DIRTY, std::sync::atomic::Ordering::Relaxed);
     s.unmap(VirtAddr(G1), K4).unwrap();
     let t = s.translate(VirtAddr(G1 + K4)).unwrap();
@@ -895,11 +916,15 @@ fn random_map_unmap_sequences_agree_with_a_reference_model() {
             })
             .unwrap();
             assert_eq!(got, model, "step {step}");
-            assert_eq!(s.alloc().live(), s.count_tables(), "step {step}: leak");
+            assert_eq!(
+                s.alloc().live(),
+                s.inspect().count_tables(),
+                "step {step}: leak"
+            );
         }
     }
     s.unmap(VirtAddr(base), 4 * G1).unwrap();
-    assert_eq!(s.count_tables(), 1);
+    assert_eq!(s.inspect().count_tables(), 1);
     assert_eq!(s.alloc().live(), 1);
 }
 
@@ -954,10 +979,10 @@ fn dropping_the_address_space_frees_every_table() {
     let mut s = shared_space(&arena);
     // SAFETY: `Rec` installs nothing.
     unsafe { s.install() };
-    assert!(s.is_active());
+    assert!(s.inspect().is_active());
     // SAFETY: no CPU ever used the tables.
     unsafe { s.deactivate() };
-    assert!(!s.is_active());
+    assert!(!s.inspect().is_active());
     drop(s);
     assert_eq!(arena.live(), 0);
 }
@@ -979,7 +1004,7 @@ fn dropping_an_installed_address_space_leaks_its_tables() {
     // nothing, so no CPU uses them.
     let s =
         unsafe { AddressSpace::<TestFormat, _, _>::from_root(root, Rec::default(), arena.clone()) };
-    assert_eq!(s.count_tables(), 4 + 7);
+    assert_eq!(s.inspect().count_tables(), 4 + 7);
     assert_eq!(s.translate(VirtAddr(G1)).unwrap().pa, PhysAddr(0));
     drop(s);
     assert_eq!(arena.live(), 0);
@@ -1004,8 +1029,8 @@ fn into_parts_keeps_the_tables_and_from_root_takes_them_back() {
     // SAFETY: the tables given up above, owned by nothing now; `Rec`
     // installs nothing.
     let s = unsafe { Space::<4>::from_root(root, mmu, arena) };
-    assert!(!s.is_active());
-    assert_eq!(s.count_tables(), 4 + 7);
+    assert!(!s.inspect().is_active());
+    assert_eq!(s.inspect().count_tables(), 4 + 7);
     assert_eq!(
         s.translate(VirtAddr(G1 + 5 * K4)).unwrap().pa,
         PhysAddr(5 * K4)
@@ -1024,18 +1049,18 @@ fn entry_reads_the_raw_entry_at_each_height() {
     )
     .unwrap();
     let leaf = s.translate(VirtAddr(G1)).unwrap().entry;
-    assert_eq!(s.entry(VirtAddr(G1), 1), Some(leaf));
+    assert_eq!(s.inspect().entry(VirtAddr(G1), 1), Some(leaf));
     assert!(matches!(
-        TestFormat::<4>::decode(s.entry(VirtAddr(G1), 2).unwrap(), 2),
-        pgtable_core::Decoded::Table(_)
+        TestFormat::<4>::decode(s.inspect().entry(VirtAddr(G1), 2).unwrap(), 2),
+        pgtable_core::contract::Decoded::Table(_)
     ));
     // No table below a block, none past the levels, none outside the
     // address space.
-    assert_eq!(s.entry(VirtAddr(G1), 0), None);
-    assert_eq!(s.entry(VirtAddr(G1), 4), None);
-    assert_eq!(s.entry(VirtAddr(1 << 60), 3), None);
+    assert_eq!(s.inspect().entry(VirtAddr(G1), 0), None);
+    assert_eq!(s.inspect().entry(VirtAddr(G1), 4), None);
+    assert_eq!(s.inspect().entry(VirtAddr(1 << 60), 3), None);
     // An empty entry of an existing table reads 0.
-    assert_eq!(s.entry(VirtAddr(G1 + M2), 1), Some(0));
+    assert_eq!(s.inspect().entry(VirtAddr(G1 + M2), 1), Some(0));
 }
 
 #[test]
@@ -1055,9 +1080,13 @@ fn a_table_frame_the_format_cannot_encode_is_never_linked() {
         matches!(err, Error::PhysOutOfRange(pa) if pa.0 >= K4),
         "{err:?}"
     );
-    assert_eq!(s.entry(VirtAddr(G1), 3), Some(0), "root entry written");
     assert_eq!(
-        (s.count_tables(), s.alloc().live()),
+        s.inspect().entry(VirtAddr(G1), 3),
+        Some(0),
+        "root entry written"
+    );
+    assert_eq!(
+        (s.inspect().count_tables(), s.alloc().live()),
         (1, 1),
         "frames leaked"
     );

@@ -8,10 +8,10 @@
 
 use std::cell::Cell;
 
+use pgtable_core::contract::{Arena, Mmu, NoopMmu, Slot, Stats, TableAlloc, TlbRange, PAGE_SIZE};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY, WRITE};
 use pgtable_core::{
-    variants, AddressSpace, Arena, Error, MapOptions, Mapping, Mmu, MoveOptions, NoopMmu, PhysAddr,
-    Prot, Slot, Stats, TableAlloc, TlbRange, VirtAddr, PAGE_SIZE,
+    variants, AddressSpace, Error, MapOptions, Mapping, MoveOptions, PhysAddr, Prot, VirtAddr,
 };
 
 const KIB4: u64 = PAGE_SIZE;
@@ -93,7 +93,7 @@ fn space() -> Space {
 }
 
 /// Every leaf of the lower half of the address space, in order.
-fn listing<A: pgtable_core::Arch, M: Mmu, T: TableAlloc>(
+fn listing<A: pgtable_core::contract::Arch, M: Mmu, T: TableAlloc>(
     s: &AddressSpace<A, M, T>,
 ) -> Vec<Mapping> {
     let mut v = Vec::new();
@@ -107,7 +107,7 @@ fn listing<A: pgtable_core::Arch, M: Mmu, T: TableAlloc>(
 fn hw_set(s: &Space<impl Mmu>, va: u64, height: u32, bits: u64) {
     // SAFETY: only the accessed/dirty state of an existing leaf changes, as
     // the hardware changes it; these spaces are never installed.
-    let slot = unsafe { s.slot(VirtAddr(va), height) }.unwrap();
+    let slot = unsafe { s.inspect().slot(VirtAddr(va), height) }.unwrap();
     slot.fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -166,7 +166,7 @@ fn assert_counted<M: Mmu>(s: &Space<M>, written: u64, allocated: u64, freed: u64
 fn snapshot<M: Mmu>(s: &Space<M>) -> Snapshot {
     Snapshot {
         leaves: listing(s),
-        tables: s.count_tables(),
+        tables: s.inspect().count_tables(),
         live: s.alloc().live(),
     }
 }
@@ -200,10 +200,10 @@ fn move_1g_aligned(opts: MoveOptions) {
     let (old, new) = (GIB, 3 * GIB);
     let mut s = mapped_pages(old, GIB);
     let before = leaves_in(&s, old, GIB);
-    let tables_before = s.count_tables();
+    let tables_before = s.inspect().count_tables();
     assert_eq!(tables_before, 1 + 1 + 1 + 512);
 
-    s.move_page_tables_with(VirtAddr(old), VirtAddr(new), GIB, opts)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB, opts)
         .unwrap();
 
     assert_moved(&before, &leaves_in(&s, new, GIB), old, new);
@@ -214,7 +214,11 @@ fn move_1g_aligned(opts: MoveOptions) {
         assert!(s.translate(VirtAddr(old + off)).is_none());
     }
     assert_eq!(s.mmu().flushes(), 1, "one TLB flush per move");
-    assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
+    assert_eq!(
+        s.alloc().live(),
+        s.inspect().count_tables(),
+        "leaked tables"
+    );
 
     let pud = PUD_ON && opts.pud;
     let pmd = PMD_ON && opts.pmd;
@@ -229,7 +233,10 @@ fn move_1g_aligned(opts: MoveOptions) {
     } else {
         (513, 513)
     };
-    assert_eq!(s.count_tables(), tables_before + allocated - freed);
+    assert_eq!(
+        s.inspect().count_tables(),
+        tables_before + allocated - freed
+    );
     // One barrier per destination table written (1 for the one PUD or PMD
     // table, 512 for the PTE tables, whose last one also covers the links).
     let barriers = if pud || pmd { 1 } else { 512 };
@@ -262,19 +269,22 @@ fn misaligned_1g_move_takes_pte_path() {
     let (old, new) = (GIB, 3 * GIB + KIB4);
     let mut s = mapped_pages(old, GIB);
     let before = leaves_in(&s, old, GIB);
-    let tables_before = s.count_tables();
+    let tables_before = s.inspect().count_tables();
 
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB, MoveOptions::DEFAULT)
         .unwrap();
 
     assert_moved(&before, &leaves_in(&s, new, GIB), old, new);
     assert!(leaves_in(&s, old, GIB).is_empty());
     assert_eq!(s.mmu().flushes(), 1);
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
     // Destination: 513 PTE tables and 2 PMD tables (it crosses 4 GiB);
     // source: 512 PTE tables and its PMD table freed.
     let (allocated, freed) = (513 + 2, 512 + 1);
-    assert_eq!(s.count_tables(), tables_before + allocated - freed);
+    assert_eq!(
+        s.inspect().count_tables(),
+        tables_before + allocated - freed
+    );
     assert_counted(&s, 262_144, allocated as u64, freed as u64);
 }
 
@@ -284,12 +294,12 @@ fn move_across_a_pud_boundary_mixes_pmd_and_pud_moves() {
     let (old, new, len) = (GIB - MIB2, 5 * GIB - MIB2, GIB + 2 * MIB2);
     let mut s = mapped_pages(old, len);
     let before = leaves_in(&s, old, len);
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), len)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT)
         .unwrap();
     assert_moved(&before, &leaves_in(&s, new, len), old, new);
     assert!(leaves_in(&s, old, len).is_empty());
     assert_eq!(s.mmu().flushes(), 1);
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
     if Stats::ENABLED {
         let expected = match (PUD_ON, PMD_ON) {
             (true, true) => 1 + 2,
@@ -316,11 +326,11 @@ fn blocks_move_as_one_entry_each() {
         assert!(before.iter().all(|m| m.height == height));
         s.stats().reset();
         // Blocks move whole even on the control path.
-        s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, variants::PTES_ONLY)
+        s.move_page_tables(VirtAddr(old), VirtAddr(new), len, variants::PTES_ONLY)
             .unwrap();
         assert_moved(&before, &leaves_in(&s, new, len), old, new);
         assert!(leaves_in(&s, old, len).is_empty());
-        assert_eq!(s.alloc().live(), s.count_tables());
+        assert_eq!(s.alloc().live(), s.inspect().count_tables());
         if Stats::ENABLED {
             assert_eq!(s.stats().entries_written(), count);
         }
@@ -343,7 +353,7 @@ fn partly_covered_block_is_split_and_the_rest_stays() {
     // Move the middle 2 MiB: the second half of block 0 and the first half
     // of block 1.
     let (old, len) = (base + MIB2 / 2, MIB2);
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), len)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT)
         .unwrap();
     for off in (0..len).step_by(KIB4 as usize * 61) {
         let t = s.translate(VirtAddr(new + off)).unwrap();
@@ -358,7 +368,7 @@ fn partly_covered_block_is_split_and_the_rest_stays() {
     assert_eq!(last.pa.0, PA.0 + 2 * MIB2 - KIB4);
     let moved_total: u64 = leaves_in(&s, new, len).iter().map(|m| m.size).sum();
     assert_eq!(moved_total, len);
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 #[test]
@@ -373,7 +383,7 @@ fn blocks_to_a_misaligned_destination_are_split_into_pages() {
         MapOptions::PMD_BLOCKS,
     )
     .unwrap();
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), len)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT)
         .unwrap();
     let after = leaves_in(&s, new, len);
     assert_eq!(after.len() as u64, len / KIB4);
@@ -382,7 +392,7 @@ fn blocks_to_a_misaligned_destination_are_split_into_pages() {
         assert_eq!(m.pa.0, PA.0 + i as u64 * KIB4);
     }
     assert!(leaves_in(&s, old, len).is_empty());
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 #[test]
@@ -401,7 +411,7 @@ fn source_holes_are_skipped() {
         .unwrap();
     }
     let before = leaves_in(&s, old, len);
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), len)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT)
         .unwrap();
     assert_moved(&before, &leaves_in(&s, new, len), old, new);
     assert!(
@@ -409,10 +419,10 @@ fn source_holes_are_skipped() {
         "a hole was filled"
     );
     assert!(leaves_in(&s, old, len).is_empty());
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
     // Only PTE tables that receive entries are allocated (destination PMD
     // entries 0, 1, 4 and 5); the emptied source PMD table is freed.
-    assert_eq!(s.count_tables(), 1 + 1 + 1 + 4);
+    assert_eq!(s.inspect().count_tables(), 1 + 1 + 1 + 4);
 }
 
 #[test]
@@ -421,8 +431,13 @@ fn moving_an_empty_range_changes_nothing() {
     s.map(VirtAddr(GIB), PA, KIB4, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
     let before = snapshot(&s);
-    s.move_page_tables(VirtAddr(2 * GIB), VirtAddr(4 * GIB), GIB)
-        .unwrap();
+    s.move_page_tables(
+        VirtAddr(2 * GIB),
+        VirtAddr(4 * GIB),
+        GIB,
+        MoveOptions::DEFAULT,
+    )
+    .unwrap();
     assert_eq!(snapshot(&s), before);
 }
 
@@ -458,7 +473,7 @@ fn settled_and_unsettled_entries_keep_accessed_and_dirty_state() {
         .filter(|m| m.entry & ACCESSED != 0 && (m.entry & DIRTY != 0 || m.entry & WRITE == 0))
         .count();
     assert!(settled > 0 && settled < before.len());
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), len)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT)
         .unwrap();
     assert_moved(&before, &leaves_in(&s, new, len), old, new);
     assert!(leaves_in(&s, old, len).is_empty());
@@ -478,7 +493,7 @@ fn observing_mmu_sees_every_entry_write_of_a_move() {
     }
     let before = leaves_in(&s, old, len);
     s.mmu().writes.set(0);
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), len)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT)
         .unwrap();
     assert_moved(&before, &leaves_in(&s, new, len), old, new);
     assert_eq!(s.mmu().flushes.get(), 1);
@@ -505,8 +520,10 @@ fn move_there_and_back_restores_the_tables() {
     let (a, b, len) = (GIB + 7 * KIB4, 5 * GIB + 300 * KIB4, 3 * MIB2);
     let mut s = mapped_pages(a, len);
     let start = snapshot(&s);
-    s.move_page_tables(VirtAddr(a), VirtAddr(b), len).unwrap();
-    s.move_page_tables(VirtAddr(b), VirtAddr(a), len).unwrap();
+    s.move_page_tables(VirtAddr(a), VirtAddr(b), len, MoveOptions::DEFAULT)
+        .unwrap();
+    s.move_page_tables(VirtAddr(b), VirtAddr(a), len, MoveOptions::DEFAULT)
+        .unwrap();
     assert_eq!(snapshot(&s), start);
 }
 
@@ -515,7 +532,7 @@ fn lazy_mmu_scope_defers_the_move_barriers_to_its_end() {
     let (old, new, len) = (GIB, 3 * GIB + KIB4, 8 * MIB2);
     let mut s = mapped_pages(old, len);
     s.lazy_mmu(|s| {
-        s.move_page_tables(VirtAddr(old), VirtAddr(new), len)
+        s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT)
             .unwrap();
         assert_eq!(s.mmu().barriers.get(), 0);
     });
@@ -540,13 +557,18 @@ fn three_and_five_level_formats_move_whole_puds() {
         s.walk(VirtAddr(old), GIB + MIB2, |m| before.push(m))
             .unwrap();
         s.stats().reset();
-        s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB + MIB2)
-            .unwrap();
+        s.move_page_tables(
+            VirtAddr(old),
+            VirtAddr(new),
+            GIB + MIB2,
+            MoveOptions::DEFAULT,
+        )
+        .unwrap();
         let mut after = Vec::new();
         s.walk(VirtAddr(new), GIB + MIB2, |m| after.push(m))
             .unwrap();
         assert_moved(&before, &after, old, new);
-        assert_eq!(s.alloc().live(), s.count_tables());
+        assert_eq!(s.alloc().live(), s.inspect().count_tables());
         if Stats::ENABLED {
             let expected = match (PUD_ON, PMD_ON) {
                 (true, true) => 2,
@@ -574,12 +596,17 @@ const MA_LEN: u64 = 2 * MIB2 - OFF;
 fn mutually_aligned_move_aligns_down_and_moves_whole_pmds() {
     let mut s = mapped_pages(MA_OLD, MA_LEN);
     let before = leaves_in(&s, MA_OLD, MA_LEN);
-    s.move_page_tables(VirtAddr(MA_OLD), VirtAddr(MA_NEW), MA_LEN)
-        .unwrap();
+    s.move_page_tables(
+        VirtAddr(MA_OLD),
+        VirtAddr(MA_NEW),
+        MA_LEN,
+        MoveOptions::DEFAULT,
+    )
+    .unwrap();
     assert_moved(&before, &leaves_in(&s, MA_NEW, MA_LEN), MA_OLD, MA_NEW);
     assert!(leaves_in(&s, MA_OLD, MA_LEN).is_empty());
     assert!(s.translate(VirtAddr(MA_NEW - KIB4)).is_none());
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
     if Stats::ENABLED {
         // Aligned down: the partial first PMD moves as one entry, then one
         // whole PMD; without the PMD path every page moves.
@@ -608,12 +635,17 @@ fn mutual_alignment_is_not_taken_when_pages_sit_below_the_start() {
         .unwrap();
         s.stats().reset();
         let before = leaves_in(&s, MA_OLD, MA_LEN);
-        s.move_page_tables(VirtAddr(MA_OLD), VirtAddr(MA_NEW), MA_LEN)
-            .unwrap();
+        s.move_page_tables(
+            VirtAddr(MA_OLD),
+            VirtAddr(MA_NEW),
+            MA_LEN,
+            MoveOptions::DEFAULT,
+        )
+        .unwrap();
         assert_moved(&before, &leaves_in(&s, MA_NEW, MA_LEN), MA_OLD, MA_NEW);
         // The page below stays exactly where it was.
         assert_eq!(s.translate(VirtAddr(busy)).unwrap().pa, busy_pa);
-        assert_eq!(s.alloc().live(), s.count_tables());
+        assert_eq!(s.alloc().live(), s.inspect().count_tables());
         if Stats::ENABLED {
             // The first partial PMD goes page by page.
             let first = (MIB2 - OFF) / KIB4;
@@ -632,7 +664,7 @@ fn free_below_claim_is_checked_against_the_tables() {
     // A true claim moves like the automatic rule.
     let mut s = mapped_pages(MA_OLD, MA_LEN);
     let before = leaves_in(&s, MA_OLD, MA_LEN);
-    s.move_page_tables_with(VirtAddr(MA_OLD), VirtAddr(MA_NEW), MA_LEN, opts)
+    s.move_page_tables(VirtAddr(MA_OLD), VirtAddr(MA_NEW), MA_LEN, opts)
         .unwrap();
     assert_moved(&before, &leaves_in(&s, MA_NEW, MA_LEN), MA_OLD, MA_NEW);
 
@@ -649,7 +681,7 @@ fn free_below_claim_is_checked_against_the_tables() {
     .unwrap();
     let snap = snapshot(&s);
     let allocs = s.alloc().allocs();
-    let r = s.move_page_tables_with(VirtAddr(MA_OLD), VirtAddr(MA_NEW), MA_LEN, opts);
+    let r = s.move_page_tables(VirtAddr(MA_OLD), VirtAddr(MA_NEW), MA_LEN, opts);
     let expected = if PMD_ON {
         Err(Error::AlreadyMapped(VirtAddr(busy)))
     } else {
@@ -671,7 +703,7 @@ fn assert_rejected(s: &mut Space, old: u64, new: u64, len: u64, err: Error) {
     let allocs = s.alloc().allocs();
     s.mmu().reset();
     assert_eq!(
-        s.move_page_tables(VirtAddr(old), VirtAddr(new), len),
+        s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT),
         Err(err)
     );
     assert_eq!(snapshot(s), snap, "tables changed by a rejected move");
@@ -794,7 +826,7 @@ fn allocation_failure_at_every_point_leaves_everything_as_before() {
         s.alloc().fail_after(Some(k));
         let allocs = s.alloc().allocs();
         s.mmu().reset();
-        match s.move_page_tables(VirtAddr(old), VirtAddr(new), len) {
+        match s.move_page_tables(VirtAddr(old), VirtAddr(new), len, MoveOptions::DEFAULT) {
             Err(e) => {
                 assert_eq!(e, Error::OutOfMemory);
                 assert_eq!(
@@ -814,7 +846,7 @@ fn allocation_failure_at_every_point_leaves_everything_as_before() {
     s.alloc().fail_after(None);
     // The successful attempt needed exactly `k` tables.
     assert_eq!(k, 1 + 1 + 17);
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
     assert_moved(&snap.leaves, &leaves_in(&s, new, len), old, new);
     assert!(leaves_in(&s, old, len).is_empty());
 }
@@ -831,10 +863,10 @@ fn allocation_failure_in_a_1g_pte_path_move_loses_nothing() {
         s.alloc().fail_after(Some(k));
         s.mmu().reset();
         s.stats().reset();
-        let r = s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB);
+        let r = s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB, MoveOptions::DEFAULT);
         assert_eq!(r, Err(Error::OutOfMemory), "after {k} allocations");
         assert_eq!(s.alloc().live(), snap.live);
-        assert_eq!(s.count_tables(), snap.tables);
+        assert_eq!(s.inspect().count_tables(), snap.tables);
         assert_eq!((s.mmu().flushes(), s.mmu().barriers.get()), (0, 0));
         assert_eq!(s.stats().entries_written(), 0);
         assert_eq!(
@@ -847,10 +879,10 @@ fn allocation_failure_in_a_1g_pte_path_move_loses_nothing() {
         }
     }
     s.alloc().fail_after(Some(515));
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB, MoveOptions::DEFAULT)
         .unwrap();
     assert_moved(&snap.leaves, &leaves_in(&s, new, GIB), old, new);
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 /// A hardware agent that sets accessed and dirty bits in the entries it
@@ -915,12 +947,15 @@ fn hardware_updates_until_the_flush_reach_the_destination() {
         .unwrap();
     let before = leaves_in(&s, old, len);
     let slots: Vec<usize> = (0..len / KIB4)
-        // SAFETY: only the address is kept; through it the agent changes
-        // accessed/dirty state as the hardware does.
-        .map(|i| unsafe { s.slot(VirtAddr(old + i * KIB4), 0) }.unwrap() as *const Slot as usize)
+        .map(|i| {
+            // SAFETY: only the address is kept; through it the agent
+            // changes accessed/dirty state as the hardware does.
+            let slot = unsafe { s.inspect().slot(VirtAddr(old + i * KIB4), 0) };
+            slot.unwrap() as *const Slot as usize
+        })
         .collect();
     *s.mmu().watched.borrow_mut() = slots;
-    s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, variants::PTES_ONLY)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, variants::PTES_ONLY)
         .unwrap();
     assert_eq!(s.mmu().flushes.get(), 1);
     let after = leaves_in(&s, new, len);
@@ -939,12 +974,12 @@ fn hardware_updates_until_the_flush_reach_the_destination() {
     // its updates arrived at the destination.
     assert_eq!(s.mmu().updated.get(), 5 * 508);
     assert_eq!(carried, s.mmu().updated.get());
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 #[test]
 fn block_onto_an_existing_empty_destination_table_is_split_into_it() {
-    use pgtable_core::Format;
+    use pgtable_core::contract::Format;
     let (old, new) = (2 * GIB, 6 * GIB + 4 * MIB2);
     let mut s = space();
     s.map(
@@ -971,15 +1006,15 @@ fn block_onto_an_existing_empty_destination_table_is_split_into_it() {
     let empty = unsafe { s.alloc_mut() }.alloc_table().unwrap();
     // SAFETY: a table entry for a zeroed frame of this space's allocator,
     // linked nowhere else, into an empty entry; the space is not installed.
-    let slot = unsafe { s.slot(VirtAddr(new), 1) }.unwrap();
+    let slot = unsafe { s.inspect().slot(VirtAddr(new), 1) }.unwrap();
     assert_eq!(slot.load(std::sync::atomic::Ordering::Relaxed), 0);
     slot.store(
         TestFormat::<4>::table_entry(empty, 1),
         std::sync::atomic::Ordering::Relaxed,
     );
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2, MoveOptions::DEFAULT)
         .unwrap();
 
     // The block was split into pages that now sit in the existing table.
@@ -992,12 +1027,12 @@ fn block_onto_an_existing_empty_destination_table_is_split_into_it() {
         );
     }
     assert_eq!(
-        s.entry(VirtAddr(new), 1),
+        s.inspect().entry(VirtAddr(new), 1),
         Some(TestFormat::<4>::table_entry(empty, 1))
     );
     assert!(leaves_in(&s, old, MIB2).is_empty());
     assert!(s.translate(VirtAddr(other)).is_some());
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 // ----- one-step moves (the whole range is one entry or one run) -----
@@ -1023,9 +1058,9 @@ fn one_block_move_keeps_a_source_table_that_still_maps_something() {
     map_block(&mut s, old, PA.0);
     map_block(&mut s, other, PA.0 + MIB2);
     s.stats().reset();
-    let tables_before = s.count_tables();
+    let tables_before = s.inspect().count_tables();
 
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2, MoveOptions::DEFAULT)
         .unwrap();
 
     assert_eq!(
@@ -1034,8 +1069,12 @@ fn one_block_move_keeps_a_source_table_that_still_maps_something() {
     );
     assert!(s.translate(VirtAddr(old)).is_none());
     assert_eq!(s.translate(VirtAddr(other)).unwrap().pa.0, PA.0 + MIB2);
-    assert_eq!(s.count_tables(), tables_before + 2);
-    assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
+    assert_eq!(s.inspect().count_tables(), tables_before + 2);
+    assert_eq!(
+        s.alloc().live(),
+        s.inspect().count_tables(),
+        "leaked tables"
+    );
     assert_eq!(s.mmu().flushes(), 1);
     assert_counted(&s, 1, 2, 0);
 }
@@ -1059,9 +1098,9 @@ fn one_block_move_frees_the_source_tables_it_empties() {
     .unwrap();
     s.stats().reset();
     s.mmu().reset();
-    let tables_before = s.count_tables();
+    let tables_before = s.inspect().count_tables();
 
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2, MoveOptions::DEFAULT)
         .unwrap();
 
     assert_eq!(
@@ -1069,11 +1108,18 @@ fn one_block_move_frees_the_source_tables_it_empties() {
         PA.0 + 0x5678
     );
     assert!(s.translate(VirtAddr(old)).is_none());
-    assert!(s.entry(VirtAddr(old), 2).is_none(), "source PUD table kept");
+    assert!(
+        s.inspect().entry(VirtAddr(old), 2).is_none(),
+        "source PUD table kept"
+    );
     assert!(s.translate(VirtAddr(new + GIB / 2)).is_some());
     // The destination shares the existing PMD table of the page.
-    assert_eq!(s.count_tables(), tables_before - 2);
-    assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
+    assert_eq!(s.inspect().count_tables(), tables_before - 2);
+    assert_eq!(
+        s.alloc().live(),
+        s.inspect().count_tables(),
+        "leaked tables"
+    );
     assert_eq!(s.mmu().flushes(), 1);
     assert_eq!(s.mmu().barriers.get(), 1);
     assert_counted(&s, 1, 0, 2);
@@ -1103,7 +1149,7 @@ fn one_step_move_onto_a_mapped_destination_is_rejected() {
 
 #[test]
 fn one_step_move_into_an_existing_empty_table_uses_it() {
-    use pgtable_core::Format;
+    use pgtable_core::contract::Format;
     let (old, new) = (GIB, 3 * GIB);
     let mut s = mapped_pages(old, GIB);
     // An empty PMD table already linked at the destination PUD entry: the
@@ -1112,29 +1158,33 @@ fn one_step_move_into_an_existing_empty_table_uses_it() {
     let empty = unsafe { s.alloc_mut() }.alloc_table().unwrap();
     // SAFETY: a table entry for a zeroed frame of this space's allocator,
     // linked nowhere else, into an empty entry; the space is not installed.
-    let slot = unsafe { s.slot(VirtAddr(new), 2) }.unwrap();
+    let slot = unsafe { s.inspect().slot(VirtAddr(new), 2) }.unwrap();
     assert_eq!(slot.load(std::sync::atomic::Ordering::Relaxed), 0);
     slot.store(
         TestFormat::<4>::table_entry(empty, 2),
         std::sync::atomic::Ordering::Relaxed,
     );
     let before = leaves_in(&s, old, GIB);
-    let tables_before = s.count_tables();
+    let tables_before = s.inspect().count_tables();
 
-    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB)
+    s.move_page_tables(VirtAddr(old), VirtAddr(new), GIB, MoveOptions::DEFAULT)
         .unwrap();
 
     assert_moved(&before, &leaves_in(&s, new, GIB), old, new);
     assert!(leaves_in(&s, old, GIB).is_empty());
     assert_eq!(
-        s.entry(VirtAddr(new), 2),
+        s.inspect().entry(VirtAddr(new), 2),
         Some(TestFormat::<4>::table_entry(empty, 2))
     );
-    assert_eq!(s.alloc().live(), s.count_tables(), "leaked tables");
+    assert_eq!(
+        s.alloc().live(),
+        s.inspect().count_tables(),
+        "leaked tables"
+    );
     assert_eq!(s.mmu().flushes(), 1);
     if PMD_ON {
         // The source PMD table is freed, nothing is allocated.
-        assert_eq!(s.count_tables(), tables_before - 1);
+        assert_eq!(s.inspect().count_tables(), tables_before - 1);
         assert_counted(&s, 512, 0, 1);
     }
 }
@@ -1150,7 +1200,7 @@ fn allocation_failure_in_a_one_step_move_leaves_everything_as_before() {
     loop {
         s.alloc().fail_after(Some(k));
         s.mmu().reset();
-        match s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2) {
+        match s.move_page_tables(VirtAddr(old), VirtAddr(new), MIB2, MoveOptions::DEFAULT) {
             Err(e) => {
                 assert_eq!(e, Error::OutOfMemory);
                 assert_eq!(snapshot(&s), snap, "failure after {k} allocations");
@@ -1164,7 +1214,7 @@ fn allocation_failure_in_a_one_step_move_leaves_everything_as_before() {
     s.alloc().fail_after(None);
     assert_eq!(k, 2);
     assert_eq!(s.translate(VirtAddr(new)).unwrap().pa, PA);
-    assert_eq!(s.alloc().live(), s.count_tables());
+    assert_eq!(s.alloc().live(), s.inspect().count_tables());
 }
 
 // ----- whole source PTE tables whose destination tables the move empties -----
@@ -1180,7 +1230,7 @@ fn move_pages<const L: u32>(pages: &[u64], old: u64, new: u64, len: u64, opts: M
         s.map(VirtAddr(va), pa, KIB4, Prot::READ_WRITE, MapOptions::PAGES)
             .unwrap();
     }
-    let r = s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts);
+    let r = s.move_page_tables(VirtAddr(old), VirtAddr(new), len, opts);
     assert_eq!(r, Ok(()), "{L} levels, {opts:?}");
     for (i, &va) in pages.iter().enumerate() {
         let pa = PhysAddr(PA.0 + i as u64 * KIB4);
@@ -1199,7 +1249,7 @@ fn move_pages<const L: u32>(pages: &[u64], old: u64, new: u64, len: u64, opts: M
     }
     assert_eq!(
         s.alloc().live(),
-        s.count_tables(),
+        s.inspect().count_tables(),
         "{L} levels, {opts:?}: leaked tables"
     );
 }

@@ -8,11 +8,13 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
+use pgtable_core::contract::{
+    Access, AccessFault, Arch, Arena, Format, Mmu, Slot, TlbRange, PAGE_SIZE,
+};
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, VALID, WRITE, XN};
 use pgtable_core::{
     variants::{DeferredBlockProt, GenericBlockProt},
-    Access, AccessFault, AddressSpace, Arch, Arena, Error, Format, MapOptions, Mapping, MemType,
-    Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr, PAGE_SIZE,
+    AddressSpace, Error, MapOptions, Mapping, MemType, PhysAddr, Prot, VirtAddr,
 };
 
 const KIB4: u64 = PAGE_SIZE;
@@ -94,7 +96,7 @@ fn listing<A: Arch, M: Mmu>(s: &AddressSpace<A, M, Arena>) -> Vec<Mapping> {
 fn hw_set<A: Arch, M: Mmu>(s: &AddressSpace<A, M, Arena>, va: VirtAddr, height: u32, bits: u64) {
     // SAFETY: only the accessed/dirty state of an existing leaf changes, as
     // the hardware changes it; these spaces are never installed.
-    let slot = unsafe { s.slot(va, height) }.unwrap();
+    let slot = unsafe { s.inspect().slot(va, height) }.unwrap();
     slot.fetch_or(bits, Relaxed);
 }
 
@@ -102,7 +104,7 @@ fn hw_set<A: Arch, M: Mmu>(s: &AddressSpace<A, M, Arena>, va: VirtAddr, height: 
 /// slots an MMU saw written.
 fn slot_addr<A: Arch, M: Mmu>(s: &AddressSpace<A, M, Arena>, va: VirtAddr, height: u32) -> usize {
     // SAFETY: only the address is taken.
-    let slot = unsafe { s.slot(va, height) }.unwrap();
+    let slot = unsafe { s.inspect().slot(va, height) }.unwrap();
     (slot as *const Slot).expose_provenance()
 }
 
@@ -178,10 +180,10 @@ fn whole_blocks_change_in_place_without_splitting() {
         MapOptions::BLOCKS,
     )
     .unwrap();
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     s.change_protection(BASE, GIB + 2 * MIB2, Prot::READ_ONLY)
         .unwrap();
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     let l = listing(&s);
     assert_eq!(l.len(), 3);
     assert_eq!((l[0].height, l[1].height, l[2].height), (2, 1, 1));
@@ -196,11 +198,11 @@ fn partly_covered_block_is_split_and_the_rest_keeps_its_protection() {
     let mut s = space::<TestFormat>();
     s.map(BASE, PA, MIB2, Prot::READ_WRITE, MapOptions::BLOCKS)
         .unwrap();
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     let (lo, hi) = (5, 8);
     s.change_protection(BASE.add(lo * KIB4), (hi - lo) * KIB4, Prot::READ_ONLY)
         .unwrap();
-    assert_eq!(s.count_tables(), tables + 1);
+    assert_eq!(s.inspect().count_tables(), tables + 1);
     for i in 0..512 {
         let t = s.translate(BASE.add(i * KIB4)).unwrap();
         assert_eq!(t.height, 0, "page {i} is a 4 KiB page now");
@@ -220,13 +222,13 @@ fn partly_covered_pud_block_splits_down_two_levels() {
     s.map(BASE, PA, GIB, Prot::READ_WRITE, MapOptions::BLOCKS)
         .unwrap();
     assert_eq!(s.translate(BASE).unwrap().height, 2);
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     // Two whole 2 MiB blocks plus one page of the block after them.
     let va = BASE.add(3 * MIB2);
     s.change_protection(va, 2 * MIB2 + KIB4, Prot::READ_EXEC)
         .unwrap();
     // One PMD table for the PUD block, one PTE table for the PMD block.
-    assert_eq!(s.count_tables(), tables + 2);
+    assert_eq!(s.inspect().count_tables(), tables + 2);
     let l = listing(&s);
     assert_eq!(l.len(), 512 - 1 + 512);
     for m in &l {
@@ -252,11 +254,11 @@ fn block_with_the_requested_protection_is_not_split() {
     let mut s = space::<TestFormat>();
     s.map(BASE, PA, MIB2, Prot::READ_ONLY, MapOptions::BLOCKS)
         .unwrap();
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     reset(&s);
     s.change_protection(BASE.add(KIB4), KIB4, Prot::READ_ONLY)
         .unwrap();
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     assert_eq!(s.translate(BASE).unwrap().height, 1);
     assert_eq!(s.stats().entries_written(), 0);
     assert_eq!(s.mmu().flushes(), 0);
@@ -380,9 +382,13 @@ fn holes_in_the_range_are_skipped() {
     let far = BASE.add(GIB + 7 * MIB2);
     s.map(far, PA, MIB2, Prot::READ_WRITE, MapOptions::BLOCKS)
         .unwrap();
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     s.change_protection(BASE, 2 * GIB, Prot::READ_ONLY).unwrap();
-    assert_eq!(s.count_tables(), tables, "no tables made for holes");
+    assert_eq!(
+        s.inspect().count_tables(),
+        tables,
+        "no tables made for holes"
+    );
     let l = listing(&s);
     assert_eq!(l.len(), 5);
     assert!(l.iter().all(|m| m.prot == Prot::READ_ONLY));
@@ -622,11 +628,11 @@ fn fails_unchanged(want: Error, f: impl FnOnce(&mut Space) -> Result<(), Error>)
         .unwrap();
     map_two_blocks(&mut s);
     let before = listing(&s);
-    let (tables, live) = (s.count_tables(), s.alloc().live());
+    let (tables, live) = (s.inspect().count_tables(), s.alloc().live());
     reset(&s);
     assert_eq!(f(&mut s), Err(want));
     assert_eq!(listing(&s), before);
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     assert_eq!(s.alloc().live(), live, "leaked table frames");
     assert_eq!(s.mmu().flushes(), 0);
     assert!(s.mmu().writes.borrow().is_empty());
@@ -1035,7 +1041,7 @@ fn non_atomic_protection_change_loses_dirty_bits() {
             // SAFETY: the store below puts back the same page with another
             // protection (a leaf); the space is never installed. That it
             // can lose a dirty bit is what this control shows.
-            let slot = unsafe { s.slot(BASE.add(i * KIB4), 0) }.unwrap();
+            let slot = unsafe { s.inspect().slot(BASE.add(i * KIB4), 0) }.unwrap();
             // Relaxed: deliberately not a read-modify-write.
             let raw = slot.load(Relaxed);
             // The same once-per-round pause as the transaction gets, here

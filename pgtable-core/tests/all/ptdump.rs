@@ -6,10 +6,9 @@
 
 use core::fmt::{self, Write};
 
+use pgtable_core::contract::{Arena, NoopMmu};
 use pgtable_core::test_format::TestFormat;
-use pgtable_core::{
-    AddressSpace, Arena, Error, MapOptions, MemType, NoopMmu, PhysAddr, Prot, VaRange, VirtAddr,
-};
+use pgtable_core::{AddressSpace, Error, MapOptions, MemType, PhysAddr, Prot, VaRange, VirtAddr};
 
 type Space<const L: u32> = AddressSpace<TestFormat<L>, NoopMmu, Arena>;
 
@@ -229,11 +228,11 @@ fn ptdump_of_an_empty_space_is_empty() {
         (VirtAddr(0xffff_8000_0000_0000), "kernel"),
     ];
     assert_eq!(
-        s.ptdump_with_markers(&markers).to_string(),
+        s.ptdump().markers(&markers).to_string(),
         "---[ user ]---\n---[ kernel ]---\n"
     );
-    let r = s.ptdump_range(VirtAddr(0), G1).expect("range");
-    assert_eq!(r.with_markers(&markers).to_string(), "---[ user ]---\n");
+    let r = s.ptdump().range(VirtAddr(0), G1).expect("range");
+    assert_eq!(r.markers(&markers).to_string(), "---[ user ]---\n");
 }
 
 #[test]
@@ -256,7 +255,7 @@ fn ptdump_markers_head_sections_and_cut_ranges() {
         (VirtAddr(G1), "block"),
     ];
     assert_eq!(
-        lines(&s.ptdump_with_markers(&markers).to_string()),
+        lines(&s.ptdump().markers(&markers).to_string()),
         [
             "---[ first ]---",
             "0x0000000000400000-0x0000000000402000     8K      2 x PTE 4K    RW NX K nG     WB",
@@ -268,9 +267,9 @@ fn ptdump_markers_head_sections_and_cut_ranges() {
         ]
     );
     // A range that starts inside a section is headed by that section.
-    let r = s.ptdump_range(VirtAddr(va + 3 * K4), K4).expect("range");
+    let r = s.ptdump().range(VirtAddr(va + 3 * K4), K4).expect("range");
     assert_eq!(
-        r.with_markers(&markers).to_string(),
+        r.markers(&markers).to_string(),
         "---[ second ]---\n\
          0x0000000000403000-0x0000000000404000     4K      1 x PTE 4K    RW NX K nG     WB\n"
     );
@@ -289,7 +288,8 @@ fn ptdump_range_cuts_blocks_at_its_ends() {
     );
     // From the middle of the first block to the middle of the third.
     let r = s
-        .ptdump_range(VirtAddr(G1 + M2 / 2), 2 * M2)
+        .ptdump()
+        .range(VirtAddr(G1 + M2 / 2), 2 * M2)
         .expect("range");
     assert_eq!(
         lines(&r.to_string()),
@@ -300,15 +300,15 @@ fn ptdump_range_cuts_blocks_at_its_ends() {
         ]
     );
     assert_eq!(
-        s.ptdump_range(VirtAddr(G1 + 1), K4).err(),
+        s.ptdump().range(VirtAddr(G1 + 1), K4).err(),
         Some(Error::MisalignedVirt(VirtAddr(G1 + 1)))
     );
     assert_eq!(
-        s.ptdump_range(VirtAddr(G1), 0).err(),
+        s.ptdump().range(VirtAddr(G1), 0).err(),
         Some(Error::ZeroLength)
     );
     assert_eq!(
-        s.ptdump_range(VirtAddr(1 << 47), K4).err(),
+        s.ptdump().range(VirtAddr(1 << 47), K4).err(),
         Some(Error::OutOfRange(VirtAddr(1 << 47)))
     );
 }
@@ -450,7 +450,9 @@ fn ptdump_shows_accessed_and_dirty_and_clears_neither() {
     .expect("map");
     m.hw_touch(VirtAddr(va), false).expect("load");
     m.hw_touch(VirtAddr(va + K4), true).expect("store");
-    let before: Vec<_> = (0..4).map(|i| s.entry(VirtAddr(va + i * K4), 0)).collect();
+    let before: Vec<_> = (0..4)
+        .map(|i| s.inspect().entry(VirtAddr(va + i * K4), 0))
+        .collect();
     let text = s.ptdump().to_string();
     assert_eq!(
         lines(&text),
@@ -461,7 +463,9 @@ fn ptdump_shows_accessed_and_dirty_and_clears_neither() {
         ]
     );
     // Reading changed nothing: the same entries, the same dump, no flush.
-    let after: Vec<_> = (0..4).map(|i| s.entry(VirtAddr(va + i * K4), 0)).collect();
+    let after: Vec<_> = (0..4)
+        .map(|i| s.inspect().entry(VirtAddr(va + i * K4), 0))
+        .collect();
     assert_eq!(before, after);
     assert_eq!(s.ptdump().to_string(), text);
     let flushes = m.stats().flush_range + m.stats().flush_all;

@@ -25,10 +25,12 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use pgtable_core::contract::{
+    Arena, Decoded, Format, NoopMmu, Stats, TableAlloc, ENTRIES_PER_TABLE, PAGE_SIZE,
+};
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, TABLE_OR_PAGE};
 use pgtable_core::{
-    variants, AddressSpace, Arena, Decoded, Error, Format, MapOptions, MoveOptions, NoopMmu,
-    PhysAddr, Prot, Stats, TableAlloc, VirtAddr, ENTRIES_PER_TABLE, PAGE_SIZE,
+    variants, AddressSpace, Error, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
 };
 
 const K4: u64 = PAGE_SIZE;
@@ -278,7 +280,12 @@ fn with_failures<const L: u32>(
                 if Stats::ENABLED {
                     assert_eq!(taken, reserved, "{}: tables taken vs reserved", case());
                 }
-                assert_eq!(s.alloc().live(), s.count_tables(), "{}: leak", case());
+                assert_eq!(
+                    s.alloc().live(),
+                    s.inspect().count_tables(),
+                    "{}: leak",
+                    case()
+                );
                 let after = tables(s);
                 for t in &after {
                     assert!(
@@ -524,7 +531,7 @@ fn move_case<const L: u32>(
     let mut s = build::<L>(layout);
     let case = || format!("L{L} move {old:#x} -> {new:#x} len {len:#x} {opts:?}, layout {name}");
     let out = with_failures(&mut s, &case, &mut |s| {
-        s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
+        s.move_page_tables(VirtAddr(old), VirtAddr(new), len, opts)
     });
     let expected = if old < new + len && new < old + len {
         Err(Error::Overlap)

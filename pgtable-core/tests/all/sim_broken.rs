@@ -16,15 +16,14 @@ use crate::common::test_format_variant;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::sim::{
-    CheckError, Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu, SimSuiteMachine,
-};
+use pgtable_core::contract::{AccessFault, Arch, Format, Mmu, Slot, TlbRange};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::{TestFormat, DIRTY};
 use pgtable_core::{
-    AccessFault, AddressSpace, Arch, Format, MapOptions, Mmu, PhysAddr, Prot, Slot, TlbRange,
-    VirtAddr,
+    sim::{CheckError, Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu, SimSuiteMachine},
+    MoveOptions,
 };
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const K4: u64 = 4 << 10;
 const M2: u64 = 2 << 20;
@@ -198,7 +197,7 @@ fn correct() -> (SimMachine<T4>, Space) {
 unsafe fn leaf_slot<A: Arch, M: Mmu>(s: &AddressSpace<A, M, SimAlloc>, va: VirtAddr) -> &Slot {
     // SAFETY: our caller's promise, and a simulated machine (every space
     // of this file is one).
-    unsafe { s.slot(va, 0) }.unwrap()
+    unsafe { s.inspect().slot(va, 0) }.unwrap()
 }
 
 const VA: VirtAddr = VirtAddr(G1 + 5 * K4);
@@ -336,7 +335,7 @@ test_format_variant!(
 unsafe impl Arch for NoBarrierSetPte {
     fn set_pte_at<M: Mmu>(mmu: &M, _va: VirtAddr, slot: &Slot, pte: u64) {
         // BUG (on purpose): no `walker_barrier` after the store.
-        pgtable_core::generic::set_entry_nosync(mmu, slot, pte)
+        pgtable_core::contract::generic::set_entry_nosync(mmu, slot, pte)
     }
 }
 
@@ -1076,9 +1075,9 @@ fn user_cannot_reach_the_kernel_half<A: Arch>() -> Result<(), String> {
     let kva = VirtAddr(0xffff_8000_4000_0000);
     let leaf = Prot::USER | Prot::WRITE;
     k.map(kva, PA, K4, leaf, MapOptions::PAGES).unwrap();
-    let user = pgtable_core::Access {
+    let user = pgtable_core::contract::Access {
         user: true,
-        ..pgtable_core::Access::READ
+        ..pgtable_core::contract::Access::READ
     };
     let r = match m.access(kva, user) {
         Err(f) if f.kind == SimFaultKind::Permission(AccessFault::Privilege) => Ok(()),
@@ -1149,7 +1148,9 @@ fn other_cpu_after(broadcast: bool, op: &str) -> (Result<(), CheckError>, bool) 
     match op {
         "unmap" => s.unmap(VA, K4).unwrap(),
         "protect" => s.change_protection(VA, K4, Prot::READ_ONLY).unwrap(),
-        "move" => s.move_page_tables(VA, VirtAddr(3 * G1), K4).unwrap(),
+        "move" => s
+            .move_page_tables(VA, VirtAddr(3 * G1), K4, MoveOptions::DEFAULT)
+            .unwrap(),
         _ => unreachable!(),
     }
     let checked = m.check();
@@ -1242,7 +1243,8 @@ fn writer_races_a_move(broadcast: bool) -> (u64, u64) {
     while before.load(Relaxed) == 0 {
         std::thread::yield_now();
     }
-    s.move_page_tables(old, new, K4).unwrap();
+    s.move_page_tables(old, new, K4, MoveOptions::DEFAULT)
+        .unwrap();
     // Release: the move's table writes happen before the writer sees it.
     moved.store(true, std::sync::atomic::Ordering::Release);
     // The frame leaves the address space and is reused for other data.
@@ -1345,7 +1347,7 @@ fn a_user_space_changing_a_kernel_entry_flushes_only_its_own_cpus_and_is_caught(
     let (m, kva, kernel, user) = kernel_text_seen_from_a_user_space();
     // SAFETY: a leaf's permission changes in place (what the operation
     // did); the entry stays a valid leaf.
-    let slot = unsafe { kernel.slot(kva, 0) }.unwrap();
+    let slot = unsafe { kernel.inspect().slot(kva, 0) }.unwrap();
     let rw = T4::modify_prot(slot.load(Relaxed), Prot::READ_WRITE | Prot::GLOBAL, 0);
     T4::set_pte_at(user.mmu(), kva, slot, rw);
     user.mmu().flush_tlb_range(TlbRange {
@@ -1361,12 +1363,12 @@ fn a_user_space_changing_a_kernel_entry_flushes_only_its_own_cpus_and_is_caught(
     // Correct: the user space refuses the kernel's address and changes
     // nothing; the kernel's own change reaches every CPU.
     let (m, kva, mut kernel, mut user) = kernel_text_seen_from_a_user_space();
-    let before = kernel.entry(kva, 0);
+    let before = kernel.inspect().entry(kva, 0);
     assert_eq!(
         user.ptep_set_access_flags(kva, pgtable_core::FaultFlags::WRITE),
         Err(pgtable_core::Error::OutOfRange(kva))
     );
-    assert_eq!(kernel.entry(kva, 0), before);
+    assert_eq!(kernel.inspect().entry(kva, 0), before);
     m.check().unwrap();
     kernel
         .ptep_set_access_flags(kva, pgtable_core::FaultFlags::WRITE)

@@ -8,12 +8,13 @@ use crate::common::test_format_variant;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
+use pgtable_core::contract::{Access, AccessFault, Arch, Format, Mmu, TlbRange};
 use pgtable_core::test_format::{TestFormat, ACCESSED, DIRTY};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, Error, Format, MapOptions, Mmu, PhysAddr, Prot,
-    TlbRange, VirtAddr,
+    sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu},
+    MoveOptions,
 };
+use pgtable_core::{AddressSpace, Error, MapOptions, PhysAddr, Prot, VirtAddr};
 
 const K4: u64 = 4 << 10;
 const M2: u64 = 2 << 20;
@@ -115,7 +116,7 @@ fn bad_accesses_fault_as_values_with_their_reason() {
     // the simulated walker checks table frames, and the address space
     // never sees the forged entry: the original is back before the slot's
     // borrow ends and before anything here can panic.
-    let pmd = unsafe { s.slot(va, 1) }.unwrap();
+    let pmd = unsafe { s.inspect().slot(va, 1) }.unwrap();
     let good = pmd.swap(T4::table_entry(PhysAddr(0x9000_0000), 1), Relaxed);
     m.mmu().flush_tlb_all();
     let forged = m.read_u64(va);
@@ -225,7 +226,7 @@ fn a_nosync_write_is_invisible_to_an_arm64_walker_until_a_barrier_or_flush() {
     let next = VirtAddr(G1 + K4);
     let leaf = T4::leaf(PhysAddr(0x8000_5000), Prot::READ_WRITE, 0);
     // SAFETY: a leaf into an empty entry; the missing barrier is the point.
-    T4::set_pte_nosync(s.mmu(), unsafe { s.slot(next, 0) }.unwrap(), leaf);
+    T4::set_pte_nosync(s.mmu(), unsafe { s.inspect().slot(next, 0) }.unwrap(), leaf);
     assert_eq!(
         m.read_u64(next).unwrap_err().kind,
         SimFaultKind::Translation { height: 0 }
@@ -238,7 +239,11 @@ fn a_nosync_write_is_invisible_to_an_arm64_walker_until_a_barrier_or_flush() {
     // A flush orders earlier writes too.
     let third = VirtAddr(G1 + 2 * K4);
     // SAFETY: a leaf into an empty entry; the missing barrier is the point.
-    T4::set_pte_nosync(s.mmu(), unsafe { s.slot(third, 0) }.unwrap(), leaf);
+    T4::set_pte_nosync(
+        s.mmu(),
+        unsafe { s.inspect().slot(third, 0) }.unwrap(),
+        leaf,
+    );
     assert!(m.read_u64(third).is_err());
     s.mmu().flush_tlb_all();
     m.read_u64(third).unwrap();
@@ -254,7 +259,7 @@ fn an_in_order_walker_sees_nosync_writes_at_once() {
     let next = VirtAddr(G1 + K4);
     let leaf = InOrderWalker::leaf(PhysAddr(0x8000_5000), Prot::READ_WRITE, 0);
     // SAFETY: a leaf into an empty entry, as the arch's setter stores it.
-    InOrderWalker::set_pte_nosync(s.mmu(), unsafe { s.slot(next, 0) }.unwrap(), leaf);
+    InOrderWalker::set_pte_nosync(s.mmu(), unsafe { s.inspect().slot(next, 0) }.unwrap(), leaf);
     m.read_u64(next).unwrap();
     m.check().unwrap();
     assert_eq!(s.stats().barriers(), 0, "no barrier is ever issued");
@@ -356,7 +361,7 @@ fn random_operation_sequences_never_leave_a_stale_tlb_entry() {
             _ => {
                 let q = next(&mut x) % pages;
                 let n = n.min(pages - q);
-                s.move_page_tables(va, VirtAddr(base + q * K4), n * K4)
+                s.move_page_tables(va, VirtAddr(base + q * K4), n * K4, MoveOptions::DEFAULT)
             }
         };
         // Errors (overlap, already mapped) are fine here; what matters is
@@ -417,7 +422,7 @@ fn a_deactivated_space_frees_its_tables_when_dropped() {
     map_rw(&mut s, VirtAddr(G1), K4);
     m.write_u64(VirtAddr(G1), 7).unwrap();
     let root = s.root();
-    assert!(s.is_active());
+    assert!(s.inspect().is_active());
     // `Installed` deactivates it first.
     drop(s);
     assert_eq!(m.live_tables(), 0);

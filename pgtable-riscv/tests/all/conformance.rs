@@ -5,9 +5,10 @@
 //! every access goes through the simulated walker, which decodes the exact
 //! RISC-V bits and applies `hw_access` (rights, A/D).
 
+use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
-use pgtable_core::{AddressSpace, Arch, VirtAddr};
+use pgtable_core::{AddressSpace, VirtAddr};
 use pgtable_riscv::{RiscvPaging, Sv39, Sv48, Sv57, SVPBMT};
 
 /// Runs the suite on a fresh simulated machine with the window at `window`

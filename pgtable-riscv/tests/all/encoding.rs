@@ -3,7 +3,8 @@
 //! reserved encodings, memory types, NAPOT PTEs, software entries, A/D and
 //! the access model.
 
-use pgtable_core::{Access, AccessFault, Decoded, Format, MemType, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::{Access, AccessFault, Decoded, Format};
+use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 use pgtable_riscv::bits::{A, D, G, N, PBMT_IO, PBMT_MASK, PBMT_NC, R, U, V, W, X};
 use pgtable_riscv::{
     hw_access_with, AdUpdates, EntryError, RiscvEntry, RiscvPaging, Sv39, Sv48, Sv57, SVNAPOT,

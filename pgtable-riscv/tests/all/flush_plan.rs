@@ -3,7 +3,8 @@
 //! changed, `x0` as the ASID operand where global mappings may be cached,
 //! the Svinval batch; `satp` values and ASID widths.
 
-use pgtable_core::{Arch, TlbRange, VirtAddr};
+use pgtable_core::contract::{Arch, TlbRange};
+use pgtable_core::VirtAddr;
 use pgtable_riscv::{
     flush_plan, full_flush_plan, satp_value, Asid, AsidTooWide, FlushCaps, FlushPlan, RiscvPaging,
     Sv39, Sv48, Sv57, TLB_FLUSH_CEILING,

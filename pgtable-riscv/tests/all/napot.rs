@@ -5,8 +5,9 @@
 //! runs need each entry to: the format declares no runs, `map` never
 //! writes N, and every page still translates to its own frame.
 
+use pgtable_core::contract::{Decoded, Format};
 use pgtable_core::sim::{Installed, SimMachine};
-use pgtable_core::{AddressSpace, Decoded, Format, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_riscv::bits::N;
 use pgtable_riscv::{RiscvPaging, SVNAPOT, SVPBMT};
 
@@ -29,7 +30,7 @@ fn map_of_aligned_64k_runs_writes_no_napot_pte() {
     .unwrap();
     for j in 0..64u64 {
         let page = VirtAddr(va.0 + j * 0x1000);
-        let raw = s.entry(page, 0).unwrap();
+        let raw = s.inspect().entry(page, 0).unwrap();
         assert_eq!(raw & N, 0, "page {j}");
         assert_eq!(
             Full48::decode(raw, 0),

@@ -3,10 +3,9 @@
 //! writable leaves clean until the hart sets D, G, Svpbmt memory types, a
 //! gigapage in the Sv39 root, the upper half and software entries.
 
+use pgtable_core::contract::{Arch, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
-use pgtable_core::{
-    AddressSpace, Arch, Arena, MapOptions, MemType, NoopMmu, PhysAddr, Prot, VaRange, VirtAddr,
-};
+use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VaRange, VirtAddr};
 use pgtable_riscv::{RiscvPaging, Sv57, SVPBMT};
 
 type Sv39P = RiscvPaging<3, SVPBMT>;

@@ -5,9 +5,10 @@
 //! simulator catches the broken variants: a plan that flushes freed tables
 //! by address, and a map without the walker barrier.
 
+use pgtable_core::contract::{Arch, Mmu, Slot, TlbRange};
 use pgtable_core::sim::{CheckError, Installed, SimMachine, SimMmu, SimSuiteMachine};
 use pgtable_core::suite::{self, Config};
-use pgtable_core::{AddressSpace, Arch, MapOptions, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_riscv::{flush_plan, FlushCaps, FlushPlan, Sv39, Sv48, TLB_FLUSH_CEILING};
 
 /// What the MMU gets wrong.

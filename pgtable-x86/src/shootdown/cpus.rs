@@ -136,7 +136,7 @@ impl MmCpus {
 pub struct SwitchAction {
     /// Flush the space's translations on this CPU before they become
     /// usable (MOV to CR3 without the no-flush bit, or
-    /// [`Mmu::flush_tlb_mm`](pgtable_core::Mmu::flush_tlb_mm) *before*
+    /// [`Mmu::flush_tlb_mm`](pgtable_core::contract::Mmu::flush_tlb_mm) *before*
     /// installing): flushes went by while this CPU was lazy or away.
     pub flush: bool,
 }

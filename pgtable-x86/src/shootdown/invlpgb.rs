@@ -26,7 +26,7 @@
 //! [`invlpgb_ops`] turns a flush into these operands (pure, host-tested);
 //! the bare-metal half executes them.
 
-use pgtable_core::TlbRange;
+use pgtable_core::contract::TlbRange;
 
 use crate::flush::{strides, FlushKind};
 use crate::Pcid;

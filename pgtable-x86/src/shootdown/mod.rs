@@ -1,4 +1,4 @@
-//! TLB shootdown for SMP x86: the [`Mmu`](pgtable_core::Mmu) rule "a flush returns only once
+//! TLB shootdown for SMP x86: the [`Mmu`](pgtable_core::contract::Mmu) rule "a flush returns only once
 //! no CPU can use the old translation" on hardware whose invalidation
 //! instructions (`INVLPG`, MOV to CR3, INVPCID) reach the executing CPU
 //! only (Intel SDM Vol. 3A §4.10.5, "Propagation of Paging-Structure
@@ -19,7 +19,7 @@
 //!   `enter_lazy_tlb` / `cpu_tlbstate_shared.is_lazy`) gets no IPI for a
 //!   flush that frees no table; its generation falls behind, and its next
 //!   [`switch_mm`](Shootdown::switch_mm) to the space says to flush it
-//!   fully. A flush that frees tables (a [`TlbRange`](pgtable_core::TlbRange) that is not
+//!   fully. A flush that frees tables (a [`TlbRange`](pgtable_core::contract::TlbRange) that is not
 //!   `last_level`, or a whole-space flush) reaches lazy CPUs too, since
 //!   their walkers may still walk the old tables speculatively (Linux
 //!   `flush_tlb_mm_range` with `freed_tables`).
@@ -44,7 +44,8 @@
 //! # For kernel authors
 //!
 //! ```
-//! use pgtable_core::{AddressSpace, Arena, MapOptions, NoopMmu, PhysAddr, Prot, VirtAddr};
+//! use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+//! use pgtable_core::contract::{Arena, NoopMmu};
 //! use pgtable_x86::{CpuMask, IpiSender, MmCpus, Shootdown, SmpMmu, X86_64};
 //!
 //! // The kernel's part: the CPU number and the IPI (x2APIC ICR writes).

@@ -4,7 +4,8 @@
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
 
-use pgtable_core::{Mmu, TlbRange, VirtAddr};
+use pgtable_core::contract::{Mmu, TlbRange};
+use pgtable_core::VirtAddr;
 
 use super::{invlpgb, CpuMask, IpiSender, MmCpus, ShootdownStats, SwitchAction, MAX_CPUS};
 use crate::flush::FlushKind;
@@ -127,7 +128,9 @@ impl<I: IpiSender> Shootdown<I> {
             online: AtomicU64::new(0),
             invlpgb: AtomicU32::new(u32::MAX),
             user_pcids: AtomicBool::new(false),
-            ceiling: AtomicU64::new(<crate::X86_64 as pgtable_core::Arch>::TLB_FLUSH_CEILING),
+            ceiling: AtomicU64::new(
+                <crate::X86_64 as pgtable_core::contract::Arch>::TLB_FLUSH_CEILING,
+            ),
             counters: Counters::new(),
         }
     }

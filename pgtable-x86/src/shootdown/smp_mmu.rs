@@ -1,6 +1,7 @@
 //! The SMP [`Mmu`]: the local MMU plus the shootdown.
 
-use pgtable_core::{Mmu, PhysAddr, Slot, TlbRange};
+use pgtable_core::contract::{Mmu, Slot, TlbRange};
+use pgtable_core::PhysAddr;
 
 use super::{IpiSender, MmCpus, Shootdown};
 use crate::flush::FlushKind;

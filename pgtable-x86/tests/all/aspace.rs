@@ -2,9 +2,8 @@
 //! pgtable-core's `AddressSpace` and `Arena`, in both halves of the
 //! canonical address space.
 
-use pgtable_core::{
-    AddressSpace, Arch, Arena, Error, Level, MapOptions, Mapping, NoopMmu, PhysAddr, Prot, VirtAddr,
-};
+use pgtable_core::contract::{Arch, Arena, Level, NoopMmu};
+use pgtable_core::{AddressSpace, Error, MapOptions, Mapping, PhysAddr, Prot, VirtAddr};
 use std::sync::atomic::Ordering::Relaxed;
 
 use pgtable_x86::{X86Paging, X86_64La57, X86_64};
@@ -90,7 +89,7 @@ fn round_trip<A: Arch>(base: u64) {
 
     s.unmap(VirtAddr(base), len).unwrap();
     assert!(mappings(&s, base, len).is_empty());
-    assert_eq!(s.count_tables(), 1, "only the root is left");
+    assert_eq!(s.inspect().count_tables(), 1, "only the root is left");
     assert_eq!(s.alloc().live(), 1, "no leaked frames");
 }
 
@@ -125,7 +124,7 @@ fn five_level_uses_five_tables_for_one_page() {
         MapOptions::PAGES,
     )
     .unwrap();
-    assert_eq!(s.count_tables(), 5);
+    assert_eq!(s.inspect().count_tables(), 5);
     let mut s4 = space::<X86_64>();
     s4.map(
         VirtAddr(0xffff_8000_0000_0000),
@@ -135,12 +134,13 @@ fn five_level_uses_five_tables_for_one_page() {
         MapOptions::PAGES,
     )
     .unwrap();
-    assert_eq!(s4.count_tables(), 4);
+    assert_eq!(s4.inspect().count_tables(), 4);
     let t = s.translate(VirtAddr(0xff00_0000_0000_0abc)).unwrap();
     assert_eq!(t.pa, PhysAddr(0x5abc));
     // The PGD (PML5) entry for 0xff00_.. is index 0x100 (bits 56:48).
     // SAFETY: only the entry's address is taken.
-    let pgd = unsafe { s.slot(VirtAddr(0xff00_0000_0000_0000), 4) }.unwrap() as *const _ as u64;
+    let pgd =
+        unsafe { s.inspect().slot(VirtAddr(0xff00_0000_0000_0000), 4) }.unwrap() as *const _ as u64;
     assert_eq!(pgd & 0xfff, 0x100 * 8);
 }
 
@@ -168,9 +168,17 @@ fn rejects<A: Arch>(
     want: Error,
     f: impl FnOnce(&mut AddressSpace<A, NoopMmu, Arena>) -> Result<(), Error>,
 ) {
-    let before = (s.count_tables(), s.alloc().live(), mappings(s, 0, 1 << 40));
+    let before = (
+        s.inspect().count_tables(),
+        s.alloc().live(),
+        mappings(s, 0, 1 << 40),
+    );
     assert_eq!(f(s), Err(want));
-    let after = (s.count_tables(), s.alloc().live(), mappings(s, 0, 1 << 40));
+    let after = (
+        s.inspect().count_tables(),
+        s.alloc().live(),
+        mappings(s, 0, 1 << 40),
+    );
     assert_eq!(before, after, "tables changed on error");
 }
 
@@ -321,7 +329,7 @@ fn raw_entries_with_reserved_bits_are_invalid_to_the_walk() {
     let poke = |s: &AddressSpace<X86_64, NoopMmu, Arena>, f: &dyn Fn(u64) -> u64| {
         // SAFETY: the block entry only gets a reserved bit set (Invalid to
         // the walk) and cleared again; the space is never installed.
-        let slot = unsafe { s.slot(VirtAddr(0x20_0000), 1) }.unwrap();
+        let slot = unsafe { s.inspect().slot(VirtAddr(0x20_0000), 1) }.unwrap();
         // Relaxed: single-threaded test.
         slot.store(f(slot.load(Relaxed)), Relaxed);
     };

@@ -5,9 +5,10 @@
 //! every access goes through the simulated walker, which decodes the exact
 //! x86 bits and applies `hw_access` (rights, accessed/dirty).
 
+use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
-use pgtable_core::{AddressSpace, Arch, VirtAddr};
+use pgtable_core::{AddressSpace, VirtAddr};
 use pgtable_x86::{X86_64La57, X86_64};
 
 /// Runs the suite on a fresh simulated machine with the window at `window`

@@ -1,7 +1,8 @@
 //! Entry encodings against bit patterns written by hand from the Intel SDM
 //! (Vol. 3A §4.5, Tables 4-14..4-20), for 4-level and 5-level paging.
 
-use pgtable_core::{Access, AccessFault, Decoded, Format, MemType, PhysAddr, Prot};
+use pgtable_core::contract::{Access, AccessFault, Decoded, Format};
+use pgtable_core::{MemType, PhysAddr, Prot};
 use pgtable_x86::{bits, EntryError, ReservedBits, X86Entry, X86Paging, X86_64La57, X86_64};
 
 type F4 = X86_64;
@@ -474,7 +475,7 @@ fn entries_from_raw_bits_are_checked() {
     );
     let e = X86Entry::<5>::from_raw(0x5027, 4).unwrap();
     assert_eq!(e.table_addr(), Some(PhysAddr(0x5000)));
-    assert_eq!(e.level(), pgtable_core::Level::Pgd);
+    assert_eq!(e.level(), pgtable_core::contract::Level::Pgd);
     assert_eq!(e.leaf_addr(), None);
     let pte = X86Entry::<4, 46>::from_raw(0x8000_0000_1234_5063, 0).unwrap();
     assert_eq!(pte.leaf_addr(), Some(PhysAddr(0x1234_5000)));

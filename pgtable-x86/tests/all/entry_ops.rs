@@ -6,9 +6,8 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
-use pgtable_core::{
-    AddressSpace, Arch, Arena, Format, MapOptions, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr,
-};
+use pgtable_core::contract::{Arch, Arena, Format, Mmu, Slot, TlbRange};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::{X86_64La57, X86_64};
 
 /// Counts what the operations ask of the machine.
@@ -135,7 +134,7 @@ fn huge_protection_change_defers_its_flush() {
     );
     assert_eq!(mmu.range_flushes.get() + mmu.full_flushes.get(), 0);
     let new = X86_64::modify_prot(old, Prot::READ_ONLY, 2);
-    X86_64::pmdp_modify_prot_commit(&mmu, va, &slot, 2, old, new);
+    X86_64::pmdp_modify_prot_commit(&mmu, va, &slot, 2, new);
     assert_eq!(slot.load(Relaxed), block & !0x2);
     assert_eq!(mmu.barriers.get(), 0);
     assert_eq!(mmu.range_flushes.get() + mmu.full_flushes.get(), 0);

@@ -1,6 +1,7 @@
 //! The range-flush policy: which instructions a `TlbRange` becomes.
 
-use pgtable_core::{TlbRange, VirtAddr};
+use pgtable_core::contract::TlbRange;
+use pgtable_core::VirtAddr;
 use pgtable_x86::flush::strides;
 use pgtable_x86::{flush_plan, full_flush_plan, FlushPlan};
 

@@ -2,10 +2,9 @@
 //! halves, a lower space owning PML4 (PML5) entries 0–255 and an upper one
 //! entries 256–511 (Intel SDM Vol. 3A 4.5).
 
+use pgtable_core::contract::{Arch, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
-use pgtable_core::{
-    AddressSpace, Arch, Arena, Error, MapOptions, NoopMmu, PhysAddr, Prot, VaRange, VirtAddr,
-};
+use pgtable_core::{AddressSpace, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use pgtable_x86::{X86_64La57, X86_64};
 
 const PAGE: u64 = 4096;
@@ -46,7 +45,7 @@ fn halves_are_the_two_halves_of_one_root<A: Arch>() {
     );
 
     let mut lo = half::<A>(VaRange::Lower);
-    let tables = lo.count_tables();
+    let tables = lo.inspect().count_tables();
     assert_eq!(
         lo.map(VirtAddr(first), PhysAddr(0), PAGE, rw, p),
         Err(Error::OutOfRange(VirtAddr(first)))
@@ -57,7 +56,7 @@ fn halves_are_the_two_halves_of_one_root<A: Arch>() {
         lo.map(VirtAddr(size - PAGE), PhysAddr(0), 2 * PAGE, rw, p),
         Err(Error::OutOfRange(VirtAddr(size)))
     );
-    assert_eq!(lo.count_tables(), tables);
+    assert_eq!(lo.inspect().count_tables(), tables);
     assert!(lo.translate(VirtAddr(first)).is_none());
 }
 

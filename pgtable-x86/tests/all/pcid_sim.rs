@@ -12,8 +12,9 @@
 use std::sync::Arc;
 
 use pgtable_core::asid::{AsidAllocator, AsidContext};
+use pgtable_core::contract::{Mmu, Slot, TlbRange};
 use pgtable_core::sim::{SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, Slot, TlbRange, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::{
     flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind, FlushPlan,
     OtherPcid, Pcid, PcidCpu, PcidFlush, X86_64,

@@ -3,10 +3,9 @@
 //! leaves neither until the processor sets them, G, PAT memory types, the
 //! upper half of 4- and 5-level paging, 1 GiB pages and software entries.
 
+use pgtable_core::contract::{Arch, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
-use pgtable_core::{
-    AddressSpace, Arch, Arena, MapOptions, MemType, NoopMmu, PhysAddr, Prot, VaRange, VirtAddr,
-};
+use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VaRange, VirtAddr};
 use pgtable_x86::{X86_64La57, X86_64};
 
 const K4: u64 = 4096;
@@ -88,7 +87,7 @@ fn ptdump_x86_user_pages_get_accessed_and_dirty_from_the_processor() {
     .expect("map");
     m.hw_touch(VirtAddr(va), false).expect("load");
     m.hw_touch(VirtAddr(va + K4), true).expect("store");
-    let before = s.entry(VirtAddr(va), 0);
+    let before = s.inspect().entry(VirtAddr(va), 0);
     assert_eq!(
         s.ptdump().to_string().lines().collect::<Vec<_>>(),
         [
@@ -98,7 +97,7 @@ fn ptdump_x86_user_pages_get_accessed_and_dirty_from_the_processor() {
         ]
     );
     // Reading cleared no accessed bit.
-    assert_eq!(s.entry(VirtAddr(va), 0), before);
+    assert_eq!(s.inspect().entry(VirtAddr(va), 0), before);
 }
 
 #[test]

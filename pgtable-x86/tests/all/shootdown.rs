@@ -12,8 +12,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use pgtable_core::sim::{set_thread_cpu, thread_cpu, CheckError, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr};
+use pgtable_core::contract::{Mmu, TlbRange};
+use pgtable_core::{
+    sim::{set_thread_cpu, thread_cpu, CheckError, SimAlloc, SimMachine, SimMmu},
+    MoveOptions,
+};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::flush::FlushKind;
 use pgtable_x86::{CpuMask, IpiSender, MmCpus, Shootdown, SmpMmu, X86_64};
 
@@ -133,7 +137,7 @@ fn unmap_protect_and_move_leave_no_stale_entry_on_any_cpu() {
             "unmap" => s.unmap(VA, K4).unwrap(),
             "protect" => s.change_protection(VA, K4, Prot::USER).unwrap(),
             _ => s
-                .move_page_tables(VA, VirtAddr(0x8000_0000), 4 * K4)
+                .move_page_tables(VA, VirtAddr(0x8000_0000), 4 * K4, MoveOptions::DEFAULT)
                 .unwrap(),
         }
         m.check().unwrap_or_else(|e| panic!("{op}: {e}"));
@@ -385,7 +389,7 @@ unsafe impl Mmu for NoWait {
         // SAFETY: forwarded.
         unsafe { self.0.install_root(root) }
     }
-    fn entry_written(&self, slot: &pgtable_core::Slot, old: u64) {
+    fn entry_written(&self, slot: &pgtable_core::contract::Slot, old: u64) {
         self.0.entry_written(slot, old)
     }
 }
@@ -536,7 +540,8 @@ fn cpu_threads_touching_memory_see_no_stale_entry_after_any_operation() {
         m.check()
             .unwrap_or_else(|e| panic!("round {round} protect: {e}"));
         let to = VirtAddr(0x1_0000_0000);
-        s.move_page_tables(VA, to, pages * K4).unwrap();
+        s.move_page_tables(VA, to, pages * K4, MoveOptions::DEFAULT)
+            .unwrap();
         m.check()
             .unwrap_or_else(|e| panic!("round {round} move: {e}"));
         s.unmap(to, pages * K4).unwrap();

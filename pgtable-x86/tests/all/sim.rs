@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgtable_core::sim::{CheckError, Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
+use pgtable_core::contract::{Access, AccessFault, Arch, Format, Mmu, TableAlloc, TlbRange};
 use pgtable_core::{
-    Access, AccessFault, AddressSpace, Arch, CopyMode, Format, LiveOptions, MapOptions, Mmu,
-    PhysAddr, Prot, TableAlloc, TlbRange, VirtAddr,
+    sim::{CheckError, Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu},
+    MoveOptions,
 };
+use pgtable_core::{AddressSpace, CopyMode, LiveOptions, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::{X86_64La57, X86_64};
 
 const MIB2: u64 = 0x20_0000;
@@ -263,7 +264,7 @@ fn moved_tables_are_published_before_they_are_relinked<A: Arch>() {
         )
         .unwrap();
     }
-    s.move_page_tables(VirtAddr(g1), VirtAddr(2 * g1), g1)
+    s.move_page_tables(VirtAddr(g1), VirtAddr(2 * g1), g1, MoveOptions::DEFAULT)
         .unwrap();
     m.check().unwrap();
     assert_eq!(
@@ -325,7 +326,7 @@ fn split_by_hand(children: impl Fn(u64) -> u64, flush_first: bool) -> Result<(),
     // SAFETY: a fresh frame of the machine's allocator, linked below.
     let t = unsafe { alloc.phys_to_virt(child).as_ref() };
     // SAFETY: the block's entry, written only by this test.
-    let slot = unsafe { s.slot(BLOCK_VA, 1) }.unwrap();
+    let slot = unsafe { s.inspect().slot(BLOCK_VA, 1) }.unwrap();
     let block = slot.load(Relaxed);
     let first = X86_64::split_leaf(block, 1);
     for (i, e) in t.entries.iter().enumerate() {

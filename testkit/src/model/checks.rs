@@ -2,8 +2,9 @@
 //! count, translations against the model, loads and stores through the
 //! MMU.
 
+use pgtable_core::contract::{AccessFault, Arch};
 use pgtable_core::sim::{SimFault, SimFaultKind};
-use pgtable_core::{AccessFault, Arch, VaRange, VirtAddr};
+use pgtable_core::{VaRange, VirtAddr};
 
 use super::episode::{Episode, Slot};
 use super::gen::Op;
@@ -16,11 +17,11 @@ impl<A: Arch> Episode<A> {
     /// Tables reachable from both spaces.
     fn reachable(&self) -> usize {
         let other = self.other_tables.get().unwrap_or_else(|| {
-            let n = self.other.space.count_tables();
+            let n = self.other.space.inspect().count_tables();
             self.other_tables.set(Some(n));
             n
         });
-        self.cur.space.count_tables() + other
+        self.cur.space.inspect().count_tables() + other
     }
 
     pub(super) fn leak_check(&self, op: &Op) -> Result<(), Failure> {
@@ -130,7 +131,7 @@ fn translate_check<A: Arch>(slot: &Slot<A>, p: u64) -> Result<(), Failure> {
 }
 
 /// The software entries in pages `[s, e)` (one canonical half)
-/// against the model, through the tables and through `swap_entry`.
+/// against the model, through the tables and through `ptep_get` (`LeafEntry::swap_value`).
 fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
     if s >= e {
         return Ok(());
@@ -152,7 +153,10 @@ fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
             );
     }
     for (p, v) in want {
-        let got = slot.space.swap_entry(VirtAddr(p << 12));
+        let got = slot
+            .space
+            .ptep_get(VirtAddr(p << 12))
+            .and_then(|e| e.swap_value());
         if got != Some(v) {
             return fail(
                 "swap",

@@ -2,7 +2,8 @@
 //! operations into one caller-owned gather (Linux `tlb_gather_mmu`), then
 //! one `finish`, which flushes and frees.
 
-use pgtable_core::{Arch, Error, LeafEntry, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{Error, LeafEntry, VirtAddr};
 
 use super::gen::GStep;
 use super::oracle::Space;

@@ -80,7 +80,8 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Once;
 use std::time::Instant;
 
-use pgtable_core::{Arch, Error, PhysAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{Error, PhysAddr};
 
 use episode::{Episode, Kind};
 use gen::{episode_seed, Gen, Op};

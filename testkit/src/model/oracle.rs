@@ -14,8 +14,9 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use pgtable_core::contract::{Arch, Decoded, Table, TableAlloc};
 use pgtable_core::sim::{SimAlloc, SimMmu};
-use pgtable_core::{AddressSpace, Arch, Decoded, MapOptions, PhysAddr, Table, TableAlloc};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr};
 
 /// The address space under test.
 pub type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
@@ -117,7 +118,7 @@ fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Opti
     }
     let top = h == A::LEVELS - 1;
     let (first, last) = space.va_range().root_indices::<A>();
-    let pinned = top && space.is_kernel_half_shared() && !A::SEPARATE_HALVES;
+    let pinned = top && space.inspect().is_kernel_half_shared() && !A::SEPARATE_HALVES;
     for (i, raw) in entries(space, pa).into_iter().enumerate() {
         if top && (i < first || i > last) {
             continue;
@@ -144,7 +145,7 @@ fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Opti
 /// non-zero PTE that is no leaf, with value `u64::MAX`, so that a stray
 /// value shows.
 ///
-/// [`Format::swp_value`]: pgtable_core::Format::swp_value
+/// [`Format::swp_value`]: pgtable_core::contract::Format::swp_value
 pub fn swap_entries<A: Arch>(space: &Space<A>, s: u64, e: u64) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let (s, e) = (u128::from(s) << 12, u128::from(e) << 12);

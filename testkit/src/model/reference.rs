@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use pgtable_core::{Error, Format, PhysAddr, Prot, VaRange, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
+use pgtable_core::contract::{Format, PAGE_SHIFT, PAGE_SIZE};
+use pgtable_core::{Error, PhysAddr, Prot, VaRange, VirtAddr};
 
 use super::gen::Rng;
 

@@ -2,7 +2,8 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::{Arch, Error, FaultFlags, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{Error, FaultFlags, MapOptions, PhysAddr, Prot, VirtAddr};
 
 use super::{map, setup, snapshot, K4, M2, PA, SWAP, URW, VA};
 
@@ -40,7 +41,12 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
     map(&mut s, 0, K4, URW, MapOptions::PAGES);
     // SAFETY: an empty PTE slot of an existing table gets a not-present
     // value, as `slot` allows.
-    unsafe { s.slot(VirtAddr(VA + K4), 0).unwrap().store(SWAP, Relaxed) };
+    unsafe {
+        s.inspect()
+            .slot(VirtAddr(VA + K4), 0)
+            .unwrap()
+            .store(SWAP, Relaxed)
+    };
     let before = snapshot(&s, VA, 4 * K4);
     let live = m.alloc().live();
     // `ptep_get` shows the software entry as a non-present leaf entry.
@@ -76,13 +82,13 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
     // Needs LEVELS - 1 tables far away; only one can be had.
     let live = m.alloc().live().max(live);
     let far = VirtAddr(VA + (1 << (A::VA_BITS - 2)));
-    let tables = s.count_tables();
+    let tables = s.inspect().count_tables();
     m.alloc().fail_after(Some(1));
     let e = s.install_pte(far, PhysAddr(PA), URW);
     m.alloc().fail_after(None);
     assert_eq!(e, Err(Error::OutOfMemory));
     assert_eq!(m.alloc().live(), live);
-    assert_eq!(s.count_tables(), tables);
+    assert_eq!(s.inspect().count_tables(), tables);
     assert!(s.ptep_get(far).is_none());
     m.check().unwrap();
 }

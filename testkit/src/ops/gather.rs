@@ -1,7 +1,8 @@
 //! `MmuGather`: one flush for a batch, frees deferred to the finish,
 //! and a gather dropped unfinished (or while unwinding) still finished.
 
-use pgtable_core::{Arch, ClearRefs, Error, MapOptions, Prot, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{ClearRefs, Error, MapOptions, Prot, VirtAddr};
 
 use super::{map, setup, snapshot, K4, KRW, M2, VA};
 

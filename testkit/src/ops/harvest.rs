@@ -3,7 +3,8 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::{Arch, ClearRefs, Error, MapOptions, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{ClearRefs, Error, MapOptions, VirtAddr};
 
 use super::{busy, map, rec, setup, snapshot, K4, M2, URW, VA};
 

@@ -8,8 +8,9 @@
 //! conflict.
 #![allow(dead_code)]
 
+use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, Removed, VirtAddr};
+use pgtable_core::{AddressSpace, LeafEntry, MapOptions, PhysAddr, Prot, VirtAddr};
 
 mod faults;
 mod gather;
@@ -70,7 +71,7 @@ pub fn snapshot<A: Arch>(
     let mut a = va;
     while a < va + len {
         for h in 0..A::LEVELS {
-            if let Some(raw) = s.entry(VirtAddr(a), h) {
+            if let Some(raw) = s.inspect().entry(VirtAddr(a), h) {
                 v.push((a, h, raw));
             }
         }
@@ -95,7 +96,7 @@ pub struct Rec {
 }
 
 /// The record of one report.
-pub fn rec<A: Arch>(r: Removed<A>) -> Rec {
+pub fn rec<A: Arch>(r: LeafEntry<A>) -> Rec {
     Rec {
         va: r.va().0,
         size: r.size(),

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::{Arch, Decoded, Error, MapOptions, PhysAddr, VirtAddr};
+use pgtable_core::contract::{Arch, Decoded};
+use pgtable_core::{Error, MapOptions, PhysAddr, VirtAddr};
 
 use super::{busy, map, rec, setup, snapshot, G1, K4, KRW, M2, PA, SWAP, URW, VA};
 
@@ -32,7 +33,7 @@ pub fn unmap_with_reports_each_removed_entry<A: Arch>() {
     // SAFETY: an empty PTE slot of an existing table gets a value that
     // decodes as not present, as `slot` allows.
     unsafe {
-        let slot = s.slot(VirtAddr(swap_va), 0).unwrap();
+        let slot = s.inspect().slot(VirtAddr(swap_va), 0).unwrap();
         assert!(matches!(A::decode(SWAP, 0), Decoded::Invalid));
         slot.store(SWAP, Relaxed);
     }
@@ -117,7 +118,7 @@ pub fn unmap_with_reports_leaves_of_whole_tables<A: Arch>() {
     assert_eq!(got.len(), 2 * 512 + 8);
     assert_eq!(dirty, 1);
     assert_eq!(m.alloc().live(), live0);
-    assert_eq!(s.count_tables(), 1);
+    assert_eq!(s.inspect().count_tables(), 1);
 }
 
 /// Errors report nothing and change nothing (no frame leaked).

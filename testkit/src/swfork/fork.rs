@@ -5,10 +5,9 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
+use pgtable_core::contract::{AccessFault, Arch};
 use pgtable_core::sim::SimFaultKind;
-use pgtable_core::{
-    AccessFault, Arch, CopyMode, Error, MapOptions, Mapping, PhysAddr, Prot, VirtAddr,
-};
+use pgtable_core::{CopyMode, Error, MapOptions, Mapping, PhysAddr, Prot, VirtAddr};
 
 use super::{
     expect_swp, flushes, listing, machine, no_leak, populate, snapshot, Space, G1, K4, M2, PA, RO,
@@ -97,7 +96,7 @@ pub fn fork_cow<A: Arch>() {
     expect_swp(&child, G1, &swp);
     expect_swp(&src, G1, &swp);
     // No empty table: the same tables on both sides.
-    assert_eq!(child.count_tables(), src.count_tables());
+    assert_eq!(child.inspect().count_tables(), src.inspect().count_tables());
     // Writes fault on both sides, reads work and see the same memory.
     for (mm, name) in [(&m, "source"), (&cm, "child")] {
         for a in [G1 + 5 * K4, G1 + 15 * K4, G1 + 4 * M2 + 8, 2 * G1 + 0x1238] {
@@ -131,7 +130,7 @@ pub fn fork_cow<A: Arch>() {
         "the child's unmap changed the source"
     );
     expect_swp(&src, G1, &swp);
-    assert_eq!(child.count_tables(), 1);
+    assert_eq!(child.inspect().count_tables(), 1);
     no_leak(&cm, &child);
     no_leak(&m, &src);
 }
@@ -414,7 +413,7 @@ pub fn fork_direct_race<A: Arch>(rounds: usize) -> (u64, u64) {
             .map(|i| {
                 // SAFETY: only read for its address; the agent below uses
                 // it as hardware does (atomic compare-exchange of A/D).
-                let s = unsafe { src.slot(va.add(i * K4), 0) }.expect("mapped");
+                let s = unsafe { src.inspect().slot(va.add(i * K4), 0) }.expect("mapped");
                 s as *const _ as usize
             })
             .collect();
@@ -435,7 +434,8 @@ pub fn fork_direct_race<A: Arch>(rounds: usize) -> (u64, u64) {
                         // Relaxed: only atomicity matters, as for the
                         // hardware's read-modify-write.
                         let raw = e.load(Relaxed);
-                        let Ok(new) = A::hw_access(raw, 0, pgtable_core::Access::WRITE) else {
+                        let Ok(new) = A::hw_access(raw, 0, pgtable_core::contract::Access::WRITE)
+                        else {
                             break;
                         };
                         // Relaxed: as above.

@@ -4,10 +4,10 @@
 
 #![allow(dead_code)]
 
+use pgtable_core::contract::{Arch, Decoded, PAGE_SIZE};
 use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::{
-    variants, AddressSpace, Arch, Decoded, Error, MapOptions, Mapping, MoveOptions, PhysAddr, Prot,
-    VirtAddr, PAGE_SIZE,
+    variants, AddressSpace, Error, MapOptions, Mapping, MoveOptions, PhysAddr, Prot, VirtAddr,
 };
 
 mod fork;
@@ -48,15 +48,27 @@ fn listing<A: Arch>(s: &Space<A>, va: u64, len: u64) -> Vec<Mapping> {
 }
 
 fn no_leak<A: Arch>(m: &SimMachine<A>, s: &Space<A>) {
-    assert_eq!(m.live_tables(), s.count_tables(), "leaked or lost tables");
+    assert_eq!(
+        m.live_tables(),
+        s.inspect().count_tables(),
+        "leaked or lost tables"
+    );
     m.check().expect("machine check");
 }
 
 /// Everything observable about `[va, va + len)`: the leaves (raw entries
 /// included), the software entries at `probes`, the table count.
 fn snapshot<A: Arch>(s: &Space<A>, va: u64, len: u64, probes: &[u64]) -> String {
-    let swp: Vec<_> = probes.iter().map(|&p| s.swap_entry(VirtAddr(p))).collect();
-    format!("{:x?} {:x?} {}", listing(s, va, len), swp, s.count_tables())
+    let swp: Vec<_> = probes
+        .iter()
+        .map(|&p| s.ptep_get(VirtAddr(p)).and_then(|e| e.swap_value()))
+        .collect();
+    format!(
+        "{:x?} {:x?} {}",
+        listing(s, va, len),
+        swp,
+        s.inspect().count_tables()
+    )
 }
 
 // ----- the format methods -----
@@ -104,13 +116,13 @@ pub fn install_read_and_swap_in<A: Arch>() {
         m.fail_after(Some(k));
         assert_eq!(s.set_swap_entry(va, 0x77), Err(Error::OutOfMemory));
         m.fail_after(None);
-        assert_eq!(s.count_tables(), 1, "k = {k}");
+        assert_eq!(s.inspect().count_tables(), 1, "k = {k}");
         no_leak(&m, &s);
     }
     s.set_swap_entry(va, 0x77).unwrap();
-    assert_eq!(s.count_tables() as u64, 1 + need);
-    assert_eq!(s.swap_entry(va), Some(0x77));
-    assert_eq!(s.swap_entry(va.add(K4)), None);
+    assert_eq!(s.inspect().count_tables() as u64, 1 + need);
+    assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), Some(0x77));
+    assert_eq!(s.ptep_get(va.add(K4)).and_then(|e| e.swap_value()), None);
     // Not a mapping, for the software walk and for the hardware.
     assert_eq!(s.translate(va), None);
     assert!(listing(&s, va.0 & !(G1 - 1), G1).is_empty());
@@ -126,13 +138,13 @@ pub fn install_read_and_swap_in<A: Arch>() {
     );
     // Replaced by another software entry; too wide a value is refused.
     s.set_swap_entry(va, 0x78).unwrap();
-    assert_eq!(s.swap_entry(va), Some(0x78));
+    assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), Some(0x78));
     let wide = 1u64 << A::SWP_VALUE_BITS;
     assert_eq!(
         s.set_swap_entry(va, wide),
         Err(Error::SwapValueTooWide(wide))
     );
-    assert_eq!(s.swap_entry(va), Some(0x78));
+    assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), Some(0x78));
     // Something present is never replaced.
     let page = va.add(K4);
     s.map(page, PhysAddr(PA), K4, RW, MapOptions::PAGES)
@@ -157,7 +169,7 @@ pub fn install_read_and_swap_in<A: Arch>() {
     m.phys_write_u64(pa, 0xfeed);
     assert_eq!(s.swap_in(va, pa, RW), Ok(0x78));
     assert_eq!(flushes(&m), before, "swap-in flushed");
-    assert_eq!(s.swap_entry(va), None);
+    assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), None);
     assert_eq!(s.translate(va).unwrap().pa, pa);
     assert_eq!(m.read_u64(va), Ok(0xfeed));
     m.write_u64(va, 1).unwrap();
@@ -188,7 +200,8 @@ fn populate<A: Arch>(s: &mut Space<A>, base: u64, len: u64) -> Vec<(u64, u64)> {
 fn expect_swp<A: Arch>(s: &Space<A>, base: u64, swp: &[(u64, u64)]) {
     for &(off, v) in swp {
         assert_eq!(
-            s.swap_entry(VirtAddr(base + off)),
+            s.ptep_get(VirtAddr(base + off))
+                .and_then(|e| e.swap_value()),
             Some(v),
             "at {:#x}",
             base + off
@@ -199,7 +212,8 @@ fn expect_swp<A: Arch>(s: &Space<A>, base: u64, swp: &[(u64, u64)]) {
 fn expect_no_swp<A: Arch>(s: &Space<A>, base: u64, swp: &[(u64, u64)]) {
     for &(off, _) in swp {
         assert_eq!(
-            s.swap_entry(VirtAddr(base + off)),
+            s.ptep_get(VirtAddr(base + off))
+                .and_then(|e| e.swap_value()),
             None,
             "at {:#x}",
             base + off
@@ -274,7 +288,7 @@ pub fn moves_keep_them<A: Arch>() {
             swp.extend(more.into_iter().map(|(o, v)| (o + M2, v)));
         }
         let pages = listing(&s, old, len);
-        s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
+        s.move_page_tables(VirtAddr(old), VirtAddr(new), len, opts)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         expect_swp(&s, new, &swp);
         expect_no_swp(&s, old, &swp);
@@ -289,11 +303,15 @@ pub fn moves_keep_them<A: Arch>() {
         assert_eq!(moved, was, "{what}");
         no_leak(&m, &s);
         // And back, so the source tables (freed or kept) are sound.
-        s.move_page_tables_with(VirtAddr(new), VirtAddr(old), len, opts)
+        s.move_page_tables(VirtAddr(new), VirtAddr(old), len, opts)
             .unwrap();
         expect_swp(&s, old, &swp);
         s.unmap(VirtAddr(old), len).unwrap();
-        assert_eq!(s.count_tables(), 1, "{what}: tables left after unmap");
+        assert_eq!(
+            s.inspect().count_tables(),
+            1,
+            "{what}: tables left after unmap"
+        );
         no_leak(&m, &s);
     }
 }
@@ -305,13 +323,13 @@ pub fn protect_keeps_them<A: Arch>() {
     let swp = populate(&mut s, base, M2 + 64 * K4);
     let raw: Vec<_> = swp
         .iter()
-        .map(|&(o, _)| s.entry(VirtAddr(base + o), 0))
+        .map(|&(o, _)| s.inspect().entry(VirtAddr(base + o), 0))
         .collect();
     s.change_protection(VirtAddr(base), M2 + 64 * K4, RO)
         .unwrap();
     let after: Vec<_> = swp
         .iter()
-        .map(|&(o, _)| s.entry(VirtAddr(base + o), 0))
+        .map(|&(o, _)| s.inspect().entry(VirtAddr(base + o), 0))
         .collect();
     assert_eq!(after, raw);
     assert!(listing(&s, base, M2 + 64 * K4)
@@ -328,10 +346,13 @@ pub fn unmap_clears_them<A: Arch>() {
     s.unmap(VirtAddr(base + 10 * K4), 10 * K4).unwrap();
     for &(o, v) in &swp {
         let want = (!(10 * K4..20 * K4).contains(&o)).then_some(v);
-        assert_eq!(s.swap_entry(VirtAddr(base + o)), want);
+        assert_eq!(
+            s.ptep_get(VirtAddr(base + o)).and_then(|e| e.swap_value()),
+            want
+        );
     }
     s.unmap(VirtAddr(base), 40 * K4).unwrap();
     expect_no_swp(&s, base, &swp);
-    assert_eq!(s.count_tables(), 1);
+    assert_eq!(s.inspect().count_tables(), 1);
     no_leak(&m, &s);
 }

@@ -4,7 +4,7 @@
 // As in space.rs: failures carry their message inline.
 #![allow(clippy::result_large_err)]
 
-use pgtable_core::{Error, LiveOptions};
+use pgtable_core::{Error, LiveOptions, MoveOptions};
 
 use super::*;
 use crate::space::expect_permission;
@@ -134,8 +134,13 @@ pub(super) fn misaligned_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     expect_folded(s, "after map", WINDOW, 0)?;
     expect_folded(s, "after map", WINDOW + CONT_PTE, 0)?;
     reads_markers("before the move", WINDOW, 0, PAGES)?;
-    s.move_page_tables(VirtAddr(WINDOW), VirtAddr(DST), PAGES * PAGE)
-        .map_err(|e| Why::new(format_args!("move_page_tables: {e}")))?;
+    s.move_page_tables(
+        VirtAddr(WINDOW),
+        VirtAddr(DST),
+        PAGES * PAGE,
+        MoveOptions::DEFAULT,
+    )
+    .map_err(|e| Why::new(format_args!("move_page_tables: {e}")))?;
     // The destination spans three runs there, none of which may fold.
     for r in 0..3 {
         expect_unfolded(s, "the destination", MOVED + r * CONT_PTE, 0)?;
@@ -152,8 +157,13 @@ pub(super) fn congruent_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     const PART: (u64, u64) = (6, 4);
     map_marked(s, WINDOW, mem.pages, PAGES)?;
     reads_markers("before the move", WINDOW, 0, PAGES)?;
-    s.move_page_tables(VirtAddr(WINDOW), VirtAddr(MOVED), PAGES * PAGE)
-        .map_err(|e| Why::new(format_args!("move_page_tables: {e}")))?;
+    s.move_page_tables(
+        VirtAddr(WINDOW),
+        VirtAddr(MOVED),
+        PAGES * PAGE,
+        MoveOptions::DEFAULT,
+    )
+    .map_err(|e| Why::new(format_args!("move_page_tables: {e}")))?;
     expect_folded(s, "after a congruent move", MOVED, 0)?;
     expect_folded(s, "after a congruent move", MOVED + CONT_PTE, 0)?;
     reads_markers("at the destination", MOVED, 0, PAGES)?;
@@ -163,8 +173,13 @@ pub(super) fn congruent_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     // Part of the first run moves on: the rest of it unfolds.
     let from = MOVED + PART.0 * PAGE;
     let to = MOVED2 + PART.0 * PAGE;
-    s.move_page_tables(VirtAddr(from), VirtAddr(to), PART.1 * PAGE)
-        .map_err(|e| Why::new(format_args!("move of part of a run: {e}")))?;
+    s.move_page_tables(
+        VirtAddr(from),
+        VirtAddr(to),
+        PART.1 * PAGE,
+        MoveOptions::DEFAULT,
+    )
+    .map_err(|e| Why::new(format_args!("move of part of a run: {e}")))?;
     expect_unfolded(s, "the rest of the run", MOVED, 0)?;
     expect_folded(s, "the other run", MOVED + CONT_PTE, 0)?;
     reads_markers("the moved part", to, PART.0, PART.1)?;
@@ -231,7 +246,11 @@ fn dirtying_store(s: &mut KernelSpace, p: u64, v: u64, hardware: bool) -> R {
 /// (`ptep_set_access_flags`) sets it before the load is made again.
 fn accessing_load(s: &mut KernelSpace, p: u64, hardware: bool) -> R {
     let va = WINDOW + p * PAGE;
-    if !hardware && s.entry(VirtAddr(va), 0).is_some_and(|e| e & AF == 0) {
+    if !hardware
+        && s.inspect()
+            .entry(VirtAddr(va), 0)
+            .is_some_and(|e| e & AF == 0)
+    {
         match probe::read_u64(va) {
             Ok(v) => fail!("a load from {va:#x} with the access flag clear and TCR_EL1.HA clear did not fault (read {v:#x})"),
             Err(f) => ensure!(

@@ -68,7 +68,8 @@ use aarch64_cpu::registers::{ID_AA64MMFR1_EL1, TCR_EL1};
 use pgtable_arm64::bits::{AF, AP_RDONLY, CONT, DBM, OA_MASK, SW_DIRTY};
 use pgtable_arm64::format::{is_contiguous, is_hw_dirty};
 use pgtable_arm64::mmu::local_flush_tlb_all;
-use pgtable_core::{ClearRefs, Decoded, FaultFlags, Format, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::{Decoded, Format};
+use pgtable_core::{ClearRefs, FaultFlags, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 use crate::kmap::KernelSpace;
@@ -192,7 +193,7 @@ fn run_entries(s: &KernelSpace, va: u64, height: u32) -> Result<[u64; 16], Why> 
     let mut e = [0u64; 16];
     for (i, x) in e.iter_mut().enumerate() {
         let at = va + i as u64 * size;
-        match s.entry(VirtAddr(at), height) {
+        match s.inspect().entry(VirtAddr(at), height) {
             Some(raw) => *x = raw,
             None => fail!("no table holds the entry at height {height} for {at:#x}"),
         }

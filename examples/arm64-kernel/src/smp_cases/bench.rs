@@ -1,6 +1,6 @@
 //! The shootdown benchmark: cost per operation against the CPUs running.
 
-use pgtable_core::{MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 
 use super::hammer::ANY;
 use super::{Cases, Space, MOVED, PAGE, R, WINDOW};
@@ -64,7 +64,12 @@ pub(super) fn bench(k: &mut Cases, a: &mut Space) -> Result<(), &'static str> {
                         _ => {
                             let to = if at == WINDOW { MOVED } else { WINDOW };
                             let r = a
-                                .move_page_tables(VirtAddr(at), VirtAddr(to), PAGES * PAGE)
+                                .move_page_tables(
+                                    VirtAddr(at),
+                                    VirtAddr(to),
+                                    PAGES * PAGE,
+                                    MoveOptions::DEFAULT,
+                                )
                                 .map_err(|_| "move failed");
                             at = to;
                             r

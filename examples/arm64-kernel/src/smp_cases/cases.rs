@@ -10,7 +10,8 @@ use pgtable_arm64::format::is_hw_dirty;
 use pgtable_arm64::mmu::{local_flush_tlb_all, Arm64Mmu, Ttbr};
 use pgtable_arm64::regs::{ttbr0_value, Asid};
 use pgtable_arm64::Arm64;
-use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr};
+use pgtable_core::contract::{Mmu, TlbRange};
+use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 use super::hammer::{PAIR, READ, WRITE_PAGES, WRITE_RACE};
@@ -26,7 +27,7 @@ use crate::smp::{CPUS, FAULT, OK};
 /// TLB invalidations are the non-shareable `tlbi vae1` / `vmalle1`
 /// completed by `dsb nsh`, which reach only the CPU that issues them.
 ///
-/// This **breaks the shootdown rule** of `pgtable_core::Mmu` on purpose:
+/// This **breaks the shootdown rule** of `pgtable_core::contract::Mmu` on purpose:
 /// it exists for `smp_local_flush_misses_others`, which shows that the
 /// cases catch it. Its space maps only pool frames and is never freed
 /// before every CPU flushed its own TLB.
@@ -91,8 +92,13 @@ pub(super) fn move_readers_follow(k: &mut Cases, a: &mut Space) -> R {
     k.map_marked(a, WINDOW, 0, 16, Prot::READ_WRITE)?;
     a.stats().reset();
     let t = k.round(k.all, [PAIR, WINDOW, MOVED, 16], || {
-        a.move_page_tables(VirtAddr(WINDOW), VirtAddr(MOVED), 16 * PAGE)
-            .map_err(|_| "move failed")
+        a.move_page_tables(
+            VirtAddr(WINDOW),
+            VirtAddr(MOVED),
+            16 * PAGE,
+            MoveOptions::DEFAULT,
+        )
+        .map_err(|_| "move failed")
     })?;
     let row = row_of("move 16 pages", a, t, 0, k.all);
     let r = (|| {
@@ -127,8 +133,13 @@ pub(super) fn writer_races_move(k: &mut Cases, a: &mut Space) -> R {
     k.map_marked(a, WINDOW, 16, 16, Prot::READ_WRITE)?;
     a.stats().reset();
     let t = k.round(k.all, [WRITE_RACE, WINDOW, MOVED, 16], || {
-        a.move_page_tables(VirtAddr(WINDOW), VirtAddr(MOVED), 16 * PAGE)
-            .map_err(|_| "move failed")
+        a.move_page_tables(
+            VirtAddr(WINDOW),
+            VirtAddr(MOVED),
+            16 * PAGE,
+            MoveOptions::DEFAULT,
+        )
+        .map_err(|_| "move failed")
     })?;
     let row = row_of("move 16 pages (writers)", a, t, 0, k.all);
     let mut seen = 0;
@@ -245,7 +256,7 @@ pub(super) fn protect_readonly_everywhere(k: &mut Cases, a: &mut Space, hd: bool
             written |= CPUS[c].pages_written.load(Relaxed);
         }
         for p in 0..32u64 {
-            let Some(raw) = a.entry(VirtAddr(WINDOW + p * PAGE), 0) else {
+            let Some(raw) = a.inspect().entry(VirtAddr(WINDOW + p * PAGE), 0) else {
                 return Err("a page lost its entry");
             };
             let dirty = is_hw_dirty(raw) || raw & SW_DIRTY != 0;

@@ -34,7 +34,8 @@ use core::sync::atomic::Ordering::{Relaxed, Release};
 
 use aarch64_cpu::registers::ID_AA64MMFR1_EL1;
 use pgtable_arm64::Arm64;
-use pgtable_core::{AddressSpace, MapOptions, Mmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::Mmu;
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 pub use hammer::hammer;

@@ -77,7 +77,10 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
     cx.switch(p)?;
     let check = |p: &Proc, base: u64, old: &[u64]| -> R {
         ensure!(
-            p.space.swap_entry(VirtAddr(base + 0x1000)) == Some(SWP),
+            p.space
+                .ptep_get(VirtAddr(base + 0x1000))
+                .and_then(|e| e.swap_value())
+                == Some(SWP),
             "no swap entry {SWP:#x} at {:#x}",
             base + 0x1000
         );
@@ -86,7 +89,10 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
         load_faults("the swap entry", base + 0x1000)?;
         for &o in old {
             ensure!(
-                p.space.swap_entry(VirtAddr(o + 0x1000)).is_none(),
+                p.space
+                    .ptep_get(VirtAddr(o + 0x1000))
+                    .and_then(|e| e.swap_value())
+                    .is_none(),
                 "the swap entry is still at {:#x}",
                 o + 0x1000
             );
@@ -99,21 +105,26 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
     check(p, SRC, &[])?;
     // A move of entries within PTE tables (not 2 MiB aligned).
     p.space
-        .move_page_tables(VirtAddr(SRC), VirtAddr(MID), 0x3000)
+        .move_page_tables(VirtAddr(SRC), VirtAddr(MID), 0x3000, MoveOptions::DEFAULT)
         .map_err(|e| Why::new(format_args!("move of the PTEs: {e}")))?;
     check(p, MID, &[SRC])?;
     // A 2 MiB-aligned move: the whole PTE table goes.
-    let table = p.space.entry(VirtAddr(MID_TABLE), 1).unwrap_or(0);
+    let table = p.space.inspect().entry(VirtAddr(MID_TABLE), 1).unwrap_or(0);
     p.space
-        .move_page_tables(VirtAddr(MID_TABLE), VirtAddr(DST_TABLE), 2 << 20)
+        .move_page_tables(
+            VirtAddr(MID_TABLE),
+            VirtAddr(DST_TABLE),
+            2 << 20,
+            MoveOptions::DEFAULT,
+        )
         .map_err(|e| Why::new(format_args!("move of the table: {e}")))?;
-    let moved = p.space.entry(VirtAddr(DST_TABLE), 1).unwrap_or(0);
+    let moved = p.space.inspect().entry(VirtAddr(DST_TABLE), 1).unwrap_or(0);
     ensure!(
         table != 0 && moved == table,
         "the 2 MiB move did not move the PTE table whole: entry {table:#x} before, {moved:#x} after"
     );
     ensure!(
-        p.space.entry(VirtAddr(MID_TABLE), 1).unwrap_or(0) == 0,
+        p.space.inspect().entry(VirtAddr(MID_TABLE), 1).unwrap_or(0) == 0,
         "the old PMD entry is still set"
     );
     check(p, DST, &[SRC, MID])
@@ -166,7 +177,7 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
         fail!("{lin:#x} is not in the linear map");
     };
     ensure!(t.height >= 1, "{lin:#x} is mapped by a page, not a block");
-    let before = cx.kernel.entry(VirtAddr(lin), t.height);
+    let before = cx.kernel.inspect().entry(VirtAddr(lin), t.height);
     let r = cx
         .kernel
         .change_protection_live(VirtAddr(lin), 4096, RODATA, LiveOptions::IN_PLACE);
@@ -175,7 +186,7 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
         "splitting a block in place: {r:?}, expected BreakBeforeMake({lin:#x})"
     );
     ensure!(
-        cx.kernel.entry(VirtAddr(lin), t.height) == before,
+        cx.kernel.inspect().entry(VirtAddr(lin), t.height) == before,
         "the refused change wrote the block entry"
     );
     let old = probe::read_u64(lin).map_err(|f| Why::new(format_args!("ESR {:#x}", f.esr)))?;
@@ -208,7 +219,7 @@ struct Reports {
 }
 
 impl Reports {
-    fn push(&mut self, x: Removed<Arm64>) {
+    fn push(&mut self, x: LeafEntry<Arm64>) {
         let rep = Rep {
             va: x.va().0,
             pa: x.pa().map_or(0, |p| p.0),

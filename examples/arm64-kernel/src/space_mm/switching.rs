@@ -7,14 +7,18 @@ use tock_registers::interfaces::Readable;
 use super::*;
 
 pub(super) fn table_attrs(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
-    let k = cx.kernel.entry(VirtAddr(PAGE_OFFSET), 3).unwrap_or(0);
+    let k = cx
+        .kernel
+        .inspect()
+        .entry(VirtAddr(PAGE_OFFSET), 3)
+        .unwrap_or(0);
     ensure!(
         k & (AP_TABLE_NO_EL0 | UXN_TABLE) == AP_TABLE_NO_EL0 | UXN_TABLE && k & PXN_TABLE == 0,
         "the kernel's root entry for {PAGE_OFFSET:#x} is {k:#x}: expected APTable[0] and UXNTable, not PXNTable"
     );
     ps[0] = Some(cx.new_proc()?);
     let p = at(ps, 0)?;
-    let u = p.space.entry(VirtAddr(USER_CODE), 3).unwrap_or(0);
+    let u = p.space.inspect().entry(VirtAddr(USER_CODE), 3).unwrap_or(0);
     ensure!(
         u & PXN_TABLE != 0 && u & (AP_TABLE_NO_EL0 | UXN_TABLE) == 0,
         "a user root entry is {u:#x}: expected PXNTable only"

@@ -1,6 +1,7 @@
 //! The shootdown benchmark.
 
-use pgtable_core::{Arch, MapOptions, Mmu, PhysAddr, Prot, TlbRange, VirtAddr, PAGE_SIZE};
+use pgtable_core::contract::{Arch, Mmu, TlbRange, PAGE_SIZE};
+use pgtable_core::{MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::MmCpus;
 
 use super::{count, drop_space, new_space, since, switch, Data, BASE};

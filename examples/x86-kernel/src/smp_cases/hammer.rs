@@ -3,7 +3,7 @@
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
-use pgtable_core::PAGE_SIZE;
+use pgtable_core::contract::PAGE_SIZE;
 use pgtable_x86::MmCpus;
 
 use crate::smp::{self, MAX_CPUS};

@@ -25,7 +25,8 @@ pub use hammer::ap_loop;
 
 use core::sync::atomic::{AtomicU64, Ordering::*};
 
-use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use pgtable_core::contract::{Arch, PAGE_SIZE};
+use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 
 use crate::mem::{phys_to_virt, Frames};
 use crate::shootdown::{self, SmpMmu};
@@ -222,7 +223,12 @@ fn hammered<A: Arch>(
         let before = count();
         let res = match op {
             Op::Unmap => s.unmap(VirtAddr(BASE), PAGES * PAGE_SIZE),
-            Op::Move => s.move_page_tables(VirtAddr(BASE), VirtAddr(MOVED), PAGES * PAGE_SIZE),
+            Op::Move => s.move_page_tables(
+                VirtAddr(BASE),
+                VirtAddr(MOVED),
+                PAGES * PAGE_SIZE,
+                MoveOptions::DEFAULT,
+            ),
             Op::Protect => s.change_protection(VirtAddr(BASE), PAGES * PAGE_SIZE, Prot::READ_ONLY),
         };
         // Release: everything the operation did happens before an AP
@@ -331,7 +337,10 @@ fn hammered<A: Arch>(
             // during the change was lost.
             let written = smp::cpus(live).fold(0, |m, c| m | RES[c].pages_written.load(Relaxed));
             for i in 0..PAGES {
-                let e = s.entry(VirtAddr(BASE + i * PAGE_SIZE), 0).unwrap_or(0);
+                let e = s
+                    .inspect()
+                    .entry(VirtAddr(BASE + i * PAGE_SIZE), 0)
+                    .unwrap_or(0);
                 if written & (1 << i) != 0 && e & (1 << 6) == 0 {
                     fail!("page {i} was written but its PTE {e:#x} has no D bit");
                 }
@@ -466,7 +475,7 @@ fn counted<A: Arch>(kernel: PhysAddr, data: &Data) -> Result<(), Why> {
             let r = match name {
                 "map" => s.map(va, PhysAddr(data.pa), len, Prot::WRITE, MapOptions::PAGES),
                 "protect" => s.change_protection(va, len, Prot::READ_ONLY),
-                "move" => s.move_page_tables(va, VirtAddr(MOVED), len),
+                "move" => s.move_page_tables(va, VirtAddr(MOVED), len, MoveOptions::DEFAULT),
                 _ => s.unmap(VirtAddr(MOVED), len),
             };
             let dt = tsc::now() - t0;

@@ -13,7 +13,8 @@
 //!   or is deferred to its next switch), and after PCID roll-overs (3-bit
 //!   PCIDs, twelve spaces).
 
-use pgtable_core::{AddressSpace, Arch, MapOptions, PhysAddr, Prot, VirtAddr, PAGE_SIZE};
+use pgtable_core::contract::{Arch, PAGE_SIZE};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86Mmu;
 
 use super::switch::{this_cpu, with_users, Switcher, User};

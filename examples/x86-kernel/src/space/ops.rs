@@ -7,7 +7,7 @@
 //!   0 (CR0.WP) and CPL 3;
 //! - software (swap) entries survive `move_page_tables`, by one page and
 //!   with their whole PTE table (a 2 MiB-aligned move that relinks the
-//!   table): `swap_entry` finds them at the new address, the old address
+//!   table): `ptep_get(..).swap_value()` finds them at the new address, the old address
 //!   faults, and `swap_in` makes the page present;
 //! - `change_protection_live` of a kernel data page and of a page of the
 //!   linear map inside a block (split in place) RW → RO: a CPL-0 store
@@ -19,9 +19,8 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::{
-    AddressSpace, Arch, CopyMode, Decoded, LiveOptions, Prot, Removed, VirtAddr, PAGE_SIZE,
-};
+use pgtable_core::contract::{Arch, Decoded, PAGE_SIZE};
+use pgtable_core::{AddressSpace, CopyMode, LeafEntry, LiveOptions, MoveOptions, Prot, VirtAddr};
 use pgtable_x86::X86Mmu;
 
 use super::multi::{frame, load_faults, loads, map_page, set_word, word};
@@ -136,7 +135,7 @@ fn fork_cow_write_faults<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
 
 /// The table `space`'s PMD entry for `va` links, if any.
 fn pmd_table<A: Arch>(space: &AddressSpace<A, X86Mmu, Frames>, va: u64) -> Option<u64> {
-    match A::decode(space.entry(VirtAddr(va), 1)?, 1) {
+    match A::decode(space.inspect().entry(VirtAddr(va), 1)?, 1) {
         Decoded::Table(pa) => Some(pa.0),
         _ => None,
     }
@@ -167,19 +166,31 @@ fn swap_entry_survives_move<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> 
             VirtAddr(SWAP_OLD + p(5)),
             VirtAddr(SWAP_OLD + p(9)),
             PAGE_SIZE,
+            MoveOptions::DEFAULT,
         ) {
             bail!("move of one page: {e}");
         }
         ensure!(
-            s.swap_entry(VirtAddr(SWAP_OLD + p(9))) == Some(V2)
-                && s.swap_entry(VirtAddr(SWAP_OLD + p(5))).is_none(),
+            s.ptep_get(VirtAddr(SWAP_OLD + p(9)))
+                .and_then(|e| e.swap_value())
+                == Some(V2)
+                && s.ptep_get(VirtAddr(SWAP_OLD + p(5)))
+                    .and_then(|e| e.swap_value())
+                    .is_none(),
             "after the page move: new {:?}, old {:?}",
-            s.swap_entry(VirtAddr(SWAP_OLD + p(9))),
-            s.swap_entry(VirtAddr(SWAP_OLD + p(5)))
+            s.ptep_get(VirtAddr(SWAP_OLD + p(9)))
+                .and_then(|e| e.swap_value()),
+            s.ptep_get(VirtAddr(SWAP_OLD + p(5)))
+                .and_then(|e| e.swap_value())
         );
         // The whole PTE table: 2 MiB aligned on both sides.
         let table = pmd_table(s, SWAP_OLD);
-        if let Err(e) = s.move_page_tables(VirtAddr(SWAP_OLD), VirtAddr(SWAP_NEW), 2 << 20) {
+        if let Err(e) = s.move_page_tables(
+            VirtAddr(SWAP_OLD),
+            VirtAddr(SWAP_NEW),
+            2 << 20,
+            MoveOptions::DEFAULT,
+        ) {
             bail!("move of 2 MiB: {e}");
         }
         ensure!(
@@ -189,10 +200,14 @@ fn swap_entry_survives_move<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> 
             pmd_table(s, SWAP_OLD)
         );
         let got = [
-            s.swap_entry(VirtAddr(SWAP_NEW + p(3))),
-            s.swap_entry(VirtAddr(SWAP_NEW + p(9))),
-            s.swap_entry(VirtAddr(SWAP_OLD + p(3))),
-            s.swap_entry(VirtAddr(SWAP_OLD + p(9))),
+            s.ptep_get(VirtAddr(SWAP_NEW + p(3)))
+                .and_then(|e| e.swap_value()),
+            s.ptep_get(VirtAddr(SWAP_NEW + p(9)))
+                .and_then(|e| e.swap_value()),
+            s.ptep_get(VirtAddr(SWAP_OLD + p(3)))
+                .and_then(|e| e.swap_value()),
+            s.ptep_get(VirtAddr(SWAP_OLD + p(9)))
+                .and_then(|e| e.swap_value()),
         ];
         ensure!(
             got == [Some(V1), Some(V2), None, None],
@@ -304,8 +319,12 @@ fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         if let Err(e) = u.space.set_swap_entry(VirtAddr(p(5)), SWAP) {
             bail!("set_swap_entry: {e}");
         }
-        let fresh: [u64; 3] =
-            core::array::from_fn(|i| u.space.entry(VirtAddr(p(i as u64)), 0).unwrap_or(0));
+        let fresh: [u64; 3] = core::array::from_fn(|i| {
+            u.space
+                .inspect()
+                .entry(VirtAddr(p(i as u64)), 0)
+                .unwrap_or(0)
+        });
         let mut sw = Switcher::new(12)?;
         sw.switch_user(u)?;
         // Page 0 loaded, page 1 stored to, page 2 untouched: the MMU sets
@@ -319,7 +338,7 @@ fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         let s = &mut u.space;
         let mut rep: [Report; 8] = [(0, false, None, false, false, None); 8];
         let mut n = 0;
-        let mut note = |r: Removed<A>| {
+        let mut note = |r: LeafEntry<A>| {
             if n < rep.len() {
                 rep[n] = (
                     r.va().0,

@@ -20,7 +20,8 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use pgtable_core::asid::{AsidContext, Pcid12Allocator};
-use pgtable_core::{AddressSpace, Arch};
+use pgtable_core::contract::Arch;
+use pgtable_core::AddressSpace;
 use pgtable_x86::{cpu_has_pcid, enable_pcids, Pcid, PcidCpu, X86Mmu};
 
 use super::Why;

@@ -5,8 +5,9 @@
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 
+use pgtable_core::contract::Arch;
 use pgtable_core::sim::SimMachine;
-use pgtable_core::{Arch, Error, VirtAddr};
+use pgtable_core::{Error, VirtAddr};
 
 use super::{Episode, Expected};
 use crate::model::gen::{MoveKind, Op};

@@ -11,10 +11,9 @@ mod step;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::{Deref, DerefMut};
 
+use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{
-    variants, AddressSpace, Arch, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr,
-};
+use pgtable_core::{variants, AddressSpace, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 
 use super::gen::{Gen, MapKind, Op, Rng};
 use super::oracle::{self, Space};
@@ -109,7 +108,7 @@ pub struct Episode<A: Arch> {
     pub(super) other: Slot<A>,
     /// Values stored through the MMU, by physical address.
     pub(super) phys: HashMap<u64, u64>,
-    /// `other.space.count_tables()` while it holds (only [`Op::Switch`]
+    /// `other.space.inspect().count_tables()` while it holds (only [`Op::Switch`]
     /// and copies change the other space).
     pub(super) other_tables: std::cell::Cell<Option<usize>>,
     /// Whether the other space may have changed since the last full check.
@@ -135,7 +134,7 @@ pub(super) fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
 /// protection is changed to `prot` ([`Format::modify_prot`] of a leaf
 /// in that state).
 ///
-/// [`Format::modify_prot`]: pgtable_core::Format::modify_prot
+/// [`Format::modify_prot`]: pgtable_core::contract::Format::modify_prot
 pub(super) fn reprotect<A: Arch>(r: &Run, prot: Prot) -> (bool, bool) {
     let mut raw = A::leaf(PhysAddr(r.ppn << 12), r.prot, 0);
     raw = if r.young {

@@ -1,7 +1,8 @@
 //! One step of an episode: the operation applied to the current space,
 //! with the result, the tables and the translations the model expects.
 
-use pgtable_core::{Arch, Error, PhysAddr, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{Error, PhysAddr, VirtAddr};
 
 use super::{map_options, new_run, reprotect, Episode, Expected};
 use crate::model::gen::Op;
@@ -125,7 +126,7 @@ impl<A: Arch> Episode<A> {
                 let want = self.move_expected(old, new, len, kind);
                 let opts = kind.options();
                 let f = |s: &mut Space<A>, _: &mut Space<A>| {
-                    s.move_page_tables_with(VirtAddr(old), VirtAddr(new), len, opts)
+                    s.move_page_tables(VirtAddr(old), VirtAddr(new), len, opts)
                 };
                 let got = self.run_checked(
                     op,

@@ -17,7 +17,8 @@ mod replay;
 mod rng;
 mod values;
 
-use pgtable_core::{Format, Prot, VaRange, PAGE_SIZE};
+use pgtable_core::contract::{Format, PAGE_SIZE};
+use pgtable_core::{Prot, VaRange};
 
 use super::reference::Model;
 

@@ -78,7 +78,7 @@ impl fmt::Display for Op {
                 };
                 write!(
                     f,
-                    "space.move_page_tables_with(VirtAddr({old:#x}), VirtAddr({new:#x}), {len:#x}, {opts})"
+                    "space.move_page_tables(VirtAddr({old:#x}), VirtAddr({new:#x}), {len:#x}, {opts})"
                 )
             }
             Op::Swap { va, value, .. } => {

@@ -1,6 +1,7 @@
 //! `copy_page_range` into the other space, and live permission changes.
 
-use pgtable_core::{Arch, CopyMode, Error, LiveOptions, Prot, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{CopyMode, Error, LiveOptions, Prot, VirtAddr};
 
 use super::unit_at;
 use crate::model::episode::{reprotect, Episode, Expected};

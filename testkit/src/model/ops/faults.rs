@@ -2,7 +2,8 @@
 
 use std::cell::Cell;
 
-use pgtable_core::{Arch, Error, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{Error, PhysAddr, Prot, VirtAddr};
 
 use super::unit_at;
 use crate::model::episode::{Episode, Expected};
@@ -60,7 +61,12 @@ impl<A: Arch> Episode<A> {
                 change = Some((span, mkwrite));
                 // Whether an entry of the span changes.
                 let changed = (span.0..span.1).step_by((size >> 12) as usize).any(|p| {
-                    let raw = self.cur.space.entry(VirtAddr(p << 12), h).unwrap_or(0);
+                    let raw = self
+                        .cur
+                        .space
+                        .inspect()
+                        .entry(VirtAddr(p << 12), h)
+                        .unwrap_or(0);
                     change_of(raw) != raw
                 });
                 Ok(changed)

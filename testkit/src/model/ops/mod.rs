@@ -21,7 +21,8 @@ mod reports;
 
 use std::panic::{self, AssertUnwindSafe};
 
-use pgtable_core::{Arch, LeafEntry, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{LeafEntry, VirtAddr};
 
 use super::episode::{reprotect, Episode};
 use super::gen::{GStep, Op};

@@ -4,7 +4,8 @@
 use std::cell::{Cell, RefCell};
 use std::panic::{self, AssertUnwindSafe};
 
-use pgtable_core::{Arch, Error, LeafEntry, VirtAddr};
+use pgtable_core::contract::Arch;
+use pgtable_core::{Error, LeafEntry, VirtAddr};
 
 use super::{check_reports, show, unit_at, unit_of};
 use crate::model::episode::{Episode, Expected};
