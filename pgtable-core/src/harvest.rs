@@ -304,33 +304,25 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         f: &mut impl FnMut(LeafEntry<A>),
     ) -> (u64, u64) {
         let (height, end) = (span.height, span.next);
-        let run = contpte::run_size::<A>(height);
-        let base = va & !(run - 1);
-        let slots = contpte::run_slots::<A>(span.table.table(), i, height);
+        let n = A::cont_entries(height) as usize;
+        let at = i & !(n - 1);
+        let slots = span.table.slots(at, at + n);
         let (young, dirty, ch) = clear_run::<A, _>(&self.mmu, slots, height, what);
-        let step = crate::level::size(height);
-        let stop = if end.wrapping_sub(base) < run {
-            end
-        } else {
-            base.wrapping_add(run)
-        };
-        // Each entry the range touches, once: `va` may lie inside a block
-        // (a block covered in part is reported whole), so step to the next
-        // entry boundary.
+        // Each entry of the run in the span, once: `va` may lie inside a
+        // block (a block covered in part is reported whole).
         let mut v = va;
-        while v != stop {
-            let k = (v - base) / step;
+        for k in i..(at + n).min(span.to) {
             // Relaxed: the value the clear left (its address is what the
             // report needs, the state comes from the run).
-            let now = slots[k as usize].load(Relaxed);
+            let now = slots[k - at].load(Relaxed);
             f(LeafEntry::new(
                 v,
                 height,
                 contpte::with_ad::<A>(now, height, young, dirty),
             ));
-            v = entry_end(v, height, stop);
+            v = entry_end(v, height, end);
         }
-        (stop, ch)
+        (v, ch)
     }
 }
 

@@ -75,7 +75,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation, TableSpan};
 use crate::contpte;
-use crate::level::{entry_end, index, size};
+use crate::level::{entry_end, size};
 use crate::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, TlbRange,
@@ -196,7 +196,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         while let Some(sp) = cur.span() {
             let h = sp.height as usize;
             if h == 0 {
-                s.protect_ptes(sp.table.table(), sp.va, sp.next, prot, c.gather);
+                s.protect_ptes(sp, prot, c.gather);
             } else if let Some((child, va)) = s.protect_span(sp, &mut c, &mut changed[h]) {
                 cur.descend(child, va);
                 continue;
@@ -312,18 +312,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         c.gather.add_range(VirtAddr(base), run, height);
     }
 
-    /// The PTE loop (Linux `change_pte_range`) over `[va, end)` of `t`.
-    fn protect_ptes(
-        &self,
-        t: &crate::Table,
-        va: u64,
-        end: u64,
-        prot: Prot,
-        gather: &mut TlbGather,
-    ) {
+    /// The PTE loop (Linux `change_pte_range`) over `span`.
+    fn protect_ptes(&self, span: Span<'_>, prot: Prot, gather: &mut TlbGather) {
         let lazy = LazyBarrier::new(&self.mmu);
-        let i = index(va, 0);
-        let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+        let Span { from: i, va, .. } = span;
+        let n = span.to - i;
         let mut done = Changed::new();
         // What to do with a leaf is a function of its attribute word (the
         // entry without its address: `Format` rules), so it is decided once
@@ -332,7 +325,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // bits clear is never valid), so 0 means "nothing decided yet".
         let mut memo_attrs = 0u64;
         let mut memo = PteAction::Keep;
-        let entries = &t.entries[i..i + n];
+        let entries = span.table.slots(i, span.to);
         let mut k = 0;
         while k < n {
             let slot = &entries[k];
