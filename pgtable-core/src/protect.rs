@@ -342,7 +342,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 memo_attrs = attrs;
                 memo = PteAction::decide::<A>(raw, prot);
             }
-            let run = match memo {
+            match memo {
                 PteAction::Keep => {
                     k += 1;
                     continue;
@@ -351,12 +351,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // The hardware never writes a settled entry, so nothing
                     // can change between the load above and this store.
                     A::set_pte_nosync(&lazy, slot, raw ^ delta);
-                    1 + plain_run::<A, _>(&lazy, &entries[k + 1..], memo_attrs, delta)
+                    let run = 1 + plain_run::<A, _>(&lazy, &entries[k + 1..], memo_attrs, delta);
+                    done.add(k, run);
+                    k += run;
+                    continue;
                 }
                 PteAction::Transaction => {
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
                     commit_pte::<A, _>(&lazy, slot, v, prot, false);
-                    1
                 }
                 PteAction::BreakBeforeMake if A::is_cont(raw, 0) && whole_run::<A>(i, k, n) => {
                     // A whole folded run (runs the range covers in part
@@ -373,11 +375,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // See the module docs.
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
                     commit_pte::<A, _>(&lazy, slot, v, prot, true);
-                    1
                 }
-            };
-            done.add(k, run);
-            k += run;
+            }
+            done.add(k, 1);
+            k += 1;
         }
         self.ptes_changed(&done, va, gather);
     }
