@@ -360,6 +360,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         c: &mut Copier<'_, A, M2, T2>,
     ) -> bool {
         let Span { from, to, va, .. } = span;
+        // Read once, not per entry through `c` (the entry stores may alias
+        // it as far as the compiler knows).
+        let (dst, cow) = (c.dst, c.cow);
         let mut copied = 0u64;
         // What to do with a leaf depends only on its attribute word
         // (`Format` rules), so it is decided once per distinct word
@@ -383,7 +386,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 continue;
             }
             let pte = match A::decode(raw, 0) {
-                Decoded::Leaf(pa) if c.cow => {
+                Decoded::Leaf(pa) if cow => {
                     let attrs = raw ^ pa.0 >> A::OA_SHIFT;
                     if attrs != memo.0 {
                         memo = (attrs, Wp::decide::<A>(raw, 0));
@@ -412,7 +415,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // decodes as a table).
                 _ => raw,
             };
-            A::set_pte_nosync(&c.dst.mmu, d, pte);
+            A::set_pte_nosync(&dst.mmu, d, pte);
             copied += 1;
         }
         if wp.0 != usize::MAX {
@@ -420,7 +423,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let len = (wp.1 - wp.0 + 1) as u64 * crate::PAGE_SIZE;
             c.gather.add_range(VirtAddr(first), len, 0);
         }
-        c.dst.mmu.stats.add_entries_written(copied);
+        dst.mmu.stats.add_entries_written(copied);
         copied > 0
     }
 
