@@ -54,11 +54,11 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{break_entry, covers, needs_bbm, table_at, FreeQueue, Reservation, TableSpan};
-use crate::level::{entry_end, index};
+use crate::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation};
+use crate::level::{entry_end, index, size};
+use crate::walker::{Next, Span, TableRef, MAX_LEVELS};
 use crate::{
-    generic, AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, Table, TableAlloc,
-    TlbGather, VirtAddr,
+    generic, AddressSpace, Arch, Decoded, Error, Mmu, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
 };
 
 /// How [`AddressSpace::copy_page_range`] treats writable leaves.
@@ -139,13 +139,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Err(Error::AlreadyMapped(at));
         }
         let src_need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
-        // SAFETY: the destination root is a live table of `dst`.
-        let droot = unsafe { table_at(&dst.alloc, dst.root) };
-        let dst_need = self.copy_need(dst, TableSpan::new(top, self.root, va.0, end), Some(droot));
+        let dst_need = self.copy_need(dst, va.0, end);
 
         // Phase 2: reserve both, or neither.
-        let mut src_stash = self.reserve(src_need)?;
-        let mut dst_stash = match dst.reserve(dst_need) {
+        let src_stash = self.reserve(src_need)?;
+        let dst_stash = match dst.reserve(dst_need) {
             Ok(s) => s,
             Err(e) => {
                 self.release(src_stash);
@@ -159,16 +157,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
         // Phase 3: copy, then the source's one flush.
         dst.may_hold_global |= self.may_hold_global;
-        let mut gather = TlbGather::new();
-        let cow = mode == CopyMode::Cow;
-        let (sroot, droot) = (self.root, dst.root);
-        let mut c = CopyState {
-            src_stash: &mut src_stash,
-            dst_stash: &mut dst_stash,
-            gather: &mut gather,
-            cow,
+        let mut c = Copier {
+            dst: &*dst,
+            src_stash,
+            dst_stash,
+            gather: TlbGather::new(),
+            cow: mode == CopyMode::Cow,
         };
-        self.copy_table(dst, TableSpan::new(top, sroot, va.0, end), droot, &mut c);
+        self.copy_walk(&mut c, va.0, end);
+        let Copier {
+            src_stash,
+            dst_stash,
+            gather,
+            ..
+        } = c;
         self.finish(gather, FreeQueue::new());
         // Short only if a count was (see `take`); both are settled.
         let src = self.settle(src_stash);
@@ -176,161 +178,192 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         src.and(dst)
     }
 
-    /// Phase 1: the tables `dst` needs below height `h` to copy `[va, end)`
-    /// of the source table `src` (whose partly covered blocks will have been
-    /// split), where `dt` is `dst`'s table at `h` (`None`: to be created).
+    /// Phase 1: the tables `dst` needs to copy `[va, end)` (blocks covered
+    /// in part will have been split in the source), on the source's
+    /// cursor, with `dst`'s table at each height on the path beside it
+    /// (`None`: to be created).
     fn copy_need<M2: Mmu, T2: TableAlloc>(
         &self,
         dst: &AddressSpace<A, M2, T2>,
-        span: TableSpan,
-        dt: Option<&Table>,
+        va: u64,
+        end: u64,
     ) -> usize {
-        let TableSpan {
+        let mut dpath = [None; MAX_LEVELS];
+        dpath[A::LEVELS as usize - 1] = Some(dst.root_table());
+        let mut need = 0;
+        let mut cur = self.cursor(va, end);
+        while let Some(sp) = cur.span() {
+            let h = sp.height as usize;
+            match self.need_span(dst, sp, dpath[h], &mut need) {
+                Some((child, va, dc)) => {
+                    cur.descend(child, va);
+                    dpath[h - 1] = dc;
+                }
+                None => {
+                    cur.advance(sp.next);
+                }
+            }
+        }
+        need
+    }
+
+    /// [`copy_need`](Self::copy_need) over `span` (above the PTE level) up
+    /// to its first table entry worth descending into, where `dt` is
+    /// `dst`'s table beside it; returns that entry's table, first address
+    /// and `dst`'s table below it (`None`: the span is done).
+    fn need_span<'a, M2: Mmu, T2: TableAlloc>(
+        &'a self,
+        dst: &'a AddressSpace<A, M2, T2>,
+        span: Span<'a>,
+        dt: Option<TableRef<'a>>,
+        need: &mut usize,
+    ) -> Option<(TableRef<'a>, u64, Option<TableRef<'a>>)> {
+        let Span {
+            table: t,
             height: h,
-            table: src,
             mut va,
-            end,
+            next: end,
+            ..
         } = span;
         if h == 0 {
-            return 0;
+            return None;
         }
-        // SAFETY: the root or a table reached from it.
-        let t = unsafe { table_at(&self.alloc, src) };
-        let mut need = 0;
-        loop {
+        for i in span.from..span.to {
             let next = entry_end(va, h, end);
-            // Relaxed: we hold the source exclusively; the hardware changes
-            // accessed/dirty state only.
-            let raw = t.entries[index(va, h)].load(Relaxed);
-            let child = |dst: &AddressSpace<A, M2, T2>| child_table(dst, dt, va, h);
-            match A::decode(raw, h) {
-                Decoded::Leaf(_) if !covers(va, next, h) => {
+            match self.read(t, i, h).1 {
+                Next::Leaf(_) if !covers(va, next, h) => {
                     // Split in the source: its part in the range is copied
                     // as leaves of the next size down.
-                    let dc = child(dst);
-                    need += usize::from(dc.is_none()) + split_copy_need(dst, h - 1, va, next, dc);
+                    let dc = dst_child(dst, dt, i, h);
+                    *need += usize::from(dc.is_none()) + split_copy_need(dst, h - 1, va, next, dc);
                 }
-                Decoded::Table(c) if self.first_mapped_in(h - 1, c, va, next).is_some() => {
-                    let dc = child(dst);
-                    need += usize::from(dc.is_none())
-                        + self.copy_need(dst, TableSpan::new(h - 1, c, va, next), dc);
+                Next::Table(c) if self.first_mapped_in(h - 1, c.pa(), va, next).is_some() => {
+                    let dc = dst_child(dst, dt, i, h);
+                    *need += usize::from(dc.is_none());
+                    // A PTE table needs nothing below it.
+                    if h > 1 {
+                        return Some((c, va, dc));
+                    }
                 }
                 // Copied into `dt` itself (blocks, software entries), or
                 // nothing to copy.
                 _ => {}
             }
             va = next;
-            if va == end {
-                return need;
+        }
+        None
+    }
+
+    /// Phase 3: copies `[va, end)` into `c.dst` on the source's cursor,
+    /// with `dst`'s tables on the path beside it: each PTE span through
+    /// the PTE loop, the spans above it through
+    /// [`copy_span`](Self::copy_span). A new table of `dst` is filled
+    /// before it is linked: the link is made when the cursor leaves it
+    /// (populate publishes its contents first), after its own barrier.
+    fn copy_walk<'a, M2: Mmu, T2: TableAlloc>(
+        &'a self,
+        c: &mut Copier<'a, A, M2, T2>,
+        va: u64,
+        end: u64,
+    ) {
+        let mut path = DstPath {
+            tables: [c.dst.root_table(); MAX_LEVELS],
+            link: [None; MAX_LEVELS],
+            wrote: [false; MAX_LEVELS],
+        };
+        let mut cur = self.cursor(va, end);
+        while let Some(sp) = cur.span() {
+            let h = sp.height as usize;
+            let dt = path.tables[h];
+            if h == 0 {
+                path.wrote[0] |= self.copy_ptes(sp, dt, c);
+            } else if let Some(d) = self.copy_span(sp, dt, c, &mut path.wrote[h]) {
+                cur.descend(d.src, d.va);
+                path.tables[h - 1] = d.dst;
+                path.link[h - 1] = d.link;
+                continue;
+            }
+            for h in cur.advance(sp.next) {
+                path.leave(c.dst, h as usize);
             }
         }
     }
 
-    /// Phase 3: copies `[va, end)` of the source table `stpa` at `h` into
-    /// `dst`'s table `dtpa`. Returns whether it wrote to `dtpa`.
-    fn copy_table<M2: Mmu, T2: TableAlloc>(
-        &mut self,
-        dst: &mut AddressSpace<A, M2, T2>,
-        span: TableSpan,
-        dtpa: PhysAddr,
-        c: &mut CopyState<'_>,
-    ) -> bool {
-        let TableSpan {
+    /// Copies the entries of `span` (above the PTE level) into `dt`, up to
+    /// its first table entry with something to copy below it (`wrote`: an
+    /// entry of `dt` was written); returns where to descend: the source's
+    /// table, its first address and `dst`'s table beside it (`None`: the
+    /// span is done).
+    fn copy_span<'a, M2: Mmu, T2: TableAlloc>(
+        &'a self,
+        span: Span<'a>,
+        dt: TableRef<'a>,
+        c: &mut Copier<'a, A, M2, T2>,
+        wrote: &mut bool,
+    ) -> Option<Descend<'a>> {
+        let Span {
+            table: st,
             height: h,
-            table: stpa,
             mut va,
-            end,
+            next: end,
+            ..
         } = span;
-        // SAFETY: the source root, a table reached from it or one a split
-        // just linked; live until the flush of this operation at least.
-        let st = unsafe { table_at(&self.alloc, stpa) };
-        // SAFETY: `dst`'s root, a table reached from it, or a reserved
-        // frame of `dst` being filled before its link.
-        let dt = unsafe { table_at(&dst.alloc, dtpa) };
-        if h == 0 {
-            return self.copy_ptes(dst, st, dt, va, end, c);
-        }
-        let mut wrote = false;
-        loop {
+        for i in span.from..span.to {
             let next = entry_end(va, h, end);
-            let i = index(va, h);
-            let slot = &st.entries[i];
-            // Relaxed: as in `copy_need`; a leaf is re-read atomically by
-            // the write-protect.
-            let raw = slot.load(Relaxed);
-            let sub = match A::decode(raw, h) {
-                Decoded::None => None,
-                Decoded::Table(sc) => Some(sc),
-                Decoded::Leaf(_) if covers(va, next, h) => {
+            let slot = st.slot(i);
+            // A leaf is re-read atomically by the write-protect.
+            let sub = match self.read(st, i, h) {
+                (_, Next::None) => None,
+                (_, Next::Table(sc)) => Some(sc),
+                (raw, Next::Leaf(_)) if covers(va, next, h) => {
                     let leaf = self.copy_leaf(slot, raw, VirtAddr(va), h, c);
-                    A::set_pte_nosync(&dst.mmu, &dt.entries[i], leaf);
-                    dst.mmu.stats.add_entries_written(1);
-                    wrote = true;
+                    *wrote |= c.write(dt.slot(i), leaf);
                     None
                 }
-                Decoded::Leaf(_) => {
-                    // (No table: a short count, see `take`; not copied.)
-                    self.split_block_to_change(slot, raw, VirtAddr(va), h, c.src_stash)
-                }
-                Decoded::Invalid if covers(va, next, h) => {
-                    // A software entry above the PTE level (only `slot`
-                    // puts one there): copied whole.
-                    A::set_pte_nosync(&dst.mmu, &dt.entries[i], raw);
-                    dst.mmu.stats.add_entries_written(1);
-                    wrote = true;
+                // Split in the source, then copied through the table the
+                // split linked. (No table: a short count, see `take`; not
+                // copied.)
+                (raw, Next::Leaf(_)) => self
+                    .split_block_to_change(slot, raw, VirtAddr(va), h, &mut c.src_stash)
+                    .and_then(|_| match self.read(st, i, h).1 {
+                        Next::Table(sc) => Some(sc),
+                        _ => None,
+                    }),
+                // A software entry above the PTE level (only `slot` puts
+                // one there): copied whole.
+                (raw, Next::Invalid) if covers(va, next, h) => {
+                    *wrote |= c.write(dt.slot(i), raw);
                     None
                 }
                 // Covered in part: it cannot be split; not copied.
-                Decoded::Invalid => None,
+                (_, Next::Invalid) => None,
             };
-            if let Some(sc) = sub {
-                if self.first_mapped_in(h - 1, sc, va, next).is_some() {
-                    let dslot = &dt.entries[i];
-                    // Relaxed: `dst` is held exclusively.
-                    match A::decode(dslot.load(Relaxed), h) {
-                        Decoded::Table(dc) => {
-                            self.copy_table(dst, TableSpan::new(h - 1, sc, va, next), dc, c);
-                        }
-                        _ => {
-                            // None (checked empty). Fill the new table, then
-                            // link it: populate publishes its contents
-                            // first, and this table's barrier covers the
-                            // link. (No table: a short count; not copied.)
-                            if let Some(dc) = dst.take(c.dst_stash) {
-                                self.copy_table(dst, TableSpan::new(h - 1, sc, va, next), dc, c);
-                                A::populate_attrs(&dst.mmu, dslot, dc, h, dst.table_attrs);
-                                dst.mmu.stats.add_entries_written(1);
-                                wrote = true;
-                            }
-                        }
-                    }
+            let sub = sub.filter(|sc| self.first_mapped_in(h - 1, sc.pa(), va, next).is_some());
+            if let Some(src) = sub {
+                // (No table for `dst`: a short count; not copied.)
+                if let Some((dst, link)) = c.dst_child(dt, i, h) {
+                    return Some(Descend { src, va, dst, link });
                 }
             }
             va = next;
-            if va == end {
-                break;
-            }
         }
-        if wrote {
-            dst.table_done();
-        }
-        wrote
+        None
     }
 
-    /// Linux `copy_pte_range`: copies the PTEs of `[va, end)` from `st` to
-    /// `dt` (the per-entry loop: one load, and for a writable leaf of a
-    /// COW copy one compare-exchange, per present entry).
+    /// Linux `copy_pte_range`: copies the PTEs of `span` into `dt` (the
+    /// per-entry loop: one load, and for a writable leaf of a COW copy one
+    /// compare-exchange, per present entry). Returns whether it wrote to
+    /// `dt`.
     fn copy_ptes<M2: Mmu, T2: TableAlloc>(
-        &mut self,
-        dst: &mut AddressSpace<A, M2, T2>,
-        st: &Table,
-        dt: &Table,
-        va: u64,
-        end: u64,
-        c: &mut CopyState<'_>,
+        &self,
+        span: Span<'_>,
+        dt: TableRef<'_>,
+        c: &mut Copier<'_, A, M2, T2>,
     ) -> bool {
-        let i = index(va, 0);
-        let n = (end.wrapping_sub(va) / crate::PAGE_SIZE) as usize;
+        let Span { from, to, va, .. } = span;
+        // Read once, not per entry through `c` (the entry stores may alias
+        // it as far as the compiler knows).
+        let (dst, cow) = (c.dst, c.cow);
         let mut copied = 0u64;
         // What to do with a leaf depends only on its attribute word
         // (`Format` rules), so it is decided once per distinct word
@@ -340,9 +373,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // The first and last write-protected entries: one gathered range
         // per table instead of one per entry.
         let mut wp = (usize::MAX, 0);
-        for (k, (s, d)) in st.entries[i..i + n]
+        for (k, (s, d)) in span
+            .table
+            .slots(from, to)
             .iter()
-            .zip(&dt.entries[i..i + n])
+            .zip(dt.slots(from, to))
             .enumerate()
         {
             // Relaxed: we hold the source exclusively; a write-protect
@@ -352,7 +387,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 continue;
             }
             let pte = match A::decode(raw, 0) {
-                Decoded::Leaf(pa) if c.cow => {
+                Decoded::Leaf(pa) if cow => {
                     let attrs = raw ^ pa.0 >> A::OA_SHIFT;
                     if attrs != memo.0 {
                         memo = (attrs, Wp::decide::<A>(raw, 0));
@@ -386,29 +421,23 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
         if wp.0 != usize::MAX {
             let first = va + wp.0 as u64 * crate::PAGE_SIZE;
-            c.gather.add_range(
-                VirtAddr(first),
-                (wp.1 - wp.0 + 1) as u64 * crate::PAGE_SIZE,
-                0,
-            );
+            let len = (wp.1 - wp.0 + 1) as u64 * crate::PAGE_SIZE;
+            c.gather.add_range(VirtAddr(first), len, 0);
         }
         dst.mmu.stats.add_entries_written(copied);
-        if copied > 0 {
-            dst.table_done();
-        }
         copied > 0
     }
 
     /// The child's copy of the leaf `raw` at `h` in `slot`, old (and clean
     /// when shared): for a COW copy of a writable leaf, the source leaf
     /// write-protected.
-    fn copy_leaf(
-        &mut self,
+    fn copy_leaf<M2: Mmu, T2: TableAlloc>(
+        &self,
         slot: &Slot,
         raw: u64,
         va: VirtAddr,
         h: u32,
-        c: &mut CopyState<'_>,
+        c: &mut Copier<'_, A, M2, T2>,
     ) -> u64 {
         if !c.cow {
             A::mkclean(A::mkold(raw, h), h)
@@ -425,7 +454,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// writable leaf `raw` at `h` in `slot` read-only, keeping its
     /// accessed/dirty state, and returns the new leaf. The caller gathers
     /// its translation for the operation's flush.
-    fn wrprotect(&mut self, slot: &Slot, raw: u64, va: VirtAddr, h: u32) -> u64 {
+    fn wrprotect(&self, slot: &Slot, raw: u64, va: VirtAddr, h: u32) -> u64 {
         let ro = ro(A::leaf_prot(raw, h));
         if needs_bbm::<A>(raw, A::modify_prot(raw, ro, h), h) {
             // Not for any format of this workspace (a permission change is
@@ -492,53 +521,118 @@ fn ro(p: Prot) -> Prot {
     p.difference(Prot::WRITE)
 }
 
-/// The mutable state of one copy.
-struct CopyState<'a> {
-    src_stash: &'a mut Reservation,
-    dst_stash: &'a mut Reservation,
-    gather: &'a mut TlbGather,
+/// The state of one copy that its steps share: the destination, both
+/// reservations, the source's gather.
+struct Copier<'d, A: Arch, M: Mmu, T: TableAlloc> {
+    dst: &'d AddressSpace<A, M, T>,
+    src_stash: Reservation,
+    dst_stash: Reservation,
+    gather: TlbGather,
     cow: bool,
 }
 
-/// `dst`'s table below the entry at `h` for `va` in its table `dt`, if
-/// there is one.
-fn child_table<'t, A: Arch, M: Mmu, T: TableAlloc>(
-    dst: &AddressSpace<A, M, T>,
-    dt: Option<&Table>,
+impl<'d, A: Arch, M: Mmu, T: TableAlloc> Copier<'d, A, M, T> {
+    /// Writes `raw` into `dst`'s empty `slot`; returns `true` (the table
+    /// was written).
+    #[inline]
+    fn write(&self, slot: &Slot, raw: u64) -> bool {
+        A::set_pte_nosync(&self.dst.mmu, slot, raw);
+        self.dst.mmu.stats.add_entries_written(1);
+        true
+    }
+
+    /// `dst`'s table below entry `i` of its table `dt` at `h`: the one
+    /// there, or a new one with the slot to link it into (`None`: there
+    /// was none and the reservation was short).
+    fn dst_child(
+        &mut self,
+        dt: TableRef<'d>,
+        i: usize,
+        h: u32,
+    ) -> Option<(TableRef<'d>, Option<&'d Slot>)> {
+        match self.dst.read(dt, i, h).1 {
+            Next::Table(dc) => Some((dc, None)),
+            // None (checked empty).
+            _ => Some((self.dst.take_table(&mut self.dst_stash)?, Some(dt.slot(i)))),
+        }
+    }
+}
+
+/// Where the copy descends: the source's table, its first address, and
+/// `dst`'s table beside it with the slot to link it into if it is new.
+struct Descend<'a> {
+    src: TableRef<'a>,
     va: u64,
+    dst: TableRef<'a>,
+    link: Option<&'a Slot>,
+}
+
+/// `dst`'s tables beside the source cursor's path: at each height the
+/// table (above the cursor: stale), the slot of its parent to link it
+/// into when the cursor leaves it (a new table), and whether an entry of
+/// it was written.
+struct DstPath<'a> {
+    tables: [TableRef<'a>; MAX_LEVELS],
+    link: [Option<&'a Slot>; MAX_LEVELS],
+    wrote: [bool; MAX_LEVELS],
+}
+
+impl DstPath<'_> {
+    /// The cursor is done with `dst`'s table at `h`: its barrier if it was
+    /// written, then its link if it is new (populate publishes its
+    /// contents first; the parent's barrier covers the link).
+    fn leave<A: Arch, M: Mmu, T: TableAlloc>(&mut self, dst: &AddressSpace<A, M, T>, h: usize) {
+        if core::mem::take(&mut self.wrote[h]) {
+            dst.table_done();
+        }
+        if let Some(slot) = self.link[h].take() {
+            let (pa, parent) = (self.tables[h].pa(), h as u32 + 1);
+            A::populate_attrs(&dst.mmu, slot, pa, parent, dst.table_attrs);
+            dst.mmu.stats.add_entries_written(1);
+            self.wrote[h + 1] = true;
+        }
+    }
+}
+
+/// `dst`'s table below entry `i` of its table `dt` at `h`, if there is
+/// one.
+fn dst_child<'a, A: Arch, M: Mmu, T: TableAlloc>(
+    dst: &'a AddressSpace<A, M, T>,
+    dt: Option<TableRef<'a>>,
+    i: usize,
     h: u32,
-) -> Option<&'t Table> {
-    // Relaxed: `dst` is held exclusively.
-    match A::decode(dt?.entries[index(va, h)].load(Relaxed), h) {
-        // SAFETY: a table reached from `dst`'s root.
-        Decoded::Table(c) => Some(unsafe { table_at(&dst.alloc, c) }),
+) -> Option<TableRef<'a>> {
+    match dst.read(dt?, i, h).1 {
+        Next::Table(c) => Some(c),
         _ => None,
     }
 }
 
 /// The tables `dst` needs below height `h` to hold the leaves of a split
 /// block copied into `[va, end)` (leaves at `h`; those covered in part are
-/// split again), where `dt` is `dst`'s table at `h` (`None`: new).
+/// split again), where `dt` is `dst`'s table at `h` (`None`: new). Only
+/// the entries holding `va` and `end - 1` can be covered in part.
 fn split_copy_need<A: Arch, M: Mmu, T: TableAlloc>(
     dst: &AddressSpace<A, M, T>,
     h: u32,
-    mut va: u64,
+    va: u64,
     end: u64,
-    dt: Option<&Table>,
+    dt: Option<TableRef<'_>>,
 ) -> usize {
     if h == 0 {
         return 0;
     }
+    let first_end = entry_end(va, h, end);
+    let last = end.wrapping_sub(1) & !(size(h) - 1);
+    let ends = [(va, first_end), (last, end)];
+    // One entry, or two (the first and the last).
+    let n = if first_end == end { 1 } else { 2 };
     let mut need = 0;
-    loop {
-        let next = entry_end(va, h, end);
-        if !covers(va, next, h) {
-            let dc = child_table(dst, dt, va, h);
-            need += usize::from(dc.is_none()) + split_copy_need(dst, h - 1, va, next, dc);
-        }
-        va = next;
-        if va == end {
-            return need;
+    for &(v, next) in &ends[..n] {
+        if !covers(v, next, h) {
+            let dc = dst_child(dst, dt, index(v, h), h);
+            need += usize::from(dc.is_none()) + split_copy_need(dst, h - 1, v, next, dc);
         }
     }
+    need
 }

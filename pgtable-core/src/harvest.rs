@@ -132,14 +132,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // Linux `contpte_ptep_test_and_clear_young`: the run is one
                 // translation, so its accessed state is cleared on every
                 // entry and the whole run flushed.
-                let mut young = false;
-                let mut changed = 0u64;
-                for s in run {
-                    if let Some((old, ch)) = clear_leaf::<A, _>(&self.mmu, s, h, ClearRefs::YOUNG) {
-                        young |= A::is_young(old);
-                        changed += u64::from(ch);
-                    }
-                }
+                let (young, _, changed) = clear_run::<A, _>(&self.mmu, run, h, ClearRefs::YOUNG);
                 if changed > 0 {
                     self.mmu.stats.add_entries_written(changed);
                     self.table_done();
@@ -260,60 +253,26 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             next: end,
             ..
         } = span;
-        loop {
+        let mut i = span.from;
+        while i < span.to {
             let next = entry_end(va, height, end);
-            let slot = t.slot(index(va, height));
             // The clear re-reads the value in its compare-exchange.
-            match self.read(t, index(va, height), height) {
+            match self.read(t, i, height) {
                 (_, Next::Table(c)) => return Some((c, va)),
                 (raw, Next::Leaf(_)) if A::is_cont(raw, height) => {
-                    // A folded run: cleared over the whole run (beyond the
-                    // range too, as Linux's contpte harvesting does), every
-                    // page of it in the range reported with the run's state.
-                    let run = contpte::run_size::<A>(height);
-                    let base = va & !(run - 1);
-                    let slots = contpte::run_slots::<A>(t.table(), index(va, height), height);
-                    let (mut young, mut dirty, mut ch) = (false, false, 0u64);
-                    for s in slots {
-                        if let Some((old, c)) = clear_leaf::<A, _>(&self.mmu, s, height, what) {
-                            young |= A::is_young(old);
-                            dirty |= A::is_dirty(old);
-                            ch += u64::from(c);
-                        }
-                    }
+                    // A folded run: cleared whole, reported up to `stop`.
+                    let (stop, ch) = self.harvest_run(span, i, va, what, f);
                     if ch > 0 {
                         *changed += ch;
-                        gather.add_range(VirtAddr(base), run, height);
-                    }
-                    let step = crate::level::size(height);
-                    let stop = if end.wrapping_sub(base) < run {
-                        end
-                    } else {
-                        base.wrapping_add(run)
-                    };
-                    // Each entry the range touches, once: `va` may lie
-                    // inside a block (a block covered in part is reported
-                    // whole), so step to the next entry boundary.
-                    let mut v = va;
-                    while v != stop {
-                        let k = (v - base) / step;
-                        // Relaxed: the value the clear left (its address is
-                        // what the report needs, the state comes from the run).
-                        let now = slots[k as usize].load(Relaxed);
-                        f(LeafEntry::new(
-                            v,
-                            height,
-                            contpte::with_ad::<A>(now, height, young, dirty),
-                        ));
-                        v = entry_end(v, height, stop);
+                        let run = contpte::run_size::<A>(height);
+                        gather.add_range(VirtAddr(va & !(run - 1)), run, height);
                     }
                     va = stop;
-                    if va == end {
-                        return None;
-                    }
+                    i = (i | (A::cont_entries(height) as usize - 1)) + 1;
                     continue;
                 }
                 (_, Next::Leaf(_)) => {
+                    let slot = t.slot(i);
                     if let Some((old, ch)) = clear_leaf::<A, _>(&self.mmu, slot, height, what) {
                         let leaf = LeafEntry::new(va, height, old);
                         if ch {
@@ -326,11 +285,66 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 _ => {}
             }
             va = next;
-            if va == end {
-                return None;
-            }
+            i += 1;
+        }
+        None
+    }
+
+    /// The folded run holding entry `i` of `span` (mapping `va`): cleared
+    /// over the whole run (beyond the range too, as Linux's contpte
+    /// harvesting does), every entry of it in the range reported with the
+    /// run's state. Returns where the report stopped (the end of the run
+    /// or of the span) and how many entries changed.
+    fn harvest_run(
+        &self,
+        span: Span<'_>,
+        i: usize,
+        va: u64,
+        what: ClearRefs,
+        f: &mut impl FnMut(LeafEntry<A>),
+    ) -> (u64, u64) {
+        let (height, end) = (span.height, span.next);
+        let n = A::cont_entries(height) as usize;
+        let at = i & !(n - 1);
+        let slots = span.table.slots(at, at + n);
+        let (young, dirty, ch) = clear_run::<A, _>(&self.mmu, slots, height, what);
+        // Each entry of the run in the span, once: `va` may lie inside a
+        // block (a block covered in part is reported whole).
+        let mut v = va;
+        for k in i..(at + n).min(span.to) {
+            // Relaxed: the value the clear left (its address is what the
+            // report needs, the state comes from the run).
+            let now = slots[k - at].load(Relaxed);
+            f(LeafEntry::new(
+                v,
+                height,
+                contpte::with_ad::<A>(now, height, young, dirty),
+            ));
+            v = entry_end(v, height, end);
+        }
+        (v, ch)
+    }
+}
+
+/// Clears `what` in every leaf of the folded run `slots` at `height` (see
+/// [`clear_leaf`]). Returns whether any was young, whether any was dirty,
+/// and how many changed.
+#[inline]
+fn clear_run<A: Arch, M: Mmu>(
+    mmu: &M,
+    slots: &[Slot],
+    height: u32,
+    what: ClearRefs,
+) -> (bool, bool, u64) {
+    let (mut young, mut dirty, mut changed) = (false, false, 0u64);
+    for s in slots {
+        if let Some((old, ch)) = clear_leaf::<A, _>(mmu, s, height, what) {
+            young |= A::is_young(old);
+            dirty |= A::is_dirty(old);
+            changed += u64::from(ch);
         }
     }
+    (young, dirty, changed)
 }
 
 /// Clears `what` in the leaf at `height` in `slot` with a compare-exchange

@@ -75,7 +75,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation, TableSpan};
 use crate::contpte;
-use crate::level::{entry_end, index, size};
+use crate::level::{entry_end, size};
 use crate::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, TlbRange,
@@ -187,15 +187,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) {
         debug_assert!(span.height == A::LEVELS - 1 && span.table == self.root);
         let s = &*self;
+        let mut c = Change {
+            prot,
+            stash,
+            gather,
+        };
         let mut changed = [0u64; crate::walker::MAX_LEVELS];
         let mut cur = s.cursor(span.va, span.end);
         while let Some(sp) = cur.span() {
             let h = sp.height as usize;
             if h == 0 {
-                s.protect_ptes(sp.table.table(), sp.va, sp.next, prot, gather);
-            } else if let Some((child, va)) =
-                s.protect_span(sp, prot, stash, gather, &mut changed[h])
-            {
+                s.protect_ptes(sp, prot, c.gather);
+            } else if let Some((child, va)) = s.protect_span(sp, &mut c, &mut changed[h]) {
                 cur.descend(child, va);
                 continue;
             }
@@ -216,9 +219,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     fn protect_span<'a>(
         &'a self,
         span: Span<'a>,
-        prot: Prot,
-        stash: &mut Reservation,
-        gather: &mut TlbGather,
+        c: &mut Change<'_>,
         changed: &mut u64,
     ) -> Option<(TableRef<'a>, u64)> {
         let Span {
@@ -228,9 +229,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             next: end,
             ..
         } = span;
-        loop {
+        let prot = c.prot;
+        let mut i = span.from;
+        while i < span.to {
             let next = entry_end(va, height, end);
-            let i = index(va, height);
             let slot = t.slot(i);
             // A racing hardware update is picked up by the atomic start
             // below.
@@ -242,36 +244,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         && needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) =>
                 {
                     // A whole folded run of blocks: see `protect_ptes`.
-                    let c = A::cont_entries(height) as usize;
-                    let at = i & !(c - 1);
-                    let base = va & !((c as u64 * size(height)) - 1);
-                    let lazy = LazyBarrier::new(&self.mmu);
-                    contpte::break_run::<A, _>(
-                        &lazy,
-                        t.slots(at, at + c),
-                        base,
-                        height,
-                        |o, _, _| A::modify_prot(o, prot, height),
-                    );
-                    gather.add_range(VirtAddr(base), c as u64 * size(height), height);
-                    *changed += c as u64;
-                    va = base.wrapping_add(c as u64 * size(height));
-                    if va == end {
-                        return None;
-                    }
+                    let n = A::cont_entries(height) as usize;
+                    self.protect_block_run(t, i, va, height, c);
+                    *changed += n as u64;
+                    let run = n as u64 * size(height);
+                    va = (va & !(run - 1)).wrapping_add(run);
+                    i = (i & !(n - 1)) + n;
                     continue;
                 }
                 (raw, Next::Leaf(_)) if covers(va, next, height) => {
-                    let v = VirtAddr(va);
-                    let lazy = LazyBarrier::new(&self.mmu);
-                    let old = if needs_bbm::<A>(raw, A::modify_prot(raw, prot, height), height) {
-                        break_entry::<A, _>(&lazy, slot, v, height)
-                    } else {
-                        A::pmdp_modify_prot_start(&lazy, v, slot, height)
-                    };
-                    let new = A::modify_prot(old, prot, height);
-                    A::pmdp_modify_prot_commit(&lazy, v, slot, height, new);
-                    gather.add_leaf(v, height);
+                    self.protect_block(slot, raw, VirtAddr(va), height, c);
                     *changed += 1;
                 }
                 (raw, Next::Leaf(_)) => {
@@ -281,7 +263,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // (No table: the count was short, see `take`; the
                     // block keeps its protection.)
                     if self
-                        .split_block_to_change(slot, raw, VirtAddr(va), height, stash)
+                        .split_block_to_change(slot, raw, VirtAddr(va), height, c.stash)
                         .is_some()
                     {
                         if let (_, Next::Table(c)) = self.read(t, i, height) {
@@ -292,29 +274,51 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 (_, Next::None | Next::Invalid) => {}
             }
             va = next;
-            if va == end {
-                return None;
-            }
+            i += 1;
         }
+        None
     }
 
-    /// The PTE loop (Linux `change_pte_range`) over `[va, end)` of `t`.
-    fn protect_ptes(
-        &self,
-        t: &crate::Table,
-        va: u64,
-        end: u64,
-        prot: Prot,
-        gather: &mut TlbGather,
-    ) {
+    /// Changes the whole block `raw` at `height` in `slot` (mapping `va`):
+    /// Linux `pmdp_modify_prot_start` / `pmdp_modify_prot_commit`, or
+    /// break-before-make where the change needs it.
+    fn protect_block(&self, slot: &Slot, raw: u64, va: VirtAddr, height: u32, c: &mut Change<'_>) {
         let lazy = LazyBarrier::new(&self.mmu);
-        let i = index(va, 0);
-        let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
-        // First and last changed page index, for one gather entry.
-        let mut first = usize::MAX;
-        let mut last = 0;
-        // Entries changed (a start/commit pair counts as one write).
-        let mut written = 0u64;
+        let old = if needs_bbm::<A>(raw, A::modify_prot(raw, c.prot, height), height) {
+            break_entry::<A, _>(&lazy, slot, va, height)
+        } else {
+            A::pmdp_modify_prot_start(&lazy, va, slot, height)
+        };
+        let new = A::modify_prot(old, c.prot, height);
+        A::pmdp_modify_prot_commit(&lazy, va, slot, height, new);
+        c.gather.add_leaf(va, height);
+    }
+
+    /// Changes the whole folded run of blocks at `height` that holds entry
+    /// `i` of `t` (mapping `va`): see [`break_run_prot`].
+    fn protect_block_run(
+        &self,
+        t: TableRef<'_>,
+        i: usize,
+        va: u64,
+        height: u32,
+        c: &mut Change<'_>,
+    ) {
+        let n = A::cont_entries(height) as usize;
+        let at = i & !(n - 1);
+        let run = n as u64 * size(height);
+        let base = va & !(run - 1);
+        let lazy = LazyBarrier::new(&self.mmu);
+        break_run_prot::<A, _>(&lazy, t.slots(at, at + n), base, height, c.prot);
+        c.gather.add_range(VirtAddr(base), run, height);
+    }
+
+    /// The PTE loop (Linux `change_pte_range`) over `span`.
+    fn protect_ptes(&self, span: Span<'_>, prot: Prot, gather: &mut TlbGather) {
+        let lazy = LazyBarrier::new(&self.mmu);
+        let Span { from: i, va, .. } = span;
+        let n = span.to - i;
+        let mut done = Changed::new();
         // What to do with a leaf is a function of its attribute word (the
         // entry without its address: `Format` rules), so it is decided once
         // per distinct attribute word (usually once per table), not per
@@ -322,7 +326,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // bits clear is never valid), so 0 means "nothing decided yet".
         let mut memo_attrs = 0u64;
         let mut memo = PteAction::Keep;
-        let entries = &t.entries[i..i + n];
+        let entries = span.table.slots(i, span.to);
         let mut k = 0;
         while k < n {
             let slot = &entries[k];
@@ -348,81 +352,137 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // The hardware never writes a settled entry, so nothing
                     // can change between the load above and this store.
                     A::set_pte_nosync(&lazy, slot, raw ^ delta);
-                    // The run of leaves that follow with the same attribute
-                    // word takes the same plain store, without deciding
-                    // again (the common case: a whole table of them).
-                    let mut run = 1;
-                    for next in &entries[k + 1..] {
-                        // Relaxed: as above.
-                        let raw = next.load(Relaxed);
-                        match A::decode(raw, 0) {
-                            Decoded::Leaf(pa) if raw ^ pa.0 >> A::OA_SHIFT == memo_attrs => {
-                                A::set_pte_nosync(&lazy, next, raw ^ delta);
-                                run += 1;
-                            }
-                            _ => break,
-                        }
-                    }
-                    if first == usize::MAX {
-                        first = k;
-                    }
+                    let run = 1 + plain_run::<A, _>(&lazy, &entries[k + 1..], memo_attrs, delta);
+                    done.add(k, run);
                     k += run;
-                    last = k - 1;
-                    written += run as u64;
                     continue;
                 }
                 PteAction::Transaction => {
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
-                    let old = A::ptep_modify_prot_start(&lazy, v, slot);
-                    let new = A::modify_prot(old, prot, 0);
-                    A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
+                    commit_pte::<A, _>(&lazy, slot, v, prot, false);
                 }
                 PteAction::BreakBeforeMake if A::is_cont(raw, 0) && whole_run::<A>(i, k, n) => {
                     // A whole folded run (runs the range covers in part
-                    // were unfolded first): break-before-make for all its
-                    // entries at once, so no two of them disagree in
-                    // memory type while valid; the run stays folded.
+                    // were unfolded first): all its entries at once.
                     let c = A::cont_entries(0) as usize;
                     let at = ((i + k) & !(c - 1)) - i;
-                    let run = &entries[at..at + c];
                     let v = va + at as u64 * PAGE_SIZE;
-                    contpte::break_run::<A, _>(&lazy, run, v, 0, |o, _, _| {
-                        A::modify_prot(o, prot, 0)
-                    });
-                    if first == usize::MAX {
-                        first = at;
-                    }
+                    break_run_prot::<A, _>(&lazy, &entries[at..at + c], v, 0, prot);
+                    done.add(at, c);
                     k = at + c;
-                    last = k - 1;
-                    written += c as u64;
                     continue;
                 }
                 PteAction::BreakBeforeMake => {
                     // See the module docs.
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
-                    let old = break_entry::<A, _>(&lazy, slot, v, 0);
-                    let new = A::modify_prot(old, prot, 0);
-                    A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
+                    commit_pte::<A, _>(&lazy, slot, v, prot, true);
                 }
             }
-            if first == usize::MAX {
-                first = k;
-            }
-            last = k;
-            written += 1;
+            done.add(k, 1);
             k += 1;
         }
-        if written == 0 {
+        self.ptes_changed(&done, va, gather);
+    }
+
+    /// The end of the PTE loop over a table from `va`: its changed entries
+    /// gathered as one range, counted, and the table's walker barrier.
+    #[inline]
+    fn ptes_changed(&self, done: &Changed, va: u64, gather: &mut TlbGather) {
+        if done.written == 0 {
             return;
         }
         gather.add_range(
-            VirtAddr(va + first as u64 * PAGE_SIZE),
-            (last + 1 - first) as u64 * PAGE_SIZE,
+            VirtAddr(va + done.first as u64 * PAGE_SIZE),
+            (done.last + 1 - done.first) as u64 * PAGE_SIZE,
             0,
         );
-        self.mmu.stats.add_entries_written(written);
+        self.mmu.stats.add_entries_written(done.written);
         self.table_done();
     }
+}
+
+/// The state of one protection change that its steps share.
+struct Change<'g> {
+    prot: Prot,
+    stash: &'g mut Reservation,
+    gather: &'g mut TlbGather,
+}
+
+/// The entries the PTE loop changed in one table: the first and last
+/// index (for one gathered range) and how many (a start/commit pair
+/// counts as one write).
+struct Changed {
+    first: usize,
+    last: usize,
+    written: u64,
+}
+
+impl Changed {
+    #[inline]
+    fn new() -> Changed {
+        Changed {
+            first: usize::MAX,
+            last: 0,
+            written: 0,
+        }
+    }
+
+    /// The `n` entries from `k` were changed.
+    #[inline]
+    fn add(&mut self, k: usize, n: usize) {
+        if self.first == usize::MAX {
+            self.first = k;
+        }
+        self.last = k + n - 1;
+        self.written += n as u64;
+    }
+}
+
+/// The plain stores of the PTE loop after a settled leaf: the leaves that
+/// follow in `entries` with the same attribute word `attrs` take the same
+/// store of the entry XOR `delta`, without deciding again (the common
+/// case: a whole table of them). Returns how many it stored.
+#[inline(always)]
+fn plain_run<A: Arch, M: Mmu>(mmu: &M, entries: &[Slot], attrs: u64, delta: u64) -> usize {
+    let mut run = 0;
+    for next in entries {
+        // Relaxed: as in the PTE loop; a settled entry is never written
+        // by the hardware.
+        let raw = next.load(Relaxed);
+        match A::decode(raw, 0) {
+            Decoded::Leaf(pa) if raw ^ pa.0 >> A::OA_SHIFT == attrs => {
+                A::set_pte_nosync(mmu, next, raw ^ delta);
+                run += 1;
+            }
+            _ => break,
+        }
+    }
+    run
+}
+
+/// Changes the PTE in `slot` (mapping `va`) to `prot`: Linux
+/// `ptep_modify_prot_start` → [`Format::modify_prot`] →
+/// `ptep_modify_prot_commit`, with the start replaced by the break of
+/// break-before-make when `bbm` (see the module docs).
+#[inline(always)]
+fn commit_pte<A: Arch, M: Mmu>(mmu: &M, slot: &Slot, va: VirtAddr, prot: Prot, bbm: bool) {
+    let old = if bbm {
+        break_entry::<A, _>(mmu, slot, va, 0)
+    } else {
+        A::ptep_modify_prot_start(mmu, va, slot)
+    };
+    let new = A::modify_prot(old, prot, 0);
+    A::ptep_modify_prot_commit(mmu, va, slot, old, new);
+}
+
+/// Changes the whole folded run `slots` at `height` (from `base`) to
+/// `prot` with break-before-make for all its entries at once, so no two
+/// of them disagree in memory type while valid; the run stays folded.
+#[inline]
+fn break_run_prot<A: Arch, M: Mmu>(mmu: &M, slots: &[Slot], base: u64, height: u32, prot: Prot) {
+    contpte::break_run::<A, _>(mmu, slots, base, height, |o, _, _| {
+        A::modify_prot(o, prot, height)
+    });
 }
 
 /// Whether entry `k` of the PTE loop's `n` entries (from table index `i`)

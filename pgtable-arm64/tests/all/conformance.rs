@@ -153,7 +153,7 @@ fn break_before_make_leaves_no_stale_translation() {
         space.mmu(),
         LiveEntry {
             va: VA,
-            slot: slot,
+            slot,
             height: 0
         },
         new,
@@ -165,7 +165,7 @@ fn break_before_make_leaves_no_stale_translation() {
         space.mmu(),
         LiveEntry {
             va: VA,
-            slot: slot,
+            slot,
             height: 0,
         },
         new,
@@ -195,7 +195,7 @@ fn safe_in_place_change_flushes_the_old_permissions() {
         space.mmu(),
         LiveEntry {
             va: VA,
-            slot: slot,
+            slot,
             height: 0,
         },
         ro,
