@@ -21,7 +21,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, table_at, FreeQueue, Reservation, TableSpan};
+use crate::aspace::{covers, table_at, Block, FreeQueue, Reservation, TableSpan};
 use crate::contpte;
 use crate::level::{entry_end, index, shift};
 use crate::{
@@ -463,9 +463,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 Decoded::Leaf(_) => {
                     // (No table: the count was short, see `take`; the block
                     // stays.)
-                    if let Some(c) =
-                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
-                    {
+                    let block = Block {
+                        slot,
+                        raw,
+                        va: VirtAddr(va),
+                        height,
+                    };
+                    if let Some(c) = self.split_block(block, stash, gather) {
                         self.unmap_clear(
                             TableSpan::new(height - 1, c, va, next),
                             stash,

@@ -7,7 +7,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use super::deferred::dest_meets_source;
 use super::plan::{Dest, PgtEntry, Step};
 use super::{Cursor, Mover};
-use crate::aspace::{covers, table_at, FreeQueue};
+use crate::aspace::{covers, table_at, Block, FreeQueue};
 use crate::level::{entry_end, index, size};
 use crate::{
     generic, Arch, Decoded, Error, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbGather, VirtAddr,
@@ -68,14 +68,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Mover<'_, A, M, T> {
                 }
                 Step::Split { height, slot, raw } => {
                     let slot = slot.expect("a real source block");
-                    self.space.split_block(
+                    let block = Block {
                         slot,
                         raw,
-                        VirtAddr(at.old),
+                        va: VirtAddr(at.old),
                         height,
-                        &mut self.stash,
-                        &mut self.gather,
-                    );
+                    };
+                    self.space
+                        .split_block(block, &mut self.stash, &mut self.gather);
                     0
                 }
                 Step::Ptes {
