@@ -997,15 +997,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> Option<PhysAddr> {
         // Only an in-place split gathers anything (the block); a
         // break-before-make split has flushed it already.
-        let mut block = TlbGather::new();
-        let block_at = Block {
+        let mut flush = TlbGather::new();
+        let block = Block {
             slot,
             raw,
             va,
             height,
         };
-        let child = self.split_block(block_at, stash, &mut block);
-        block.flush::<A, _>(&self.mmu);
+        let child = self.split_block(block, stash, &mut flush);
+        flush.flush::<A, _>(&self.mmu);
         child
     }
 
