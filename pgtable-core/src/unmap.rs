@@ -80,7 +80,7 @@ fn contpte_gather_chunk<A: Format>(old: &mut [u64], first: usize, runs: usize) {
 /// What an unmap carries down the tables: the tables reserved for
 /// splits, the TLB gather, the tables to free after the flush and the
 /// report.
-pub(crate) struct Zapping<'r, Z> {
+struct Zapping<'r, Z> {
     stash: &'r mut Reservation,
     gather: &'r mut TlbGather,
     q: &'r mut FreeQueue,
@@ -107,7 +107,7 @@ struct Link<'a> {
     next: u64,
 }
 
-/// What [`AddressSpace::unmap_entry`] did with one entry.
+/// What `unmap_entry` did with one entry.
 enum Step<'a> {
     /// Cleared it: the entries written and whether one was a software
     /// entry.
