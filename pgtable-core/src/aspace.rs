@@ -258,6 +258,15 @@ pub(crate) struct TableSpan {
     pub(crate) end: u64,
 }
 
+/// A block to split: the entry `raw` at `height` in `slot`, covering `va`.
+#[derive(Clone, Copy)]
+pub(crate) struct Block<'a> {
+    pub(crate) slot: &'a Slot,
+    pub(crate) raw: u64,
+    pub(crate) va: VirtAddr,
+    pub(crate) height: u32,
+}
+
 impl TableSpan {
     /// `[va, end)` of the table `table` at `height`.
     #[inline]
@@ -846,21 +855,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
     }
 
-    /// Replaces the block `raw` at `height` in `slot` (covering `va`) with a
-    /// table of equivalent next-level leaves taken from `stash`. Uses
+    /// Replaces the block `raw` at `height` in `slot` (covering `va`: the
+    /// fields of `block`) with a table of equivalent next-level leaves taken from `stash`. Uses
     /// break-before-make where the arch needs it; otherwise the old block's
     /// translation is added to `gather`. Returns the new table, or `None`,
     /// changing nothing, when the reservation is short (see
     /// [`take`](Self::take)).
     pub(crate) fn split_block(
         &self,
-        slot: &Slot,
-        raw: u64,
-        va: VirtAddr,
-        height: u32,
+        block: Block<'_>,
         stash: &mut Reservation,
         gather: &mut TlbGather,
     ) -> Option<PhysAddr> {
+        let Block {
+            slot,
+            raw,
+            va,
+            height,
+        } = block;
         let ct = self.take_table(stash)?;
         let child = ct.pa();
         let new = A::table_entry_attrs(child, height, self.table_attrs);
@@ -944,9 +956,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> Option<PhysAddr> {
         // Only an in-place split gathers anything (the block); a
         // break-before-make split has flushed it already.
-        let mut block = TlbGather::new();
-        let child = self.split_block(slot, raw, va, height, stash, &mut block);
-        block.flush::<A, _>(&self.mmu);
+        let mut flush = TlbGather::new();
+        let block = Block {
+            slot,
+            raw,
+            va,
+            height,
+        };
+        let child = self.split_block(block, stash, &mut flush);
+        flush.flush::<A, _>(&self.mmu);
         child
     }
 

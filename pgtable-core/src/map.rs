@@ -9,15 +9,13 @@
 //!    walker barrier (Linux "arm64: mm: Batch dsb and isb when populating pgtables"), or none
 //!    until the end of a lazy-MMU scope.
 
-use core::sync::atomic::Ordering::Relaxed;
-
-use crate::aspace::{covers, first_used, table_at, Reservation, TableSpan};
+use crate::aspace::{covers, first_used, Reservation};
 use crate::contpte;
 use crate::level::{entry_end, index, shift, size};
-use crate::walker::{Next, TableRef};
+use crate::walker::{Next, Span, TableRef, MAX_LEVELS};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
-    PAGE_SIZE,
+    AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, Slot, TableAlloc,
+    VirtAddr, PAGE_SIZE,
 };
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -55,17 +53,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
         Self::check_phys(pa, len)?;
-        let top = A::LEVELS - 1;
-        let need = self.map_check(top, Some(self.root_table()), va.0, end, pa.0, opts)?;
-        let mut stash = self.reserve(need)?;
-        self.may_hold_global |= prot.global();
-        self.map_fill(
-            TableSpan::new(top, self.root, va.0, end),
-            pa.0,
+        let plan = MapPlan {
+            off: pa.0.wrapping_sub(va.0),
             prot,
             opts,
-            &mut stash,
-        );
+        };
+        let top = A::LEVELS - 1;
+        let need = self.map_check(top, Some(self.root_table()), va.0, end, &plan)?;
+        let mut stash = self.reserve(need)?;
+        self.may_hold_global |= prot.global();
+        self.map_fill(va.0, end, &plan, &mut stash);
         // Short only if `map_check` under-counted (see `take`).
         self.settle(stash)
     }
@@ -77,10 +74,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         table: Option<TableRef<'_>>,
         mut va: u64,
         end: u64,
-        mut pa: u64,
-        opts: MapOptions,
+        plan: &MapPlan,
     ) -> Result<usize, Error> {
-        if height == 0 || all_leaves::<A>(height, va, end, pa, opts) {
+        let opts = plan.opts;
+        if height == 0 || all_leaves::<A>(height, va, end, plan.pa(va), opts) {
             // Every entry becomes a leaf (a page, or a block of the fast
             // path): they must all be free.
             if let Some(t) = table {
@@ -101,7 +98,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 Some(t) => self.read(t, index(va, height), height),
                 None => (0, Next::None),
             };
-            if use_leaf::<A>(height, va, next, pa, opts) {
+            if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
                 if raw != 0 {
                     return Err(Error::AlreadyMapped(
                         self.first_mapped_at(raw, height, va, next),
@@ -110,17 +107,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             } else {
                 match kind {
                     Next::None => {
-                        need += 1 + self.map_check(height - 1, None, va, next, pa, opts)?;
+                        need += 1 + self.map_check(height - 1, None, va, next, plan)?;
                     }
                     Next::Table(ct) => {
-                        need += self.map_check(height - 1, Some(ct), va, next, pa, opts)?;
+                        need += self.map_check(height - 1, Some(ct), va, next, plan)?;
                     }
                     Next::Leaf(_) | Next::Invalid => {
                         return Err(Error::AlreadyMapped(VirtAddr(va)));
                     }
                 }
             }
-            pa = pa.wrapping_add(next.wrapping_sub(va));
             va = next;
             if va == end {
                 return Ok(need);
@@ -143,90 +139,77 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
     }
 
-    /// Phase 3: write the entries of the table `tpa` at `height`.
-    fn map_fill(
-        &mut self,
-        span: TableSpan,
-        mut pa: u64,
-        prot: Prot,
-        opts: MapOptions,
-        stash: &mut Reservation,
-    ) {
-        let TableSpan {
-            height,
-            table: tpa,
-            mut va,
-            end,
-        } = span;
-        // SAFETY: `tpa` is the root, a table reached from it, or a reserved
-        // frame of ours.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        if height == 0 {
-            let template = A::leaf_template(prot, 0);
-            let i = index(va, 0);
-            let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
-            // Three spans, each with one template: unfolded head, folded
-            // whole runs, unfolded tail (see `contpte::fold_span`).
-            let (lo, folded) = contpte::fold_span::<A>(0, va, end, pa, opts);
-            let head = (lo.wrapping_sub(va) / PAGE_SIZE) as usize;
-            let mid = (folded / PAGE_SIZE) as usize;
-            let spans = [
-                (i, i + head, template),
-                (i + head, i + head + mid, A::mk_cont(template, 0)),
-                (i + head + mid, i + n, template),
-            ];
-            if opts.is_barrier_per_entry() {
-                for (a, b, template) in spans {
-                    for e in &t.entries[a..b] {
-                        A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa >> A::OA_SHIFT);
-                        pa += PAGE_SIZE;
-                        // Wrapping: past the last page of the 64-bit space
-                        // the address is 2^64, and it is not used again.
-                        va = va.wrapping_add(PAGE_SIZE);
-                    }
-                }
-            } else {
-                // Three plain loops (one per span), each the tight
-                // template-OR-address store loop.
-                let (h, m) = (spans[0].1, spans[1].1);
-                pa = fill::<A, _>(&self.mmu, &t.entries[i..h], spans[0].2, pa, PAGE_SIZE);
-                pa = fill::<A, _>(&self.mmu, &t.entries[h..m], spans[1].2, pa, PAGE_SIZE);
-                fill::<A, _>(&self.mmu, &t.entries[m..i + n], spans[2].2, pa, PAGE_SIZE);
+    /// Phase 3: writes `[va, end)` on the cursor, which can no longer fail.
+    /// A table taken from `stash` is filled first and linked when the
+    /// cursor leaves it (populate publishes its contents before the link);
+    /// each table that was written gets one barrier when the cursor leaves
+    /// it, a new table before its link, so the parent's barrier covers the
+    /// link.
+    fn map_fill(&self, va: u64, end: u64, plan: &MapPlan, stash: &mut Reservation) {
+        // Whether the table at each height on the path was written.
+        let mut wrote = [false; MAX_LEVELS];
+        // The parent entry that the new table at each height is linked
+        // into when the cursor is done with it.
+        let mut links: [Option<(&Slot, PhysAddr)>; MAX_LEVELS] = [None; MAX_LEVELS];
+        let mut cur = self.cursor(va, end);
+        while let Some(span) = cur.span() {
+            let h = span.height as usize;
+            if let Some((child, va, link)) = self.map_span(span, plan, stash, &mut wrote[h]) {
+                links[h - 1] = link.map(|slot| (slot, child.pa()));
+                cur.descend(child, va);
+                continue;
             }
-            self.mmu.stats.add_entries_written(n as u64);
-            self.table_done();
-            return;
+            for d in cur.advance(span.next) {
+                let d = d as usize;
+                if core::mem::take(&mut wrote[d]) {
+                    self.table_done();
+                }
+                if let Some((slot, c)) = links[d].take() {
+                    A::populate_attrs(&self.mmu, slot, c, d as u32 + 1, self.table_attrs);
+                    self.mmu.stats.add_entries_written(1);
+                    wrote[d + 1] = true;
+                }
+            }
+        }
+    }
+
+    /// Writes the entries of `span` up to its first entry that needs a
+    /// table, setting `wrote` if it wrote any; returns that table (an
+    /// existing one, or a new one with the parent entry to link it into)
+    /// and its first address (`None`: the span is done).
+    fn map_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        plan: &MapPlan,
+        stash: &mut Reservation,
+        wrote: &mut bool,
+    ) -> Option<(TableRef<'a>, u64, Option<&'a Slot>)> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        if height == 0 {
+            self.fill_ptes(t, va, end, plan);
+            *wrote = true;
+            return None;
+        }
+        let opts = plan.opts;
+        if all_leaves::<A>(height, va, end, plan.pa(va), opts) {
+            self.fill_blocks(t, height, va, end, plan);
+            *wrote = true;
+            return None;
         }
         // The blocks of `[lo, lo + folded)` are written with the hint.
-        let (lo, folded) = contpte::fold_span::<A>(height, va, end, pa, opts);
-        if all_leaves::<A>(height, va, end, pa, opts) {
-            // Fast path: a run of blocks, one template per span, one
-            // barrier.
-            let template = A::leaf_template(prot, height);
-            let i = index(va, height);
-            let n = (end.wrapping_sub(va) >> shift(height)) as usize;
-            let head = (lo.wrapping_sub(va) >> shift(height)) as usize;
-            let mid = (folded >> shift(height)) as usize;
-            let spans = [
-                (i, i + head, template),
-                (i + head, i + head + mid, A::mk_cont(template, height)),
-                (i + head + mid, i + n, template),
-            ];
-            let (h, m) = (spans[0].1, spans[1].1);
-            let step = size(height);
-            pa = fill::<A, _>(&self.mmu, &t.entries[i..h], spans[0].2, pa, step);
-            pa = fill::<A, _>(&self.mmu, &t.entries[h..m], spans[1].2, pa, step);
-            fill::<A, _>(&self.mmu, &t.entries[m..i + n], spans[2].2, pa, step);
-            self.mmu.stats.add_entries_written(n as u64);
-            self.table_done();
-            return;
-        }
-        let mut wrote = false;
+        let (lo, folded) = contpte::fold_span::<A>(height, va, end, plan.pa(va), opts);
         loop {
             let next = entry_end(va, height, end);
-            let slot = &t.entries[index(va, height)];
-            if use_leaf::<A>(height, va, next, pa, opts) {
-                let mut leaf = A::leaf(PhysAddr(pa), prot, height);
+            let i = index(va, height);
+            let slot = t.slot(i);
+            if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
+                let mut leaf = A::leaf(PhysAddr(plan.pa(va)), plan.prot, height);
                 if va.wrapping_sub(lo) < folded {
                     leaf = A::mk_cont(leaf, height);
                 }
@@ -240,49 +223,106 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     A::set_pte_nosync(&self.mmu, slot, leaf);
                 }
                 self.mmu.stats.add_entries_written(1);
-                wrote = true;
+                *wrote = true;
             } else {
-                // Relaxed: we hold the address space exclusively.
-                match A::decode(slot.load(Relaxed), height) {
-                    Decoded::Table(c) => {
-                        self.map_fill(
-                            TableSpan::new(height - 1, c, va, next),
-                            pa,
-                            prot,
-                            opts,
-                            stash,
-                        );
-                    }
+                match self.read(t, i, height).1 {
+                    Next::Table(c) => return Some((c, va, None)),
+                    // Phase 1 saw `None` here: a new table, linked when
+                    // it is filled. (No table: the count was short, see
+                    // `take`; this part stays unmapped.)
                     _ => {
-                        // Phase 1 saw `None` here. Fill the new table, then
-                        // link it (populate publishes the contents first);
-                        // this table's barrier covers the link. (No table:
-                        // the count was short, see `take`; this part stays
-                        // unmapped.)
-                        if let Some(c) = self.take(stash) {
-                            self.map_fill(
-                                TableSpan::new(height - 1, c, va, next),
-                                pa,
-                                prot,
-                                opts,
-                                stash,
-                            );
-                            A::populate_attrs(&self.mmu, slot, c, height, self.table_attrs);
-                            self.mmu.stats.add_entries_written(1);
-                            wrote = true;
+                        if let Some(c) = self.take_table(stash) {
+                            return Some((c, va, Some(slot)));
                         }
                     }
                 }
             }
-            pa = pa.wrapping_add(next.wrapping_sub(va));
             va = next;
             if va == end {
-                break;
+                return None;
             }
         }
-        if wrote {
-            self.table_done();
+    }
+
+    /// The PTE store loops over `[va, end)` of `t`: unfolded head, folded
+    /// whole runs, unfolded tail, each with one template (see
+    /// `contpte::fold_span`).
+    fn fill_ptes(&self, t: TableRef<'_>, mut va: u64, end: u64, plan: &MapPlan) {
+        let opts = plan.opts;
+        let mut pa = plan.pa(va);
+        let template = A::leaf_template(plan.prot, 0);
+        let i = index(va, 0);
+        let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+        let (lo, folded) = contpte::fold_span::<A>(0, va, end, pa, opts);
+        let head = (lo.wrapping_sub(va) / PAGE_SIZE) as usize;
+        let mid = (folded / PAGE_SIZE) as usize;
+        let spans = [
+            (i, i + head, template),
+            (i + head, i + head + mid, A::mk_cont(template, 0)),
+            (i + head + mid, i + n, template),
+        ];
+        let entries = &t.table().entries;
+        if opts.is_barrier_per_entry() {
+            for (a, b, template) in spans {
+                for e in &entries[a..b] {
+                    A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa >> A::OA_SHIFT);
+                    pa += PAGE_SIZE;
+                    // Wrapping: past the last page of the 64-bit space
+                    // the address is 2^64, and it is not used again.
+                    va = va.wrapping_add(PAGE_SIZE);
+                }
+            }
+        } else {
+            // Three plain loops (one per span), each the tight
+            // template-OR-address store loop.
+            let (h, m) = (spans[0].1, spans[1].1);
+            pa = fill::<A, _>(&self.mmu, &entries[i..h], spans[0].2, pa, PAGE_SIZE);
+            pa = fill::<A, _>(&self.mmu, &entries[h..m], spans[1].2, pa, PAGE_SIZE);
+            fill::<A, _>(&self.mmu, &entries[m..i + n], spans[2].2, pa, PAGE_SIZE);
         }
+        self.mmu.stats.add_entries_written(n as u64);
+    }
+
+    /// The block fast path over `[va, end)` of `t` at `height`: a run of
+    /// blocks, one template per part (head, folded runs, tail).
+    fn fill_blocks(&self, t: TableRef<'_>, height: u32, va: u64, end: u64, plan: &MapPlan) {
+        let mut pa = plan.pa(va);
+        let (lo, folded) = contpte::fold_span::<A>(height, va, end, pa, plan.opts);
+        let template = A::leaf_template(plan.prot, height);
+        let i = index(va, height);
+        let n = (end.wrapping_sub(va) >> shift(height)) as usize;
+        let head = (lo.wrapping_sub(va) >> shift(height)) as usize;
+        let mid = (folded >> shift(height)) as usize;
+        let spans = [
+            (i, i + head, template),
+            (i + head, i + head + mid, A::mk_cont(template, height)),
+            (i + head + mid, i + n, template),
+        ];
+        let (h, m) = (spans[0].1, spans[1].1);
+        let step = size(height);
+        let entries = &t.table().entries;
+        pa = fill::<A, _>(&self.mmu, &entries[i..h], spans[0].2, pa, step);
+        pa = fill::<A, _>(&self.mmu, &entries[h..m], spans[1].2, pa, step);
+        fill::<A, _>(&self.mmu, &entries[m..i + n], spans[2].2, pa, step);
+        self.mmu.stats.add_entries_written(n as u64);
+    }
+}
+
+/// What one `map` call writes: the offset from each virtual address to
+/// its physical one, the protection and the options.
+#[derive(Clone, Copy)]
+struct MapPlan {
+    /// `pa - va`, wrapping.
+    off: u64,
+    prot: Prot,
+    opts: MapOptions,
+}
+
+impl MapPlan {
+    /// The physical address `va` maps to.
+    #[inline(always)]
+    fn pa(&self, va: u64) -> u64 {
+        va.wrapping_add(self.off)
     }
 }
 

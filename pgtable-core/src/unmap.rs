@@ -21,9 +21,10 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::aspace::{covers, table_at, FreeQueue, Reservation, TableSpan};
+use crate::aspace::{covers, Block, FreeQueue, Reservation};
 use crate::contpte;
 use crate::level::{entry_end, index, shift};
+use crate::walker::{Next, Span, TableRef, MAX_LEVELS};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Slot, Table, TableAlloc,
     TlbGather, VirtAddr,
@@ -74,6 +75,45 @@ fn contpte_gather_chunk<A: Format>(old: &mut [u64], first: usize, runs: usize) {
         }
         p += runs;
     }
+}
+
+/// What an unmap carries down the tables: the tables reserved for
+/// splits, the TLB gather, the tables to free after the flush and the
+/// report.
+struct Zapping<'r, Z> {
+    stash: &'r mut Reservation,
+    gather: &'r mut TlbGather,
+    q: &'r mut FreeQueue,
+    z: &'r mut Z,
+}
+
+/// What the cursor keeps for each table on its path until it leaves it.
+#[derive(Clone, Copy, Default)]
+struct Cleared {
+    /// Entries written.
+    written: u64,
+    /// Whether a software entry was cleared (the table wants its walker
+    /// barrier).
+    invalid: bool,
+}
+
+/// The table entry `slot` linking `table`, of which the range covers
+/// `[va, next)`: unlinked once the cursor leaves `table`, if it is empty.
+#[derive(Clone, Copy)]
+struct Link<'a> {
+    slot: &'a Slot,
+    table: TableRef<'a>,
+    va: u64,
+    next: u64,
+}
+
+/// What `unmap_entry` did with one entry.
+enum Step<'a> {
+    /// Cleared it: the entries written and whether one was a software
+    /// entry.
+    Cleared(u64, bool),
+    /// The cursor goes on in this table, unlinked afterwards if `Some`.
+    Descend(TableRef<'a>, Option<Link<'a>>),
 }
 
 /// Discards the removed entries (plain [`AddressSpace::unmap`]).
@@ -384,138 +424,204 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // Runs the range covers in part are unfolded first (whole runs go
         // whole, so the hint never outlives part of its run).
         self.contpte_unfold_edges(va.0, end);
-        self.unmap_clear(
-            TableSpan::new(top, self.root, va.0, end),
-            &mut stash,
+        let mut cx = Zapping {
+            stash: &mut stash,
             gather,
             q,
             z,
-        );
+        };
+        self.unmap_clear(va.0, end, &mut cx);
         // Short only if `split_check` under-counted (see `take`).
         self.settle(stash)
     }
 
-    /// Clears `[va, end)` in the table `tpa` at `height`; returns whether
-    /// the table is now empty.
-    fn unmap_clear<Z: Zap<A>>(
-        &mut self,
-        span: TableSpan,
-        stash: &mut Reservation,
-        gather: &mut TlbGather,
-        q: &mut FreeQueue,
-        z: &mut Z,
-    ) -> bool {
-        let TableSpan {
-            height,
-            table: tpa,
-            mut va,
-            end,
-        } = span;
-        let start = va;
-        // SAFETY: reached from the root (or just linked by a split).
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        if Z::REPORT && height == 0 {
-            return self.zap_ptes(t, va, end, gather, z);
+    /// Clears `[va, end)` on the cursor. A table entry is cleared after
+    /// the table it links (when the cursor leaves that table), and only if
+    /// that table is now empty or covered whole; each table's entry count
+    /// and barrier also come when the cursor leaves it.
+    fn unmap_clear<Z: Zap<A>>(&self, va: u64, end: u64, cx: &mut Zapping<'_, Z>) {
+        let mut tables = [Cleared::default(); MAX_LEVELS];
+        // The table entry linking the table at each height on the path,
+        // when it may be unlinked once that table is done.
+        let mut links: [Option<Link<'_>>; MAX_LEVELS] = [None; MAX_LEVELS];
+        let mut cur = self.cursor(va, end);
+        while let Some(span) = cur.span() {
+            let h = span.height as usize;
+            if let Some((child, va, link)) = self.unmap_span(span, cx, &mut tables[h]) {
+                links[h - 1] = link;
+                cur.descend(child, va);
+                continue;
+            }
+            for d in cur.advance(span.next) {
+                let d = d as usize;
+                let done = core::mem::take(&mut tables[d]);
+                self.mmu.stats.add_entries_written(done.written);
+                if done.invalid {
+                    self.table_done();
+                }
+                let Some(l) = links[d].take() else {
+                    continue;
+                };
+                // The caller only frees a table it does not cover whole
+                // when it is empty, so scan unless the range covered every
+                // entry.
+                let t = l.table.table();
+                if covers(l.va, l.next, d as u32 + 1)
+                    || t.entries.iter().all(|e| e.load(Relaxed) == 0)
+                {
+                    A::set_pte_nosync(&self.mmu, l.slot, 0);
+                    tables[d + 1].written += 1;
+                    cx.gather
+                        .add_tables(VirtAddr(l.va), l.next.wrapping_sub(l.va));
+                    self.queue_free_subtree(cx.q, l.table.pa(), d as u32);
+                }
+            }
         }
-        let mut written = 0u64;
-        let mut invalid_cleared = false;
+    }
+
+    /// Clears the entries of `span` up to its first entry whose table the
+    /// cursor must visit, counting into `acc`; returns that table, its
+    /// first address and, if it may be unlinked afterwards, its link
+    /// (`None`: the span is done).
+    fn unmap_span<'a, Z: Zap<A>>(
+        &'a self,
+        span: Span<'a>,
+        cx: &mut Zapping<'_, Z>,
+        acc: &mut Cleared,
+    ) -> Option<(TableRef<'a>, u64, Option<Link<'a>>)> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        if Z::REPORT && height == 0 {
+            self.zap_ptes(t.table(), va, end, cx.gather, cx.z);
+            return None;
+        }
         loop {
             let next = entry_end(va, height, end);
-            let slot = &t.entries[index(va, height)];
-            // Relaxed: we hold the address space exclusively; without a
-            // report, a hardware A/D update racing the clear below is
-            // discarded on purpose (a report takes the entry atomically).
-            let raw = slot.load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::None => {}
-                Decoded::Invalid => {
-                    // A software entry: the hardware never writes it and
-                    // nothing is flushed for it, but the clear still wants
-                    // this table's walker barrier (below).
-                    A::set_pte_nosync(&self.mmu, slot, 0);
-                    written += 1;
-                    invalid_cleared = true;
-                    z.removed(va, height, raw);
+            match self.unmap_entry(t, height, va, next, cx) {
+                Step::Cleared(n, invalid) => {
+                    acc.written += n;
+                    acc.invalid |= invalid;
                 }
-                Decoded::Leaf(_) if Z::REPORT && height > 0 && A::is_cont(raw, height) => {
-                    // The first entry of a folded run of blocks, which the
-                    // range covers whole (runs covered in part were
-                    // unfolded first): the whole run is taken now (its
-                    // other entries then read as none).
-                    let run = contpte::run_size::<A>(height);
-                    debug_assert_eq!(va & (run - 1), 0, "a folded run covered in part");
-                    let slots = contpte::run_slots::<A>(t, index(va, height), height);
-                    self.zap_block_run(slots, va, height, z);
-                    written += slots.len() as u64;
-                    gather.add_range(VirtAddr(va), run, height);
-                }
-                Decoded::Leaf(_) if height == 0 || covers(va, next, height) => {
-                    let old = if Z::REPORT && !(z.trust_settled() && A::is_settled(raw, height)) {
-                        // The exact final value, A/D included.
-                        A::pmdp_huge_get_and_clear(&self.mmu, slot)
-                    } else {
-                        A::set_pte_nosync(&self.mmu, slot, 0);
-                        raw
-                    };
-                    written += 1;
-                    gather.add_leaf(VirtAddr(va), height);
-                    z.removed(va, height, old);
-                }
-                Decoded::Leaf(_) => {
-                    // (No table: the count was short, see `take`; the block
-                    // stays.)
-                    if let Some(c) =
-                        self.split_block(slot, raw, VirtAddr(va), height, stash, gather)
-                    {
-                        self.unmap_clear(
-                            TableSpan::new(height - 1, c, va, next),
-                            stash,
-                            gather,
-                            q,
-                            z,
-                        );
-                    }
-                }
-                Decoded::Table(c) => {
-                    // A pinned kernel-half table is emptied, never unlinked.
-                    // A report visits the entries of a table it unlinks
-                    // whole (and so always finds it empty afterwards).
-                    let keep = self.pinned(height, va);
-                    let whole = covers(va, next, height) && !keep;
-                    if Z::REPORT && whole && z.deferred().is_some() {
-                        A::set_pte_nosync(&self.mmu, slot, 0);
-                        written += 1;
-                        gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
-                        self.defer_subtree(q, c, height - 1, va, z);
-                    } else if ((whole && !Z::REPORT)
-                        || self.unmap_clear(
-                            TableSpan::new(height - 1, c, va, next),
-                            stash,
-                            gather,
-                            q,
-                            z,
-                        ))
-                        && !keep
-                    {
-                        A::set_pte_nosync(&self.mmu, slot, 0);
-                        written += 1;
-                        gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
-                        self.queue_free_subtree(q, c, height - 1);
-                    }
-                }
+                Step::Descend(c, link) => return Some((c, va, link)),
             }
             va = next;
             if va == end {
-                break;
+                return None;
             }
         }
-        self.mmu.stats.add_entries_written(written);
-        if invalid_cleared {
-            self.table_done();
+    }
+
+    /// Clears the part `[va, next)` of the entry of `va` in `t` at
+    /// `height`, or says which table to clear it in.
+    fn unmap_entry<'a, Z: Zap<A>>(
+        &'a self,
+        t: TableRef<'a>,
+        height: u32,
+        va: u64,
+        next: u64,
+        cx: &mut Zapping<'_, Z>,
+    ) -> Step<'a> {
+        let i = index(va, height);
+        let slot = t.slot(i);
+        // Without a report, a hardware A/D update racing the clear below
+        // is discarded on purpose (a report takes the entry atomically).
+        let (raw, kind) = self.read(t, i, height);
+        match kind {
+            Next::None => Step::Cleared(0, false),
+            Next::Invalid => {
+                // A software entry: the hardware never writes it and
+                // nothing is flushed for it, but the clear still wants
+                // this table's walker barrier.
+                A::set_pte_nosync(&self.mmu, slot, 0);
+                cx.z.removed(va, height, raw);
+                Step::Cleared(1, true)
+            }
+            Next::Leaf(_) if Z::REPORT && height > 0 && A::is_cont(raw, height) => {
+                // The first entry of a folded run of blocks, which the
+                // range covers whole (runs covered in part were unfolded
+                // first): the whole run is taken now (its other entries
+                // then read as none).
+                let run = contpte::run_size::<A>(height);
+                debug_assert_eq!(va & (run - 1), 0, "a folded run covered in part");
+                let slots = contpte::run_slots::<A>(t.table(), i, height);
+                self.zap_block_run(slots, va, height, cx.z);
+                cx.gather.add_range(VirtAddr(va), run, height);
+                Step::Cleared(slots.len() as u64, false)
+            }
+            Next::Leaf(_) if height == 0 || covers(va, next, height) => {
+                let z = &mut *cx.z;
+                let old = if Z::REPORT && !(z.trust_settled() && A::is_settled(raw, height)) {
+                    // The exact final value, A/D included.
+                    A::pmdp_huge_get_and_clear(&self.mmu, slot)
+                } else {
+                    A::set_pte_nosync(&self.mmu, slot, 0);
+                    raw
+                };
+                cx.gather.add_leaf(VirtAddr(va), height);
+                z.removed(va, height, old);
+                Step::Cleared(1, false)
+            }
+            Next::Leaf(_) => {
+                // Partly covered: split, then clear the covered part one
+                // level down, through the table the split linked, which
+                // stays. (No table: the count was short, see `take`; the
+                // block stays.)
+                let block = Block {
+                    slot,
+                    raw,
+                    va: VirtAddr(va),
+                    height,
+                };
+                if self.split_block(block, cx.stash, cx.gather).is_some() {
+                    if let (_, Next::Table(c)) = self.read(t, i, height) {
+                        return Step::Descend(c, None);
+                    }
+                }
+                Step::Cleared(0, false)
+            }
+            Next::Table(c) => self.unmap_table(slot, c, height, va..next, cx),
         }
-        // The caller only frees a table it does not cover whole when it is
-        // empty, so scan unless this call covered every entry.
-        covers(start, end, height + 1) || t.entries.iter().all(|e| e.load(Relaxed) == 0)
+    }
+
+    /// The table entry `slot` at `height` (linking `c`), of which the
+    /// range covers `range`: unlinks it now when it is covered whole and
+    /// its entries need no visit, or has the cursor visit `c` first.
+    fn unmap_table<'a, Z: Zap<A>>(
+        &self,
+        slot: &'a Slot,
+        c: TableRef<'a>,
+        height: u32,
+        range: core::ops::Range<u64>,
+        cx: &mut Zapping<'_, Z>,
+    ) -> Step<'a> {
+        let (va, next) = (range.start, range.end);
+        // A pinned kernel-half table is emptied, never unlinked. A report
+        // visits the entries of a table it unlinks whole (and so always
+        // finds it empty afterwards).
+        let keep = self.pinned(height, va);
+        let whole = covers(va, next, height) && !keep;
+        if whole && (!Z::REPORT || cx.z.deferred().is_some()) {
+            A::set_pte_nosync(&self.mmu, slot, 0);
+            cx.gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
+            if Z::REPORT {
+                self.defer_subtree(cx.q, c.pa(), height - 1, va, cx.z);
+            } else {
+                self.queue_free_subtree(cx.q, c.pa(), height - 1);
+            }
+            return Step::Cleared(1, false);
+        }
+        let link = (!keep).then_some(Link {
+            slot,
+            table: c,
+            va,
+            next,
+        });
+        Step::Descend(c, link)
     }
 
     /// The reporting form of the PTE level: every non-zero entry of
@@ -523,21 +629,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// covered whole is about to be unlinked and freed after the flush, so
     /// entries the hardware can no longer change are only read there, not
     /// cleared (the allocator takes frames back with any contents); the
-    /// others are taken with the atomic get-and-clear. Returns whether the
-    /// table is now empty (or about to be unlinked).
+    /// others are taken with the atomic get-and-clear.
     ///
     /// Entries are taken a chunk at a time into a small local buffer and
     /// reported from it: the report loop then holds no atomic access and
     /// no condition, so the compiler can keep the caller's accumulators in
     /// registers instead of reloading them around every entry.
-    fn zap_ptes<Z: Zap<A>>(
-        &mut self,
-        t: &Table,
-        va: u64,
-        end: u64,
-        gather: &mut TlbGather,
-        z: &mut Z,
-    ) -> bool {
+    fn zap_ptes<Z: Zap<A>>(&self, t: &Table, va: u64, end: u64, gather: &mut TlbGather, z: &mut Z) {
         const CHUNK: usize = 64;
         let whole = covers(va, end, 1);
         let trust = z.trust_settled();
@@ -601,6 +699,5 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             gather.add_range(VirtAddr(va), end.wrapping_sub(va), 0);
         }
         self.mmu.stats.add_entries_written(written);
-        whole || t.entries.iter().all(|e| e.load(Relaxed) == 0)
     }
 }

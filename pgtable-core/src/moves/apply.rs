@@ -7,7 +7,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use super::deferred::dest_meets_source;
 use super::plan::{Dest, EntryMove, PgtEntry, Step};
 use super::{Done, Mover, Pos};
-use crate::aspace::covers;
+use crate::aspace::{covers, Block};
 use crate::level::{entry_end, index, size};
 use crate::walker::{Next, TableRef};
 use crate::{
@@ -102,14 +102,14 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
                 e.len()
             }
             Step::Split { height, slot, raw } => {
-                self.space.split_block(
+                let block = Block {
                     slot,
                     raw,
-                    VirtAddr(at.old),
+                    va: VirtAddr(at.old),
                     height,
-                    &mut self.stash,
-                    &mut self.gather,
-                );
+                };
+                self.space
+                    .split_block(block, &mut self.stash, &mut self.gather);
                 0
             }
             Step::Ptes { len, src, pmd } => {
