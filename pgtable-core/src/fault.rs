@@ -9,7 +9,7 @@ use crate::aspace::{needs_bbm, FreeQueue};
 use crate::level::{index, shift, size};
 use crate::walker::Next;
 use crate::{
-    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, TableAlloc, TlbGather, VirtAddr,
+    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
     PAGE_SIZE,
 };
 
@@ -72,46 +72,43 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // One page: its range check is its address's.
         self.check_va(va)?;
         Self::check_phys(pa, PAGE_SIZE)?;
-        // Check: how far the tables reach (the short path when they all
-        // exist: four dependent loads, then the one store).
-        let mut t = self.root_table();
-        let mut h = A::LEVELS - 1;
-        while h > 0 {
-            match self.read(t, index(va.0, h), h).1 {
-                Next::Table(c) => t = c,
-                Next::None => break,
-                Next::Leaf(_) | Next::Invalid => return Err(Error::AlreadyMapped(va)),
-            }
-            h -= 1;
+        let entry = A::leaf(pa, prot, 0);
+        let i = index(va.0, 0);
+        // The short path when every table exists: the dependent loads of
+        // the walk, then the one store.
+        match self.table_for(va.0, 0) {
+            Some(pte) if pte.load(i) == 0 => A::set_pte_nosync(&self.mmu, pte.slot(i), entry),
+            Some(_) => return Err(Error::AlreadyMapped(va)),
+            None => self.install_tables(va, entry)?,
         }
-        if h == 0 {
-            let slot = t.slot(index(va.0, 0));
-            if t.load(index(va.0, 0)) != 0 {
-                return Err(Error::AlreadyMapped(va));
-            }
-            A::set_pte_nosync(&self.mmu, slot, A::leaf(pa, prot, 0));
-        } else {
-            self.install_tables(va, pa, prot, h)?;
+        if prot.global() {
+            self.may_hold_global = true;
         }
-        self.may_hold_global |= prot.global();
         self.mmu.stats.add_entries_written(1);
         // The one walker barrier for the links and the PTE.
         self.table_done();
         Ok(())
     }
 
-    /// The rest of [`install_pte`](Self::install_pte) when the tables
-    /// below `height` are missing: reserve one for each, link them
-    /// top-down (each `populate` orders the zeroed table before its link),
-    /// then write the PTE.
+    /// The rest of [`install_pte`](Self::install_pte) when a table on the
+    /// path to `va` is missing: finds the first (a leaf or a non-present
+    /// entry above the PTE level is [`Error::AlreadyMapped`]), reserves
+    /// one for each missing level, links them top-down (each `populate`
+    /// orders the zeroed table before its link), then writes `entry`.
     #[cold]
-    fn install_tables(
-        &mut self,
-        va: VirtAddr,
-        pa: PhysAddr,
-        prot: Prot,
-        height: u32,
-    ) -> Result<(), Error> {
+    #[inline(never)]
+    fn install_tables(&mut self, va: VirtAddr, entry: u64) -> Result<(), Error> {
+        let mut t = self.root_table();
+        let mut height = A::LEVELS - 1;
+        // Check: how far the tables reach.
+        loop {
+            match self.read(t, index(va.0, height), height).1 {
+                Next::Table(c) if height > 0 => t = c,
+                Next::None => break,
+                _ => return Err(Error::AlreadyMapped(va)),
+            }
+            height -= 1;
+        }
         let mut res = self.reserve(height as usize)?;
         let mut h = height;
         let mut t = self.table_for(va.0, h);
@@ -125,7 +122,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             h -= 1;
         }
         if let Some(pte) = t {
-            let entry = A::leaf(pa, prot, 0);
             A::set_pte_nosync(&self.mmu, pte.slot(index(va.0, 0)), entry);
         }
         self.settle(res)
@@ -173,21 +169,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         flags: FaultFlags,
     ) -> Result<bool, Error> {
         self.check_va(va)?;
-        let (mut slot, h) = self.find_leaf(va).ok_or(Error::NotMapped(va))?;
-        let change = |cur: u64| {
-            let mut new = A::mkyoung(cur, h);
-            if flags.write {
-                let p = A::leaf_prot(new, h);
-                if !p.writable() {
-                    let w = p.union(Prot::WRITE);
-                    new = A::modify_prot(new, w, h);
-                }
-            }
-            if flags.dirty {
-                new = A::mkdirty(new, h);
-            }
-            new
-        };
+        let (t, i, h) = self.leaf_for(va.0).ok_or(Error::NotMapped(va))?;
+        let mut slot = t.slot(i);
+        let change = |cur: u64| flags.apply::<A>(cur, h);
         // Relaxed: the kind of entry and its permissions do not change
         // under us (the hardware sets accessed/dirty state only).
         let raw = slot.load(Relaxed);
@@ -207,7 +191,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 return Err(Error::BreakBeforeMake(va));
             }
             self.contpte_unfold(va.0, h);
-            slot = self.find_leaf(va).ok_or(Error::NotMapped(va))?.0;
+            let (t, i, _) = self.leaf_for(va.0).ok_or(Error::NotMapped(va))?;
+            slot = t.slot(i);
         }
         // A folded contiguous run is one translation: an accessed/dirty
         // change applies to every entry of it (Linux
@@ -230,34 +215,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if needs_bbm::<A>(cur, change(cur), h) {
             return Err(Error::BreakBeforeMake(va));
         }
-        let mut flush = false;
-        let mut written = 0u64;
-        for slot in slots {
-            // Relaxed: the compare-exchange below re-checks it.
-            let mut cur = slot.load(Relaxed);
-            let done = loop {
-                if !matches!(A::decode(cur, h), Decoded::Leaf(_)) {
-                    break None;
-                }
-                let new = change(cur);
-                if new == cur {
-                    break None;
-                }
-                // Relaxed: atomic against the hardware's A/D update; the
-                // walker is ordered by the barrier below.
-                match slot.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
-                    Ok(_) => break Some((cur, new)),
-                    Err(now) => cur = now,
-                }
-            };
-            if let Some((old, new)) = done {
-                if M::OBSERVES_WRITES {
-                    self.mmu.entry_written(slot, old);
-                }
-                written += 1;
-                flush |= A::mkyoung(old, h) != A::mkyoung(new, h);
-            }
-        }
+        let (written, flush) = relax_entries::<A, _>(&self.mmu, slots, h, change);
         if written == 0 {
             return Ok(false);
         }
@@ -271,4 +229,66 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
         Ok(true)
     }
+}
+
+impl FaultFlags {
+    /// `cur`, a leaf at `height`, with the state these flags name set:
+    /// accessed, then with [`WRITE`](Self::WRITE) the write permission
+    /// where it lacks it, then with [`DIRTY`](Self::DIRTY) the dirty state.
+    #[inline]
+    fn apply<A: Arch>(self, cur: u64, height: u32) -> u64 {
+        let mut new = A::mkyoung(cur, height);
+        if self.write {
+            let p = A::leaf_prot(new, height);
+            if !p.writable() {
+                new = A::modify_prot(new, p.union(Prot::WRITE), height);
+            }
+        }
+        if self.dirty {
+            new = A::mkdirty(new, height);
+        }
+        new
+    }
+}
+
+/// Applies `change` to every present leaf of `slots` (at `height`) with a
+/// compare-exchange loop, so an accessed/dirty update the hardware makes
+/// meanwhile is kept. Returns how many entries changed and whether a change
+/// went beyond the accessed state (which must be flushed; see
+/// [`AddressSpace::ptep_set_access_flags`]).
+fn relax_entries<A: Arch, M: Mmu>(
+    mmu: &M,
+    slots: &[Slot],
+    height: u32,
+    change: impl Fn(u64) -> u64,
+) -> (u64, bool) {
+    let mut flush = false;
+    let mut written = 0u64;
+    for slot in slots {
+        // Relaxed: the compare-exchange below re-checks it.
+        let mut cur = slot.load(Relaxed);
+        let done = loop {
+            if !matches!(A::decode(cur, height), Decoded::Leaf(_)) {
+                break None;
+            }
+            let new = change(cur);
+            if new == cur {
+                break None;
+            }
+            // Relaxed: atomic against the hardware's A/D update; the
+            // walker is ordered by the walker barrier that follows.
+            match slot.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
+                Ok(_) => break Some((cur, new)),
+                Err(now) => cur = now,
+            }
+        };
+        if let Some((old, new)) = done {
+            if M::OBSERVES_WRITES {
+                mmu.entry_written(slot, old);
+            }
+            written += 1;
+            flush |= A::mkyoung(old, height) != A::mkyoung(new, height);
+        }
+    }
+    (written, flush)
 }

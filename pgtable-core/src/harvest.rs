@@ -68,23 +68,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// entry) and its height, if there is one.
     pub(crate) fn find_leaf(&self, va: VirtAddr) -> Option<(&Slot, u32)> {
         self.check_va(va).ok()?;
-        let mut t = self.root_table();
-        let mut h = A::LEVELS - 1;
-        loop {
-            let i = index(va.0, h);
-            match self.read(t, i, h) {
-                (_, Next::Table(c)) => t = c,
-                (_, Next::None) => return None,
-                (raw, Next::Invalid)
-                    if h == 0 && matches!(A::decode(raw, 0), Decoded::Table(_)) =>
-                {
-                    return None
-                }
-                (_, Next::Leaf(_) | Next::Invalid) => return Some((t.slot(i), h)),
-            }
-            // A table entry is never found at height 0 (`Format` rules).
-            h = h.checked_sub(1)?;
-        }
+        let (t, i, h) = self.leaf_for(va.0)?;
+        Some((t.slot(i), h))
     }
 
     /// Linux `ptep_get` (and `pmdp_get` / `pudp_get` for a block): the
@@ -123,9 +108,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::OutOfRange`] for an address outside the address space.
     pub fn test_and_clear_young(&mut self, va: VirtAddr) -> Result<bool, Error> {
         self.check_va(va)?;
-        let Some((slot, h)) = self.find_leaf(va) else {
+        let Some((t, i, h)) = self.leaf_for(va.0) else {
             return Ok(false);
         };
+        let slot = t.slot(i);
         // Relaxed: the clear re-reads it.
         if A::is_cont(slot.load(Relaxed), h) {
             if let Some((run, base)) = self.folded_run(va.0, h) {

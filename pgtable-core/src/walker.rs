@@ -201,6 +201,33 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Some(t)
     }
 
+    /// The leaf-level entry on the path to `va` (checked by the caller): a
+    /// page, a block, or a non-present non-zero entry, as the table that
+    /// holds it, its index there and its height; `None` when a zero entry
+    /// ends the walk first. The short path of the single-entry operations
+    /// (Linux `ptep_get`, `ptep_set_access_flags`,
+    /// `ptep_test_and_clear_young`): no range, no cursor.
+    #[inline]
+    pub(crate) fn leaf_for(&self, va: u64) -> Option<(TableRef<'_>, usize, u32)> {
+        let mut t = self.root_table();
+        let mut h = A::LEVELS - 1;
+        loop {
+            let i = index(va, h);
+            match self.read(t, i, h) {
+                (_, Next::Table(c)) => t = c,
+                (_, Next::None) => return None,
+                (raw, Next::Invalid)
+                    if h == 0 && matches!(A::decode(raw, 0), Decoded::Table(_)) =>
+                {
+                    return None
+                }
+                (_, Next::Leaf(_) | Next::Invalid) => return Some((t, i, h)),
+            }
+            // A table entry is never found at height 0 (`Format` rules).
+            h = h.checked_sub(1)?;
+        }
+    }
+
     /// A cursor over `[va, end)` (checked by the caller), at the root.
     #[inline]
     pub(crate) fn cursor(&self, va: u64, end: u64) -> Cursor<'_> {

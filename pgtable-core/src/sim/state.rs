@@ -38,6 +38,18 @@ pub(super) struct Cached {
 }
 
 impl Cached {
+    /// `raw`, read from `nslots` adjacent entries from `slot` on by a walk
+    /// from `root` under `limits`.
+    fn new(raw: u64, slot: &Slot, root: PhysAddr, limits: TableAttrs, nslots: u32) -> Cached {
+        Cached {
+            raw,
+            slot: slot as *const Slot as u64,
+            root,
+            limits,
+            nslots,
+        }
+    }
+
     /// Whether it was read from the entry at host address `slot`.
     #[inline]
     fn read_from(&self, slot: u64) -> bool {
@@ -437,7 +449,7 @@ impl State {
                 Decoded::Table(c) if h > 0 => {
                     limits = limits.union(A::table_limits(raw, h));
                     let key = (va & !(size(h) - 1), h, false, self.cpu.asid);
-                    self.cache(key, raw, slot, root, limits, 1);
+                    self.cache(key, Cached::new(raw, slot, root, limits, 1));
                     tpa = c;
                 }
                 Decoded::Leaf(_) if A::leaf_allowed(h) => {
@@ -491,31 +503,15 @@ impl State {
         }
     }
 
-    /// Caches `raw`, read from `nslots` adjacent entries from `slot` on.
-    fn cache(
-        &mut self,
-        key: Key,
-        raw: u64,
-        slot: &Slot,
-        root: PhysAddr,
-        limits: TableAttrs,
-        nslots: u32,
-    ) {
-        let slot = slot as *const Slot as u64;
-        let c = Cached {
-            raw,
-            slot,
-            root,
-            limits,
-            nslots,
-        };
+    /// Caches `c` under `key` (a leaf entry counts as a TLB fill).
+    fn cache(&mut self, key: Key, c: Cached) {
         if key.2 {
             self.stats.tlb_fills += 1;
         }
         if self.cpu.tlb.insert(key, c).is_none() {
             self.cpu.fifo.push_back(key);
-            for i in 0..u64::from(nslots) {
-                let s = slot + 8 * i;
+            for i in 0..u64::from(c.nslots) {
+                let s = c.slot + 8 * i;
                 let tlb = &self.cpu.tlb;
                 let keys = self.cpu.by_slot.entry(s).or_default();
                 keys.retain(|k| *k != key && tlb.get(k).is_some_and(|c| c.read_from(s)));
@@ -670,43 +666,8 @@ impl State {
             write: access.write,
             kind,
         };
-        // TLB lookup: the entry that served the last access, then every
-        // leaf size, smallest first.
-        let asid = self.cpu.asid;
-        let mru = self
-            .cpu
-            .mru
-            .filter(|&(b, h, _, tag)| {
-                va & !(key_span::<A>(h) - 1) == b && (tag == asid || tag == GLOBAL)
-            })
-            .map(|k| (k.1, k.3));
-        let tags = [asid, GLOBAL];
-        let all = leaf_keys::<A>().flat_map(|h| tags.map(|t| (h, t)));
-        for (kh, tag) in mru.into_iter().chain(all) {
-            let base = va & !(key_span::<A>(kh) - 1);
-            let Some(c) = self.cpu.tlb.get(&(base, kh, true, tag)).copied() else {
-                continue;
-            };
-            let h = kh & !CONT_KEY;
-            self.cpu.mru = Some((base, kh, true, tag));
-            match A::hw_access(c.raw, h, access).and_then(|n| c.limits.check(access).map(|()| n)) {
-                Err(f) => {
-                    self.stats.tlb_hits += 1;
-                    return Err(fault(SimFaultKind::Permission(f)));
-                }
-                // Nothing to update: the cached entry serves the access.
-                Ok(new) if new == c.raw => {
-                    self.stats.tlb_hits += 1;
-                    let Decoded::Leaf(pa) = A::decode(c.raw, h) else {
-                        unreachable!("only leaves are cached as leaves")
-                    };
-                    return Ok((pa.0 + (va - base), AdUpdate::default()));
-                }
-                // An accessed/dirty update is due: the hardware walks the
-                // tables again to make it (as x86 does for a store through
-                // a clean cached entry).
-                Ok(_) => break,
-            }
+        if let Some(hit) = self.tlb_lookup::<A>(va, access) {
+            return hit.map(|pa| (pa, AdUpdate::default())).map_err(fault);
         }
         self.stats.tlb_misses += 1;
         loop {
@@ -735,38 +696,101 @@ impl State {
                 self.stats.accessed_set += u64::from(upd.accessed);
                 self.stats.dirty_set += u64::from(upd.dirty);
             }
-            let base = va & !(size(h) - 1);
-            let tag = if A::leaf_prot(new, h).global() {
-                GLOBAL
-            } else {
-                self.cpu.asid
-            };
-            let root = self.root_for::<A>(va).map_err(fault)?;
-            let run = if A::is_cont(new, h) {
-                self.run_of::<A>(va, h, new, leaf.table)
-            } else {
-                None
-            };
-            match run {
-                // One entry for the whole folded run (Arm ARM D8.6.1),
-                // holding the run's first output address.
-                Some((first, base_pa)) => {
-                    let n = A::cont_entries(h);
-                    let span = u64::from(n) * size(h);
-                    let Decoded::Leaf(pa) = A::decode(new, h) else {
-                        unreachable!("hw_access keeps a leaf a leaf")
-                    };
-                    let raw = new - ((pa.0 - base_pa) >> A::OA_SHIFT);
-                    let key = (va & !(span - 1), h | CONT_KEY, true, tag);
-                    self.cache(key, raw, first, root, leaf.limits, n);
-                }
-                None => self.cache((base, h, true, tag), new, leaf.slot, root, leaf.limits, 1),
-            }
+            self.fill_leaf::<A>(va, &leaf, new).map_err(fault)?;
             let Decoded::Leaf(pa) = A::decode(new, h) else {
                 unreachable!("hw_access keeps a leaf a leaf")
             };
-            return Ok((pa.0 + (va - base), upd));
+            return Ok((pa.0 + (va & (size(h) - 1)), upd));
         }
+    }
+
+    /// The TLB lookup of [`access`](Self::access): the entry that served
+    /// the last access, then every leaf size, smallest first. `Some`: the
+    /// cached entry decides (the output address, or the permission
+    /// fault); `None`: a miss, or an accessed/dirty update is due, which
+    /// the hardware makes by walking the tables again (as x86 does for a
+    /// store through a clean cached entry).
+    fn tlb_lookup<A: Arch>(
+        &mut self,
+        va: u64,
+        access: Access,
+    ) -> Option<Result<u64, SimFaultKind>> {
+        let asid = self.cpu.asid;
+        let mru = self
+            .cpu
+            .mru
+            .filter(|&(b, h, _, tag)| {
+                va & !(key_span::<A>(h) - 1) == b && (tag == asid || tag == GLOBAL)
+            })
+            .map(|k| (k.1, k.3));
+        let tags = [asid, GLOBAL];
+        let all = leaf_keys::<A>().flat_map(|h| tags.map(|t| (h, t)));
+        for (kh, tag) in mru.into_iter().chain(all) {
+            let base = va & !(key_span::<A>(kh) - 1);
+            let Some(c) = self.cpu.tlb.get(&(base, kh, true, tag)).copied() else {
+                continue;
+            };
+            let h = kh & !CONT_KEY;
+            self.cpu.mru = Some((base, kh, true, tag));
+            match A::hw_access(c.raw, h, access).and_then(|n| c.limits.check(access).map(|()| n)) {
+                Err(f) => {
+                    self.stats.tlb_hits += 1;
+                    return Some(Err(SimFaultKind::Permission(f)));
+                }
+                // Nothing to update: the cached entry serves the access.
+                Ok(new) if new == c.raw => {
+                    self.stats.tlb_hits += 1;
+                    let Decoded::Leaf(pa) = A::decode(c.raw, h) else {
+                        unreachable!("only leaves are cached as leaves")
+                    };
+                    return Some(Ok(pa.0 + (va - base)));
+                }
+                Ok(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Caches the leaf `leaf` walked for `va`, whose value is now `new`
+    /// (after the walker's accessed/dirty update): one entry for the
+    /// page or block, or one for its whole folded run.
+    fn fill_leaf<A: Arch>(
+        &mut self,
+        va: u64,
+        leaf: &Leaf<'static>,
+        new: u64,
+    ) -> Result<(), SimFaultKind> {
+        let h = leaf.height;
+        let tag = if A::leaf_prot(new, h).global() {
+            GLOBAL
+        } else {
+            self.cpu.asid
+        };
+        let root = self.root_for::<A>(va)?;
+        let run = if A::is_cont(new, h) {
+            self.run_of::<A>(va, h, new, leaf.table)
+        } else {
+            None
+        };
+        match run {
+            // One entry for the whole folded run (Arm ARM D8.6.1),
+            // holding the run's first output address.
+            Some((first, base_pa)) => {
+                let n = A::cont_entries(h);
+                let span = u64::from(n) * size(h);
+                let Decoded::Leaf(pa) = A::decode(new, h) else {
+                    unreachable!("hw_access keeps a leaf a leaf")
+                };
+                let raw = new - ((pa.0 - base_pa) >> A::OA_SHIFT);
+                let key = (va & !(span - 1), h | CONT_KEY, true, tag);
+                self.cache(key, Cached::new(raw, first, root, leaf.limits, n));
+            }
+            None => {
+                let key = (va & !(size(h) - 1), h, true, tag);
+                self.cache(key, Cached::new(new, leaf.slot, root, leaf.limits, 1));
+            }
+        }
+        Ok(())
     }
 
     // ----- maintenance -----
