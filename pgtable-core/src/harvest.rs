@@ -13,7 +13,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::aspace::FreeQueue;
 use crate::contpte;
-use crate::level::{entry_end, index};
+use crate::level::entry_end;
 use crate::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, Slot, TableAlloc, TlbGather, VirtAddr,
