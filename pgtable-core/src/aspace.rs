@@ -1064,43 +1064,7 @@ pub(crate) fn first_used(t: &Table, height: u32, va: u64, end: u64) -> Option<Vi
     Some(VirtAddr(va + ((k as u64) << shift(height))))
 }
 
-impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
-    /// The first address in `[va, end)` that something is mapped at (a
-    /// leaf, or a software entry the walker does not decode), under the
-    /// table `tpa` at `height`.
-    pub(crate) fn first_mapped_in(
-        &self,
-        height: u32,
-        tpa: PhysAddr,
-        mut va: u64,
-        end: u64,
-    ) -> Option<VirtAddr> {
-        // SAFETY: the root or a table reached from it; nothing is freed
-        // while this shared borrow of the address space lasts.
-        let t = unsafe { table_at(&self.alloc, tpa) };
-        if height == 0 {
-            return first_used(t, 0, va, end);
-        }
-        loop {
-            let next = entry_end(va, height, end);
-            // Relaxed: we hold the address space exclusively.
-            let raw = t.entries[index(va, height)].load(Relaxed);
-            match A::decode(raw, height) {
-                Decoded::None => {}
-                Decoded::Table(c) => {
-                    if let Some(hit) = self.first_mapped_in(height - 1, c, va, next) {
-                        return Some(hit);
-                    }
-                }
-                Decoded::Leaf(_) | Decoded::Invalid => return Some(VirtAddr(va)),
-            }
-            va = next;
-            if va == end {
-                return None;
-            }
-        }
-    }
-}
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {}
 
 /// Whether `[va, next)` is exactly one whole entry at `height`.
 #[inline]

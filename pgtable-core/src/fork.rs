@@ -135,7 +135,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let end = self.check_range(va, len)?;
         dst.check_range(va, len)?;
         let top = A::LEVELS - 1;
-        if let Some(at) = dst.first_mapped_in(top, dst.root, va.0, end) {
+        if let Some(at) = dst.first_mapped_in(dst.root_table(), top, va.0, end) {
             return Err(Error::AlreadyMapped(at));
         }
         let src_need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
@@ -237,7 +237,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let dc = dst_child(dst, dt, i, h);
                     *need += usize::from(dc.is_none()) + split_copy_need(dst, h - 1, va, next, dc);
                 }
-                Next::Table(c) if self.first_mapped_in(h - 1, c.pa(), va, next).is_some() => {
+                Next::Table(c) if self.first_mapped_in(c, h - 1, va, next).is_some() => {
                     let dc = dst_child(dst, dt, i, h);
                     *need += usize::from(dc.is_none());
                     // A PTE table needs nothing below it.
@@ -338,7 +338,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // Covered in part: it cannot be split; not copied.
                 (_, Next::Invalid) => None,
             };
-            let sub = sub.filter(|sc| self.first_mapped_in(h - 1, sc.pa(), va, next).is_some());
+            let sub = sub.filter(|sc| self.first_mapped_in(*sc, h - 1, va, next).is_some());
             if let Some(src) = sub {
                 // (No table for `dst`: a short count; not copied.)
                 if let Some((dst, link)) = c.dst_child(dt, i, h) {

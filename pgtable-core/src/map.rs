@@ -14,8 +14,8 @@ use crate::contpte;
 use crate::level::{entry_end, index, shift, size};
 use crate::walker::{Next, Span, TableRef, MAX_LEVELS};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, MapOptions, Mmu, PhysAddr, Prot, Slot, TableAlloc,
-    VirtAddr, PAGE_SIZE,
+    AddressSpace, Arch, Error, MapOptions, Mmu, PhysAddr, Prot, Slot, TableAlloc, VirtAddr,
+    PAGE_SIZE,
 };
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -83,9 +83,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if let Some(t) = table {
                 if let Some(at) = first_used(t.table(), height, va, end) {
                     let next = entry_end(at.0, height, end);
-                    let raw = t.load(index(at.0, height));
+                    let kind = self.read(t, index(at.0, height), height).1;
                     return Err(Error::AlreadyMapped(
-                        self.first_mapped_at(raw, height, at.0, next),
+                        self.first_mapped_at(kind, height, at.0, next),
                     ));
                 }
             }
@@ -101,7 +101,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
                 if raw != 0 {
                     return Err(Error::AlreadyMapped(
-                        self.first_mapped_at(raw, height, va, next),
+                        self.first_mapped_at(kind, height, va, next),
                     ));
                 }
             } else {
@@ -130,10 +130,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// table (what the caller can act on, not the start of the slot), or
     /// `va` again for a table that maps nothing (it is in the way all the
     /// same; the operations never leave one linked).
-    fn first_mapped_at(&self, raw: u64, height: u32, va: u64, next: u64) -> VirtAddr {
-        match A::decode(raw, height) {
-            Decoded::Table(c) if height > 0 => self
-                .first_mapped_in(height - 1, c, va, next)
+    fn first_mapped_at(&self, kind: Next<'_>, height: u32, va: u64, next: u64) -> VirtAddr {
+        match kind {
+            Next::Table(c) => self
+                .first_mapped_in(c, height - 1, va, next)
                 .unwrap_or(VirtAddr(va)),
             _ => VirtAddr(va),
         }

@@ -24,8 +24,9 @@
 //! entry's table or, done with the span, [`advance`](Cursor::advance)s,
 //! which ascends as far as the new position has left tables behind.
 
+use crate::aspace::first_used;
 use crate::level::{entry_end, index, size};
-use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc};
+use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc, VirtAddr};
 
 /// A table of the space that the current operation may read and write:
 /// the root, a table linked by a table entry of another `TableRef`, or a
@@ -228,6 +229,27 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
     }
 
+    /// A cursor over `[va, end)` inside `t`, a table at `height` whose
+    /// range holds `[va, end)`: a walk of that subtree only.
+    #[inline]
+    pub(crate) fn cursor_under<'a>(
+        &'a self,
+        t: TableRef<'a>,
+        height: u32,
+        va: u64,
+        end: u64,
+    ) -> Cursor<'a> {
+        let mut path = [None; MAX_LEVELS];
+        path[height as usize] = Some(t);
+        Cursor {
+            path,
+            va,
+            end,
+            height,
+            top: height,
+        }
+    }
+
     /// A cursor over `[va, end)` (checked by the caller), at the root.
     #[inline]
     pub(crate) fn cursor(&self, va: u64, end: u64) -> Cursor<'_> {
@@ -340,5 +362,68 @@ impl<'a> Cursor<'a> {
             self.height += 1;
         }
         from..self.height
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// The first address in `[va, va + len)` that something is mapped at
+    /// (a leaf, or a software entry the walker does not decode).
+    pub(crate) fn first_mapped(&self, va: u64, len: u64) -> Option<VirtAddr> {
+        let top = A::LEVELS - 1;
+        self.first_mapped_in(self.root_table(), top, va, va.wrapping_add(len))
+    }
+
+    /// The first address in `[va, end)` that something is mapped at, under
+    /// `t`, a table at `height` whose range holds `[va, end)`.
+    pub(crate) fn first_mapped_in(
+        &self,
+        t: TableRef<'_>,
+        height: u32,
+        va: u64,
+        end: u64,
+    ) -> Option<VirtAddr> {
+        let mut cur = self.cursor_under(t, height, va, end);
+        while let Some(span) = cur.span() {
+            match self.first_mapped_in_span(span) {
+                Ok(Some((child, va))) => cur.descend(child, va),
+                Ok(None) => {
+                    cur.advance(span.next);
+                }
+                Err(hit) => return Some(hit),
+            }
+        }
+        None
+    }
+
+    /// The first mapped address of `span` up to its first table entry
+    /// (`Err`), or that entry's table and first address (`Ok(Some)`), or
+    /// `Ok(None)`: nothing mapped in the span.
+    fn first_mapped_in_span<'a>(
+        &'a self,
+        span: Span<'a>,
+    ) -> Result<Option<(TableRef<'a>, u64)>, VirtAddr> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        if height == 0 {
+            // At the PTE level anything but none is mapped.
+            return match first_used(t.table(), 0, va, end) {
+                Some(hit) => Err(hit),
+                None => Ok(None),
+            };
+        }
+        for i in span.from..span.to {
+            match self.read(t, i, height).1 {
+                Next::None => {}
+                Next::Table(c) => return Ok(Some((c, va))),
+                Next::Leaf(_) | Next::Invalid => return Err(VirtAddr(va)),
+            }
+            va = entry_end(va, height, end);
+        }
+        Ok(None)
     }
 }

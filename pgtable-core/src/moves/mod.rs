@@ -101,9 +101,8 @@ mod deferred;
 mod dry_run;
 mod plan;
 
-use crate::aspace::{first_used, FreeQueue, Reservation};
-use crate::level::{entry_end, size};
-use crate::walker::{Next, Span, TableRef};
+use crate::aspace::{FreeQueue, Reservation};
+use crate::level::size;
 use crate::{AddressSpace, Arch, Error, Mmu, TableAlloc, TlbGather, VirtAddr};
 
 use apply::Owed;
@@ -415,54 +414,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             self.finish(TlbGather::new(), done.q);
         }
         settled
-    }
-
-    /// The first address in `[va, va + len)` that something is mapped at
-    /// (a leaf, or a software entry the walker does not decode).
-    fn first_mapped(&self, va: u64, len: u64) -> Option<VirtAddr> {
-        let mut cur = self.cursor(va, va.wrapping_add(len));
-        while let Some(span) = cur.span() {
-            match self.first_mapped_in_span(span) {
-                Ok(Some((child, va))) => cur.descend(child, va),
-                Ok(None) => {
-                    cur.advance(span.next);
-                }
-                Err(hit) => return Some(hit),
-            }
-        }
-        None
-    }
-
-    /// The first mapped address of `span` up to its first table entry
-    /// (`Err`), or that entry's table and first address (`Ok(Some)`), or
-    /// `Ok(None)`: nothing mapped in the span.
-    fn first_mapped_in_span<'a>(
-        &'a self,
-        span: Span<'a>,
-    ) -> Result<Option<(TableRef<'a>, u64)>, VirtAddr> {
-        let Span {
-            table: t,
-            height,
-            mut va,
-            next: end,
-            ..
-        } = span;
-        if height == 0 {
-            // At the PTE level anything but none is mapped.
-            return match first_used(t.table(), 0, va, end) {
-                Some(hit) => Err(hit),
-                None => Ok(None),
-            };
-        }
-        for i in span.from..span.to {
-            match self.read(t, i, height).1 {
-                Next::None => {}
-                Next::Table(c) => return Ok(Some((c, va))),
-                Next::Leaf(_) | Next::Invalid => return Err(VirtAddr(va)),
-            }
-            va = entry_end(va, height, end);
-        }
-        Ok(None)
     }
 }
 
