@@ -95,66 +95,41 @@ extern crate alloc;
 extern crate std;
 
 mod addr;
-mod arch;
-mod aspace;
-mod contpte;
-mod entry;
 mod error;
-mod fault;
-mod fork;
-mod format;
-mod gather;
-mod generic;
-mod half;
-mod harvest;
-mod kernel_half;
-mod level;
-mod live;
-mod map;
-mod mmu;
-mod mmu_gather;
-mod moves;
-mod protect;
+mod ops;
 mod ptdump;
+mod space;
 mod stats;
-mod swap;
-mod table;
-mod table_attrs;
-mod unmap;
-mod walk;
-mod walker;
+mod testing;
 
 pub mod asid;
 pub mod contract;
 #[cfg(feature = "sim")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
-pub mod sim;
+pub use testing::sim;
 #[cfg(feature = "suite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "suite")))]
-pub mod suite;
-pub mod test_format;
-pub mod variants;
+pub use testing::suite;
+pub use testing::{test_format, variants};
 
 pub use addr::{PhysAddr, VirtAddr};
-pub use aspace::{AddressSpace, MapOptions};
-pub use entry::LeafEntry;
+pub use contract::format::{MemType, Prot};
 pub use error::Error;
-pub use fault::FaultFlags;
-pub use fork::CopyMode;
-pub use format::{MemType, Prot};
-pub use half::VaRange;
-pub use harvest::ClearRefs;
-pub use live::LiveOptions;
-pub use mmu_gather::MmuGather;
-pub use moves::MoveOptions;
+pub use ops::entry::LeafEntry;
+pub use ops::fault::FaultFlags;
+pub use ops::fork::CopyMode;
+pub use ops::harvest::ClearRefs;
+pub use ops::live::LiveOptions;
+pub use ops::moves::MoveOptions;
+pub use ops::walk::{Mapping, Translation};
 pub use ptdump::PtDump;
-pub use walk::{Mapping, Translation};
+pub use space::aspace::{AddressSpace, MapOptions};
+pub use space::half::VaRange;
+pub use space::mmu_gather::MmuGather;
 
 // The contract's names also at the root, crate-private, for the crate's
 // own code (`crate::Slot`, …).
 pub(crate) use contract::*;
-pub(crate) use entry::Removed;
-pub(crate) use gather::TlbGather;
+pub(crate) use ops::entry::Removed;
+pub(crate) use space::gather::TlbGather;
 
 /// Doctests that are no part of the API: the READMEs' examples and the
 /// misuses that must not compile.

@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use crate::level::{entry_end, size};
-use crate::walker::{Next, Span, TableRef};
+use crate::contract::level::{entry_end, size};
+use crate::space::walker::{Next, Span, TableRef};
 use crate::{AddressSpace, Arch, Error, Level, MemType, Mmu, Prot, TableAlloc, VaRange, VirtAddr};
 
 /// A read-only, human-readable dump of an address space's tables, in the

@@ -1,0 +1,187 @@
+//! The side-effecting half of an architecture: barriers, TLB maintenance,
+//! installing a root.
+//!
+//! Arch crates implement [`Mmu`] with real instructions, compiled only for
+//! their target; the simulator implements it in software; [`NoopMmu`] does
+//! nothing (for benchmarks of the algorithms alone and for tables that are
+//! not live).
+//!
+//! The rules an implementation must follow are in the [`Mmu`] docs.
+
+use crate::contract::level::{shift, size};
+use crate::{PhysAddr, Slot, VirtAddr};
+
+/// A range of virtual addresses to invalidate.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TlbRange {
+    /// First address.
+    pub start: VirtAddr,
+    /// One past the last address (0 means the top of the address space).
+    pub end: VirtAddr,
+    /// log2 of the smallest mapping size that changed (the stride to step by).
+    pub stride_shift: u32,
+    /// Only leaf entries changed: walk caches of intermediate tables may be
+    /// kept (arm64 `tlbi vale1is` rather than `vae1is`).
+    pub last_level: bool,
+}
+
+impl TlbRange {
+    /// The range of the one leaf at `height` that maps `va`.
+    #[inline]
+    pub(crate) fn leaf(va: VirtAddr, height: u32) -> TlbRange {
+        let start = va.align_down(size(height));
+        TlbRange {
+            start,
+            end: start.add(size(height)),
+            stride_shift: shift(height),
+            last_level: true,
+        }
+    }
+
+    /// Number of strides in the range.
+    #[inline]
+    pub fn strides(&self) -> u64 {
+        self.end.0.wrapping_sub(self.start.0) >> self.stride_shift
+    }
+}
+
+/// The machine operations the algorithms need.
+///
+/// # Safety
+///
+/// [`Mmu`] is an `unsafe trait`: the algorithms free table frames and hand
+/// physical pages back to their owner as soon as a flush returns, so a
+/// flush that does less than promised is a use-after-free in the kernel,
+/// not a wrong answer. An implementation promises:
+///
+/// - [`walker_barrier`](Mmu::walker_barrier) returns only once every entry
+///   written before it is visible to the hardware walker of every CPU that
+///   shares the tables (arm64 `dsb ishst; isb`; a no-op where stores are
+///   seen by the walker in program order, as on x86).
+/// - **Shootdown.** A flush returns only once *no CPU* on which the address
+///   space may be live can use a translation for the flushed range that was
+///   cached before the flush began: broadcast invalidation (arm64 `tlbi
+///   …is` followed by `dsb ish`), or a local flush plus an IPI to every
+///   other such CPU and a wait for its acknowledgement (x86 without
+///   INVLPGB; Linux `flush_tlb_mm_range`). A flush of the executing CPU
+///   only is correct only on a machine with one CPU.
+/// - A flush must itself order the entry writes that precede it (arm64
+///   issues `dsb ishst` before `tlbi`), so no CPU refills the old entry
+///   after the invalidation.
+/// - A range flush drops global and non-global translations alike for the
+///   range (x86 `invlpg`; arm64 `tlbi vae1is` matches global entries
+///   whatever the ASID operand). [`flush_tlb_mm`](Mmu::flush_tlb_mm) may
+///   keep global translations; [`flush_tlb_all`](Mmu::flush_tlb_all) may
+///   not.
+/// - [`entry_written`](Mmu::entry_written) receives live entries and must
+///   never write them.
+pub unsafe trait Mmu {
+    /// Whether this MMU wants to observe every entry write through
+    /// [`entry_written`](Mmu::entry_written) (the simulator does; hardware
+    /// does not, and the hook then costs nothing).
+    const OBSERVES_WRITES: bool = false;
+
+    /// Makes earlier table writes visible to the hardware walker.
+    fn walker_barrier(&self);
+
+    /// Orders every earlier write to a new table (its zeroing and its
+    /// entries) before the store that links it, for every walker: Linux's
+    /// `smp_wmb()` before `pmd_populate` (arm64 `dmb ishst`; on x86, whose
+    /// walkers see stores in program order, only the compiler must not
+    /// reorder). The populate operations ([`Arch::pmd_populate`], …) call
+    /// it. The default is a release fence, which is all of that on both
+    /// (on arm64 it is `dmb ish`).
+    ///
+    /// [`Arch::pmd_populate`]: crate::Arch::pmd_populate
+    #[inline]
+    fn publish_barrier(&self) {
+        // Release: orders the table's writes before the linking store.
+        core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
+    }
+
+    /// Invalidates cached translations for `range` on every CPU.
+    fn flush_tlb_range(&self, range: TlbRange);
+
+    /// Invalidates every cached translation on every CPU, global ones
+    /// included (Linux `flush_tlb_all`: arm64 `tlbi vmalle1is`; x86
+    /// INVPCID type 2 or a CR4.PGE toggle).
+    fn flush_tlb_all(&self);
+
+    /// Invalidates this address space's cached translations (Linux
+    /// `flush_tlb_mm`: arm64 `tlbi aside1is` for its ASID; x86 MOV to CR3
+    /// or INVPCID type 1 for its PCID). It may keep global translations:
+    /// the algorithms call [`flush_tlb_all`](Mmu::flush_tlb_all) instead
+    /// when global leaves changed. The default is `flush_tlb_all`, which
+    /// is always enough.
+    #[inline]
+    fn flush_tlb_mm(&self) {
+        self.flush_tlb_all()
+    }
+
+    /// Installs `root` as the active translation table.
+    ///
+    /// # Safety
+    ///
+    /// `root` must be a complete table hierarchy of the format this MMU is
+    /// configured for, mapping at least the code, stack and data the CPU
+    /// uses next, and must stay alive while installed.
+    unsafe fn install_root(&self, root: PhysAddr);
+
+    /// Called after `slot` changed from `old` (only when
+    /// [`OBSERVES_WRITES`](Mmu::OBSERVES_WRITES) is true).
+    #[inline]
+    fn entry_written(&self, slot: &Slot, old: u64) {
+        let _ = (slot, old);
+    }
+}
+
+/// An MMU that does nothing: for tables that are not live and for measuring
+/// the algorithms alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoopMmu;
+
+// SAFETY: for tables that no walker uses there is nothing to make visible
+// or to invalidate; `AddressSpace::install` with a `NoopMmu` installs
+// nothing.
+unsafe impl Mmu for NoopMmu {
+    #[inline]
+    fn walker_barrier(&self) {}
+    #[inline]
+    fn flush_tlb_range(&self, _range: TlbRange) {}
+    #[inline]
+    fn flush_tlb_all(&self) {}
+    unsafe fn install_root(&self, _root: PhysAddr) {}
+}
+
+// SAFETY: every operation forwards to `M`, which upholds the contract.
+unsafe impl<M: Mmu> Mmu for &M {
+    const OBSERVES_WRITES: bool = M::OBSERVES_WRITES;
+    #[inline]
+    fn walker_barrier(&self) {
+        (**self).walker_barrier()
+    }
+    #[inline]
+    fn publish_barrier(&self) {
+        (**self).publish_barrier()
+    }
+    #[inline]
+    fn flush_tlb_range(&self, range: TlbRange) {
+        (**self).flush_tlb_range(range)
+    }
+    #[inline]
+    fn flush_tlb_all(&self) {
+        (**self).flush_tlb_all()
+    }
+    #[inline]
+    fn flush_tlb_mm(&self) {
+        (**self).flush_tlb_mm()
+    }
+    unsafe fn install_root(&self, root: PhysAddr) {
+        // SAFETY: forwarded; the caller upholds the contract.
+        unsafe { (**self).install_root(root) }
+    }
+    #[inline]
+    fn entry_written(&self, slot: &Slot, old: u64) {
+        (**self).entry_written(slot, old)
+    }
+}

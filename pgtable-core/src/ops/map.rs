@@ -1,0 +1,366 @@
+//! `map`: install translations for a range.
+//!
+//! Three phases, so that an error leaves the tables untouched:
+//! 1. check: walk the range read-only, fail on anything already mapped and
+//!    count the tables the mapping needs;
+//! 2. reserve: allocate exactly that many tables (or fail, freeing them);
+//! 3. fill: write the entries, which can no longer fail. Entries of one
+//!    table are written with the nosync setter and the table gets one
+//!    walker barrier (Linux "arm64: mm: Batch dsb and isb when populating pgtables"), or none
+//!    until the end of a lazy-MMU scope.
+
+use crate::contract::level::{entry_end, index, shift, size};
+use crate::ops::contpte;
+use crate::space::aspace::{covers, first_used, Reservation};
+use crate::space::walker::{Next, Span, TableRef, MAX_LEVELS};
+use crate::{
+    AddressSpace, Arch, Error, MapOptions, Mmu, PhysAddr, Prot, Slot, TableAlloc, VirtAddr,
+    PAGE_SIZE,
+};
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Maps `[va, va + len)` to `[pa, pa + len)` with `prot`.
+    ///
+    /// Uses a block at PUD or PMD level wherever `opts` allows it, the
+    /// format supports it and VA, PA and the remaining length are aligned to
+    /// the block size; 4 KiB pages elsewhere. No TLB maintenance is needed
+    /// (nothing valid is replaced).
+    ///
+    /// Where the format has a contiguous hint ([`Format::cont_entries`]:
+    /// arm64 runs of 16 pages or 16 2 MiB blocks, Arm ARM D8.6.1), every
+    /// aligned run that this call maps whole, with the physical address
+    /// congruent to the virtual one modulo the run size, is written with
+    /// the hint (Linux `contpte_set_ptes`), unless `opts` say
+    /// [`no_contiguous`](MapOptions::no_contiguous). The choice is made
+    /// once per table span, so the per-entry loop is unchanged. Runs that
+    /// two calls map half each are not folded.
+    ///
+    /// [`Format::cont_entries`]: crate::Format::cont_entries
+    ///
+    /// # Errors
+    ///
+    /// Misaligned or zero length, a range outside the address space, a
+    /// physical range the format cannot encode, anything already mapped in
+    /// the range ([`Error::AlreadyMapped`] with the first such address), or
+    /// [`Error::OutOfMemory`]. On error nothing was changed.
+    pub fn map(
+        &mut self,
+        va: VirtAddr,
+        pa: PhysAddr,
+        len: u64,
+        prot: Prot,
+        opts: MapOptions,
+    ) -> Result<(), Error> {
+        let end = self.check_range(va, len)?;
+        Self::check_phys(pa, len)?;
+        let plan = MapPlan {
+            off: pa.0.wrapping_sub(va.0),
+            prot,
+            opts,
+        };
+        let top = A::LEVELS - 1;
+        let need = self.map_check(top, Some(self.root_table()), va.0, end, &plan)?;
+        let mut stash = self.reserve(need)?;
+        self.may_hold_global |= prot.global();
+        self.map_fill(va.0, end, &plan, &mut stash);
+        // Short only if `map_check` under-counted (see `take`).
+        self.settle(stash)
+    }
+
+    /// Phase 1: conflicts and the number of tables needed below `height`.
+    fn map_check(
+        &self,
+        height: u32,
+        table: Option<TableRef<'_>>,
+        mut va: u64,
+        end: u64,
+        plan: &MapPlan,
+    ) -> Result<usize, Error> {
+        let opts = plan.opts;
+        if height == 0 || all_leaves::<A>(height, va, end, plan.pa(va), opts) {
+            // Every entry becomes a leaf (a page, or a block of the fast
+            // path): they must all be free.
+            if let Some(t) = table {
+                if let Some(at) = first_used(t.table(), height, va, end) {
+                    let next = entry_end(at.0, height, end);
+                    let kind = self.read(t, index(at.0, height), height).1;
+                    return Err(Error::AlreadyMapped(
+                        self.first_mapped_at(kind, height, at.0, next),
+                    ));
+                }
+            }
+            return Ok(0);
+        }
+        let mut need = 0;
+        loop {
+            let next = entry_end(va, height, end);
+            let (raw, kind) = match table {
+                Some(t) => self.read(t, index(va, height), height),
+                None => (0, Next::None),
+            };
+            if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
+                if raw != 0 {
+                    return Err(Error::AlreadyMapped(
+                        self.first_mapped_at(kind, height, va, next),
+                    ));
+                }
+            } else {
+                match kind {
+                    Next::None => {
+                        need += 1 + self.map_check(height - 1, None, va, next, plan)?;
+                    }
+                    Next::Table(ct) => {
+                        need += self.map_check(height - 1, Some(ct), va, next, plan)?;
+                    }
+                    Next::Leaf(_) | Next::Invalid => {
+                        return Err(Error::AlreadyMapped(VirtAddr(va)));
+                    }
+                }
+            }
+            va = next;
+            if va == end {
+                return Ok(need);
+            }
+        }
+    }
+
+    /// Where a map that wants a leaf for the entry `raw` at `height`
+    /// (covering `[va, next)`, not none) first meets a mapping: `va` for a
+    /// leaf or a software entry, the first mapped address below for a
+    /// table (what the caller can act on, not the start of the slot), or
+    /// `va` again for a table that maps nothing (it is in the way all the
+    /// same; the operations never leave one linked).
+    fn first_mapped_at(&self, kind: Next<'_>, height: u32, va: u64, next: u64) -> VirtAddr {
+        match kind {
+            Next::Table(c) => self
+                .first_mapped_in(c, height - 1, va, next)
+                .unwrap_or(VirtAddr(va)),
+            _ => VirtAddr(va),
+        }
+    }
+
+    /// Phase 3: writes `[va, end)` on the cursor, which can no longer fail.
+    /// A table taken from `stash` is filled first and linked when the
+    /// cursor leaves it (populate publishes its contents before the link);
+    /// each table that was written gets one barrier when the cursor leaves
+    /// it, a new table before its link, so the parent's barrier covers the
+    /// link.
+    fn map_fill(&self, va: u64, end: u64, plan: &MapPlan, stash: &mut Reservation) {
+        // Whether the table at each height on the path was written.
+        let mut wrote = [false; MAX_LEVELS];
+        // The parent entry that the new table at each height is linked
+        // into when the cursor is done with it.
+        let mut links: [Option<(&Slot, PhysAddr)>; MAX_LEVELS] = [None; MAX_LEVELS];
+        let mut cur = self.cursor(va, end);
+        while let Some(span) = cur.span() {
+            let h = span.height as usize;
+            if let Some((child, va, link)) = self.map_span(span, plan, stash, &mut wrote[h]) {
+                links[h - 1] = link.map(|slot| (slot, child.pa()));
+                cur.descend(child, va);
+                continue;
+            }
+            for d in cur.advance(span.next) {
+                let d = d as usize;
+                if core::mem::take(&mut wrote[d]) {
+                    self.table_done();
+                }
+                if let Some((slot, c)) = links[d].take() {
+                    A::populate_attrs(&self.mmu, slot, c, d as u32 + 1, self.table_attrs);
+                    self.mmu.stats.add_entries_written(1);
+                    wrote[d + 1] = true;
+                }
+            }
+        }
+    }
+
+    /// Writes the entries of `span` up to its first entry that needs a
+    /// table, setting `wrote` if it wrote any; returns that table (an
+    /// existing one, or a new one with the parent entry to link it into)
+    /// and its first address (`None`: the span is done).
+    fn map_span<'a>(
+        &'a self,
+        span: Span<'a>,
+        plan: &MapPlan,
+        stash: &mut Reservation,
+        wrote: &mut bool,
+    ) -> Option<(TableRef<'a>, u64, Option<&'a Slot>)> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
+        if height == 0 {
+            self.fill_ptes(t, va, end, plan);
+            *wrote = true;
+            return None;
+        }
+        let opts = plan.opts;
+        if all_leaves::<A>(height, va, end, plan.pa(va), opts) {
+            self.fill_blocks(t, height, va, end, plan);
+            *wrote = true;
+            return None;
+        }
+        // The blocks of `[lo, lo + folded)` are written with the hint.
+        let (lo, folded) = contpte::fold_span::<A>(height, va, end, plan.pa(va), opts);
+        loop {
+            let next = entry_end(va, height, end);
+            let i = index(va, height);
+            let slot = t.slot(i);
+            if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
+                let mut leaf = A::leaf(PhysAddr(plan.pa(va)), plan.prot, height);
+                if va.wrapping_sub(lo) < folded {
+                    leaf = A::mk_cont(leaf, height);
+                }
+                if opts.is_barrier_per_entry() {
+                    if height >= 2 {
+                        A::set_pud_at(&self.mmu, VirtAddr(va), slot, leaf);
+                    } else {
+                        A::set_pmd_at(&self.mmu, VirtAddr(va), slot, leaf);
+                    }
+                } else {
+                    A::set_pte_nosync(&self.mmu, slot, leaf);
+                }
+                self.mmu.stats.add_entries_written(1);
+                *wrote = true;
+            } else {
+                match self.read(t, i, height).1 {
+                    Next::Table(c) => return Some((c, va, None)),
+                    // Phase 1 saw `None` here: a new table, linked when
+                    // it is filled. (No table: the count was short, see
+                    // `take`; this part stays unmapped.)
+                    _ => {
+                        if let Some(c) = self.take_table(stash) {
+                            return Some((c, va, Some(slot)));
+                        }
+                    }
+                }
+            }
+            va = next;
+            if va == end {
+                return None;
+            }
+        }
+    }
+
+    /// The PTE store loops over `[va, end)` of `t`: unfolded head, folded
+    /// whole runs, unfolded tail, each with one template (see
+    /// `contpte::fold_span`).
+    fn fill_ptes(&self, t: TableRef<'_>, mut va: u64, end: u64, plan: &MapPlan) {
+        let opts = plan.opts;
+        let mut pa = plan.pa(va);
+        let template = A::leaf_template(plan.prot, 0);
+        let i = index(va, 0);
+        let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+        let (lo, folded) = contpte::fold_span::<A>(0, va, end, pa, opts);
+        let head = (lo.wrapping_sub(va) / PAGE_SIZE) as usize;
+        let mid = (folded / PAGE_SIZE) as usize;
+        let spans = [
+            (i, i + head, template),
+            (i + head, i + head + mid, A::mk_cont(template, 0)),
+            (i + head + mid, i + n, template),
+        ];
+        let entries = &t.table().entries;
+        if opts.is_barrier_per_entry() {
+            for (a, b, template) in spans {
+                for e in &entries[a..b] {
+                    A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa >> A::OA_SHIFT);
+                    pa += PAGE_SIZE;
+                    // Wrapping: past the last page of the 64-bit space
+                    // the address is 2^64, and it is not used again.
+                    va = va.wrapping_add(PAGE_SIZE);
+                }
+            }
+        } else {
+            // Three plain loops (one per span), each the tight
+            // template-OR-address store loop.
+            let (h, m) = (spans[0].1, spans[1].1);
+            pa = fill::<A, _>(&self.mmu, &entries[i..h], spans[0].2, pa, PAGE_SIZE);
+            pa = fill::<A, _>(&self.mmu, &entries[h..m], spans[1].2, pa, PAGE_SIZE);
+            fill::<A, _>(&self.mmu, &entries[m..i + n], spans[2].2, pa, PAGE_SIZE);
+        }
+        self.mmu.stats.add_entries_written(n as u64);
+    }
+
+    /// The block fast path over `[va, end)` of `t` at `height`: a run of
+    /// blocks, one template per part (head, folded runs, tail).
+    fn fill_blocks(&self, t: TableRef<'_>, height: u32, va: u64, end: u64, plan: &MapPlan) {
+        let mut pa = plan.pa(va);
+        let (lo, folded) = contpte::fold_span::<A>(height, va, end, pa, plan.opts);
+        let template = A::leaf_template(plan.prot, height);
+        let i = index(va, height);
+        let n = (end.wrapping_sub(va) >> shift(height)) as usize;
+        let head = (lo.wrapping_sub(va) >> shift(height)) as usize;
+        let mid = (folded >> shift(height)) as usize;
+        let spans = [
+            (i, i + head, template),
+            (i + head, i + head + mid, A::mk_cont(template, height)),
+            (i + head + mid, i + n, template),
+        ];
+        let (h, m) = (spans[0].1, spans[1].1);
+        let step = size(height);
+        let entries = &t.table().entries;
+        pa = fill::<A, _>(&self.mmu, &entries[i..h], spans[0].2, pa, step);
+        pa = fill::<A, _>(&self.mmu, &entries[h..m], spans[1].2, pa, step);
+        fill::<A, _>(&self.mmu, &entries[m..i + n], spans[2].2, pa, step);
+        self.mmu.stats.add_entries_written(n as u64);
+    }
+}
+
+/// What one `map` call writes: the offset from each virtual address to
+/// its physical one, the protection and the options.
+#[derive(Clone, Copy)]
+struct MapPlan {
+    /// `pa - va`, wrapping.
+    off: u64,
+    prot: Prot,
+    opts: MapOptions,
+}
+
+impl MapPlan {
+    /// The physical address `va` maps to.
+    #[inline(always)]
+    fn pa(&self, va: u64) -> u64 {
+        va.wrapping_add(self.off)
+    }
+}
+
+/// Writes `template | pa` into each of `entries`, `pa` advancing by `step`
+/// (the nosync setter: the caller issues the table's barrier); returns
+/// the next `pa`.
+#[inline(always)]
+fn fill<A: Arch, M: Mmu>(
+    mmu: &M,
+    entries: &[crate::Slot],
+    template: u64,
+    mut pa: u64,
+    step: u64,
+) -> u64 {
+    for e in entries {
+        A::set_pte_nosync(mmu, e, template | pa >> A::OA_SHIFT);
+        pa = pa.wrapping_add(step);
+    }
+    pa
+}
+
+/// Whether every entry of `[va, end)` (within one table at `height`) is a
+/// leaf: blocks allowed, and VA, PA and length aligned to the block size.
+#[inline]
+fn all_leaves<A: Arch>(height: u32, va: u64, end: u64, pa: u64, opts: MapOptions) -> bool {
+    let mask = size(height) - 1;
+    opts.allows(height)
+        && A::leaf_allowed(height)
+        && (va | pa | end.wrapping_sub(va)) & mask == 0
+        && !opts.is_barrier_per_entry()
+}
+
+/// Whether `[va, next)` at `height` is mapped by one leaf entry.
+#[inline]
+fn use_leaf<A: Arch>(height: u32, va: u64, next: u64, pa: u64, opts: MapOptions) -> bool {
+    height == 0
+        || (opts.allows(height)
+            && A::leaf_allowed(height)
+            && covers(va, next, height)
+            && pa & (size(height) - 1) == 0)
+}

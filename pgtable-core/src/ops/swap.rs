@@ -1,0 +1,145 @@
+//! Software entries: non-present PTEs that carry an OS value (Linux swap
+//! and migration entries, `mm/swapfile.c`, `include/linux/swapops.h`).
+//!
+//! A software entry is a PTE the hardware walker treats as not present (a
+//! translation fault, and nothing is cached in a TLB), built by the format
+//! ([`Format::swp_entry`]) from a value of up to
+//! [`Format::SWP_VALUE_BITS`] bits that the OS reads back
+//! ([`Format::swp_value`]), e.g. a swap slot or a migration target. The
+//! operations of this crate keep them as Linux keeps swap PTEs:
+//!
+//! - [`move_page_tables`](AddressSpace::move_page_tables) moves them with
+//!   their tables or entry by entry (Linux `move_ptes` moves every non-none
+//!   PTE);
+//! - [`change_protection`](AddressSpace::change_protection) leaves them
+//!   unchanged (Linux `change_pte_range` only rewrites present PTEs here;
+//!   this crate has no writable migration entries to downgrade);
+//! - [`unmap`](AddressSpace::unmap) clears them (Linux `zap_pte_range`
+//!   frees the swap slot, which is the caller's business here);
+//! - [`copy_page_range`](AddressSpace::copy_page_range) copies them;
+//! - [`translate`](AddressSpace::translate) and
+//!   [`walk`](AddressSpace::walk) do not report them: they map nothing.
+//!
+//! Software entries live at the PTE level only: the operations here never
+//! put one higher up.
+//!
+//! [`Format::swp_entry`]: crate::Format::swp_entry
+//! [`Format::swp_value`]: crate::Format::swp_value
+//! [`Format::SWP_VALUE_BITS`]: crate::Format::SWP_VALUE_BITS
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use crate::contract::level::index;
+use crate::space::walker::Next;
+use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr, PAGE_SIZE};
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Puts a software entry carrying `value` into the PTE of `va` (Linux
+    /// `set_pte_at(mm, addr, pte, swp_entry_to_pte(entry))` when
+    /// `try_to_unmap_one` swaps a page out), allocating the missing tables
+    /// on the way.
+    ///
+    /// The rule: the PTE must be none or already a software entry (which is
+    /// replaced; the hardware never reads either, so no TLB maintenance is
+    /// needed). Anything present there, a page or a block covering `va`,
+    /// must be unmapped first: this operation never takes a translation
+    /// away.
+    ///
+    /// # Errors
+    ///
+    /// A misaligned or out-of-range `va`, [`Error::SwapValueTooWide`] when
+    /// `value` does not fit (always, for a format without software
+    /// entries), [`Error::AlreadyMapped`] when a leaf maps `va` or a value
+    /// the walker ignores but that is not a software entry of this format
+    /// sits on its path, or [`Error::OutOfMemory`]. On error nothing was
+    /// changed and no table frame is kept.
+    pub fn set_swap_entry(&mut self, va: VirtAddr, value: u64) -> Result<(), Error> {
+        self.check_range(va, PAGE_SIZE)?;
+        let entry = A::swp_entry(value).ok_or(Error::SwapValueTooWide(value))?;
+        // Check: walk down, counting the missing tables.
+        let mut t = self.root_table();
+        let mut h = A::LEVELS - 1;
+        let need = loop {
+            if h == 0 {
+                let raw = t.load(index(va.0, 0));
+                if raw != 0 && A::swp_value(raw).is_none() {
+                    return Err(Error::AlreadyMapped(va));
+                }
+                break 0;
+            }
+            match self.read(t, index(va.0, h), h).1 {
+                Next::Table(c) => t = c,
+                Next::None => break h as usize,
+                Next::Leaf(_) | Next::Invalid => return Err(Error::AlreadyMapped(va)),
+            }
+            h -= 1;
+        };
+        let mut stash = self.reserve(need)?;
+        // Write: link the missing tables top-down (populate publishes each
+        // zeroed table before its link), then the entry.
+        let mut t = self.root_table();
+        let mut h = A::LEVELS - 1;
+        let mut linked = false;
+        let short = loop {
+            let slot = t.slot(index(va.0, h));
+            if h == 0 {
+                // Not present before and after: no TLB holds either.
+                A::set_pte_nosync(&self.mmu, slot, entry);
+                self.mmu.stats.add_entries_written(1);
+                break false;
+            }
+            match self.read(t, index(va.0, h), h).1 {
+                Next::Table(c) => t = c,
+                _ => {
+                    // Checked none above. (No table: the count was short,
+                    // see `take`; nothing is written below.)
+                    let Some(c) = self.take_table(&mut stash) else {
+                        break true;
+                    };
+                    A::populate_attrs(&self.mmu, slot, c.pa(), h, self.table_attrs);
+                    self.mmu.stats.add_entries_written(1);
+                    linked = true;
+                    t = c;
+                }
+            }
+            h -= 1;
+        };
+        if linked || !short {
+            // One barrier for the links and the entry (a software entry
+            // needs none for itself; the links want one before the next
+            // walk can rely on them).
+            self.table_done();
+        }
+        self.settle(stash)
+    }
+
+    /// Replaces the software entry of `va` by a present page mapping `pa`
+    /// with `prot` (Linux `do_swap_page`: `set_pte_at` of the new PTE), and
+    /// returns the entry's value.
+    ///
+    /// No TLB flush is needed: the entry was not present, and neither
+    /// architecture caches a translation that faults (Intel SDM Vol. 3A
+    /// §4.10.2.2 "Caching Translations in TLBs": no TLB entry unless P is
+    /// 1 in every entry of the walk; Arm ARM D8.16 "Translation Lookaside
+    /// Buffers": descriptors that generate a Translation fault are not
+    /// cached). The new PTE is written with the synchronising setter, so
+    /// it is visible to the walker when this returns.
+    ///
+    /// # Errors
+    ///
+    /// A misaligned or out-of-range `va` or `pa`, or
+    /// [`Error::NoSwapEntry`] when the PTE of `va` is not a software entry.
+    /// On error nothing was changed.
+    pub fn swap_in(&mut self, va: VirtAddr, pa: PhysAddr, prot: Prot) -> Result<u64, Error> {
+        self.check_range(va, PAGE_SIZE)?;
+        Self::check_phys(pa, PAGE_SIZE)?;
+        let slot = self.find_slot(va, 0).ok_or(Error::NoSwapEntry(va))?;
+        // Relaxed: we hold the address space exclusively, and the hardware
+        // never writes a non-present entry.
+        let value = A::swp_value(slot.load(Relaxed)).ok_or(Error::NoSwapEntry(va))?;
+        A::set_pte_at(&self.mmu, va, slot, A::leaf(pa, prot, 0));
+        self.mmu.stats.add_entries_written(1);
+        self.may_hold_global |= prot.global();
+        Ok(value)
+    }
+}
