@@ -2,7 +2,7 @@
 //! machine: one engine for every format, run by the `tests/model.rs` of
 //! pgtable-core (the test formats) and of each arch crate (theirs).
 //!
-//! Each *episode* builds a fresh [`SimMachine`] and two address spaces
+//! Each *episode* builds a fresh [`SimMachine`](pgtable_core::sim::SimMachine) and two address spaces
 //! (by the episode seed: a space of both halves, of the lower or of the
 //! upper half, each with an empty fork child; or a kernel space from
 //! `new_kernel` and a user space from `new_user` sharing its kernel half,
@@ -33,7 +33,7 @@
 //!   the changed ranges (a walk of the tables against the model's runs,
 //!   and `translate` of the pages at the edges);
 //! - every reachable table accounted for (`live_tables` against
-//!   `count_tables`) and [`SimMachine::check`] clean (no stale TLB entry,
+//!   `count_tables`) and [`SimMachine::check`](pgtable_core::sim::SimMachine::check) clean (no stale TLB entry,
 //!   no write the walker cannot see);
 //! - every [`FULL_EVERY`] steps and at the end of the episode: every half
 //!   both spaces translate against their models (accessed/dirty state

@@ -42,7 +42,7 @@ pub type Space<A> = Installed<A, SimMmu<A>, SimAlloc>;
 /// Kernel read-write.
 pub const KRW: Prot = Prot::READ_WRITE;
 /// User read-write: created with the accessed/dirty state clean on x86 and
-/// the test format (and writable-clean, DBM with AP[2], on arm64), so the
+/// the test format (and writable-clean, DBM with `AP[2]`, on arm64), so the
 /// hardware still writes these entries.
 pub const URW: Prot = Prot::WRITE.union(Prot::USER);
 
