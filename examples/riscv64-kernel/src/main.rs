@@ -37,8 +37,9 @@ mod trap;
 
 use core::cell::UnsafeCell;
 
+use pgtable_core::contract::Format;
 use pgtable_core::suite::{self, Config};
-use pgtable_core::{Format, PhysAddr};
+use pgtable_core::PhysAddr;
 use pgtable_riscv::{probe_asid_bits, Asid, RiscvMmu, RiscvPaging};
 
 use crate::cases::Counts;
@@ -240,7 +241,7 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool, svpbmt: 
         <RiscvPaging<L> as Format>::NAME,
         RiscvPaging::<L>::SATP_MODE,
         k.root().0,
-        k.count_tables()
+        k.inspect().count_tables()
     );
     println!(
         "range flushes: {}",
@@ -280,7 +281,7 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool, svpbmt: 
         (machine::now() - start) / (machine::TIMEBASE_HZ / 1000)
     );
     let live = Frames.live();
-    let held = k.count_tables() as u64;
+    let held = k.inspect().count_tables() as u64;
     let frames_ok = live == held;
     println!(
         "table frames: {live} allocated, {held} in the kernel's tables, peak {}{}",

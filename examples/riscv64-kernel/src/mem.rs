@@ -30,10 +30,8 @@
 use core::cell::Cell;
 use core::ptr::NonNull;
 
-use pgtable_core::{
-    AddressSpace, Arch, Error, MapOptions, Mmu, PhysAddr, Prot, Table, TableAlloc, VaRange,
-    VirtAddr,
-};
+use pgtable_core::contract::{Arch, Mmu, Table, TableAlloc};
+use pgtable_core::{AddressSpace, Error, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 
 /// First byte of the table-frame region.
 pub const TABLES_START: u64 = 0x8100_0000;

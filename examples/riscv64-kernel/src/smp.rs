@@ -30,7 +30,8 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
-use pgtable_core::{Mmu, PhysAddr, TlbRange};
+use pgtable_core::contract::{Mmu, TlbRange};
+use pgtable_core::PhysAddr;
 use pgtable_riscv::RiscvMmu;
 
 use crate::machine::now;

@@ -14,7 +14,7 @@
 //! the old translation (so the rest of the case proves the fences do the
 //! work), then turns them on again.
 
-use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_riscv::{satp_value, Asid, RiscvMmu, RiscvPaging};
 
 use crate::cases::{ensure, fill, Counts, Why, R};
@@ -167,8 +167,13 @@ fn move_readers_follow<const L: u32>(s: &mut Space<'_, L>) -> R {
     .map_err(|_| Why("map failed", CASE_VA))?;
     all_read_at(CASE_VA, 0x3030_0000)?;
     all_read_at(CASE_VA + last, 0x3030_0511)?;
-    s.move_page_tables(VirtAddr(CASE_VA), VirtAddr(MOVED_VA), LEN)
-        .map_err(|_| Why("move_page_tables failed", CASE_VA))?;
+    s.move_page_tables(
+        VirtAddr(CASE_VA),
+        VirtAddr(MOVED_VA),
+        LEN,
+        MoveOptions::DEFAULT,
+    )
+    .map_err(|_| Why("move_page_tables failed", CASE_VA))?;
     all_fault_at(CASE_VA, Cmd::Read, CAUSE_LOAD_PAGE_FAULT)?;
     all_fault_at(CASE_VA + last, Cmd::Read, CAUSE_LOAD_PAGE_FAULT)?;
     all_read_at(MOVED_VA, 0x3030_0000)?;

@@ -18,7 +18,8 @@
 
 use core::arch::asm;
 
-use pgtable_core::{AddressSpace, MapOptions, MemType, Mmu, PhysAddr, Prot, VirtAddr};
+use pgtable_core::contract::Mmu;
+use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VirtAddr};
 use pgtable_riscv::{Asid, RiscvMmu, RiscvPaging, SVPBMT};
 
 use crate::cases::{ensure, fill, Counts, Why, R};
@@ -40,7 +41,7 @@ const USER_CODE: u64 = CASE_VA + 0x10_0000;
 const USER_DATA: u64 = CASE_VA + 0x10_1000;
 const USER_RET: u64 = CASE_VA + 0x10_2000;
 
-fn map<A: pgtable_core::Arch, M: Mmu>(
+fn map<A: pgtable_core::contract::Arch, M: Mmu>(
     s: &mut AddressSpace<A, M, Frames>,
     va: u64,
     frame: u64,
@@ -249,7 +250,7 @@ fn svpbmt_io<const L: u32>(k: &mut Kernel<L>, ram: (u64, u64)) -> R {
     let io = Prot::WRITE.with_mem(MemType::Device);
     RiscvPaging::<L, SVPBMT>::check_prot(io).map_err(|_| Why("Device memory refused", 0))?;
     map(&mut s, UART_VA, UART, io)?;
-    let pte = s.entry(VirtAddr(UART_VA), 0).unwrap_or(0);
+    let pte = s.inspect().entry(VirtAddr(UART_VA), 0).unwrap_or(0);
     ensure(
         pte >> 61 == 2,
         "the UART's PTE does not have PBMT = IO",
