@@ -411,20 +411,6 @@ impl<I: IpiSender> Shootdown<I> {
         if targets == 0 {
             return done;
         }
-        self.post(cpu, mm, kind, gen, targets);
-        Counters::bump(&c.ipi_rounds, 1);
-        Counters::bump(&c.cpus_reached, u64::from(targets.count_ones()));
-        PendingFlush {
-            waiting: true,
-            ..done
-        }
-    }
-
-    /// Posts the request `kind` of generation `gen` in `mm` from `cpu` to
-    /// `targets` (its outgoing slot, then each target's incoming bit) and
-    /// sends the IPI.
-    fn post(&self, cpu: usize, mm: &MmCpus, kind: FlushKind, gen: u64, targets: u64) {
-        let out = &self.cpu(cpu).out;
         let (k, r) = match kind {
             FlushKind::Range(r) => (RANGE, r),
             FlushKind::Mm => (MM, WHOLE),
@@ -444,6 +430,12 @@ impl<I: IpiSender> Shootdown<I> {
             self.cpu(t).incoming.fetch_or(CpuMask::of(cpu).0, Release);
         }
         self.sender.send_flush_ipi(CpuMask(targets));
+        Counters::bump(&c.ipi_rounds, 1);
+        Counters::bump(&c.cpus_reached, u64::from(targets.count_ones()));
+        PendingFlush {
+            waiting: true,
+            ..done
+        }
     }
 
     /// The INVLPGB path (bare metal only; never enabled on the host).
