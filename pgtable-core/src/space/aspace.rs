@@ -431,7 +431,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The table allocator (e.g. to inject failures in tests:
-    /// [`Arena::fail_after`](crate::Arena::fail_after) takes `&self`).
+    /// `Arena::fail_after`, feature `alloc`, takes `&self`).
     pub fn alloc(&self) -> &T {
         &self.alloc
     }
