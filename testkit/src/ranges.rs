@@ -455,7 +455,7 @@ impl<A: Arch> Fixture<A> {
         let twin = new_space(&m, twin_kind, Some(&kernel));
         // The source of a copy into the subject: a space that holds `va`
         // where one does, so the subject's own check is what refuses it.
-        let mut source = if !copies || (kind != Kind::Both && A::va_ok(va)) {
+        let mut source = if !copies || (kind != Kind::Both && VaRange::Both.contains::<A>(va)) {
             new_space(&m, Kind::Both, None)
         } else {
             new_space(&m, kind, Some(&kernel))

@@ -65,6 +65,12 @@ pub fn ci() -> Result<(), String> {
     sh(cargo()
         .args(["doc", "--workspace", "--no-deps", "--all-features"])
         .env("RUSTDOCFLAGS", "-D warnings"))?;
+    // And with the default features only: no doc link may need an
+    // optional feature.
+    sh(cargo()
+        .args(["doc", "--no-deps"])
+        .args(LIBS.iter().flat_map(|l| ["-p", l]))
+        .env("RUSTDOCFLAGS", "-D warnings"))?;
     bare_metal_docs()?;
     msrv()?;
     // What crates.io would receive: every package builds from its own

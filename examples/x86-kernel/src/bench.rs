@@ -401,9 +401,6 @@ unsafe impl<A: Arch> Format for WalkerBarriers<A> {
     fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault> {
         A::hw_access(raw, height, access)
     }
-    fn va_ok(va: u64) -> bool {
-        A::va_ok(va)
-    }
 }
 
 // SAFETY: every entry operation is the generic fallback.

@@ -5,7 +5,7 @@
 use pgtable_arm64::format::{self, HwFeatures};
 use pgtable_arm64::{Arm64, Arm64Va39, Descriptor, MAIR_VALUE};
 use pgtable_core::contract::{Access, AccessFault, Decoded, Format};
-use pgtable_core::{MemType, PhysAddr, Prot};
+use pgtable_core::{MemType, PhysAddr, Prot, VaRange};
 
 const KERNEL_RW_GLOBAL: Prot = Prot::WRITE.union(Prot::GLOBAL);
 const KERNEL_RO_GLOBAL: Prot = Prot::GLOBAL;
@@ -326,11 +326,11 @@ fn el0_access_and_execute_never_are_enforced() {
 fn formats_have_the_documented_geometry() {
     assert_eq!((Arm64::LEVELS, Arm64::VA_BITS, Arm64::PA_BITS), (4, 48, 48));
     assert_eq!((Arm64Va39::LEVELS, Arm64Va39::VA_BITS), (3, 39));
-    assert!(Arm64::va_ok(0x0000_7fff_ffff_f000));
-    assert!(Arm64::va_ok(0xffff_8000_0000_0000));
-    assert!(!Arm64::va_ok(0x0000_8000_0000_0000));
-    assert!(Arm64Va39::va_ok(0x3f_ffff_f000));
-    assert!(!Arm64Va39::va_ok(0x40_0000_0000));
+    assert!(VaRange::Both.contains::<Arm64>(0x0000_7fff_ffff_f000));
+    assert!(VaRange::Both.contains::<Arm64>(0xffff_8000_0000_0000));
+    assert!(!VaRange::Both.contains::<Arm64>(0x0000_8000_0000_0000));
+    assert!(VaRange::Both.contains::<Arm64Va39>(0x3f_ffff_f000));
+    assert!(!VaRange::Both.contains::<Arm64Va39>(0x40_0000_0000));
     assert_ne!(Arm64::NAME, Arm64Va39::NAME);
 }
 

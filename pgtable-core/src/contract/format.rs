@@ -311,15 +311,6 @@ pub unsafe trait Format: Sized + 'static {
     /// simulated MMU, so it must follow the architecture manual.
     fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault>;
 
-    /// Whether `va` is a valid input address: inside the translated range
-    /// and canonical (the bits above `VA_BITS - 1` all equal bit
-    /// `VA_BITS - 1`). Override for formats that accept one half only.
-    #[inline]
-    fn va_ok(va: u64) -> bool {
-        let top = (va as i64) >> (Self::VA_BITS - 1);
-        top == 0 || top == -1
-    }
-
     /// Bits of OS data a *software entry* carries: a non-present leaf the
     /// hardware walker ignores but the OS reads back, like Linux's swap and
     /// migration entries (`swp_entry_t`, `__swp_entry`). `0` (the default):

@@ -69,8 +69,8 @@
 //!   arm64 APTable/XNTable, x86 U/S R/W XD), contiguous runs
 //!   (`cont_entries`, `mk_cont`, `clear_cont`, `is_cont`: arm64 only),
 //!   `OA_SHIFT` (RISC-V, whose PPN starts at bit 10) and
-//!   `SEPARATE_HALVES` (arm64's TTBR0/TTBR1). `VA_BITS`, `leaf` and
-//!   `va_ok` are derived from the others; no arch overrides them, but a
+//!   `SEPARATE_HALVES` (arm64's TTBR0/TTBR1). `VA_BITS` and `leaf`
+//!   are derived from the others; no arch overrides them, but a
 //!   wrapper format that forwards to another (a benchmark's instrumented
 //!   format) must be able to.
 //! - [`Arch`] sets its capabilities (`HAVE_MOVE_PMD`, `HAVE_MOVE_PUD`,

@@ -20,7 +20,7 @@ const _: () = assert!(core::mem::size_of::<Table>() == 4096);
 const _: () = assert!(core::mem::align_of::<Table>() == 4096);
 
 /// Where table frames come from. Implemented by the user (the kernel's page
-/// allocator) or by [`Arena`] on a host.
+/// allocator) or, on a host, by `Arena` (feature `alloc`).
 ///
 /// # Safety
 ///

@@ -9,6 +9,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use crate::contract::level::{entry_end, index, shift, size};
 use crate::contract::Inspector;
+use crate::space::half::VaWindow;
 use crate::space::walker::{Next, TableRef};
 use crate::{
     Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs, TlbGather,
@@ -119,6 +120,8 @@ pub struct AddressSpace<A: Arch, M: Mmu, T: TableAlloc> {
     pub(crate) active: bool,
     /// The part of the virtual address space this space translates.
     pub(crate) range: VaRange,
+    /// `range` as one add-and-mask test, for [`check_va`](Self::check_va).
+    window: VaWindow,
     /// The upper half's root entries link tables shared with user spaces
     /// (see `kernel_half.rs`): they are never unlinked nor freed while the
     /// space lives.
@@ -334,6 +337,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let root = alloc.alloc_table().ok_or(Error::OutOfMemory)?;
         let mut s = AddressSpace::from_parts(root, mmu, alloc);
         s.range = range;
+        s.window = VaWindow::of::<A>(range);
         s.mmu.stats.add_tables_allocated(1);
         Ok(s)
     }
@@ -409,6 +413,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             may_hold_global: false,
             active: false,
             range: VaRange::Both,
+            window: VaWindow::of::<A>(VaRange::Both),
             kernel_half: false,
             table_attrs: TableAttrs::NONE,
             _arch: PhantomData,
@@ -426,7 +431,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The table allocator (e.g. to inject failures in tests:
-    /// [`Arena::fail_after`](crate::Arena::fail_after) takes `&self`).
+    /// `Arena::fail_after`, feature `alloc`, takes `&self`).
     pub fn alloc(&self) -> &T {
         &self.alloc
     }
@@ -557,7 +562,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// refused rather than walked.
     #[inline]
     pub(crate) fn check_va(&self, va: VirtAddr) -> Result<(), Error> {
-        if self.range.contains::<A>(va.0) {
+        if self.window.contains(va.0) {
             Ok(())
         } else {
             Err(Error::OutOfRange(va))

@@ -59,16 +59,13 @@ impl VaRange {
         }
     }
 
-    /// Whether `va` lies in the range for format `F`.
+    /// Whether `va` lies in the range for format `F`. For
+    /// [`VaRange::Both`] that is every canonical address: the bits above
+    /// `VA_BITS - 1` all equal bit `VA_BITS - 1` (Intel SDM Vol. 1 3.3.7.1
+    /// "Canonical Addressing"; Arm ARM D8.2.2, with T0SZ = T1SZ).
     #[inline]
     pub fn contains<F: Format>(self, va: u64) -> bool {
-        match self {
-            VaRange::Both => F::va_ok(va),
-            _ => {
-                let (first, last) = self.bounds::<F>();
-                first <= va && va <= last
-            }
-        }
+        VaWindow::of::<F>(self).contains(va)
     }
 
     /// The root-table indices whose entries translate this range for
@@ -95,6 +92,47 @@ impl VaRange {
     }
 }
 
+/// A [`VaRange`] of one format as a single test, kept by each address
+/// space so that its one-address check (the fault path's first step) is an
+/// add and a mask, with no branch on the kind of range.
+///
+/// Every range is a power-of-two-sized interval of the 64-bit space,
+/// naturally aligned once shifted by its size modulo `2^64` (`Both` wraps
+/// around 0): `va` lies in it exactly when `va + offset` has no bit of
+/// `mask` set.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct VaWindow {
+    /// Minus the range's first address: moves the range to `[0, size)`.
+    offset: u64,
+    /// `!(size - 1)`: the bits an address of `[0, size)` has clear.
+    mask: u64,
+}
+
+impl VaWindow {
+    /// The window of `range` for format `F`.
+    #[inline]
+    pub(crate) const fn of<F: Format>(range: VaRange) -> Self {
+        let (first, last) = match range {
+            // The canonical addresses: `2^(VA_BITS - 1)` on each side of 0.
+            VaRange::Both => {
+                let half = 1u64 << (F::VA_BITS - 1);
+                (half.wrapping_neg(), half - 1)
+            }
+            half => half.bounds::<F>(),
+        };
+        VaWindow {
+            offset: first.wrapping_neg(),
+            mask: !last.wrapping_sub(first),
+        }
+    }
+
+    /// Whether `va` lies in the window.
+    #[inline]
+    pub(crate) const fn contains(self, va: u64) -> bool {
+        va.wrapping_add(self.offset) & self.mask == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +152,43 @@ mod tests {
         assert!(!VaRange::Upper.contains::<F>((1 << 47) - 1));
         assert_eq!(VaRange::Upper.root_indices::<F>(), (256, 511));
         assert_eq!(VaRange::of(u64::MAX), VaRange::Upper);
+    }
+
+    /// The window agrees with the range's definition on every edge: the
+    /// bounds of each half, and for `Both` the canonical rule, over
+    /// addresses around every power of two.
+    fn window_is_the_range<F: Format>() {
+        let canonical = |va: u64| {
+            let top = (va as i64) >> (F::VA_BITS - 1);
+            top == 0 || top == -1
+        };
+        for range in [VaRange::Lower, VaRange::Upper, VaRange::Both] {
+            let w = VaWindow::of::<F>(range);
+            let defined = |va: u64| match range {
+                VaRange::Both => canonical(va),
+                half => {
+                    let (first, last) = half.bounds::<F>();
+                    first <= va && va <= last
+                }
+            };
+            for k in 0..64 {
+                for p in [1u64 << k, (1u64 << k).wrapping_neg()] {
+                    for va in [p.wrapping_sub(1), p, p.wrapping_add(1)] {
+                        assert_eq!(w.contains(va), defined(va), "{range:?} {va:#x}");
+                    }
+                }
+            }
+            for va in [0, u64::MAX, 0x1234_5678_9000] {
+                assert_eq!(w.contains(va), defined(va), "{range:?} {va:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_space_s_window_is_its_range_for_4_and_5_levels() {
+        window_is_the_range::<TestFormat<4>>();
+        window_is_the_range::<TestFormat<5>>();
+        assert!(!VaWindow::of::<TestFormat<4>>(VaRange::Both).contains(1 << 47));
+        assert!(VaWindow::of::<TestFormat<5>>(VaRange::Both).contains(1 << 47));
     }
 }

@@ -124,10 +124,6 @@ macro_rules! block_prot_wrapper {
                 A::hw_access(raw, height, access)
             }
             #[inline]
-            fn va_ok(va: u64) -> bool {
-                A::va_ok(va)
-            }
-            #[inline]
             fn cont_entries(height: u32) -> u32 {
                 A::cont_entries(height)
             }

@@ -3,8 +3,8 @@
 /// Defines `$name`, a unit struct whose [`Format`](pgtable_core::contract::Format) is
 /// `TestFormat<4>`'s, entry for entry, under the name `$label` (and, if
 /// given, with fewer output-address bits); the test then writes the `Arch`
-/// impl that differs (the variant under test). `is_settled`, `leaf`,
-/// `va_ok` and `table_entry_attrs` keep the trait's default bodies (so a
+/// impl that differs (the variant under test). `is_settled`, `leaf`
+/// and `table_entry_attrs` keep the trait's default bodies (so a
 /// variant drops table attributes); `table_limits`, what the hardware
 /// reads from a table entry, is `TestFormat<4>`'s.
 macro_rules! test_format_variant {

@@ -4,7 +4,7 @@
 //! the access model.
 
 use pgtable_core::contract::{Access, AccessFault, Decoded, Format};
-use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{MemType, PhysAddr, Prot, VaRange, VirtAddr};
 use pgtable_riscv::bits::{A, D, G, N, PBMT_IO, PBMT_MASK, PBMT_NC, R, U, V, W, X};
 use pgtable_riscv::{
     hw_access_with, AdUpdates, EntryError, RiscvEntry, RiscvPaging, Sv39, Sv48, Sv57, SVNAPOT,
@@ -242,15 +242,15 @@ fn modify_prot_keeps_address_and_accessed_dirty() {
 
 #[test]
 fn canonical_addresses() {
-    assert!(Sv39::va_ok(0x3f_ffff_ffff));
-    assert!(!Sv39::va_ok(0x40_0000_0000));
-    assert!(Sv39::va_ok(0xffff_ffc0_0000_0000));
-    assert!(!Sv39::va_ok(0xffff_ff80_0000_0000));
-    assert!(Sv48::va_ok(0x7fff_ffff_ffff));
-    assert!(!Sv48::va_ok(0x8000_0000_0000));
-    assert!(Sv57::va_ok(0x00ff_ffff_ffff_ffff));
-    assert!(!Sv57::va_ok(0x0100_0000_0000_0000));
-    assert!(Sv57::va_ok(0xff00_0000_0000_0000));
+    assert!(VaRange::Both.contains::<Sv39>(0x3f_ffff_ffff));
+    assert!(!VaRange::Both.contains::<Sv39>(0x40_0000_0000));
+    assert!(VaRange::Both.contains::<Sv39>(0xffff_ffc0_0000_0000));
+    assert!(!VaRange::Both.contains::<Sv39>(0xffff_ff80_0000_0000));
+    assert!(VaRange::Both.contains::<Sv48>(0x7fff_ffff_ffff));
+    assert!(!VaRange::Both.contains::<Sv48>(0x8000_0000_0000));
+    assert!(VaRange::Both.contains::<Sv57>(0x00ff_ffff_ffff_ffff));
+    assert!(!VaRange::Both.contains::<Sv57>(0x0100_0000_0000_0000));
+    assert!(VaRange::Both.contains::<Sv57>(0xff00_0000_0000_0000));
 }
 
 #[test]

@@ -262,7 +262,7 @@ pub fn push_run(out: &mut Vec<(u64, Run)>, vpn: u64, run: Run) {
 }
 
 /// Whether `va` is canonical for `A` (bits 63..VA_BITS-1 all equal): what
-/// every format in this workspace accepts, checked against `Format::va_ok`
+/// every format in this workspace accepts, checked against `VaRange::Both`
 /// by the driver.
 pub fn canonical<A: Format>(va: u64) -> bool {
     let top = (va as i64) >> (A::VA_BITS - 1);

@@ -189,7 +189,7 @@ impl Cpu {
             } else {
                 Err(outside)
             }
-        } else if A::va_ok(va) {
+        } else if VaRange::Both.contains::<A>(va) {
             self.root.ok_or(SimFaultKind::NoRoot)
         } else if self.root.is_none() {
             Err(SimFaultKind::NoRoot)
