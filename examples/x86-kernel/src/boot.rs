@@ -33,12 +33,24 @@ use core::arch::global_asm;
 
 use crate::mem::{KERNEL_VMA, LINEAR_BASE};
 
-/// Stack size of the kernel's only CPU.
+/// Stack size of the boot CPU.
 pub const STACK_SIZE: usize = 1 << 20;
+
+/// The boot CPU's stack. `start64_high` points RSP at its end and calls
+/// `kmain`, so the end must be 16-byte aligned: the System V x86-64 ABI
+/// (§3.2.2) has RSP + 8 a multiple of 16 on entry to every function, and
+/// compiled code relies on it. `core::fmt`, for one, tells its argument
+/// list (on the stack) from a plain string by the low bit of the list's
+/// address: on a stack at an odd address every formatted number printed
+/// the raw format template instead.
+#[repr(C, align(16))]
+pub struct BootStack([u8; STACK_SIZE]);
+
+const _: () = assert!(STACK_SIZE.is_multiple_of(16));
 
 /// The boot stack (in `.bss`, so it is cleared before use — harmless).
 #[no_mangle]
-pub static mut BOOT_STACK: [u8; STACK_SIZE] = [0; STACK_SIZE];
+pub static mut BOOT_STACK: BootStack = BootStack([0; STACK_SIZE]);
 
 global_asm!(
     r#"
