@@ -18,7 +18,7 @@
 //! off), long mode and no-execute (EFER bits 8 and 11; NXE only when
 //! CPUID.80000001H:EDX[20] reports it, else `kmain` fails), paging and
 //! write-protect (CR0 bits 31 and 16: supervisor stores to read-only pages
-//! fault), loads the boot GDT and far-returns into the 64-bit trampoline,
+//! fault), loads the boot GDT and far-jumps into the 64-bit trampoline,
 //! which jumps to `start64_high` in the image. That code clears `.bss`,
 //! sets the stack and calls `kmain(start_info)`. The kernel replaces these
 //! tables with its own, built by pgtable, which map nothing in the lower
@@ -200,11 +200,9 @@ _start32:
     mov cr0, eax
 
     lgdt [boot_gdt_ptr]
-    /* Far return into the 64-bit code segment. */
-    mov eax, offset start64
-    push 0x08
-    push eax
-    retf
+    /* Far jump into the 64-bit code segment. Not a far return: ESP is
+       undefined at the PVH entry, so nothing here may use the stack. */
+    ljmp 0x08, offset start64
 
     .code64
 start64:
