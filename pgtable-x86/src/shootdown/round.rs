@@ -388,6 +388,26 @@ impl<I: IpiSender> Shootdown<I> {
         // SeqCst: orders the entry writes before, and pairs with
         // `switch_mm` (see there).
         let gen = mm.tlb_gen.fetch_add(1, SeqCst) + 1;
+        let targets = self.targets(cpu, mm, kind);
+        // The local part: this CPU's flush if it runs the space.
+        self.flush_local(cpu, mm, kind, gen, local);
+        if targets == 0 {
+            return done;
+        }
+        self.post(cpu, mm, kind, gen, targets);
+        Counters::bump(&c.ipi_rounds, 1);
+        Counters::bump(&c.cpus_reached, u64::from(targets.count_ones()));
+        PendingFlush {
+            waiting: true,
+            ..done
+        }
+    }
+
+    /// The CPUs other than `cpu` that a flush of `kind` in `mm` must
+    /// reach: every online CPU for a kernel space or a full flush, else
+    /// the CPUs that run `mm` (Linux's `mm_cpumask`), less the lazy ones
+    /// ([`enter_lazy`](Self::enter_lazy)) when the flush frees no table.
+    fn targets(&self, cpu: usize, mm: &MmCpus, kind: FlushKind) -> u64 {
         let everyone = matches!(kind, FlushKind::All) || mm.kernel;
         let mut targets = if everyone {
             self.online.load(SeqCst)
@@ -402,15 +422,18 @@ impl<I: IpiSender> Shootdown<I> {
                 // SeqCst: see `switch_mm`.
                 if self.cpu(t).lazy.load(SeqCst) {
                     targets &= !CpuMask::of(t).0;
-                    Counters::bump(&c.lazy_skipped, 1);
+                    Counters::bump(&self.counters.lazy_skipped, 1);
                 }
             }
         }
-        // The local part: this CPU's flush if it runs the space.
-        self.flush_local(cpu, mm, kind, gen, local);
-        if targets == 0 {
-            return done;
-        }
+        targets
+    }
+
+    /// Posts the request `kind` of generation `gen` in `mm` from `cpu` to
+    /// `targets` (its outgoing slot, then each target's incoming bit) and
+    /// sends the IPI.
+    fn post(&self, cpu: usize, mm: &MmCpus, kind: FlushKind, gen: u64, targets: u64) {
+        let out = &self.cpu(cpu).out;
         let (k, r) = match kind {
             FlushKind::Range(r) => (RANGE, r),
             FlushKind::Mm => (MM, WHOLE),
@@ -430,12 +453,6 @@ impl<I: IpiSender> Shootdown<I> {
             self.cpu(t).incoming.fetch_or(CpuMask::of(cpu).0, Release);
         }
         self.sender.send_flush_ipi(CpuMask(targets));
-        Counters::bump(&c.ipi_rounds, 1);
-        Counters::bump(&c.cpus_reached, u64::from(targets.count_ones()));
-        PendingFlush {
-            waiting: true,
-            ..done
-        }
     }
 
     /// The INVLPGB path (bare metal only; never enabled on the host).
