@@ -17,9 +17,10 @@
 //!
 //! Virtual addresses must be canonical: bits 63:39 (Sv39), 63:48 (Sv48) or
 //! 63:57 (Sv57) all equal to the highest translated bit, else the access
-//! raises a page fault: what [`VaRange::Both`](pgtable_core::VaRange::Both) accepts. One root
-//! serves both halves (entries 0–255 the lower, 256–511 the upper half),
-//! as on x86.
+//! raises a page fault: what
+//! [`VaRange::Both`](pgtable_core::VaRange::Both) accepts. One root serves
+//! both halves (entries 0–255 the lower, 256–511 the upper half), as on
+//! x86.
 //!
 //! # Extensions
 //!

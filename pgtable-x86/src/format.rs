@@ -18,7 +18,8 @@
 //!
 //! Virtual addresses must be canonical: bits 63:47 (4-level) or 63:56
 //! (5-level) all equal (SDM Vol. 1 §3.3.7.1, Vol. 3A §4.5). That is what
-//! [`VaRange::Both`](pgtable_core::VaRange::Both) accepts with `VA_BITS` = 48 / 57.
+//! [`VaRange::Both`](pgtable_core::VaRange::Both) accepts with `VA_BITS` =
+//! 48 / 57.
 //!
 //! # What the processor is assumed to run with
 //!

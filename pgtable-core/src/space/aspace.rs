@@ -336,10 +336,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         const { assert!(A::VA_BITS <= 64) };
         let root = alloc.alloc_table().ok_or(Error::OutOfMemory)?;
         let mut s = AddressSpace::from_parts(root, mmu, alloc);
-        s.range = range;
-        s.window = VaWindow::of::<A>(range);
+        s.set_range(range);
         s.mmu.stats.add_tables_allocated(1);
         Ok(s)
+    }
+
+    /// Sets the range the space translates, and its window with it (the
+    /// two never differ).
+    fn set_range(&mut self, range: VaRange) {
+        self.range = range;
+        self.window = VaWindow::of::<A>(range);
     }
 
     /// The part of the virtual address space this space translates.
