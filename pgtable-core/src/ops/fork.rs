@@ -360,10 +360,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         dt: TableRef<'_>,
         c: &mut Copier<'_, A, M2, T2>,
     ) -> bool {
-        let Span { from, to, va, .. } = span;
+        let Span { to, va, .. } = span;
         // Read once, not per entry through `c` (the entry stores may alias
         // it as far as the compiler knows).
         let (dst, cow) = (c.dst, c.cow);
+        // Empty entries up to the first one to copy are skipped here, so
+        // the copy loop needs no "wrote anything" state of its own (it
+        // would take a register the loop needs for its decisions).
+        // Relaxed: as in the loop below.
+        let Some(skip) = span
+            .table
+            .slots(span.from, to)
+            .iter()
+            .position(|s| s.load(Relaxed) != 0)
+        else {
+            return false;
+        };
+        let from = span.from + skip;
+        let va = va + skip as u64 * crate::PAGE_SIZE;
         let mut copied = 0u64;
         // What to do with a leaf depends only on its attribute word
         // (`Format` rules), so it is decided once per distinct word
@@ -425,7 +439,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             c.gather.add_range(VirtAddr(first), len, 0);
         }
         dst.mmu.stats.add_entries_written(copied);
-        copied > 0
+        true
     }
 
     /// The child's copy of the leaf `raw` at `h` in `slot`, old (and clean
