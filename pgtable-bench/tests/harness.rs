@@ -64,6 +64,34 @@ fn table_freeing_matches_the_labels() {
 }
 
 #[test]
+fn riscv_subjects_map_and_free_as_labelled() {
+    // Sv48 as x86 (a PUD table, a PMD table, 512 PTE tables); Sv39's root
+    // is the PUD level, so one table fewer.
+    let all = 2 + 512;
+    let mut p = Pgtable::<pgtable_riscv::Sv48>::new(false);
+    assert_eq!(held(&mut p), (all, 0), "pgtable Sv48 frees");
+    let mut p = Pgtable::<pgtable_riscv::Sv39>::new(false);
+    assert_eq!(held(&mut p), (all - 1, 0), "pgtable Sv39 frees");
+    drop(p);
+    let mut m = pgtable_bench::riscv::subject_sv48();
+    assert_eq!(held(&mut m), (all, all), "page_table_multiarch Sv48 keeps");
+    drop(m);
+    let mut m = pgtable_bench::riscv::subject_sv39();
+    assert_eq!(
+        held(&mut m),
+        (all - 1, all - 1),
+        "page_table_multiarch Sv39 keeps"
+    );
+    // Both encode the same leaf: the peer's entries carry pgtable's bits.
+    m.map_pages(VA, PAGE);
+    assert_eq!(m.translate(VA + 5), Some((PA + 5, true, PAGE)));
+    m.protect(VA, PAGE, false);
+    assert_eq!(m.translate(VA), Some((PA, false, PAGE)));
+    m.map_blocks(VA + G1, G1);
+    assert_eq!(m.translate(VA + G1 + M2 + 1), Some((PA + M2 + 1, true, M2)));
+}
+
+#[test]
 fn blocks_map_where_the_pa_is_not_1g_aligned() {
     let mut p = Pgtable::<X86_64>::new(false);
     p.map_blocks(VA, G1);

@@ -37,9 +37,16 @@ pub fn run(quick: bool) -> Result<(), String> {
     c.args(["bench", "-p", "pgtable-bench"])
         .env("PEERS_CLOCK", "thread");
     if quick {
-        c.args(["--bench", "x86_peers", "--bench", "arm64_peers"])
-            .env("PGTABLE_BENCH_QUICK", "1")
-            .args(["--", "--warm-up-time", "0.3", "--measurement-time", "1"]);
+        c.args([
+            "--bench",
+            "x86_peers",
+            "--bench",
+            "arm64_peers",
+            "--bench",
+            "riscv_peers",
+        ])
+        .env("PGTABLE_BENCH_QUICK", "1")
+        .args(["--", "--warm-up-time", "0.3", "--measurement-time", "1"]);
     }
     if let Err(e) = sh(&mut c) {
         errors.push(e);

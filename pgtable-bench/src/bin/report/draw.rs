@@ -264,6 +264,8 @@ fn subjects(arch: &str) -> &'static [&'static str] {
             "x86_64+clean_up",
             "page_table_multiarch",
         ]
+    } else if arch.starts_with("riscv") {
+        &["pgtable", "pgtable-user", "page_table_multiarch"]
     } else {
         &[
             "pgtable",
@@ -339,6 +341,20 @@ pub fn write(dir: &Path, data: &Data) -> Result<usize, String> {
     }
     if let Some(c) = peer_chart(data, "arm64", "pgtable vs peers, arm64 page tables (host)")? {
         charts.push(c);
+    }
+    for (arch, title) in [
+        (
+            "riscv-sv39",
+            "pgtable vs peers, RISC-V Sv39 page tables (host)",
+        ),
+        (
+            "riscv-sv48",
+            "pgtable vs peers, RISC-V Sv48 page tables (host)",
+        ),
+    ] {
+        if let Some(c) = peer_chart(data, arch, title)? {
+            charts.push(c);
+        }
     }
     // The size sweep.
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -620,6 +636,8 @@ pub fn summary_markdown(data: &Data) -> String {
     for (arch, name) in [
         ("x86", "x86_64 page tables"),
         ("arm64", "arm64 page tables"),
+        ("riscv-sv39", "RISC-V Sv39 page tables"),
+        ("riscv-sv48", "RISC-V Sv48 page tables"),
     ] {
         let (heads, rows) = summary_rows(data, arch);
         if rows.is_empty() {
@@ -677,6 +695,8 @@ fn html(data: &Data, charts: &[Chart]) -> String {
     for (arch, name) in [
         ("x86", "x86_64 page tables"),
         ("arm64", "arm64 page tables"),
+        ("riscv-sv39", "RISC-V Sv39 page tables"),
+        ("riscv-sv48", "RISC-V Sv48 page tables"),
     ] {
         let (heads, rows) = summary_rows(data, arch);
         if rows.is_empty() {
