@@ -138,7 +138,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if let Some(at) = dst.first_mapped_in(dst.root_table(), top, va.0, end) {
             return Err(Error::AlreadyMapped(at));
         }
-        let src_need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
+        let src_need = self.split_check(va.0, end, &|_, _| true);
         let dst_need = self.copy_need(dst, va.0, end);
 
         // Phase 2: reserve both, or neither.

@@ -418,8 +418,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         q: &mut FreeQueue,
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
-        let top = A::LEVELS - 1;
-        let need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
+        let need = self.split_check(va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
         // Runs the range covers in part are unfolded first (whole runs go
         // whole, so the hint never outlives part of its run).

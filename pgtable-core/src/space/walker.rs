@@ -23,9 +23,18 @@
 //! loop over the span and either [`descend`](Cursor::descend)s into one
 //! entry's table or, done with the span, [`advance`](Cursor::advance)s,
 //! which ascends as far as the new position has left tables behind.
+//!
+//! An operation that decides about a table only after its children (free
+//! it if it is now empty, count it, clear the entry linking it) does so
+//! when the cursor leaves it: [`advance`](Cursor::advance) names the
+//! heights it left, and [`left`](Cursor::left) hands each such table
+//! with the entry that links it and the part of its range the walk
+//! covered ([`Left::whole`]: all of it). Tables that do not exist yet (a
+//! block to be split, a hole to be filled) are not walked: what they
+//! would take is counted from the range's ends ([`split_parts`]).
 
 use crate::contract::level::{entry_end, index, size};
-use crate::space::aspace::first_used;
+use crate::space::aspace::{covers, first_used};
 use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc, VirtAddr};
 
 /// A table of the space that the current operation may read and write:
@@ -246,6 +255,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         path[height as usize] = Some(t);
         Cursor {
             path,
+            entered: [0; MAX_LEVELS],
             va,
             end,
             height,
@@ -261,6 +271,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         path[top as usize] = Some(self.root_table());
         Cursor {
             path,
+            entered: [0; MAX_LEVELS],
             va,
             end,
             height: top,
@@ -289,6 +300,9 @@ pub(crate) struct Cursor<'a> {
     /// `path[h]`: the table at height `h` on the path; `Some` for every
     /// height from the cursor's up to the root.
     path: [Option<TableRef<'a>>; MAX_LEVELS],
+    /// `entered[h]`: the address the cursor descended into the table at
+    /// height `h` with (below the top).
+    entered: [u64; MAX_LEVELS],
     va: u64,
     end: u64,
     height: u32,
@@ -305,6 +319,63 @@ pub(crate) struct Span<'a> {
     pub(crate) va: u64,
     pub(crate) next: u64,
     pub(crate) height: u32,
+}
+
+/// A table the cursor has left ([`Cursor::left`]): the table at `height`,
+/// linked by entry `index` of `parent`, whose part `[va, next)` the walk
+/// covered.
+#[derive(Clone, Copy)]
+pub(crate) struct Left<'a> {
+    pub(crate) table: TableRef<'a>,
+    pub(crate) height: u32,
+    pub(crate) parent: TableRef<'a>,
+    pub(crate) index: usize,
+    pub(crate) va: u64,
+    pub(crate) next: u64,
+}
+
+impl<'a> Left<'a> {
+    /// Whether the walk covered the table's whole range.
+    #[inline]
+    pub(crate) fn whole(&self) -> bool {
+        covers(self.va, self.next, self.height + 1)
+    }
+
+    /// The parent's entry that links the table.
+    #[inline]
+    pub(crate) fn link(&self) -> &'a Slot {
+        self.parent.slot(self.index)
+    }
+
+    /// Whether every entry of the table is none.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table
+            .slots(0, crate::ENTRIES_PER_TABLE)
+            .iter()
+            .all(|e| {
+                // Relaxed: as in `TableRef::load`.
+                e.load(core::sync::atomic::Ordering::Relaxed) == 0
+            })
+    }
+}
+
+/// The entries at heights `1..=height` that `[va, end)` (inside one entry
+/// at `height + 1`) covers in part: at each height the entry holding `va`
+/// unless `va` starts it, and the one holding `end - 1` unless `end` ends
+/// it. Splitting a block around `[va, end)` down to pages takes one table
+/// for each of them below the block's own (only the two ends of a range
+/// can be covered in part, so nothing is walked).
+pub(crate) fn split_parts(va: u64, end: u64, height: u32) -> usize {
+    let mut n = 0;
+    for h in 1..=height {
+        let first_end = entry_end(va, h, end);
+        n += usize::from(!covers(va, first_end, h));
+        if first_end != end {
+            n += usize::from(end & (size(h) - 1) != 0);
+        }
+    }
+    n
 }
 
 impl<'a> Cursor<'a> {
@@ -342,7 +413,29 @@ impl<'a> Cursor<'a> {
         debug_assert!(self.height > 0);
         self.height -= 1;
         self.path[self.height as usize] = Some(child);
+        self.entered[self.height as usize] = va;
         self.va = va;
+    }
+
+    /// The table at `height` that the last [`advance`](Self::advance)
+    /// left (`height` in the range it returned), with the entry linking
+    /// it; `None` for the cursor's top table, which it entered through no
+    /// entry of its own.
+    #[inline]
+    pub(crate) fn left(&self, height: u32) -> Option<Left<'a>> {
+        if height >= self.top {
+            return None;
+        }
+        let h = height as usize;
+        let va = self.entered[h];
+        Some(Left {
+            table: self.path[h]?,
+            height,
+            parent: self.path[h + 1]?,
+            index: index(va, height + 1),
+            va,
+            next: self.va,
+        })
     }
 
     /// Moves to `next`, the end of the current span, and up to the table
