@@ -1042,16 +1042,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if h == 0 {
             return None;
         }
-        let first_end = entry_end(sp.va, h, sp.next);
-        let last = sp.next.wrapping_sub(1) & !(size(h) - 1);
-        let ends = [(sp.va, first_end), (last, sp.next)];
-        // One entry, or two (the first and the last).
-        let n = if first_end == sp.next { 1 } else { 2 };
-        for &(va, next) in &ends[..n] {
-            if covers(va, next, h) {
-                continue;
-            }
-            match self.read(sp.table, index(va, h), h) {
+        for (i, va, next) in sp.partial() {
+            match self.read(sp.table, i, h) {
                 (raw, Next::Leaf(_)) if needs_split(raw, h) => {
                     *need += Self::split_need(va, next, h);
                 }

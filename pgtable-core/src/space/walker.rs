@@ -321,6 +321,22 @@ pub(crate) struct Span<'a> {
     pub(crate) height: u32,
 }
 
+impl Span<'_> {
+    /// The entries of the span that it covers in part, each as its index
+    /// and its part `[va, next)`: only the first and the last can be.
+    #[inline]
+    pub(crate) fn partial(&self) -> impl Iterator<Item = (usize, u64, u64)> {
+        let h = self.height;
+        let first_end = entry_end(self.va, h, self.next);
+        let last = self.next.wrapping_sub(1) & !(size(h) - 1);
+        let first = (self.from, self.va, first_end);
+        let last = (first_end != self.next).then_some((self.to - 1, last, self.next));
+        core::iter::once(first)
+            .chain(last)
+            .filter(move |&(_, va, next)| !covers(va, next, h))
+    }
+}
+
 /// A table the cursor has left ([`Cursor::left`]): the table at `height`,
 /// linked by entry `index` of `parent`, whose part `[va, next)` the walk
 /// covered.
@@ -521,5 +537,62 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             va = entry_end(va, height, end);
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What [`split_parts`] counts, entry by entry: each entry below
+    /// `height` that `[va, end)` covers in part, and the same inside it.
+    fn parts_by_entry(va: u64, end: u64, height: u32) -> usize {
+        if height == 0 {
+            return 0;
+        }
+        let (mut n, mut v) = (0, va);
+        loop {
+            let next = entry_end(v, height, end);
+            if !covers(v, next, height) {
+                n += 1 + parts_by_entry(v, next, height - 1);
+            }
+            v = next;
+            if v == end {
+                return n;
+            }
+        }
+    }
+
+    #[test]
+    fn split_parts_counts_the_entries_covered_in_part_at_each_height() {
+        // One page inside a 2 MiB entry inside a 1 GiB entry.
+        assert_eq!(split_parts(0x1000, 0x2000, 2), 2);
+        // 2 MiB aligned: only the 1 GiB entry is covered in part.
+        assert_eq!(split_parts(0x20_0000, 0x60_0000, 2), 1);
+        // Both ends inside two different 2 MiB entries.
+        assert_eq!(split_parts(0x1f_f000, 0x20_1000, 1), 2);
+        // The last pages of the 64-bit space (`end` wraps to 0).
+        assert_eq!(split_parts(u64::MAX - 0x1fff, 0, 2), 2);
+        let starts = [0, 0x1000, 0x1f_f000, 0x20_0000, 0x3f_e000, 0x1234_5000];
+        let lens = [0x1000, 0x3000, 0x20_0000, 0x20_1000, 0x40_0000, 0x3fe0_0000];
+        for va in starts {
+            for len in lens {
+                let end = va + len;
+                if end > 1 << 30 {
+                    continue;
+                }
+                for h in 0..=2 {
+                    if h < 2 && (va >> (12 + 9 * (h + 1))) != ((end - 1) >> (12 + 9 * (h + 1))) {
+                        // Not inside one entry at `h + 1`.
+                        continue;
+                    }
+                    assert_eq!(
+                        split_parts(va, end, h),
+                        parts_by_entry(va, end, h),
+                        "[{va:#x}, {end:#x}) at height {h}"
+                    );
+                }
+            }
+        }
     }
 }
