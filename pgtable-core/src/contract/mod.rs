@@ -105,7 +105,6 @@
 
 use core::fmt;
 
-use crate::space::walker::Next;
 use crate::{AddressSpace, VirtAddr};
 
 pub(crate) mod arch;
@@ -201,14 +200,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Inspector<'a, A, M, T> {
     pub fn count_tables(self) -> usize {
         let s = self.space;
         let (first, last) = s.range.root_indices::<A>();
-        let root = s.root_table();
-        let mut n = 1;
-        for i in first..=last {
-            if let Next::Table(c) = s.read(root, i, A::LEVELS - 1).1 {
-                n += s.count_below(c, A::LEVELS - 2);
-            }
-        }
-        n
+        1 + s.count_below_root(first, last)
     }
 
     /// Whether the address space is active: [`install`](AddressSpace::install)ed

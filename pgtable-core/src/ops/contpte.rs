@@ -55,7 +55,8 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::{index, shift, size};
+use crate::contract::level::{entry_end, index, shift};
+use crate::space::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, Slot, Table, TableAlloc, TlbRange,
     VirtAddr,
@@ -257,25 +258,57 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
     }
 
-    /// Unfolds every folded run at `height` in `[va, end)`. Walks the
-    /// range's tables at that height; only formats with a hint get here.
+    /// Unfolds every folded run at `height` in `[va, end)`, on the cursor
+    /// over the runs the range touches: its spans at `height` are read one
+    /// run at a time; only formats with a hint get here.
     pub(crate) fn contpte_unfold_all_at(&mut self, va: u64, end: u64, height: u32) -> bool {
         let run = run_size::<A>(height);
-        let mut did = false;
+        let n = A::cont_entries(height) as usize;
+        let s: &Self = self;
+        // From the first page of the run holding `va` to the end of the
+        // one holding `end - 1` (0: the top of the 64-bit space).
         let start = va & !(run - 1);
-        let mut v = start;
-        loop {
-            if self.table_on_path(v, height).is_some() {
-                did |= self.contpte_unfold(v, height);
-                v = v.wrapping_add(run);
+        let stop = (end.wrapping_sub(1) | (run - 1)).wrapping_add(1);
+        let mut did = false;
+        let mut cur = s.cursor(start, stop);
+        while let Some(sp) = cur.span() {
+            if sp.height > height {
+                if let Some((c, va)) = s.first_table(sp) {
+                    cur.descend(c, va);
+                    continue;
+                }
             } else {
-                // No table at this height: skip the entry above it.
-                v = (v | (size(height + 1) - 1)).wrapping_add(1);
+                // The span starts and ends on run boundaries.
+                for i in (sp.from..sp.to).step_by(n) {
+                    let base = sp.va.wrapping_add(((i - sp.from) as u64) << shift(height));
+                    did |= s.unfold_at(sp.table, i, height, base);
+                }
             }
-            if v == 0 || v.wrapping_sub(start) >= end.wrapping_sub(start) {
-                return did;
-            }
+            cur.advance(sp.next);
         }
+        did
+    }
+
+    /// The first table entry of `sp`: its table and first address.
+    fn first_table<'a>(&'a self, sp: Span<'a>) -> Option<(TableRef<'a>, u64)> {
+        let mut va = sp.va;
+        for i in sp.from..sp.to {
+            if let Next::Table(c) = self.read(sp.table, i, sp.height).1 {
+                return Some((c, va));
+            }
+            va = entry_end(va, sp.height, sp.next);
+        }
+        None
+    }
+
+    /// Unfolds the run starting at entry `i` of `t` (at `height`, first
+    /// address `base`) if it is folded.
+    fn unfold_at(&self, t: TableRef<'_>, i: usize, height: u32, base: u64) -> bool {
+        if !is_folded::<A>(t.load(i), height) {
+            return false;
+        }
+        self.unfold_run(run_slots::<A>(t.table(), i, height), base, height);
+        true
     }
 
     /// Unfolds the folded run holding the leaf at `height` on the path to
@@ -301,6 +334,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if !changes(slots[0].load(Relaxed), height) {
             return false;
         }
+        self.unfold_run(slots, base, height);
+        true
+    }
+
+    /// Unfolds the folded run `slots` at `height` (first address `base`).
+    fn unfold_run(&self, slots: &[Slot], base: u64, height: u32) {
         // The same leaves without the hint, each with the run's
         // accessed/dirty state (which page the hardware marked is unknown).
         break_run::<A, _>(
@@ -316,7 +355,6 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.mmu.stats.add_entries_written(slots.len() as u64);
         // The walker sees the new entries before the caller goes on.
         self.mmu.walker_barrier();
-        true
     }
 }
 

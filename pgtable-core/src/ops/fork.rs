@@ -54,9 +54,9 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::{entry_end, index, size};
+use crate::contract::level::entry_end;
 use crate::space::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation};
-use crate::space::walker::{Next, Span, TableRef, MAX_LEVELS};
+use crate::space::walker::{split_parts, Next, Span, TableRef, MAX_LEVELS};
 use crate::{
     generic, AddressSpace, Arch, Decoded, Error, Mmu, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
 };
@@ -138,7 +138,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if let Some(at) = dst.first_mapped_in(dst.root_table(), top, va.0, end) {
             return Err(Error::AlreadyMapped(at));
         }
-        let src_need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
+        let src_need = self.split_check(va.0, end, &|_, _| true);
         let dst_need = self.copy_need(dst, va.0, end);
 
         // Phase 2: reserve both, or neither.
@@ -624,8 +624,8 @@ fn dst_child<'a, A: Arch, M: Mmu, T: TableAlloc>(
 
 /// The tables `dst` needs below height `h` to hold the leaves of a split
 /// block copied into `[va, end)` (leaves at `h`; those covered in part are
-/// split again), where `dt` is `dst`'s table at `h` (`None`: new). Only
-/// the entries holding `va` and `end - 1` can be covered in part.
+/// split again), where `dt` is `dst`'s table at `h` (`None`: new): on
+/// `dst`'s cursor, through the entries covered in part only.
 fn split_copy_need<A: Arch, M: Mmu, T: TableAlloc>(
     dst: &AddressSpace<A, M, T>,
     h: u32,
@@ -633,20 +633,40 @@ fn split_copy_need<A: Arch, M: Mmu, T: TableAlloc>(
     end: u64,
     dt: Option<TableRef<'_>>,
 ) -> usize {
-    if h == 0 {
-        return 0;
-    }
-    let first_end = entry_end(va, h, end);
-    let last = end.wrapping_sub(1) & !(size(h) - 1);
-    let ends = [(va, first_end), (last, end)];
-    // One entry, or two (the first and the last).
-    let n = if first_end == end { 1 } else { 2 };
+    let Some(dt) = dt else {
+        // A new table, and one below each entry covered in part.
+        return split_parts(va, end, h);
+    };
     let mut need = 0;
-    for &(v, next) in &ends[..n] {
-        if !covers(v, next, h) {
-            let dc = dst_child(dst, dt, index(v, h), h);
-            need += usize::from(dc.is_none()) + split_copy_need(dst, h - 1, v, next, dc);
+    let mut cur = dst.cursor_under(dt, h, va, end);
+    while let Some(sp) = cur.span() {
+        match split_copy_span(dst, sp, &mut need) {
+            Some((c, va)) => cur.descend(c, va),
+            None => {
+                cur.advance(sp.next);
+            }
         }
     }
     need
+}
+
+/// [`split_copy_need`] over the entries of `sp` covered in part, counting
+/// into `need`, up to the first that has a table in `dst`: that table and
+/// its first address (`None`: the span is done).
+fn split_copy_span<'a, A: Arch, M: Mmu, T: TableAlloc>(
+    dst: &'a AddressSpace<A, M, T>,
+    sp: Span<'a>,
+    need: &mut usize,
+) -> Option<(TableRef<'a>, u64)> {
+    let h = sp.height;
+    if h == 0 {
+        return None;
+    }
+    for (i, va, next) in sp.partial() {
+        match dst.read(sp.table, i, h).1 {
+            Next::Table(c) => return Some((c, va)),
+            _ => *need += 1 + split_parts(va, next, h - 1),
+        }
+    }
+    None
 }

@@ -14,8 +14,8 @@ use crate::ops::contpte;
 use crate::space::aspace::{covers, first_used, Reservation};
 use crate::space::walker::{Next, Span, TableRef, MAX_LEVELS};
 use crate::{
-    AddressSpace, Arch, Error, MapOptions, Mmu, PhysAddr, Prot, Slot, TableAlloc, VirtAddr,
-    PAGE_SIZE,
+    AddressSpace, Arch, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
+    ENTRIES_PER_TABLE, PAGE_SIZE,
 };
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -58,8 +58,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             prot,
             opts,
         };
-        let top = A::LEVELS - 1;
-        let need = self.map_check(top, Some(self.root_table()), va.0, end, &plan)?;
+        let need = self.map_check(va.0, end, &plan)?;
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         self.map_fill(va.0, end, &plan, &mut stash);
@@ -67,37 +66,55 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         self.settle(stash)
     }
 
-    /// Phase 1: conflicts and the number of tables needed below `height`.
-    fn map_check(
-        &self,
-        height: u32,
-        table: Option<TableRef<'_>>,
-        mut va: u64,
-        end: u64,
+    /// Phase 1: conflicts and the number of tables needed, on the cursor.
+    /// Existing tables are walked; what a new table needs below it is
+    /// counted from its range ([`hole_need`]).
+    fn map_check(&self, va: u64, end: u64, plan: &MapPlan) -> Result<usize, Error> {
+        let mut need = 0;
+        let mut cur = self.cursor(va, end);
+        while let Some(span) = cur.span() {
+            match self.check_span(span, plan, &mut need)? {
+                Some((child, va)) => cur.descend(child, va),
+                None => {
+                    cur.advance(span.next);
+                }
+            }
+        }
+        Ok(need)
+    }
+
+    /// [`map_check`](Self::map_check) over `span`, counting into `need`,
+    /// up to its first existing table that the map writes into: that table
+    /// and its first address (`Ok(None)`: the span is done).
+    fn check_span<'a>(
+        &'a self,
+        span: Span<'a>,
         plan: &MapPlan,
-    ) -> Result<usize, Error> {
+        need: &mut usize,
+    ) -> Result<Option<(TableRef<'a>, u64)>, Error> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = span;
         let opts = plan.opts;
         if height == 0 || all_leaves::<A>(height, va, end, plan.pa(va), opts) {
             // Every entry becomes a leaf (a page, or a block of the fast
             // path): they must all be free.
-            if let Some(t) = table {
-                if let Some(at) = first_used(t.table(), height, va, end) {
-                    let next = entry_end(at.0, height, end);
-                    let kind = self.read(t, index(at.0, height), height).1;
-                    return Err(Error::AlreadyMapped(
-                        self.first_mapped_at(kind, height, at.0, next),
-                    ));
-                }
+            if let Some(at) = first_used(t.table(), height, va, end) {
+                let next = entry_end(at.0, height, end);
+                let kind = self.read(t, index(at.0, height), height).1;
+                return Err(Error::AlreadyMapped(
+                    self.first_mapped_at(kind, height, at.0, next),
+                ));
             }
-            return Ok(0);
+            return Ok(None);
         }
-        let mut need = 0;
-        loop {
+        for i in span.from..span.to {
             let next = entry_end(va, height, end);
-            let (raw, kind) = match table {
-                Some(t) => self.read(t, index(va, height), height),
-                None => (0, Next::None),
-            };
+            let (raw, kind) = self.read(t, i, height);
             if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
                 if raw != 0 {
                     return Err(Error::AlreadyMapped(
@@ -106,22 +123,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
             } else {
                 match kind {
-                    Next::None => {
-                        need += 1 + self.map_check(height - 1, None, va, next, plan)?;
-                    }
-                    Next::Table(ct) => {
-                        need += self.map_check(height - 1, Some(ct), va, next, plan)?;
-                    }
+                    Next::None => *need += 1 + hole_need::<A>(height - 1, va, next, plan),
+                    Next::Table(c) => return Ok(Some((c, va))),
                     Next::Leaf(_) | Next::Invalid => {
                         return Err(Error::AlreadyMapped(VirtAddr(va)));
                     }
                 }
             }
             va = next;
-            if va == end {
-                return Ok(need);
-            }
         }
+        Ok(None)
     }
 
     /// Where a map that wants a leaf for the entry `raw` at `height`
@@ -148,14 +159,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     fn map_fill(&self, va: u64, end: u64, plan: &MapPlan, stash: &mut Reservation) {
         // Whether the table at each height on the path was written.
         let mut wrote = [false; MAX_LEVELS];
-        // The parent entry that the new table at each height is linked
-        // into when the cursor is done with it.
-        let mut links: [Option<(&Slot, PhysAddr)>; MAX_LEVELS] = [None; MAX_LEVELS];
+        // Whether the table at each height on the path is new: linked
+        // into its parent's entry when the cursor is done with it.
+        let mut new = [false; MAX_LEVELS];
         let mut cur = self.cursor(va, end);
         while let Some(span) = cur.span() {
             let h = span.height as usize;
-            if let Some((child, va, link)) = self.map_span(span, plan, stash, &mut wrote[h]) {
-                links[h - 1] = link.map(|slot| (slot, child.pa()));
+            if let Some((child, va, is_new)) = self.map_span(span, plan, stash, &mut wrote[h]) {
+                new[h - 1] = is_new;
                 cur.descend(child, va);
                 continue;
             }
@@ -164,7 +175,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 if core::mem::take(&mut wrote[d]) {
                     self.table_done();
                 }
-                if let Some((slot, c)) = links[d].take() {
+                if let Some(l) = cur.left(d as u32).filter(|_| core::mem::take(&mut new[d])) {
+                    let (slot, c) = (l.link(), l.table.pa());
                     A::populate_attrs(&self.mmu, slot, c, d as u32 + 1, self.table_attrs);
                     self.mmu.stats.add_entries_written(1);
                     wrote[d + 1] = true;
@@ -175,15 +187,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Writes the entries of `span` up to its first entry that needs a
     /// table, setting `wrote` if it wrote any; returns that table (an
-    /// existing one, or a new one with the parent entry to link it into)
-    /// and its first address (`None`: the span is done).
+    /// existing one, or a new one to link when the cursor leaves it), its
+    /// first address and whether it is new (`None`: the span is done).
     fn map_span<'a>(
         &'a self,
         span: Span<'a>,
         plan: &MapPlan,
         stash: &mut Reservation,
         wrote: &mut bool,
-    ) -> Option<(TableRef<'a>, u64, Option<&'a Slot>)> {
+    ) -> Option<(TableRef<'a>, u64, bool)> {
         let Span {
             table: t,
             height,
@@ -226,13 +238,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 *wrote = true;
             } else {
                 match self.read(t, i, height).1 {
-                    Next::Table(c) => return Some((c, va, None)),
+                    Next::Table(c) => return Some((c, va, false)),
                     // Phase 1 saw `None` here: a new table, linked when
                     // it is filled. (No table: the count was short, see
                     // `take`; this part stays unmapped.)
                     _ => {
                         if let Some(c) = self.take_table(stash) {
-                            return Some((c, va, Some(slot)));
+                            return Some((c, va, true));
                         }
                     }
                 }
@@ -344,6 +356,54 @@ fn fill<A: Arch, M: Mmu>(
     pa
 }
 
+/// The tables a map of `[va, end)` needs below a new (empty) table at
+/// `height` whose range holds it: a table for each entry that is not a
+/// leaf, and what that table needs in turn. Counted, not walked: only the
+/// first and the last entry can be covered in part; the whole entries
+/// between them all need the same ([`whole_need`]).
+fn hole_need<A: Arch>(height: u32, va: u64, end: u64, plan: &MapPlan) -> usize {
+    if height == 0 || all_leaves::<A>(height, va, end, plan.pa(va), plan.opts) {
+        return 0;
+    }
+    let entry = |v: u64, next: u64| {
+        if use_leaf::<A>(height, v, next, plan.pa(v), plan.opts) {
+            0
+        } else {
+            1 + hole_need::<A>(height - 1, v, next, plan)
+        }
+    };
+    let first_end = entry_end(va, height, end);
+    let mut need = entry(va, first_end);
+    if first_end != end {
+        let last = end.wrapping_sub(1) & !(size(height) - 1);
+        let whole = (last.wrapping_sub(first_end) >> shift(height)) as usize;
+        need += entry(last, end) + whole * whole_need::<A>(height, plan);
+    }
+    need
+}
+
+/// The tables a map needs for one whole entry at `height` of a new
+/// table: none for a leaf, else a table at `height - 1` and what each of
+/// its entries (all whole, all alike) needs.
+fn whole_need<A: Arch>(height: u32, plan: &MapPlan) -> usize {
+    let mut need = 0;
+    for h in 1..=height {
+        need = if whole_leaf::<A>(h, plan) {
+            0
+        } else {
+            1 + ENTRIES_PER_TABLE * need
+        };
+    }
+    need
+}
+
+/// Whether a whole entry at `height` (above the PTE level) of `plan` is
+/// mapped by a leaf: what [`use_leaf`] says for every aligned entry.
+#[inline]
+fn whole_leaf<A: Arch>(height: u32, plan: &MapPlan) -> bool {
+    plan.opts.allows(height) && A::leaf_allowed(height) && plan.off & (size(height) - 1) == 0
+}
+
 /// Whether every entry of `[va, end)` (within one table at `height`) is a
 /// leaf: blocks allowed, and VA, PA and length aligned to the block size.
 #[inline]
@@ -363,4 +423,80 @@ fn use_leaf<A: Arch>(height: u32, va: u64, next: u64, pa: u64, opts: MapOptions)
             && A::leaf_allowed(height)
             && covers(va, next, height)
             && pa & (size(height) - 1) == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::test_format::TestFormat;
+
+    type F = TestFormat<4>;
+
+    /// What [`hole_need`] counts, entry by entry (phase 1 of a map into a
+    /// table that does not exist yet, visiting every entry).
+    fn need_by_entry(height: u32, va: u64, end: u64, plan: &MapPlan) -> usize {
+        if height == 0 || all_leaves::<F>(height, va, end, plan.pa(va), plan.opts) {
+            return 0;
+        }
+        let (mut need, mut v) = (0, va);
+        loop {
+            let next = entry_end(v, height, end);
+            if !use_leaf::<F>(height, v, next, plan.pa(v), plan.opts) {
+                need += 1 + need_by_entry(height - 1, v, next, plan);
+            }
+            v = next;
+            if v == end {
+                return need;
+            }
+        }
+    }
+
+    #[test]
+    fn hole_need_counts_what_a_map_into_a_new_table_takes() {
+        let plan = |off, opts| MapPlan {
+            off,
+            prot: Prot::READ_WRITE,
+            opts,
+        };
+        // 4 MiB of pages from 2 MiB + 4 KiB under a new PUD table: three
+        // PTE tables (the 2 MiB entries it touches) and one PMD table.
+        let pages = plan(0, MapOptions::PAGES);
+        assert_eq!(hole_need::<F>(2, 0x20_1000, 0x60_1000, &pages), 4);
+        // The same with PMD blocks: the middle 2 MiB is a block.
+        let blocks = plan(0, MapOptions::PMD_BLOCKS);
+        assert_eq!(hole_need::<F>(2, 0x20_1000, 0x60_1000, &blocks), 3);
+        let opts = [
+            MapOptions::PAGES,
+            MapOptions::PMD_BLOCKS,
+            MapOptions::BLOCKS,
+            MapOptions::BLOCKS.with_sync_each(),
+        ];
+        let offs = [0, 0x1000, 0x20_0000, 0x4000_0000];
+        let ranges = [
+            (0x1000, 0x2000),
+            (0x20_0000, 0x60_0000),
+            (0x1f_f000, 0x60_1000),
+            (0, 0x4000_0000),
+            (0x1000, 0x8000_0000),
+            (0x3fe0_0000, 0x8020_0000),
+        ];
+        for o in opts {
+            for off in offs {
+                let p = plan(off, o);
+                for (va, end) in ranges {
+                    for h in 1..=3 {
+                        if h < 3 && va >> (12 + 9 * (h + 1)) != (end - 1) >> (12 + 9 * (h + 1)) {
+                            // Not inside one entry at `h + 1`.
+                            continue;
+                        }
+                        assert_eq!(
+                            hole_need::<F>(h, va, end, &p),
+                            need_by_entry(h, va, end, &p),
+                            "[{va:#x}, {end:#x}) at {h}, off {off:#x}, {o:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

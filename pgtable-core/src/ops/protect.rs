@@ -158,7 +158,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) -> Result<(), Error> {
         let top = A::LEVELS - 1;
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
-        let need = self.split_check(top, self.root_table(), va.0, end, &differs);
+        let need = self.split_check(va.0, end, &differs);
         let mut stash = self.reserve(need)?;
         self.may_hold_global |= prot.global();
         // A run the range covers in part is unfolded first; whole runs are

@@ -97,23 +97,14 @@ struct Cleared {
     invalid: bool,
 }
 
-/// The table entry `slot` linking `table`, of which the range covers
-/// `[va, next)`: unlinked once the cursor leaves `table`, if it is empty.
-#[derive(Clone, Copy)]
-struct Link<'a> {
-    slot: &'a Slot,
-    table: TableRef<'a>,
-    va: u64,
-    next: u64,
-}
-
 /// What `unmap_entry` did with one entry.
 enum Step<'a> {
     /// Cleared it: the entries written and whether one was a software
     /// entry.
     Cleared(u64, bool),
-    /// The cursor goes on in this table, unlinked afterwards if `Some`.
-    Descend(TableRef<'a>, Option<Link<'a>>),
+    /// The cursor goes on in this table, which may be unlinked when the
+    /// cursor leaves it if the flag says so.
+    Descend(TableRef<'a>, bool),
 }
 
 /// Discards the removed entries (plain [`AddressSpace::unmap`]).
@@ -418,8 +409,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         q: &mut FreeQueue,
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
-        let top = A::LEVELS - 1;
-        let need = self.split_check(top, self.root_table(), va.0, end, &|_, _| true);
+        let need = self.split_check(va.0, end, &|_, _| true);
         let mut stash = self.reserve(need)?;
         // Runs the range covers in part are unfolded first (whole runs go
         // whole, so the hint never outlives part of its run).
@@ -441,14 +431,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// and barrier also come when the cursor leaves it.
     fn unmap_clear<Z: Zap<A>>(&self, va: u64, end: u64, cx: &mut Zapping<'_, Z>) {
         let mut tables = [Cleared::default(); MAX_LEVELS];
-        // The table entry linking the table at each height on the path,
-        // when it may be unlinked once that table is done.
-        let mut links: [Option<Link<'_>>; MAX_LEVELS] = [None; MAX_LEVELS];
+        // Whether the table at each height on the path may be unlinked
+        // once the cursor leaves it.
+        let mut unlink = [false; MAX_LEVELS];
         let mut cur = self.cursor(va, end);
         while let Some(span) = cur.span() {
             let h = span.height as usize;
-            if let Some((child, va, link)) = self.unmap_span(span, cx, &mut tables[h]) {
-                links[h - 1] = link;
+            if let Some((child, va, may)) = self.unmap_span(span, cx, &mut tables[h]) {
+                unlink[h - 1] = may;
                 cur.descend(child, va);
                 continue;
             }
@@ -459,17 +449,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 if done.invalid {
                     self.table_done();
                 }
-                let Some(l) = links[d].take() else {
+                let Some(l) = cur.left(d as u32).filter(|_| unlink[d]) else {
                     continue;
                 };
                 // The caller only frees a table it does not cover whole
                 // when it is empty, so scan unless the range covered every
                 // entry.
-                let t = l.table.table();
-                if covers(l.va, l.next, d as u32 + 1)
-                    || t.entries.iter().all(|e| e.load(Relaxed) == 0)
-                {
-                    A::set_pte_nosync(&self.mmu, l.slot, 0);
+                if l.whole() || l.is_empty() {
+                    A::set_pte_nosync(&self.mmu, l.link(), 0);
                     tables[d + 1].written += 1;
                     cx.gather
                         .add_tables(VirtAddr(l.va), l.next.wrapping_sub(l.va));
@@ -481,14 +468,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Clears the entries of `span` up to its first entry whose table the
     /// cursor must visit, counting into `acc`; returns that table, its
-    /// first address and, if it may be unlinked afterwards, its link
-    /// (`None`: the span is done).
+    /// first address and whether it may be unlinked afterwards (`None`:
+    /// the span is done).
     fn unmap_span<'a, Z: Zap<A>>(
         &'a self,
         span: Span<'a>,
         cx: &mut Zapping<'_, Z>,
         acc: &mut Cleared,
-    ) -> Option<(TableRef<'a>, u64, Option<Link<'a>>)> {
+    ) -> Option<(TableRef<'a>, u64, bool)> {
         let Span {
             table: t,
             height,
@@ -507,7 +494,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     acc.written += n;
                     acc.invalid |= invalid;
                 }
-                Step::Descend(c, link) => return Some((c, va, link)),
+                Step::Descend(c, may) => return Some((c, va, may)),
             }
             va = next;
             if va == end {
@@ -579,7 +566,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 };
                 if self.split_block(block, cx.stash, cx.gather).is_some() {
                     if let (_, Next::Table(c)) = self.read(t, i, height) {
-                        return Step::Descend(c, None);
+                        return Step::Descend(c, false);
                     }
                 }
                 Step::Cleared(0, false)
@@ -615,13 +602,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             }
             return Step::Cleared(1, false);
         }
-        let link = (!keep).then_some(Link {
-            slot,
-            table: c,
-            va,
-            next,
-        });
-        Step::Descend(c, link)
+        Step::Descend(c, !keep)
     }
 
     /// The reporting form of the PTE level: every non-zero entry of

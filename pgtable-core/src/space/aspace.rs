@@ -10,7 +10,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use crate::contract::level::{entry_end, index, shift, size};
 use crate::contract::Inspector;
 use crate::space::half::VaWindow;
-use crate::space::walker::{Next, TableRef};
+use crate::space::walker::{split_parts, Next, Span, TableRef};
 use crate::{
     Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs, TlbGather,
     TlbRange, VaRange, VirtAddr, PAGE_SIZE,
@@ -543,16 +543,42 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Some(self.table_for(va.0, height)?.slot(index(va.0, height)))
     }
 
-    pub(crate) fn count_below(&self, t: TableRef<'_>, h: u32) -> usize {
-        let mut n = 1;
-        if h > 0 {
-            for i in 0..crate::ENTRIES_PER_TABLE {
-                if let Next::Table(c) = self.read(t, i, h).1 {
-                    n += self.count_below(c, h - 1);
+    /// The tables linked below the root entries `first..=last` (the root
+    /// not included), counted on the cursor; PTE tables are counted from
+    /// their parent's entries, not visited.
+    pub(crate) fn count_below_root(&self, first: usize, last: usize) -> usize {
+        let top = A::LEVELS - 1;
+        let va = (first as u64) << shift(top);
+        let end = (last as u64 + 1) << shift(top);
+        let mut n = 0;
+        let mut cur = self.cursor_under(self.root_table(), top, va, end);
+        while let Some(sp) = cur.span() {
+            match self.count_span(sp, &mut n) {
+                Some((c, va)) => cur.descend(c, va),
+                None => {
+                    cur.advance(sp.next);
                 }
             }
         }
         n
+    }
+
+    /// [`count_below_root`](Self::count_below_root) over `sp`, counting
+    /// into `n`, up to the first table above the PTE level: that table and
+    /// its first address (`None`: the span is done).
+    fn count_span<'a>(&'a self, sp: Span<'a>, n: &mut usize) -> Option<(TableRef<'a>, u64)> {
+        let h = sp.height;
+        let mut va = sp.va;
+        for i in sp.from..sp.to {
+            if let (_, Next::Table(c)) = self.read(sp.table, i, h) {
+                *n += 1;
+                if h > 1 {
+                    return Some((c, va));
+                }
+            }
+            va = entry_end(va, h, sp.next);
+        }
+        None
     }
 
     // ----- shared machinery for the algorithms -----
@@ -981,58 +1007,58 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Phase 1 of unmap and change_protection: the tables needed to split
     /// the blocks that `[va, end)` covers only in part and for which
-    /// `needs_split(raw, height)` holds (only blocks at the two ends of a
-    /// range can be partly covered).
+    /// `needs_split(raw, height)` holds, on the cursor (only the first and
+    /// the last entry of a span can be covered in part, so only they are
+    /// read).
     pub(crate) fn split_check(
         &self,
-        height: u32,
-        t: TableRef<'_>,
-        mut va: u64,
+        va: u64,
         end: u64,
         needs_split: &impl Fn(u64, u32) -> bool,
     ) -> usize {
-        if height == 0 {
-            return 0;
-        }
         let mut need = 0;
-        loop {
-            let next = entry_end(va, height, end);
-            if !covers(va, next, height) {
-                match self.read(t, index(va, height), height) {
-                    (raw, Next::Leaf(_)) if needs_split(raw, height) => {
-                        need += Self::split_need(va, next, height);
-                    }
-                    (_, Next::Table(c)) => {
-                        need += self.split_check(height - 1, c, va, next, needs_split);
-                    }
-                    _ => {}
-                }
-            }
-            va = next;
-            if va == end {
-                return need;
-            }
-        }
-    }
-
-    /// How many tables splitting the block at `height` around the partial
-    /// range `[va, end)` needs, splits of partly covered children included.
-    pub(crate) fn split_need(va: u64, end: u64, height: u32) -> usize {
-        let mut need = 1;
-        if height > 1 {
-            let mut v = va;
-            loop {
-                let next = entry_end(v, height - 1, end);
-                if !covers(v, next, height - 1) {
-                    need += Self::split_need(v, next, height - 1);
-                }
-                v = next;
-                if v == end {
-                    break;
+        let mut cur = self.cursor(va, end);
+        while let Some(sp) = cur.span() {
+            match self.split_check_span(sp, needs_split, &mut need) {
+                Some((c, va)) => cur.descend(c, va),
+                None => {
+                    cur.advance(sp.next);
                 }
             }
         }
         need
+    }
+
+    /// [`split_check`](Self::split_check) over the ends of `sp`, counting
+    /// into `need`, up to the first table it must look into: that table
+    /// and its first address (`None`: the span is done).
+    fn split_check_span<'a>(
+        &'a self,
+        sp: Span<'a>,
+        needs_split: &impl Fn(u64, u32) -> bool,
+        need: &mut usize,
+    ) -> Option<(TableRef<'a>, u64)> {
+        let h = sp.height;
+        if h == 0 {
+            return None;
+        }
+        for (i, va, next) in sp.partial() {
+            match self.read(sp.table, i, h) {
+                (raw, Next::Leaf(_)) if needs_split(raw, h) => {
+                    *need += Self::split_need(va, next, h);
+                }
+                (_, Next::Table(c)) => return Some((c, va)),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// How many tables splitting the block at `height` around the partial
+    /// range `[va, end)` needs, splits of partly covered children included.
+    #[inline]
+    pub(crate) fn split_need(va: u64, end: u64, height: u32) -> usize {
+        1 + split_parts(va, end, height - 1)
     }
 }
 

@@ -208,7 +208,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> MmuGather<'_, A, M, T> {
         let end = s.check_range(va, len)?;
         let top = A::LEVELS - 1;
         let differs = |raw, h| A::leaf_prot(raw, h) != prot;
-        let need = s.split_check(top, s.root_table(), va.0, end, &differs);
+        let need = s.split_check(va.0, end, &differs);
         let mut stash = s.reserve(need)?;
         if !self.tlb.is_empty() {
             let mut pending = core::mem::take(&mut self.tlb);

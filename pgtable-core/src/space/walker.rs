@@ -23,9 +23,18 @@
 //! loop over the span and either [`descend`](Cursor::descend)s into one
 //! entry's table or, done with the span, [`advance`](Cursor::advance)s,
 //! which ascends as far as the new position has left tables behind.
+//!
+//! An operation that decides about a table only after its children (free
+//! it if it is now empty, count it, clear the entry linking it) does so
+//! when the cursor leaves it: [`advance`](Cursor::advance) names the
+//! heights it left, and [`left`](Cursor::left) hands each such table
+//! with the entry that links it and the part of its range the walk
+//! covered ([`Left::whole`]: all of it). Tables that do not exist yet (a
+//! block to be split, a hole to be filled) are not walked: what they
+//! would take is counted from the range's ends ([`split_parts`]).
 
 use crate::contract::level::{entry_end, index, size};
-use crate::space::aspace::first_used;
+use crate::space::aspace::{covers, first_used};
 use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc, VirtAddr};
 
 /// A table of the space that the current operation may read and write:
@@ -246,6 +255,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         path[height as usize] = Some(t);
         Cursor {
             path,
+            entered: [0; MAX_LEVELS],
             va,
             end,
             height,
@@ -261,6 +271,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         path[top as usize] = Some(self.root_table());
         Cursor {
             path,
+            entered: [0; MAX_LEVELS],
             va,
             end,
             height: top,
@@ -289,6 +300,9 @@ pub(crate) struct Cursor<'a> {
     /// `path[h]`: the table at height `h` on the path; `Some` for every
     /// height from the cursor's up to the root.
     path: [Option<TableRef<'a>>; MAX_LEVELS],
+    /// `entered[h]`: the address the cursor descended into the table at
+    /// height `h` with (below the top).
+    entered: [u64; MAX_LEVELS],
     va: u64,
     end: u64,
     height: u32,
@@ -305,6 +319,79 @@ pub(crate) struct Span<'a> {
     pub(crate) va: u64,
     pub(crate) next: u64,
     pub(crate) height: u32,
+}
+
+impl Span<'_> {
+    /// The entries of the span that it covers in part, each as its index
+    /// and its part `[va, next)`: only the first and the last can be.
+    #[inline]
+    pub(crate) fn partial(&self) -> impl Iterator<Item = (usize, u64, u64)> {
+        let h = self.height;
+        let first_end = entry_end(self.va, h, self.next);
+        let last = self.next.wrapping_sub(1) & !(size(h) - 1);
+        let first = (self.from, self.va, first_end);
+        let last = (first_end != self.next).then_some((self.to - 1, last, self.next));
+        core::iter::once(first)
+            .chain(last)
+            .filter(move |&(_, va, next)| !covers(va, next, h))
+    }
+}
+
+/// A table the cursor has left ([`Cursor::left`]): the table at `height`,
+/// linked by entry `index` of `parent`, whose part `[va, next)` the walk
+/// covered.
+#[derive(Clone, Copy)]
+pub(crate) struct Left<'a> {
+    pub(crate) table: TableRef<'a>,
+    pub(crate) height: u32,
+    pub(crate) parent: TableRef<'a>,
+    pub(crate) index: usize,
+    pub(crate) va: u64,
+    pub(crate) next: u64,
+}
+
+impl<'a> Left<'a> {
+    /// Whether the walk covered the table's whole range.
+    #[inline]
+    pub(crate) fn whole(&self) -> bool {
+        covers(self.va, self.next, self.height + 1)
+    }
+
+    /// The parent's entry that links the table.
+    #[inline]
+    pub(crate) fn link(&self) -> &'a Slot {
+        self.parent.slot(self.index)
+    }
+
+    /// Whether every entry of the table is none.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table
+            .slots(0, crate::ENTRIES_PER_TABLE)
+            .iter()
+            .all(|e| {
+                // Relaxed: as in `TableRef::load`.
+                e.load(core::sync::atomic::Ordering::Relaxed) == 0
+            })
+    }
+}
+
+/// The entries at heights `1..=height` that `[va, end)` (inside one entry
+/// at `height + 1`) covers in part: at each height the entry holding `va`
+/// unless `va` starts it, and the one holding `end - 1` unless `end` ends
+/// it. Splitting a block around `[va, end)` down to pages takes one table
+/// for each of them below the block's own (only the two ends of a range
+/// can be covered in part, so nothing is walked).
+pub(crate) fn split_parts(va: u64, end: u64, height: u32) -> usize {
+    let mut n = 0;
+    for h in 1..=height {
+        let first_end = entry_end(va, h, end);
+        n += usize::from(!covers(va, first_end, h));
+        if first_end != end {
+            n += usize::from(end & (size(h) - 1) != 0);
+        }
+    }
+    n
 }
 
 impl<'a> Cursor<'a> {
@@ -342,7 +429,29 @@ impl<'a> Cursor<'a> {
         debug_assert!(self.height > 0);
         self.height -= 1;
         self.path[self.height as usize] = Some(child);
+        self.entered[self.height as usize] = va;
         self.va = va;
+    }
+
+    /// The table at `height` that the last [`advance`](Self::advance)
+    /// left (`height` in the range it returned), with the entry linking
+    /// it; `None` for the cursor's top table, which it entered through no
+    /// entry of its own.
+    #[inline]
+    pub(crate) fn left(&self, height: u32) -> Option<Left<'a>> {
+        if height >= self.top {
+            return None;
+        }
+        let h = height as usize;
+        let va = self.entered[h];
+        Some(Left {
+            table: self.path[h]?,
+            height,
+            parent: self.path[h + 1]?,
+            index: index(va, height + 1),
+            va,
+            next: self.va,
+        })
     }
 
     /// Moves to `next`, the end of the current span, and up to the table
@@ -428,5 +537,62 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             va = entry_end(va, height, end);
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What [`split_parts`] counts, entry by entry: each entry below
+    /// `height` that `[va, end)` covers in part, and the same inside it.
+    fn parts_by_entry(va: u64, end: u64, height: u32) -> usize {
+        if height == 0 {
+            return 0;
+        }
+        let (mut n, mut v) = (0, va);
+        loop {
+            let next = entry_end(v, height, end);
+            if !covers(v, next, height) {
+                n += 1 + parts_by_entry(v, next, height - 1);
+            }
+            v = next;
+            if v == end {
+                return n;
+            }
+        }
+    }
+
+    #[test]
+    fn split_parts_counts_the_entries_covered_in_part_at_each_height() {
+        // One page inside a 2 MiB entry inside a 1 GiB entry.
+        assert_eq!(split_parts(0x1000, 0x2000, 2), 2);
+        // 2 MiB aligned: only the 1 GiB entry is covered in part.
+        assert_eq!(split_parts(0x20_0000, 0x60_0000, 2), 1);
+        // Both ends inside two different 2 MiB entries.
+        assert_eq!(split_parts(0x1f_f000, 0x20_1000, 1), 2);
+        // The last pages of the 64-bit space (`end` wraps to 0).
+        assert_eq!(split_parts(u64::MAX - 0x1fff, 0, 2), 2);
+        let starts = [0, 0x1000, 0x1f_f000, 0x20_0000, 0x3f_e000, 0x1234_5000];
+        let lens = [0x1000, 0x3000, 0x20_0000, 0x20_1000, 0x40_0000, 0x3fe0_0000];
+        for va in starts {
+            for len in lens {
+                let end = va + len;
+                if end > 1 << 30 {
+                    continue;
+                }
+                for h in 0..=2 {
+                    if h < 2 && (va >> (12 + 9 * (h + 1))) != ((end - 1) >> (12 + 9 * (h + 1))) {
+                        // Not inside one entry at `h + 1`.
+                        continue;
+                    }
+                    assert_eq!(
+                        split_parts(va, end, h),
+                        parts_by_entry(va, end, h),
+                        "[{va:#x}, {end:#x}) at height {h}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -9,9 +9,10 @@ use super::plan::{Dest, EntryMove, PgtEntry, Step};
 use super::{Done, Mover, Pos};
 use crate::contract::level::{entry_end, index, size};
 use crate::space::aspace::{covers, Block};
-use crate::space::walker::{Next, TableRef};
+use crate::space::walker::{Next, Span, TableRef};
 use crate::{
-    generic, Arch, Mmu, PhysAddr, TableAlloc, TlbGather, VirtAddr, ENTRIES_PER_TABLE, PAGE_SIZE,
+    generic, Arch, Mmu, PhysAddr, Slot, TableAlloc, TlbGather, VirtAddr, ENTRIES_PER_TABLE,
+    PAGE_SIZE,
 };
 
 /// Destination tables written since the last walker barrier, by height.
@@ -37,8 +38,8 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
         // After a short count nothing is freed: entries that did not move
         // may sit in tables `free_empty` takes to be empty.
         if !self.stash.is_short() && !first.is_some_and(|e| self.single_freed_nothing(e)) {
-            let (root, old) = (self.space.root_table(), self.range.old);
-            self.free_empty(A::LEVELS - 1, root, old, old.wrapping_add(self.range.len));
+            let old = self.range.old;
+            self.free_empty(old, old.wrapping_add(self.range.len));
         }
         // The one TLB flush. Unlinked tables are freed only after it (by
         // the caller), and the deferred PTE tables are copied only after
@@ -292,41 +293,66 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
     }
 
     /// After the move: unlinks and queues the source tables in
-    /// `[va, end)` that are now empty. Returns whether the table `t` at
-    /// `height` is empty.
+    /// `[va, end)` that are now empty, on the cursor; a table covered in
+    /// part is judged when the cursor leaves it.
     ///
     /// Everything whose span lies inside the source range was moved, so a
     /// table covered whole is empty (its subtree holds only empty tables)
     /// and is not scanned; only the partly covered tables at the two ends of
-    /// the range are.
-    fn free_empty(&mut self, height: u32, t: TableRef<'a>, mut va: u64, end: u64) -> bool {
-        let start = va;
-        if height > 0 {
-            loop {
-                let next = entry_end(va, height, end);
-                let i = index(va, height);
-                if let Next::Table(c) = self.space.read(t, i, height).1 {
-                    // A pinned kernel-half table is emptied, never unlinked.
-                    let keep = self.space.pinned(height, va);
-                    let whole = covers(va, next, height) && !keep;
-                    if (whole || self.free_empty(height - 1, c, va, next)) && !keep {
-                        // A source-side clear; the flush orders it.
-                        generic::set_entry_nosync(&self.space.mmu, t.slot(i), 0);
-                        self.gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
-                        self.space
-                            .queue_free_subtree(&mut self.q, c.pa(), height - 1);
-                    }
-                }
-                va = next;
-                if va == end {
-                    break;
+    /// the range are. The root stays, empty or not.
+    fn free_empty(&mut self, va: u64, end: u64) {
+        let space = self.space;
+        let mut cur = space.cursor(va, end);
+        while let Some(sp) = cur.span() {
+            if let Some((c, va)) = self.free_span(sp) {
+                cur.descend(c, va);
+                continue;
+            }
+            for h in cur.advance(sp.next) {
+                let Some(l) = cur.left(h) else {
+                    continue;
+                };
+                // A pinned kernel-half table is emptied, never unlinked.
+                if !space.pinned(h + 1, l.va) && (l.whole() || l.is_empty()) {
+                    self.unlink(l.link(), l.va, l.next, l.table.pa(), h);
                 }
             }
         }
-        if height == A::LEVELS - 1 {
-            // The root stays, empty or not: no need to scan it.
-            return false;
+    }
+
+    /// [`free_empty`](Self::free_empty) over `sp`: unlinks the tables it
+    /// covers whole, up to the first table covered in part (or pinned):
+    /// that table and its first address (`None`: the span is done).
+    fn free_span(&mut self, sp: Span<'a>) -> Option<(TableRef<'a>, u64)> {
+        let Span {
+            table: t,
+            height,
+            mut va,
+            next: end,
+            ..
+        } = sp;
+        if height == 0 {
+            return None;
         }
-        covers(start, end, height + 1) || (0..ENTRIES_PER_TABLE).all(|i| t.load(i) == 0)
+        for i in sp.from..sp.to {
+            let next = entry_end(va, height, end);
+            if let Next::Table(c) = self.space.read(t, i, height).1 {
+                if !covers(va, next, height) || self.space.pinned(height, va) {
+                    return Some((c, va));
+                }
+                self.unlink(t.slot(i), va, next, c.pa(), height - 1);
+            }
+            va = next;
+        }
+        None
+    }
+
+    /// Unlinks the source table `pa` at `height`, linked by `slot` and
+    /// covering `[va, next)` of the range, and queues its subtree.
+    fn unlink(&mut self, slot: &Slot, va: u64, next: u64, pa: PhysAddr, height: u32) {
+        // A source-side clear; the flush orders it.
+        generic::set_entry_nosync(&self.space.mmu, slot, 0);
+        self.gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
+        self.space.queue_free_subtree(&mut self.q, pa, height);
     }
 }
