@@ -417,7 +417,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                             wp = (wp.0.min(k), k);
                             A::mkold(raw ^ delta, 0)
                         }
-                        Wp::Atomic => {
+                        Wp::Atomic(delta) => {
+                            wp = (wp.0.min(k), k);
+                            let v = VirtAddr(va + k as u64 * crate::PAGE_SIZE);
+                            A::mkold(self.wrprotect_as(s, raw, delta, v), 0)
+                        }
+                        Wp::Bbm => {
                             wp = (wp.0.min(k), k);
                             let v = VirtAddr(va + k as u64 * crate::PAGE_SIZE);
                             A::mkold(self.wrprotect(s, raw, v, 0), 0)
@@ -461,6 +466,25 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             A::mkold(new, h)
         } else {
             A::mkold(raw, h)
+        }
+    }
+
+    /// [`wrprotect`](Self::wrprotect) of the PTE `raw` whose read-only
+    /// form is `raw ^ delta` (decided once per attribute word): one
+    /// compare-exchange, and the general loop only if the hardware set
+    /// accessed/dirty state since `raw` was read.
+    #[inline]
+    fn wrprotect_as(&self, slot: &Slot, raw: u64, delta: u64, va: VirtAddr) -> u64 {
+        // Relaxed: as in `wrprotect`.
+        match slot.compare_exchange(raw, raw ^ delta, Relaxed, Relaxed) {
+            Ok(_) => {
+                if M::OBSERVES_WRITES {
+                    self.mmu.entry_written(slot, raw);
+                }
+                self.mmu.stats.add_entries_written(1);
+                raw ^ delta
+            }
+            Err(now) => self.wrprotect(slot, now, va, 0),
         }
     }
 
@@ -511,8 +535,12 @@ enum Wp {
     /// write-protected with a plain store of the leaf XOR this.
     Plain(u64),
     /// Writable, and the hardware may still set accessed/dirty state:
-    /// write-protected with a compare-exchange loop.
-    Atomic,
+    /// write-protected with a compare-exchange of the leaf XOR this, and
+    /// the general loop if the hardware changed the leaf meanwhile.
+    Atomic(u64),
+    /// Writable, and write-protecting it needs break-before-make (no
+    /// format of this workspace): the general path.
+    Bbm,
 }
 
 impl Wp {
@@ -521,10 +549,12 @@ impl Wp {
         let p = A::leaf_prot(raw, h);
         if !p.writable() {
             Wp::Keep
-        } else if A::is_settled(raw, h) && !needs_bbm::<A>(raw, A::modify_prot(raw, ro(p), h), h) {
+        } else if needs_bbm::<A>(raw, A::modify_prot(raw, ro(p), h), h) {
+            Wp::Bbm
+        } else if A::is_settled(raw, h) {
             Wp::Plain(A::modify_prot(raw, ro(p), h) ^ raw)
         } else {
-            Wp::Atomic
+            Wp::Atomic(A::modify_prot(raw, ro(p), h) ^ raw)
         }
     }
 }
