@@ -7,6 +7,8 @@ mod asid_sim;
 mod conformance;
 mod encoding;
 mod flush_plan;
+mod hart_sim;
+mod harts;
 mod kernel_half;
 mod live;
 mod napot;

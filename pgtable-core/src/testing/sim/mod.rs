@@ -253,10 +253,12 @@ use crate::{
     VaRange, VirtAddr,
 };
 
+mod riscv;
 mod state;
 #[cfg(feature = "suite")]
 mod suite_machine;
 
+pub use riscv::SimHart;
 use state::State;
 #[cfg(feature = "suite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "suite")))]
