@@ -9,6 +9,7 @@ mod encoding;
 mod flush_plan;
 mod hart_sim;
 mod harts;
+mod sim_broken;
 mod kernel_half;
 mod live;
 mod napot;
