@@ -15,5 +15,7 @@ mod live;
 mod napot;
 mod ops;
 mod ptdump;
+mod regs;
+mod shootdown;
 mod sim;
 mod swfork;
