@@ -70,14 +70,14 @@ pub mod shootdown;
 
 pub use entry::{EntryError, RiscvEntry};
 pub use flush::{flush_plan, full_flush_plan, FlushCaps, FlushPlan, TLB_FLUSH_CEILING};
-pub use hart::{Hart, HartMmu};
-pub use regs::{asid_bits_from_probe, satp_value, Asid, AsidTooWide, Satp, SatpError, SatpMode};
 pub use format::{
     hw_access_with, mem_of, pbmt_of, AdUpdates, RiscvPaging, Sv39, Sv48, Sv57, SVNAPOT, SVPBMT,
 };
+pub use hart::{Hart, HartMmu};
 #[cfg(target_arch = "riscv64")]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "riscv64")))]
 pub use mmu::{probe_asid_bits, LocalHart, RiscvMmu};
+pub use regs::{asid_bits_from_probe, satp_value, Asid, AsidTooWide, Satp, SatpError, SatpMode};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

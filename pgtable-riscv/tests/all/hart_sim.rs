@@ -4,18 +4,19 @@
 //! `SFENCE.VMA` form; software accessed/dirty management (Svade); Svvptc.
 
 use pgtable_core::contract::Mmu;
-use pgtable_core::sim::{SimMachine, SimSuiteMachine};
-use pgtable_core::suite::{self, Config};
-use pgtable_core::{
-    FaultFlags, MapOptions, PhysAddr, Prot, VirtAddr,
-};
 use pgtable_core::contract::{Access, AccessFault};
 use pgtable_core::sim::SimFaultKind;
+use pgtable_core::sim::{SimMachine, SimSuiteMachine};
+use pgtable_core::suite::{self, Config};
+use pgtable_core::{FaultFlags, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_riscv::{Sv39, Sv48, Sv57};
 
 use crate::harts::{asid, install, mmu, Bug, Space};
 
-fn suite_on<const L: u32, M: Mmu>(m: &SimMachine<pgtable_riscv::RiscvPaging<L>>, s: &mut Space<L, M>) {
+fn suite_on<const L: u32, M: Mmu>(
+    m: &SimMachine<pgtable_riscv::RiscvPaging<L>>,
+    s: &mut Space<L, M>,
+) {
     let mut mach = SimSuiteMachine::new(m.clone()).with_echo(false);
     let cfg = Config {
         threshold_bytes: 1 << 20,
@@ -61,14 +62,24 @@ fn sfence_by_asid_keeps_global_entries_and_x0_x0_drops_them() {
     let m = SimMachine::<Sv39>::new();
     let mut s = install(&m, mmu(&m, 0, Bug::None).with_asid(asid(5)));
     let g = VirtAddr(VA.0 + 0x1000);
-    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
-    s.map(g, PhysAddr(PA.0 + 0x1000), 0x1000, Prot::READ_WRITE | Prot::GLOBAL, MapOptions::PAGES)
+    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
         .unwrap();
+    s.map(
+        g,
+        PhysAddr(PA.0 + 0x1000),
+        0x1000,
+        Prot::READ_WRITE | Prot::GLOBAL,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     m.read_u64(VA).unwrap();
     m.read_u64(g).unwrap();
     assert!(m.tlb_holds(VA) && m.tlb_holds(g));
     m.hart().sfence_vma(None, Some(5));
-    assert!(!m.tlb_holds(VA), "SFENCE.VMA x0, asid kept the ASID's entry");
+    assert!(
+        !m.tlb_holds(VA),
+        "SFENCE.VMA x0, asid kept the ASID's entry"
+    );
     assert!(m.tlb_holds(g), "SFENCE.VMA x0, asid dropped a global entry");
     m.hart().sfence_vma(None, Some(6));
     assert!(m.tlb_holds(g));
@@ -81,10 +92,12 @@ fn sfence_by_asid_keeps_global_entries_and_x0_x0_drops_them() {
 fn sfence_by_address_reaches_every_asid_only_with_x0() {
     let m = SimMachine::<Sv39>::new();
     let mut a = install(&m, mmu(&m, 0, Bug::None).with_asid(asid(1)));
-    a.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    a.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     let root_a = m.root().unwrap();
     let mut b = install(&m, mmu(&m, 0, Bug::None).with_asid(asid(2)));
-    b.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    b.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     let root_b = m.root().unwrap();
     // Fill both ASIDs' entries (no fence between: `satp` writes only).
     let h = m.hart();
@@ -103,7 +116,11 @@ fn sfence_by_address_reaches_every_asid_only_with_x0() {
     // `va, x0`: every ASID's leaf; the walk-cache entries stay.
     h.sfence_vma(Some(VA), None);
     assert!(!m.tlb_holds(VA));
-    assert_eq!(m.tlb_len(), full - 2, "SFENCE.VMA va dropped walk-cache entries");
+    assert_eq!(
+        m.tlb_len(),
+        full - 2,
+        "SFENCE.VMA va dropped walk-cache entries"
+    );
     m.check().unwrap();
     drop(b);
     drop(a);
@@ -113,7 +130,8 @@ fn sfence_by_address_reaches_every_asid_only_with_x0() {
 fn a_leaf_store_is_ordered_by_sfence_va_and_a_table_link_only_by_x0() {
     let m = SimMachine::<Sv39>::new();
     let mut s = install(&m, mmu(&m, 0, Bug::None));
-    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     m.check().unwrap();
     let h = m.hart();
     // SAFETY: 0 may be stored in any entry; the simulator is told below.
@@ -133,7 +151,10 @@ fn a_leaf_store_is_ordered_by_sfence_va_and_a_table_link_only_by_x0() {
     let old = link.swap(0, core::sync::atomic::Ordering::Relaxed);
     h.entry_written(link, old);
     h.sfence_vma(Some(VA), None);
-    assert!(m.check_visible().is_err(), "SFENCE.VMA va ordered a non-leaf store");
+    assert!(
+        m.check_visible().is_err(),
+        "SFENCE.VMA va ordered a non-leaf store"
+    );
     link.store(old, core::sync::atomic::Ordering::Relaxed);
     h.entry_written(link, 0);
     h.sfence_vma(None, None);
@@ -156,14 +177,26 @@ fn with_software_ad_a_store_to_a_clean_page_faults_until_the_kernel_sets_d() {
     let m = SimMachine::<Sv48>::new();
     m.set_software_ad(true);
     let mut s = install(&m, mmu(&m, 0, Bug::None).with_asid(asid(1)));
-    s.map(VA, PA, 0x1000, Prot::READ_WRITE | Prot::USER, MapOptions::PAGES).unwrap();
+    s.map(
+        VA,
+        PA,
+        0x1000,
+        Prot::READ_WRITE | Prot::USER,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     // New user leaves have A set: a load works, a store needs D.
     m.access(VA, USER_R).unwrap();
-    let before = unsafe { s.inspect().slot(VA, 0) }.unwrap().load(core::sync::atomic::Ordering::Relaxed);
+    // SAFETY: read only.
+    let before = unsafe { s.inspect().slot(VA, 0) }
+        .unwrap()
+        .load(core::sync::atomic::Ordering::Relaxed);
     let e = m.access(VA, USER_W).unwrap_err();
     assert_eq!(e.kind, SimFaultKind::Permission(AccessFault::AccessFlag));
     // SAFETY: read only.
-    let after = unsafe { s.inspect().slot(VA, 0) }.unwrap().load(core::sync::atomic::Ordering::Relaxed);
+    let after = unsafe { s.inspect().slot(VA, 0) }
+        .unwrap()
+        .load(core::sync::atomic::Ordering::Relaxed);
     assert_eq!(before, after, "a faulting access changed the entry");
     // The kernel's fault path.
     assert!(s.ptep_set_access_flags(VA, FaultFlags::DIRTY).unwrap());
@@ -183,7 +216,14 @@ fn with_software_ad_a_store_to_a_clean_page_faults_until_the_kernel_sets_d() {
 fn with_hardware_ad_the_walker_sets_d() {
     let m = SimMachine::<Sv48>::new();
     let mut s = install(&m, mmu(&m, 0, Bug::None).with_asid(asid(1)));
-    s.map(VA, PA, 0x1000, Prot::READ_WRITE | Prot::USER, MapOptions::PAGES).unwrap();
+    s.map(
+        VA,
+        PA,
+        0x1000,
+        Prot::READ_WRITE | Prot::USER,
+        MapOptions::PAGES,
+    )
+    .unwrap();
     let (_, upd) = m.access(VA, USER_W).unwrap();
     assert!(upd.dirty);
     m.check().unwrap();
@@ -196,7 +236,8 @@ fn with_svvptc_a_new_valid_entry_needs_no_fence_but_a_change_does() {
     // SAFETY: the simulated hart implements Svvptc, and nothing retries
     // faults here: the walks come after the stores.
     let mut s = install(&m, unsafe { mmu(&m, 0, Bug::None).with_svvptc() });
-    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     m.read_u64(VA).unwrap();
     m.check().unwrap();
     // Without Svvptc the same barrier (FENCE W, W) leaves the stores
@@ -204,7 +245,8 @@ fn with_svvptc_a_new_valid_entry_needs_no_fence_but_a_change_does() {
     let m = SimMachine::<Sv39>::new();
     // SAFETY: simulated; the missing extension is what the test shows.
     let mut s = install(&m, unsafe { mmu(&m, 0, Bug::None).with_svvptc() });
-    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     assert!(m.read_u64(VA).is_err());
     assert!(m.check_visible().is_err());
 }

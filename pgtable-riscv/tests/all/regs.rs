@@ -14,7 +14,7 @@ fn asidlen_counts_the_ones_from_the_lowest_asid_bit() {
     // Bits above a zero cannot be implemented: not counted.
     assert_eq!(asid_bits_from_probe(0b1011 << 44), 2);
     // MODE and PPN bits are not ASID bits.
-    assert_eq!(asid_bits_from_probe(u64::MAX & !(0xffff << 44)), 0);
+    assert_eq!(asid_bits_from_probe(!(0xffff << 44)), 0);
     let bits = asid_bits_from_probe(0x1ff << 44);
     assert!(Asid::new(0x1ff, bits).is_ok() && Asid::new(0x200, bits).is_err());
 }
@@ -60,7 +60,10 @@ fn satp_refuses_bad_roots_and_fields_under_bare() {
         Err(SatpError::Unaligned(PhysAddr(0x8000_0800)))
     );
     let high = PhysAddr(1 << 56);
-    assert_eq!(Satp::new(SatpMode::Sv39, z, high), Err(SatpError::RootTooHigh(high)));
+    assert_eq!(
+        Satp::new(SatpMode::Sv39, z, high),
+        Err(SatpError::RootTooHigh(high))
+    );
     assert_eq!(
         Satp::new(SatpMode::Bare, Asid::new(1, 16).unwrap(), PhysAddr(0)),
         Err(SatpError::BareWithFields)

@@ -14,12 +14,15 @@ use pgtable_riscv::{Asid, Sv48};
 
 use crate::harts::{asid, install, mmu, Bug};
 
+/// One remote fence: the harts, start, size and ASID.
+type Call = (HartMask, u64, u64, Option<u16>);
+
 /// The fake SBI RFENCE: `sbi_remote_sfence_vma(_asid)` as fences on the
 /// target harts of the simulated machine, or nothing (`working: false`).
 struct FakeSbi {
     m: SimMachine<Sv48>,
     working: bool,
-    calls: Mutex<Vec<(HartMask, u64, u64, Option<u16>)>>,
+    calls: Mutex<Vec<Call>>,
 }
 
 // SAFETY: with `working`, every target hart executes the fences before
@@ -58,7 +61,7 @@ fn change_seen_by_hart_1(
     working: bool,
     add_hart_1: bool,
     tag: Option<u16>,
-) -> (Result<(), CheckError>, Vec<(HartMask, u64, u64, Option<u16>)>) {
+) -> (Result<(), CheckError>, Vec<Call>) {
     let m = SimMachine::<Sv48>::with_cpus(4);
     let sbi = FakeSbi {
         m: m.clone(),
@@ -72,7 +75,8 @@ fn change_seen_by_hart_1(
     };
     let mut s = install(&m, SmpMmu::new(local, &sbi, &mm));
     assert!(mm.contains(0), "installing did not mark the executing hart");
-    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     // Hart 1 switches to the space and uses the page.
     if add_hart_1 {
         mm.add(1);
@@ -96,7 +100,10 @@ fn change_seen_by_hart_1(
 fn a_change_reaches_the_other_hart_through_the_remote_fence() {
     let (r, calls) = change_seen_by_hart_1(true, true, None);
     r.unwrap();
-    let one = HartMask { mask: 0b10, base: 0 };
+    let one = HartMask {
+        mask: 0b10,
+        base: 0,
+    };
     assert!(calls.contains(&(one, VA.0, 0x1000, None)), "{calls:?}");
     let (r, calls) = change_seen_by_hart_1(true, true, Some(9));
     r.unwrap();
@@ -152,7 +159,13 @@ fn hart_masks_cover_large_hart_ids_without_overflow() {
     let far = HartMask::single(usize::MAX);
     assert_eq!(far.base % 64, 0);
     assert!(far.contains(usize::MAX) && !far.contains(usize::MAX - 64));
-    assert_eq!(HartMask::single(130), HartMask { mask: 1 << 2, base: 128 });
+    assert_eq!(
+        HartMask::single(130),
+        HartMask {
+            mask: 1 << 2,
+            base: 128
+        }
+    );
     assert!(!HartMask::single(130).contains(2));
     assert!(HartMask::ALL.contains(123_456));
 }

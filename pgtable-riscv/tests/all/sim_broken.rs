@@ -33,13 +33,18 @@ const PAGES: u64 = 4;
 fn map_touch_protect<M: Mmu>(m: &SimMachine<Sv48>, mmu: M, prot: Prot) -> Result<(), CheckError> {
     m.set_svvptc(true);
     let mut s = install(m, mmu);
-    s.map(VA, PA, PAGES * 0x1000, prot, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, PAGES * 0x1000, prot, MapOptions::PAGES)
+        .unwrap();
     for i in 0..PAGES {
         let _ = m.read_u64(VirtAddr(VA.0 + i * 0x1000));
     }
     m.check()?;
-    s.change_protection(VA, PAGES * 0x1000, Prot::READ_ONLY.union(prot.intersection(Prot::GLOBAL)))
-        .unwrap();
+    s.change_protection(
+        VA,
+        PAGES * 0x1000,
+        Prot::READ_ONLY.union(prot.intersection(Prot::GLOBAL)),
+    )
+    .unwrap();
     m.check()?;
     for i in 0..PAGES {
         let _ = m.read_u64(VirtAddr(VA.0 + i * 0x1000));
@@ -52,7 +57,12 @@ fn the_right_fences_pass_untagged_tagged_and_with_svinval() {
     let m = SimMachine::<Sv48>::new();
     map_touch_protect(&m, mmu(&m, 0, Bug::None), Prot::READ_WRITE).unwrap();
     let m = SimMachine::<Sv48>::new();
-    map_touch_protect(&m, mmu(&m, 0, Bug::None).with_asid(asid(3)), Prot::READ_WRITE).unwrap();
+    map_touch_protect(
+        &m,
+        mmu(&m, 0, Bug::None).with_asid(asid(3)),
+        Prot::READ_WRITE,
+    )
+    .unwrap();
     let m = SimMachine::<Sv48>::new();
     // SAFETY: the simulated hart implements Svinval.
     let svinval = unsafe { mmu(&m, 0, Bug::None).with_svinval() };
@@ -67,7 +77,8 @@ fn a_pte_store_without_any_sfence_stays_invisible_to_the_walker() {
     for bug in [Bug::NoSfence, Bug::None] {
         let m = SimMachine::<Sv48>::new();
         let mut s = install(&m, crate::harts::mmu(&m, 0, bug));
-        s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+        s.map(VA, PA, 0x1000, Prot::READ_WRITE, MapOptions::PAGES)
+            .unwrap();
         if bug == Bug::None {
             m.read_u64(VA).unwrap();
             m.check().unwrap();
@@ -199,7 +210,8 @@ fn freed_tables_fenced_by_address_leave_the_unlink_pending() {
         },
     );
     // Two pages under one PTE table: unmapping both frees the table.
-    s.map(VA, PA, 0x2000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, 0x2000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     m.read_u64(VA).unwrap();
     m.check().unwrap();
     s.unmap(VA, 0x2000).unwrap();
@@ -212,7 +224,8 @@ fn freed_tables_fenced_by_address_leave_the_unlink_pending() {
     let m = SimMachine::<Sv48>::new();
     m.set_svvptc(true);
     let mut s = install(&m, mmu(&m, 0, Bug::None));
-    s.map(VA, PA, 0x2000, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    s.map(VA, PA, 0x2000, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
     m.read_u64(VA).unwrap();
     s.unmap(VA, 0x2000).unwrap();
     m.check().unwrap();

@@ -335,7 +335,8 @@ impl State {
     /// no earlier write to the entry is pending.
     pub(super) fn visible_at_once<A: Arch>(&self, addr: u64, old: u64, new: u64) -> bool {
         let valid = |raw| {
-            (0..A::LEVELS).any(|h| matches!(A::decode(raw, h), Decoded::Leaf(_) | Decoded::Table(_)))
+            (0..A::LEVELS)
+                .any(|h| matches!(A::decode(raw, h), Decoded::Leaf(_) | Decoded::Table(_)))
         };
         self.svvptc && !self.pending.contains_key(&addr) && !valid(old) && valid(new)
     }

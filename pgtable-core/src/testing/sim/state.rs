@@ -15,8 +15,8 @@ use super::{
 };
 use crate::contract::level::{index, size};
 use crate::{
-    Access, AccessFault, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs, TlbRange, VaRange,
-    VirtAddr,
+    Access, AccessFault, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs,
+    TlbRange, VaRange, VirtAddr,
 };
 
 /// One cached translation: a leaf (TLB proper) or a table entry (walk
