@@ -65,6 +65,15 @@
 //!   (a flush orders the writes before it; see the rules in [`Mmu`]). A
 //!   walk through a pending slot does not write A/D state back.
 //!
+//! - **RISC-V harts** ([`SimHart`], [`SimMachine::hart`]): the machine's
+//!   CPUs as RISC-V harts executing `SFENCE.VMA` (with the privileged
+//!   spec's reach: by address and ASID, by ASID without global entries,
+//!   by address for every ASID, everything), the Svinval sequence and
+//!   `satp` writes, a PTE store reaching the walker only through a fence
+//!   that covers it, Svvptc ([`SimMachine::set_svvptc`]) and software
+//!   accessed/dirty management ([`SimMachine::set_software_ad`]); see
+//!   [`SimHart`] for the rules.
+//!
 //! # Checking
 //!
 //! The TLB may legitimately hold an old translation *during* an operation

@@ -2,53 +2,7 @@
 //! `SFENCE.VMA`, the Svinval instructions and `satp` writes on one
 //! simulated CPU (a hart) with the privileged spec's reach, so an MMU
 //! built from those instructions (pgtable-riscv's `HartMmu`) runs here
-//! exactly as it runs on a hart.
-//!
-//! # The rules (privileged spec, "Supervisor Memory-Management Fence
-//! Instruction"; "Svinval" and "Svvptc" extensions)
-//!
-//! - **A PTE store reaches the walker only through a fence covering it.**
-//!   Every entry write is pending (the walker keeps seeing the old value,
-//!   as in the arm64 model) until a fence *orders* it:
-//!   `SFENCE.VMA x0, …` orders writes to every level; `SFENCE.VMA va, …`
-//!   only the *leaf* entries that translate `va` (from the hart's root and
-//!   the roots its cached entries came from): a write to a non-leaf entry
-//!   (a table linked or unlinked) stays pending under it.
-//! - **Reach of the invalidation**, on the executing hart only:
-//!   - `x0, x0`: every entry, global ones included;
-//!   - `x0, asid`: every entry (leaves and walk cache) of `asid`, *not*
-//!     global ones;
-//!   - `va, x0`: the leaves covering `va` of every ASID, global ones
-//!     included; walk-cache entries stay;
-//!   - `va, asid`: the leaves covering `va` of `asid`, not global ones;
-//!     walk-cache entries stay.
-//! - **Global entries**: a leaf with G set is cached as global
-//!   ([`Prot::global`](crate::Prot::global)) and matches every ASID.
-//! - **Svinval**: `SFENCE.W.INVAL` orders the writes pending at that
-//!   moment before the `SINVAL.VMA`s that follow; a `SINVAL.VMA` has the
-//!   reach of `SFENCE.VMA` with the same operands, but takes effect (the
-//!   entries are dropped, the ordered writes become visible) only at the
-//!   next `SFENCE.INVAL.IR` (or `SFENCE.VMA`). So a `SINVAL.VMA` without
-//!   `SFENCE.W.INVAL` before it leaves its writes pending (the walker may
-//!   refill the old value: [`CheckError::Pending`]), and one without
-//!   `SFENCE.INVAL.IR` after it leaves the old entries cached
-//!   ([`CheckError::Stale`]) and the writes pending.
-//! - **Svvptc** ([`SimMachine::set_svvptc`]): a store that makes an
-//!   invalid entry valid is visible to the walker at once (the extension
-//!   says "eventually"; a walk that missed it would fault and be retried).
-//! - **Svade** ([`SimMachine::set_software_ad`]): the walker never sets A
-//!   or D; an access that would need it faults
-//!   ([`AccessFault::AccessFlag`]) and the kernel's fault path sets them.
-//! - **`satp`**: a write switches the hart's root and ASID and neither
-//!   flushes nor orders anything.
-//!
-//! Not modelled: visibility per hart (a write ordered by one hart's fence
-//! is visible to every walker), and the ASID of `x0, asid` orderings (it
-//! orders every level's writes of every address space here).
-//!
-//! [`CheckError::Pending`]: super::CheckError::Pending
-//! [`CheckError::Stale`]: super::CheckError::Stale
-//! [`AccessFault::AccessFlag`]: crate::contract::AccessFault::AccessFlag
+//! exactly as it runs on a hart. The rules are [`SimHart`]'s docs.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -78,8 +32,55 @@ struct Inval {
     visible: Vec<u64>,
 }
 
-/// One simulated hart's fence and `satp` instructions (see the
-/// [module docs](self)): made by [`SimMachine::hart`], `Send + Sync`.
+/// One simulated hart's fence and `satp` instructions: made by
+/// [`SimMachine::hart`], `Send + Sync`. A RISC-V `Mmu` built from these
+/// instructions (pgtable-riscv's `HartMmu`) runs on it as on a hart.
+///
+/// # Rules (privileged spec, "Supervisor Memory-Management Fence
+/// Instruction"; "Svinval" and "Svvptc" extensions)
+///
+/// - **A PTE store reaches the walker only through a fence covering it.**
+///   Every entry write is pending (the walker keeps seeing the old value,
+///   as in the arm64 model) until a fence *orders* it:
+///   `SFENCE.VMA x0, …` orders writes to every level; `SFENCE.VMA va, …`
+///   only the *leaf* entries that translate `va` (from the hart's root and
+///   the roots its cached entries came from): a write to a non-leaf entry
+///   (a table linked or unlinked) stays pending under it.
+/// - **Reach of the invalidation**, on the executing hart only:
+///   - `x0, x0`: every entry, global ones included;
+///   - `x0, asid`: every entry (leaves and walk cache) of `asid`, *not*
+///     global ones;
+///   - `va, x0`: the leaves covering `va` of every ASID, global ones
+///     included; walk-cache entries stay;
+///   - `va, asid`: the leaves covering `va` of `asid`, not global ones;
+///     walk-cache entries stay.
+/// - **Global entries**: a leaf with G set is cached as global
+///   ([`Prot::global`](crate::Prot::global)) and matches every ASID.
+/// - **Svinval**: `SFENCE.W.INVAL` orders the writes pending at that
+///   moment before the `SINVAL.VMA`s that follow; a `SINVAL.VMA` has the
+///   reach of `SFENCE.VMA` with the same operands, but takes effect (the
+///   entries are dropped, the ordered writes become visible) only at the
+///   next `SFENCE.INVAL.IR` (or `SFENCE.VMA`). So a `SINVAL.VMA` without
+///   `SFENCE.W.INVAL` before it leaves its writes pending (the walker may
+///   refill the old value: [`CheckError::Pending`]), and one without
+///   `SFENCE.INVAL.IR` after it leaves the old entries cached
+///   ([`CheckError::Stale`]) and the writes pending.
+/// - **Svvptc** ([`SimMachine::set_svvptc`]): a store that makes an
+///   invalid entry valid is visible to the walker at once (the extension
+///   says "eventually"; a walk that missed it would fault and be retried).
+/// - **Svade** ([`SimMachine::set_software_ad`]): the walker never sets A
+///   or D; an access that would need it faults
+///   ([`AccessFault::AccessFlag`]) and the kernel's fault path sets them.
+/// - **`satp`**: a write switches the hart's root and ASID and neither
+///   flushes nor orders anything.
+///
+/// Not modelled: visibility per hart (a write ordered by one hart's fence
+/// is visible to every walker), and the ASID of `x0, asid` orderings (it
+/// orders every level's writes of every address space here).
+///
+/// [`CheckError::Pending`]: super::CheckError::Pending
+/// [`CheckError::Stale`]: super::CheckError::Stale
+/// [`AccessFault::AccessFlag`]: crate::contract::AccessFault::AccessFlag
 pub struct SimHart<A: Arch> {
     shared: Arc<Shared>,
     cpu: usize,
