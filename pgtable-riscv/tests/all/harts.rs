@@ -21,6 +21,9 @@ pub enum Bug {
     NoWInval,
     /// `SFENCE.INVAL.IR` is left out of the Svinval sequence.
     NoInvalIr,
+    /// `SFENCE.VMA x0, x0` is executed as `SFENCE.VMA x0, asid` of ASID 0
+    /// (which keeps global entries).
+    AllByAsid,
 }
 
 /// A [`SimHart`] executing `pgtable_riscv`'s [`Hart`] instructions.
@@ -49,6 +52,9 @@ unsafe impl<A: Arch> Hart for SimFences<A> {
         match self.bug {
             Bug::NoSfence => {}
             Bug::NoSfenceByAddress if va.is_some() => {}
+            Bug::AllByAsid if va.is_none() && asid.is_none() => {
+                self.hart.sfence_vma(None, Some(0));
+            }
             _ => self.hart.sfence_vma(va, self.asid(asid)),
         }
     }

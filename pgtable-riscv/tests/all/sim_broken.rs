@@ -230,3 +230,65 @@ fn freed_tables_fenced_by_address_leave_the_unlink_pending() {
     s.unmap(VA, 0x2000).unwrap();
     m.check().unwrap();
 }
+
+#[test]
+fn past_the_ceiling_a_global_change_needs_the_flush_that_drops_globals() {
+    // Past the ceiling pgtable-core flushes a change of global leaves
+    // with `flush_tlb_all` (`SFENCE.VMA x0, x0`); as a by-ASID fence
+    // (`x0, asid`, which keeps global entries) the global entry stays.
+    let pages = pgtable_riscv::TLB_FLUSH_CEILING + 1;
+    for bug in [Bug::None, Bug::AllByAsid] {
+        let m = SimMachine::<Sv48>::new();
+        m.set_svvptc(true);
+        let mut s = install(&m, mmu(&m, 0, bug).with_asid(asid(3)));
+        let prot = Prot::READ_WRITE | Prot::GLOBAL;
+        s.map(VA, PA, pages << 12, prot, MapOptions::PAGES).unwrap();
+        m.read_u64(VA).unwrap();
+        let ro = Prot::READ_ONLY | Prot::GLOBAL;
+        s.change_protection(VA, pages << 12, ro).unwrap();
+        let r = m.check();
+        if bug == Bug::None {
+            r.unwrap();
+        } else {
+            match r {
+                Err(CheckError::Stale(st)) => assert_eq!(st.va, VA),
+                r => panic!("{r:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn flush_tlb_all_by_asid_keeps_a_changed_global_entry() {
+    for bug in [Bug::AllByAsid, Bug::None] {
+        let m = SimMachine::<Sv48>::new();
+        m.set_svvptc(true);
+        let mut s = install(&m, mmu(&m, 0, bug));
+        s.map(
+            VA,
+            PA,
+            0x1000,
+            Prot::READ_WRITE | Prot::GLOBAL,
+            MapOptions::PAGES,
+        )
+        .unwrap();
+        m.read_u64(VA).unwrap();
+        // A kernel rewrites the global leaf read-only itself and flushes
+        // everything (Linux `flush_tlb_all`).
+        // SAFETY: the entry stays a leaf of the same page; the simulator
+        // is told of the write and the flush follows.
+        let slot = unsafe { s.inspect().slot(VA, 0) }.unwrap();
+        let old = slot.load(core::sync::atomic::Ordering::Relaxed);
+        let ro = old & !(1 << 2); // W
+        slot.store(ro, core::sync::atomic::Ordering::Relaxed);
+        let other = mmu(&m, 0, bug);
+        other.entry_written(slot, old);
+        other.flush_tlb_all();
+        let r = m.check();
+        if bug == Bug::None {
+            r.unwrap();
+        } else {
+            assert!(matches!(r, Err(CheckError::Stale(_))), "{r:?}");
+        }
+    }
+}
