@@ -58,8 +58,8 @@
 //!   is `last_level`; [`Mmu::flush_tlb_all`] and installing an untagged
 //!   root drop everything. The TLB holds [`SimMachine::set_tlb_capacity`] entries
 //!   (default 1024) and evicts the oldest entry first (deterministic).
-//! - **Walker visibility** (only when [`Arch::NEEDS_WALKER_BARRIER`], i.e.
-//!   arm64): every entry write reported through [`Mmu::entry_written`] is
+//! - **Walker visibility** (only when [`Arch::NEEDS_WALKER_BARRIER`]: arm64,
+//!   RISC-V): every entry write reported through [`Mmu::entry_written`] is
 //!   pending, and the walker keeps seeing the slot's value from before the
 //!   first pending write, until [`Mmu::walker_barrier`] or any TLB flush
 //!   (a flush orders the writes before it; see the rules in [`Mmu`]). A
