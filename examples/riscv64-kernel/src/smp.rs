@@ -55,7 +55,10 @@ pub const PATIENCE: u64 = 10 * crate::machine::TIMEBASE_HZ;
 /// Hart `hart`'s bit in [`ONLINE`] (none for an ID past 63: such a hart
 /// is not started here, `HARTS` is 4).
 fn hart_bit(hart: usize) -> u64 {
-    u32::try_from(hart).ok().and_then(|h| 1u64.checked_shl(h)).unwrap_or(0)
+    u32::try_from(hart)
+        .ok()
+        .and_then(|h| 1u64.checked_shl(h))
+        .unwrap_or(0)
 }
 
 /// Harts that came up (bit i = hart i).
