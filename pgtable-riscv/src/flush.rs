@@ -1,6 +1,6 @@
 //! The flush plan: which fences a [`TlbRange`] turns into (a pure
-//! function, tested on the host; `RiscvMmu` executes it on the hart), and
-//! the `satp` value with an ASID.
+//! function, tested on the host; `RiscvMmu` executes it on the hart, a
+//! [`Hart`](crate::Hart) runs it on anything else, such as the simulator).
 //!
 //! The rules (privileged spec, "Supervisor Memory-Management Fence
 //! Instruction", `SFENCE.VMA rs1, rs2`):
@@ -37,80 +37,14 @@
 //! `SFENCE.INVAL.IR` (the invalidations are ordered before later implicit
 //! references). [`FlushPlan::Svinval`] is that batched form.
 
-use core::fmt;
-
 use pgtable_core::contract::TlbRange;
 use pgtable_core::VirtAddr;
+
+use crate::regs::Asid;
 
 /// Past this many strides a range flush becomes a full flush (Linux riscv
 /// `tlb_flush_all_threshold`, 64).
 pub const TLB_FLUSH_CEILING: u64 = 64;
-
-/// An address-space identifier: at most `ASIDLEN` bits (16 at most for
-/// Sv39, Sv48 and Sv57: `satp.ASID` is bits 59:44). A value that does not
-/// fit the hart's ASIDLEN is an error ([`Asid::new`]), never truncated.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
-pub struct Asid(u16);
-
-impl Asid {
-    /// ASID 0, for untagged roots.
-    pub const ZERO: Asid = Asid(0);
-
-    /// `asid`, if it fits `asid_bits` (the hart's ASIDLEN, 0..=16; see
-    /// `RiscvMmu::probe_asid_bits` on bare metal).
-    ///
-    /// # Errors
-    ///
-    /// [`AsidTooWide`] when it does not fit.
-    pub const fn new(asid: u16, asid_bits: u32) -> Result<Asid, AsidTooWide> {
-        if asid_bits >= 16 || (asid as u32) >> asid_bits == 0 {
-            Ok(Asid(asid))
-        } else {
-            Err(AsidTooWide { asid, asid_bits })
-        }
-    }
-
-    /// The value.
-    pub const fn get(self) -> u16 {
-        self.0
-    }
-}
-
-/// An ASID that does not fit the hart's ASIDLEN.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct AsidTooWide {
-    /// The value.
-    pub asid: u16,
-    /// The ASIDLEN it had to fit.
-    pub asid_bits: u32,
-}
-
-impl fmt::Display for AsidTooWide {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ASID {:#x} does not fit {} bits",
-            self.asid, self.asid_bits
-        )
-    }
-}
-
-impl core::error::Error for AsidTooWide {}
-
-/// First bit of `satp.ASID`.
-pub const SATP_ASID_SHIFT: u32 = 44;
-/// First bit of `satp.MODE`.
-pub const SATP_MODE_SHIFT: u32 = 60;
-/// `satp.PPN`, bits 43:0.
-pub const SATP_PPN_MASK: u64 = (1 << 44) - 1;
-
-/// The `satp` value that selects the translation `mode` (8 Sv39, 9 Sv48,
-/// 10 Sv57: `RiscvPaging::SATP_MODE`) with the root table at `root` (4 KiB
-/// aligned) and `asid`: MODE\[63:60\], ASID\[59:44\], PPN\[43:0\].
-#[inline]
-pub const fn satp_value(mode: u64, asid: Asid, root: u64) -> u64 {
-    mode << SATP_MODE_SHIFT | (asid.0 as u64) << SATP_ASID_SHIFT | (root >> 12) & SATP_PPN_MASK
-}
 
 /// The TLB maintenance a range flush performs.
 ///

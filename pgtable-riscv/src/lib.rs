@@ -9,11 +9,22 @@
 //!   Every bit is documented with its privileged-spec reference in
 //!   [`bits`].
 //! - [`flush`]: the range-flush policy (`SFENCE.VMA` per stride up to a
-//!   ceiling, by ASID, global; the Svinval batch) as a pure function, and
-//!   the `satp` value with an [`Asid`].
-//! - `mmu`: `RiscvMmu` (bare metal only: `target_arch = "riscv64"`):
-//!   [`pgtable_core::contract::Mmu`] with `SFENCE.VMA`, the Svinval instructions and
-//!   `satp`, optionally tagged with an ASID; `probe_asid_bits` (ASIDLEN).
+//!   ceiling, by ASID, global; the Svinval batch) as a pure function
+//!   ([`FlushPlan`]), run on a hart by [`FlushPlan::run`].
+//! - [`hart`]: the fence and `satp` instructions as a trait ([`Hart`])
+//!   and the [`pgtable_core::contract::Mmu`] built on them ([`HartMmu`]),
+//!   host-compiled so the same MMU runs on pgtable-core's simulated hart
+//!   (`SimMachine::hart`, feature `sim`) in this crate's tests.
+//! - `mmu`: `LocalHart` and `RiscvMmu` = `HartMmu<LocalHart>` (bare
+//!   metal only: `target_arch = "riscv64"`), optionally tagged with an
+//!   ASID; `probe_asid_bits` (ASIDLEN).
+//! - [`regs`]: `satp` ([`Satp`], [`SatpMode`] Bare/Sv39/Sv48/Sv57), the
+//!   typed [`Asid`] ([`AsidTooWide`]), ASIDLEN from the probe's read-back
+//!   ([`asid_bits_from_probe`]).
+//! - [`shootdown`]: SMP through SBI RFENCE: the kernel's SBI call behind
+//!   [`shootdown::RemoteFence`], the harts a space may be live on
+//!   ([`shootdown::MmHarts`], SBI hart-mask windows for any hart ID) and
+//!   [`shootdown::SmpMmu`].
 //! - [`entry`]: [`RiscvEntry`] and [`EntryError`]: checked construction of
 //!   entries ([`RiscvPaging::try_leaf`], [`RiscvPaging::try_table_entry`],
 //!   [`RiscvPaging::try_napot_64k`]); W without R and the other reserved
@@ -27,8 +38,11 @@
 //!   [`RiscvPaging::check_prot`] before a map).
 //! - New leaves have A set, kernel writable ones D too; user writable
 //!   leaves start clean. Non-leaf PTEs are V and the PPN only.
-//! - The walker barrier is an `SFENCE.VMA` (a PTE store is visible to the
-//!   walker only after one); no break-before-make.
+//! - The walker barrier is an `SFENCE.VMA x0, x0` (a PTE store is visible
+//!   to the walker only after a fence covering it), or `FENCE W, W` with
+//!   Svvptc; no break-before-make. Without Svvptc that barrier after each
+//!   table's writes also drops every translation of the hart, so the range
+//!   flushes that follow matter only with Svvptc (or for other harts).
 //! - Svnapot PTEs are built and decoded here but not folded by the
 //!   algorithms: all 16 entries of a NAPOT run hold the same PPN, while
 //!   pgtable-core's contiguous runs need each entry to name its own page.
@@ -62,20 +76,22 @@ pub mod bits;
 pub mod entry;
 pub mod flush;
 pub mod format;
+pub mod hart;
 #[cfg(target_arch = "riscv64")]
 pub mod mmu;
+pub mod regs;
+pub mod shootdown;
 
 pub use entry::{EntryError, RiscvEntry};
-pub use flush::{
-    flush_plan, full_flush_plan, satp_value, Asid, AsidTooWide, FlushCaps, FlushPlan,
-    TLB_FLUSH_CEILING,
-};
+pub use flush::{flush_plan, full_flush_plan, FlushCaps, FlushPlan, TLB_FLUSH_CEILING};
 pub use format::{
     hw_access_with, mem_of, pbmt_of, AdUpdates, RiscvPaging, Sv39, Sv48, Sv57, SVNAPOT, SVPBMT,
 };
+pub use hart::{Hart, HartMmu};
 #[cfg(target_arch = "riscv64")]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "riscv64")))]
-pub use mmu::{probe_asid_bits, RiscvMmu};
+pub use mmu::{probe_asid_bits, LocalHart, RiscvMmu};
+pub use regs::{asid_bits_from_probe, satp_value, Asid, AsidTooWide, Satp, SatpError, SatpMode};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -9,6 +9,7 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use pgtable_core::suite::{Fault, Machine};
 use pgtable_core::{PhysAddr, VirtAddr};
+use pgtable_riscv::regs::{Satp, SatpMode};
 
 use crate::trap;
 
@@ -51,13 +52,12 @@ fn walk_tables(va: u64) -> Option<u64> {
     let satp: u64;
     // SAFETY: reads satp.
     unsafe { asm!("csrr {0}, satp", out(reg) satp, options(nomem, nostack)) };
-    let levels = match satp >> 60 {
-        8 => 3,
-        9 => 4,
-        10 => 5,
-        _ => return None,
+    let satp = Satp::from_bits(satp);
+    let levels = match satp.mode() {
+        Some(SatpMode::Bare) | None => return None,
+        Some(m) => m.levels(),
     };
-    let mut table = (satp & ((1 << 44) - 1)) << 12;
+    let mut table = satp.root().0;
     for height in (0..levels).rev() {
         let shift = 12 + 9 * height;
         let slot = (table + ((va >> shift) & 511) * 8) as *const AtomicU64;

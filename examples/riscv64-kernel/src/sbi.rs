@@ -167,18 +167,25 @@ pub fn hart_status(hartid: u64) -> Result<u64, SbiError> {
     call(EID_HSM, 2, [hartid, 0, 0, 0, 0])
 }
 
-/// Instructs the harts of `mask` (bit i = hart i) to execute `SFENCE.VMA`
-/// for `[start, start + size)` in every address space, or everything when
-/// `size` is `u64::MAX` (`sbi_remote_sfence_vma`). OpenSBI returns once
-/// every target hart has executed it.
-pub fn remote_sfence_vma(mask: u64, start: u64, size: u64) -> Result<(), SbiError> {
-    call(EID_RFENCE, 1, [mask, 0, start, size, 0]).map(|_| ())
+/// Instructs the harts of `mask` (bit i = hart `base + i`; `base`
+/// all ones: every hart, SBI "Hart List Parameter") to execute
+/// `SFENCE.VMA` for `[start, start + size)` in every address space, or
+/// everything when `size` is `u64::MAX` (`sbi_remote_sfence_vma`).
+/// OpenSBI returns once every target hart has executed it.
+pub fn remote_sfence_vma(mask: u64, base: u64, start: u64, size: u64) -> Result<(), SbiError> {
+    call(EID_RFENCE, 1, [mask, base, start, size, 0]).map(|_| ())
 }
 
 /// The same for address space `asid` only (`sbi_remote_sfence_vma_asid`:
 /// `SFENCE.VMA va, asid` on each target, global mappings excepted).
-pub fn remote_sfence_vma_asid(mask: u64, start: u64, size: u64, asid: u16) -> Result<(), SbiError> {
-    call(EID_RFENCE, 2, [mask, 0, start, size, u64::from(asid)]).map(|_| ())
+pub fn remote_sfence_vma_asid(
+    mask: u64,
+    base: u64,
+    start: u64,
+    size: u64,
+    asid: u16,
+) -> Result<(), SbiError> {
+    call(EID_RFENCE, 2, [mask, base, start, size, u64::from(asid)]).map(|_| ())
 }
 
 /// A console writer for `print!`.

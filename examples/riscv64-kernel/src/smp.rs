@@ -16,13 +16,12 @@
 //! "Supervisor Memory-Management Fence Instruction"); the other harts are
 //! reached through the SBI RFENCE extension, which makes each target hart
 //! execute the fence and, in OpenSBI, returns only once all of them have.
-//! [`SmpMmu`] is the [`Mmu`] contract for a space live on several harts,
-//! the same contract pgtable-x86's `SmpMmu` meets with IPI rounds: a
-//! flush returns only once no hart on which the space may be live can use
-//! the old translation. Where the space may be live is an [`MmHarts`]
-//! (Linux `mm_cpumask`): a hart's bit is set before it switches to the
-//! space and is never cleared (a fence for a hart that left is only
-//! wasted).
+//! [`SmpMmu`] is pgtable-riscv's `shootdown::SmpMmu` (the same contract
+//! pgtable-x86's `SmpMmu` meets with IPI rounds: a flush returns only once
+//! no hart on which the space may be live can use the old translation)
+//! with [`SbiFence`], this kernel's SBI calls. Where the space may be live
+//! is an [`MmHarts`] (Linux `mm_cpumask`): a hart's bit is set before it
+//! switches to the space and is never cleared.
 
 use core::arch::asm;
 use core::sync::atomic::{
@@ -30,9 +29,9 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
-use pgtable_core::contract::{Mmu, TlbRange};
-use pgtable_core::PhysAddr;
-use pgtable_riscv::RiscvMmu;
+pub use pgtable_riscv::shootdown::MmHarts;
+use pgtable_riscv::shootdown::{self, HartMask, RemoteFence};
+use pgtable_riscv::{Asid, LocalHart};
 
 use crate::machine::now;
 use crate::{sbi, trap};
@@ -52,6 +51,15 @@ pub fn this_hart() -> usize {
 /// The `time` CSR follows the host's clock, and under TCG on a loaded
 /// host a vCPU thread may not run for a long while.
 pub const PATIENCE: u64 = 10 * crate::machine::TIMEBASE_HZ;
+
+/// Hart `hart`'s bit in [`ONLINE`] (none for an ID past 63: such a hart
+/// is not started here, `HARTS` is 4).
+fn hart_bit(hart: usize) -> u64 {
+    u32::try_from(hart)
+        .ok()
+        .and_then(|h| 1u64.checked_shl(h))
+        .unwrap_or(0)
+}
 
 /// Harts that came up (bit i = hart i).
 static ONLINE: AtomicU64 = AtomicU64::new(0);
@@ -128,7 +136,7 @@ pub fn ask(hart: usize, cmd: Cmd, a: u64, b: u64) -> Result<Result<u64, u64>, No
 #[no_mangle]
 extern "C" fn secondary_main(hart: usize) -> ! {
     // Release: pairs with the boot hart's Acquire in `bring_up`.
-    ONLINE.fetch_or(1 << hart, Release);
+    ONLINE.fetch_or(hart_bit(hart), Release);
     let m = &MAILBOXES[hart];
     loop {
         // Acquire: the request's arguments after the boot hart's release.
@@ -157,7 +165,7 @@ extern "C" fn secondary_main(hart: usize) -> ! {
                 m.cause.store(0, Relaxed);
                 // Release: the answer before the hart stops.
                 m.cmd.store(0, Release);
-                ONLINE.fetch_and(!(1 << hart), Relaxed);
+                ONLINE.fetch_and(!hart_bit(hart), Relaxed);
                 let _ = sbi::hart_stop();
                 loop {
                     core::hint::spin_loop();
@@ -183,7 +191,7 @@ pub fn bring_up() -> Result<u64, (usize, sbi::SbiError)> {
         static __stacks_start: u8;
     }
     let me = this_hart();
-    ONLINE.fetch_or(1 << me, Relaxed);
+    ONLINE.fetch_or(hart_bit(me), Relaxed);
     let stacks = &raw const __stacks_start as u64;
     for hart in (0..HARTS).filter(|&h| h != me) {
         let top = stacks + ((hart as u64 + 1) << 16);
@@ -213,128 +221,46 @@ pub fn disable_shootdown() {
     NO_SHOOTDOWN.store(true, Relaxed);
 }
 
-/// Where an address space may be live (Linux `mm_cpumask`), and a switch
-/// to turn the remote fences off (to show that a case needs them).
-pub struct MmHarts {
-    harts: AtomicU64,
-    remote: AtomicBool,
-}
+/// The kernel's [`RemoteFence`]: the SBI RFENCE calls, or nothing with
+/// `noshootdown` (see [`NO_SHOOTDOWN`]).
+pub struct SbiFence;
 
-impl MmHarts {
-    /// No hart yet, remote fences on.
-    pub const fn new() -> MmHarts {
-        MmHarts {
-            harts: AtomicU64::new(0),
-            remote: AtomicBool::new(true),
-        }
+/// The one [`SbiFence`] every space's [`SmpMmu`] uses.
+pub static SBI_FENCE: SbiFence = SbiFence;
+
+// SAFETY: OpenSBI returns from RFENCE once every target hart executed the
+// fence; a failed call shuts the machine down instead of returning. With
+// `noshootdown` the contract is broken on purpose, to show the `smp_`
+// cases fail without remote fences.
+unsafe impl RemoteFence for SbiFence {
+    fn this_hart(&self) -> usize {
+        this_hart()
     }
 
-    /// Marks `hart` as one the space may be live on; call before the hart
-    /// switches to it.
-    pub fn add(&self, hart: usize) {
-        // Relaxed: the switch request that follows is a Release store.
-        self.harts.fetch_or(1 << hart, Relaxed);
-    }
-
-    /// Turns the remote fences on or off.
-    pub fn set_remote(&self, on: bool) {
-        self.remote.store(on, Relaxed);
-    }
-
-    /// The harts other than this one the space may be live on, if remote
-    /// fences are on.
-    fn targets(&self) -> u64 {
-        if !self.remote.load(Relaxed) || NO_SHOOTDOWN.load(Relaxed) {
-            return 0;
-        }
-        // Relaxed: a hart added later switches after this flush began, so
-        // it cannot hold a translation from before it.
-        self.harts.load(Relaxed) & !(1 << this_hart())
-    }
-}
-
-/// The [`Mmu`] of a space live on several harts: `local` (a
-/// [`RiscvMmu`], which fences the executing hart) plus
-/// `sbi_remote_sfence_vma_asid` (or `sbi_remote_sfence_vma` untagged) to
-/// the other harts of its [`MmHarts`].
-pub struct SmpMmu<'a> {
-    local: RiscvMmu,
-    mm: &'a MmHarts,
-}
-
-impl<'a> SmpMmu<'a> {
-    /// The MMU of the space whose harts are `mm`.
-    pub const fn new(local: RiscvMmu, mm: &'a MmHarts) -> SmpMmu<'a> {
-        SmpMmu { local, mm }
-    }
-
-    /// The remote half of a flush of `[start, start + size)` (`size`
-    /// `u64::MAX`: everything of the ASID, or everything).
-    fn remote(&self, start: u64, size: u64) {
-        let mask = self.mm.targets();
-        if mask == 0 {
+    fn remote_sfence_vma(&self, harts: HartMask, start: u64, size: u64, asid: Option<Asid>) {
+        // Relaxed: a boot-time switch.
+        if NO_SHOOTDOWN.load(Relaxed) {
             return;
         }
-        let r = match self.local.asid() {
-            Some(a) => sbi::remote_sfence_vma_asid(mask, start, size, a.get()),
-            None => sbi::remote_sfence_vma(mask, start, size),
+        let r = match asid {
+            Some(a) => sbi::remote_sfence_vma_asid(harts.mask, harts.base, start, size, a.get()),
+            None => sbi::remote_sfence_vma(harts.mask, harts.base, start, size),
         };
         if let Err(e) = r {
             // The contract cannot be met: stop rather than run on stale
             // translations.
-            crate::println!("FAIL smp: SBI RFENCE to harts {mask:#x} returned {e:?}");
+            crate::println!(
+                "FAIL smp: SBI RFENCE to harts {:#x} (base {}) returned {e:?}",
+                harts.mask,
+                harts.base
+            );
             crate::println!("0 passed, 1 failed");
             sbi::shutdown(false)
         }
     }
 }
 
-// SAFETY: the barriers and the install are `local`'s (a RiscvMmu), which
-// meets the contract on the executing hart; every flush also runs on the
-// other harts the space may be live on through SBI RFENCE, which returns
-// after they executed the fence. Range flushes of leaves name the range
-// (per 4 KiB page or everything, as OpenSBI decides); flushes of tables,
-// `flush_tlb_mm` and `flush_tlb_all` name everything (`size` all ones).
-// Untagged, remote fences use `sbi_remote_sfence_vma`, which reaches
-// global entries too; tagged spaces hold no global leaf that changes.
-unsafe impl Mmu for SmpMmu<'_> {
-    fn walker_barrier(&self) {
-        self.local.walker_barrier();
-    }
-
-    fn publish_barrier(&self) {
-        self.local.publish_barrier();
-    }
-
-    fn flush_tlb_range(&self, range: TlbRange) {
-        self.local.flush_tlb_range(range);
-        let len = range.end.0.wrapping_sub(range.start.0);
-        if range.last_level && len != 0 {
-            self.remote(range.start.0, len);
-        } else {
-            self.remote(0, u64::MAX);
-        }
-    }
-
-    fn flush_tlb_all(&self) {
-        self.local.flush_tlb_all();
-        let mask = self.mm.targets();
-        if mask != 0 && sbi::remote_sfence_vma(mask, 0, u64::MAX).is_err() {
-            crate::println!("FAIL smp: SBI RFENCE failed");
-            sbi::shutdown(false)
-        }
-    }
-
-    fn flush_tlb_mm(&self) {
-        self.local.flush_tlb_mm();
-        self.remote(0, u64::MAX);
-    }
-
-    /// Marks the executing hart in the space's harts, then `local`'s
-    /// install.
-    unsafe fn install_root(&self, root: PhysAddr) {
-        self.mm.add(this_hart());
-        // SAFETY: forwarded; the caller upholds the contract.
-        unsafe { self.local.install_root(root) };
-    }
-}
+/// The [`Mmu`](pgtable_core::contract::Mmu) of a space live on several
+/// harts: pgtable-riscv's `SmpMmu` with the local fences of a
+/// `RiscvMmu` and the SBI remote fences.
+pub type SmpMmu<'a> = shootdown::SmpMmu<'a, LocalHart, SbiFence>;

@@ -193,7 +193,10 @@ pub fn run<const L: u32>(ram: (u64, u64), asid: Option<Asid>) -> Counts {
     if let Some(a) = asid {
         local = local.with_asid(a);
     }
-    let mut s = match kernel_space::<RiscvPaging<L>, _>(ram, SmpMmu::new(local, &mm)) {
+    let mut s = match kernel_space::<RiscvPaging<L>, _>(
+        ram,
+        SmpMmu::new(local, &crate::smp::SBI_FENCE, &mm),
+    ) {
         Ok(s) => s,
         Err(_) => {
             c.case("smp_setup", || Err(Why("cannot build the space", 0)));

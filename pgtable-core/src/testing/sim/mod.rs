@@ -58,12 +58,21 @@
 //!   is `last_level`; [`Mmu::flush_tlb_all`] and installing an untagged
 //!   root drop everything. The TLB holds [`SimMachine::set_tlb_capacity`] entries
 //!   (default 1024) and evicts the oldest entry first (deterministic).
-//! - **Walker visibility** (only when [`Arch::NEEDS_WALKER_BARRIER`], i.e.
-//!   arm64): every entry write reported through [`Mmu::entry_written`] is
+//! - **Walker visibility** (only when [`Arch::NEEDS_WALKER_BARRIER`]: arm64,
+//!   RISC-V): every entry write reported through [`Mmu::entry_written`] is
 //!   pending, and the walker keeps seeing the slot's value from before the
 //!   first pending write, until [`Mmu::walker_barrier`] or any TLB flush
 //!   (a flush orders the writes before it; see the rules in [`Mmu`]). A
 //!   walk through a pending slot does not write A/D state back.
+//!
+//! - **RISC-V harts** ([`SimHart`], [`SimMachine::hart`]): the machine's
+//!   CPUs as RISC-V harts executing `SFENCE.VMA` (with the privileged
+//!   spec's reach: by address and ASID, by ASID without global entries,
+//!   by address for every ASID, everything), the Svinval sequence and
+//!   `satp` writes, a PTE store reaching the walker only through a fence
+//!   that covers it, Svvptc ([`SimMachine::set_svvptc`]) and software
+//!   accessed/dirty management ([`SimMachine::set_software_ad`]); see
+//!   [`SimHart`] for the rules.
 //!
 //! # Checking
 //!
@@ -253,10 +262,12 @@ use crate::{
     VaRange, VirtAddr,
 };
 
+mod riscv;
 mod state;
 #[cfg(feature = "suite")]
 mod suite_machine;
 
+pub use riscv::SimHart;
 use state::State;
 #[cfg(feature = "suite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "suite")))]

@@ -15,8 +15,8 @@ use super::{
 };
 use crate::contract::level::{index, size};
 use crate::{
-    Access, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs, TlbRange, VaRange,
-    VirtAddr,
+    Access, AccessFault, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs,
+    TlbRange, VaRange, VirtAddr,
 };
 
 /// One cached translation: a leaf (TLB proper) or a table entry (walk
@@ -171,6 +171,8 @@ pub(super) struct Cpu {
     fifo: VecDeque<Key>,
     /// Key of the leaf that served the last access (looked up first).
     mru: Option<Key>,
+    /// The RISC-V Svinval batch in progress (riscv.rs).
+    pub(super) svinval: super::riscv::Batch,
 }
 
 impl Cpu {
@@ -243,6 +245,12 @@ pub(super) struct State {
     /// Slot address to the value the walker still sees (arm64 model) and
     /// the latest value written.
     pub(super) pending: Map<u64, (u64, u64)>,
+    /// Accessed/dirty updates are the software's: an access that needs
+    /// one faults (RISC-V Svade; riscv.rs).
+    pub(super) software_ad: bool,
+    /// A store that makes an invalid entry valid needs no barrier
+    /// (RISC-V Svvptc; riscv.rs).
+    pub(super) svvptc: bool,
     pub(super) stats: SimStats,
 }
 
@@ -283,6 +291,8 @@ impl State {
             tlb_capacity: 1024,
             run_ad_first: false,
             pending: Map::default(),
+            software_ad: false,
+            svvptc: false,
             stats: SimStats::default(),
         }
     }
@@ -358,7 +368,7 @@ impl State {
     }
 
     /// The table frame at `pa`, if `pa` is one (live or freed).
-    fn table(&self, pa: PhysAddr) -> Result<&Table, SimFaultKind> {
+    pub(super) fn table(&self, pa: PhysAddr) -> Result<&Table, SimFaultKind> {
         if !self.frames.contains(&pa.0) {
             return Err(SimFaultKind::NotATable(pa));
         }
@@ -678,6 +688,10 @@ impl State {
             let new = A::hw_access(leaf.raw, h, access)
                 .and_then(|n| leaf.limits.check(access).map(|()| n))
                 .map_err(|f| fault(SimFaultKind::Permission(f)))?;
+            if new != leaf.raw && self.software_ad {
+                // Svade: the page fault the kernel answers by setting A/D.
+                return Err(fault(SimFaultKind::Permission(AccessFault::AccessFlag)));
+            }
             let mut upd = AdUpdate::default();
             if new != leaf.raw && !leaf.stale {
                 // The entry that records the update: the one walked, or
@@ -813,7 +827,7 @@ impl State {
             self.check_mixed::<A>(addr, new);
         }
         self.last_write.insert(addr & !0xfff, self.epoch);
-        if A::NEEDS_WALKER_BARRIER {
+        if A::NEEDS_WALKER_BARRIER && !self.visible_at_once::<A>(addr, old, new) {
             // The walker keeps seeing the oldest value not yet ordered.
             self.pending
                 .entry(slot as *const Slot as u64)
@@ -1007,7 +1021,7 @@ impl State {
     }
 
     /// Forgets the split tables whose blocks no TLB holds any more.
-    fn prune_splits(&mut self) {
+    pub(super) fn prune_splits(&mut self) {
         if self.split_under.is_empty() {
             return;
         }
