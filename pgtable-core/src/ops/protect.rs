@@ -357,9 +357,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     k += run;
                     continue;
                 }
-                PteAction::Transaction => {
+                PteAction::Transaction(delta) => {
                     let v = VirtAddr(va + k as u64 * PAGE_SIZE);
-                    commit_pte::<A, _>(&lazy, slot, v, prot, false);
+                    let old = A::ptep_modify_prot_start(&lazy, v, slot);
+                    // The entry as loaded: the change decided for its
+                    // attribute word; changed by the hardware since (its
+                    // accessed/dirty state): worked out again.
+                    let new = if old == raw {
+                        raw ^ delta
+                    } else {
+                        A::modify_prot(old, prot, 0)
+                    };
+                    A::ptep_modify_prot_commit(&lazy, v, slot, old, new);
                 }
                 PteAction::BreakBeforeMake if A::is_cont(raw, 0) && whole_run::<A>(i, k, n) => {
                     // A whole folded run (runs the range covers in part
@@ -441,8 +450,10 @@ impl Changed {
 /// The plain stores of the PTE loop after a settled leaf: the leaves that
 /// follow in `entries` with the same attribute word `attrs` take the same
 /// store of the entry XOR `delta`, without deciding again (the common
-/// case: a whole table of them). Returns how many it stored.
-#[inline(always)]
+/// case: a whole table of them). Returns how many it stored. Not inlined:
+/// on its own it keeps `attrs` and `delta` in registers (inlined into the
+/// PTE loop, they were spilled to the stack).
+#[inline(never)]
 fn plain_run<A: Arch, M: Mmu>(mmu: &M, entries: &[Slot], attrs: u64, delta: u64) -> usize {
     let mut run = 0;
     for next in entries {
@@ -503,8 +514,10 @@ enum PteAction {
     /// `modify_prot` changes, which by the `Format` rules depends only on
     /// the attribute word).
     Plain(u64),
-    /// The atomic `ptep_modify_prot_start` / `_commit` transaction.
-    Transaction,
+    /// The atomic `ptep_modify_prot_start` / `_commit` transaction; the
+    /// new entry is the old XOR this delta unless the hardware changed the
+    /// entry since it was read.
+    Transaction(u64),
     /// A change the arch allows only with break-before-make
     /// ([`needs_bbm`]): a memory type, or non-global to global on arm64.
     BreakBeforeMake,
@@ -521,7 +534,7 @@ impl PteAction {
         } else if A::is_settled(raw, 0) {
             PteAction::Plain(A::modify_prot(raw, prot, 0) ^ raw)
         } else {
-            PteAction::Transaction
+            PteAction::Transaction(A::modify_prot(raw, prot, 0) ^ raw)
         }
     }
 }
