@@ -29,9 +29,11 @@
 //!   leaves start clean. Non-leaf PTEs are V and the PPN only.
 //! - The walker barrier is an `SFENCE.VMA` (a PTE store is visible to the
 //!   walker only after one); no break-before-make.
-//! - Svnapot PTEs are built and decoded here but not folded by the
-//!   algorithms: all 16 entries of a NAPOT run hold the same PPN, while
-//!   pgtable-core's contiguous runs need each entry to name its own page.
+//! - With [`SVNAPOT`], 64 KiB NAPOT runs are pgtable-core's contiguous
+//!   runs (folded on map, unfolded before a partial change, A/D over the
+//!   run, as on arm64); all 16 PTEs of a run hold the run's base, and the
+//!   format's `cont_pa` / `clear_cont_at` give each entry its own page.
+//!   Without it, maps write plain PTEs.
 //!
 //! ## Example
 //!

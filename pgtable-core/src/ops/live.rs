@@ -283,7 +283,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         t.slots(at, at + c),
                         base,
                         height,
-                        |o, _, _| A::modify_prot(o, prot, height),
+                        |o, _, _, _| A::modify_prot(o, prot, height),
                     );
                     self.mmu.stats.add_entries_written(c as u64);
                     gather.add_range(VirtAddr(base), span, height);
