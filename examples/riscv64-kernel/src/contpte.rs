@@ -50,7 +50,11 @@ fn pte<const L: u32>(s: &Napot<L>, va: u64) -> u64 {
 fn ensure_n<const L: u32>(s: &Napot<L>, va: u64, ks: core::ops::Range<u64>, folded: bool) -> R {
     for k in ks {
         let raw = pte(s, va + k * PAGE);
-        ensure((raw & N != 0) == folded, "a PTE of the runs has the wrong N", raw)?;
+        ensure(
+            (raw & N != 0) == folded,
+            "a PTE of the runs has the wrong N",
+            raw,
+        )?;
     }
     Ok(())
 }
@@ -59,7 +63,11 @@ fn ensure_n<const L: u32>(s: &Napot<L>, va: u64, ks: core::ops::Range<u64>, fold
 fn reads_own_frames(va: u64) -> R {
     for k in 0..32 {
         let r = trap::read_u64(va + k * PAGE);
-        ensure(r == Ok(mark(k)), "a page of the runs read another frame", r.unwrap_or(k))?;
+        ensure(
+            r == Ok(mark(k)),
+            "a page of the runs read another frame",
+            r.unwrap_or(k),
+        )?;
     }
     Ok(())
 }
@@ -88,7 +96,11 @@ fn folds_and_reads<const L: u32>(s: &mut Napot<L>, k: &mut Kernel<L>) -> R {
     .map_err(|_| Why("map failed", RUNS_VA))?;
     ensure_n(s, RUNS_VA, 0..32, true)?;
     let first = pte(s, RUNS_VA);
-    ensure(pte(s, RUNS_VA + 9 * PAGE) == first, "the run's PTEs differ", first)?;
+    ensure(
+        pte(s, RUNS_VA + 9 * PAGE) == first,
+        "the run's PTEs differ",
+        first,
+    )?;
     on(s, k, || reads_own_frames(RUNS_VA))
 }
 
@@ -108,7 +120,11 @@ fn partial_change_unfolds<const L: u32>(s: &mut Napot<L>, k: &mut Kernel<L>) -> 
         )?;
         // SAFETY: as above; it stores the mark the page holds.
         let r = unsafe { trap::write_u64(RUNS_VA + 6 * PAGE, mark(6)) };
-        ensure(r.is_ok(), "a store to a neighbour of the read-only page faulted", 6)
+        ensure(
+            r.is_ok(),
+            "a store to a neighbour of the read-only page faulted",
+            6,
+        )
     })
 }
 
@@ -116,37 +132,62 @@ fn dirty_over_the_run<const L: u32>(s: &mut Napot<L>, k: &mut Kernel<L>) -> R {
     // The second run again, clean: user writable leaves start with D
     // clear (the kernel reaches them with SUM set).
     let run2 = RUNS_VA + RUN;
-    s.unmap(VirtAddr(run2), RUN).map_err(|_| Why("unmap failed", run2))?;
+    s.unmap(VirtAddr(run2), RUN)
+        .map_err(|_| Why("unmap failed", run2))?;
     let user = Prot::WRITE | Prot::USER;
-    s.map(VirtAddr(run2), PhysAddr(case_frame(FIRST + 16)), RUN, user, MapOptions::PAGES)
-        .map_err(|_| Why("map failed", run2))?;
+    s.map(
+        VirtAddr(run2),
+        PhysAddr(case_frame(FIRST + 16)),
+        RUN,
+        user,
+        MapOptions::PAGES,
+    )
+    .map_err(|_| Why("map failed", run2))?;
     ensure_n(s, run2, 0..16, true)?;
-    ensure(!s.ptep_get(VirtAddr(run2)).is_some_and(|e| e.dirty()), "a new user run is dirty", 0)?;
+    ensure(
+        !s.ptep_get(VirtAddr(run2)).is_some_and(|e| e.dirty()),
+        "a new user run is dirty",
+        0,
+    )?;
     on(s, k, || {
         crate::space::with_sum(|| {
             // SAFETY: a case frame (page 9 of the second run).
-            unsafe { trap::write_u64(run2 + 9 * PAGE, mark(25)) }.map_err(|c| Why("the store faulted", c))
+            unsafe { trap::write_u64(run2 + 9 * PAGE, mark(25)) }
+                .map_err(|c| Why("the store faulted", c))
         })
     })?;
     // The hart set D in the PTE it walked (page 9's); every page of the
     // run reports the run dirty.
     for p in 0..16 {
         let e = s.ptep_get(VirtAddr(run2 + p * PAGE));
-        ensure(e.is_some_and(|e| e.dirty()), "a page of the stored-to run is not dirty", p)?;
+        ensure(
+            e.is_some_and(|e| e.dirty()),
+            "a page of the stored-to run is not dirty",
+            p,
+        )?;
     }
     Ok(())
 }
 
 fn move_and_unmap<const L: u32>(s: &mut Napot<L>, k: &mut Kernel<L>) -> R {
-    s.move_page_tables(VirtAddr(RUNS_VA), VirtAddr(MOVED_VA), 2 * RUN, MoveOptions::DEFAULT)
-        .map_err(|_| Why("move_page_tables failed", RUNS_VA))?;
+    s.move_page_tables(
+        VirtAddr(RUNS_VA),
+        VirtAddr(MOVED_VA),
+        2 * RUN,
+        MoveOptions::DEFAULT,
+    )
+    .map_err(|_| Why("move_page_tables failed", RUNS_VA))?;
     ensure_n(s, MOVED_VA, 16..32, true)?;
     on(s, k, || reads_own_frames(MOVED_VA))?;
     s.unmap(VirtAddr(MOVED_VA), 2 * RUN)
         .map_err(|_| Why("unmap failed", MOVED_VA))?;
     on(s, k, || {
         let r = trap::read_u64(MOVED_VA);
-        ensure(r.is_err(), "a page of the unmapped runs still reads", r.unwrap_or(0))
+        ensure(
+            r.is_err(),
+            "a page of the unmapped runs still reads",
+            r.unwrap_or(0),
+        )
     })
 }
 
@@ -159,23 +200,39 @@ pub fn run<const L: u32>(k: &mut Kernel<L>, ram: (u64, u64), has_svnapot: bool) 
         return c;
     }
     let before = Frames.live();
-    let mut s = match kernel_space::<RiscvPaging<L, SVNAPOT>, _>(ram, RiscvMmu::new::<L, SVNAPOT>()) {
+    let mut s = match kernel_space::<RiscvPaging<L, SVNAPOT>, _>(ram, RiscvMmu::new::<L, SVNAPOT>())
+    {
         Ok(s) => s,
         Err(_) => {
-            c.case("contpte_napot_setup", || Err(Why("cannot build the Svnapot space", 0)));
+            c.case("contpte_napot_setup", || {
+                Err(Why("cannot build the Svnapot space", 0))
+            });
             return c;
         }
     };
-    c.case("contpte_napot_map_folds_and_each_page_reads_its_frame", || folds_and_reads(&mut s, k));
-    c.case("contpte_napot_partial_change_unfolds_the_run", || partial_change_unfolds(&mut s, k));
-    c.case("contpte_napot_store_dirties_the_whole_run", || dirty_over_the_run(&mut s, k));
-    c.case("contpte_napot_move_keeps_runs_and_unmap_faults", || move_and_unmap(&mut s, k));
+    c.case(
+        "contpte_napot_map_folds_and_each_page_reads_its_frame",
+        || folds_and_reads(&mut s, k),
+    );
+    c.case("contpte_napot_partial_change_unfolds_the_run", || {
+        partial_change_unfolds(&mut s, k)
+    });
+    c.case("contpte_napot_store_dirties_the_whole_run", || {
+        dirty_over_the_run(&mut s, k)
+    });
+    c.case("contpte_napot_move_keeps_runs_and_unmap_faults", || {
+        move_and_unmap(&mut s, k)
+    });
     // SAFETY: the kernel's space is installed (an untagged install fences
     // everything), and no other hart runs this one.
     unsafe { s.deactivate() };
     drop(s);
     c.case("contpte_napot_space_frees_its_tables", || {
-        ensure(Frames.live() <= before, "table frames left after the cases", Frames.live())
+        ensure(
+            Frames.live() <= before,
+            "table frames left after the cases",
+            Frames.live(),
+        )
     });
     c
 }

@@ -554,9 +554,7 @@ impl State {
         }
         let step = size(height);
         let j = (index(va, height) & (n as usize - 1)) as u64;
-        let Some(pa) = leaf_pa::<A>(raw, height, index(va, height)) else {
-            return None;
-        };
+        let pa = leaf_pa::<A>(raw, height, index(va, height))?;
         let base_pa = pa.0.wrapping_sub(j * step);
         let mem = A::leaf_prot(raw, height).mem();
         // The run is aligned and `n` divides the table's entry count, so
