@@ -178,7 +178,10 @@ fn move_and_unmap<const L: u32>(s: &mut Napot<L>, k: &mut Kernel<L>) -> R {
     )
     .map_err(|_| Why("move_page_tables failed", RUNS_VA))?;
     ensure_n(s, MOVED_VA, 16..32, true)?;
-    on(s, k, || reads_own_frames(MOVED_VA))?;
+    // The second run is a user run now: the kernel reads it with SUM set.
+    on(s, k, || {
+        crate::space::with_sum(|| reads_own_frames(MOVED_VA))
+    })?;
     s.unmap(VirtAddr(MOVED_VA), 2 * RUN)
         .map_err(|_| Why("unmap failed", MOVED_VA))?;
     on(s, k, || {
