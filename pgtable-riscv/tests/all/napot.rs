@@ -8,7 +8,9 @@
 
 use pgtable_core::contract::{Access, Arch, Decoded, Format};
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{
+    AddressSpace, Error, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
+};
 use pgtable_riscv::bits::{N, NAPOT_64K_MASK, NAPOT_64K_PPN};
 use pgtable_riscv::{RiscvPaging, SVNAPOT, SVPBMT};
 
@@ -176,6 +178,43 @@ fn a_partial_change_unfolds_the_run_into_ptes_of_their_own_pages() {
     let raw = pte(&s, VA.add(RUN + 3 * PAGE));
     assert_ne!(raw & N, 0);
     assert!(!Full48::leaf_prot(raw, 0).writable());
+    m.check().unwrap();
+}
+
+#[test]
+fn a_live_partial_change_of_a_run_is_refused_unless_break_before_make_is_allowed() {
+    let (m, mut s) = machine::<Full48>();
+    s.map(VA, PA, 2 * RUN, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    let before: Vec<u64> = (0..32).map(|k| pte(&s, VA.add(k * PAGE))).collect();
+    // Unfolding clears the whole run for a moment: not "live".
+    assert_eq!(
+        s.change_protection_live(
+            VA.add(RUN + 3 * PAGE),
+            PAGE,
+            Prot::READ_ONLY,
+            LiveOptions::IN_PLACE
+        ),
+        Err(Error::BreakBeforeMake(VA.add(RUN + 3 * PAGE)))
+    );
+    let after: Vec<u64> = (0..32).map(|k| pte(&s, VA.add(k * PAGE))).collect();
+    assert_eq!(before, after);
+    // Whole runs change in place, entry by entry, and stay folded.
+    s.change_protection_live(VA, RUN, Prot::READ_ONLY, LiveOptions::IN_PLACE)
+        .unwrap();
+    assert_ne!(pte(&s, VA) & N, 0);
+    assert!(!Full48::leaf_prot(pte(&s, VA.add(4 * PAGE)), 0).writable());
+    // Allowed, the partial change unfolds the run.
+    s.change_protection_live(
+        VA.add(RUN + 3 * PAGE),
+        PAGE,
+        Prot::READ_ONLY,
+        LiveOptions::ALLOW_BBM,
+    )
+    .unwrap();
+    assert_eq!(pte(&s, VA.add(RUN)) & N, 0);
+    assert!(!Full48::leaf_prot(pte(&s, VA.add(RUN + 3 * PAGE)), 0).writable());
+    assert_translates(&m, &s, VA, PA, 2 * RUN);
     m.check().unwrap();
 }
 
