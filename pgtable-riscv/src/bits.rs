@@ -82,6 +82,8 @@ pub const PBMT_RESERVED: u64 = 3 << PBMT_SHIFT;
 pub const N: u64 = 1 << 63;
 /// PPN\[0\]\[3:0\] of a 64 KiB NAPOT PTE: `0b1000`, i.e. entry bit 13.
 pub const NAPOT_64K_PPN: u64 = 0b1000 << PPN_SHIFT;
+/// The 4 KiB pages of a 64 KiB NAPOT run (16 PTEs).
+pub const NAPOT_64K_PAGES: u32 = 16;
 /// PPN\[0\]\[3:0\], the bits a NAPOT PTE replaces by the address's
 /// VPN\[0\]\[3:0\].
 pub const NAPOT_64K_MASK: u64 = 0b1111 << PPN_SHIFT;

@@ -89,13 +89,34 @@
 //! replaced by vpn\[i\]\[pte.napot_bits−1:0\]"). An entry of a run therefore
 //! does not name its own page: [`Format::decode`] (which has no virtual
 //! address) reports the run's first page, as Linux's `pte_pfn` does, and
-//! [`napot_page`](RiscvPaging::napot_page) gives the page of one address.
-//! pgtable-core's contiguous runs ([`Format::cont_entries`]) need every
-//! entry of a run to decode to its own page, so this format declares no
-//! runs to the algorithms (`cont_entries` is 0): the algorithms never fold
-//! a map, and a kernel that builds NAPOT PTEs itself
-//! ([`RiscvPaging::try_napot_64k`]) keeps them out of the ranges it hands
-//! to the operations.
+//! [`Format::cont_pa`] (given the entry's index) or
+//! [`napot_page`](RiscvPaging::napot_page) (given an address) the page the
+//! walker maps.
+//!
+//! With [`SVNAPOT`] the format declares 64 KiB runs of 16 PTEs to
+//! pgtable-core's contiguous-run machinery ([`Format::cont_entries`] is 16
+//! at height 0, 0 above: Svnapot defines no other size), as arm64 does with
+//! its Contiguous bit: [`AddressSpace::map`](pgtable_core::AddressSpace::map)
+//! writes a NAPOT run wherever it covers an aligned 64 KiB with a 64 KiB
+//! aligned physical address ([`Format::mk_cont`] turns a page's PTE into
+//! the run's), a change to part of a run first unfolds it into 16 plain
+//! PTEs ([`Format::clear_cont_at`] gives each its own PPN back), and
+//! accessed/dirty state is read and cleared over the whole run (the hart
+//! may set A/D in any one of its 16 PTEs).
+//! [`MapOptions::no_contiguous`](pgtable_core::MapOptions::no_contiguous)
+//! maps with plain PTEs. Without [`SVNAPOT`] (the hart lacks it: N is
+//! reserved) nothing is folded and every map writes plain PTEs; the checked
+//! constructor [`RiscvPaging::try_napot_64k`] refuses with
+//! [`EntryError::NoSvnapot`].
+//!
+//! A hart's translation cache may hold a copy of any one PTE of a run for
+//! all 16 pages (the Svnapot chapter: implicit reads "may create
+//! address-translation cache entries mapping a + j·PTESIZE" for every `j`
+//! of the region). The 16 PTEs must therefore agree in N and PPN at all
+//! times; while one is cached they may differ in permissions or PBMT only
+//! as an old and a new value do before the `SFENCE.VMA` (there is no
+//! break-before-make rule), which is how a whole-run change goes, entry by
+//! entry.
 
 use pgtable_core::contract::{
     generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, LEVEL_BITS, PAGE_SHIFT,
@@ -103,8 +124,8 @@ use pgtable_core::contract::{
 use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 
 use crate::bits::{
-    self, A, D, G, N, NAPOT_64K_MASK, NAPOT_64K_PPN, PBMT_IO, PBMT_MASK, PBMT_NC, PBMT_RESERVED,
-    PPN_MASK, R, RESERVED, RWX, SWP_TAG, SWP_VALUE_SHIFT, U, V, W, X,
+    self, A, D, G, N, NAPOT_64K_MASK, NAPOT_64K_PAGES, NAPOT_64K_PPN, PBMT_IO, PBMT_MASK, PBMT_NC,
+    PBMT_RESERVED, PPN_MASK, R, RESERVED, RWX, SWP_TAG, SWP_VALUE_SHIFT, U, V, W, X,
 };
 use crate::entry::EntryError;
 
@@ -278,10 +299,8 @@ impl<const L: u32, const E: u32> RiscvPaging<L, E> {
         let Decoded::Leaf(pa) = Self::decode(raw, height) else {
             return None;
         };
-        if raw & N == 0 {
-            return Some(pa);
-        }
-        Some(PhysAddr(pa.0 | (va.0 & 0xf000)))
+        let i = (va.0 >> PAGE_SHIFT) as usize % (1 << LEVEL_BITS);
+        Some(Self::cont_pa(raw, pa, height, i))
     }
 }
 
@@ -437,6 +456,52 @@ unsafe impl<const L: u32, const E: u32> Format for RiscvPaging<L, E> {
     #[inline]
     fn swp_value(raw: u64) -> Option<u64> {
         (raw & ((1 << SWP_VALUE_SHIFT) - 1) == SWP_TAG).then_some(raw >> SWP_VALUE_SHIFT)
+    }
+
+    /// 16 PTEs (64 KiB) at height 0 with Svnapot, none otherwise.
+    #[inline]
+    fn cont_entries(height: u32) -> u32 {
+        if Self::HAS_SVNAPOT && height == 0 {
+            NAPOT_64K_PAGES
+        } else {
+            0
+        }
+    }
+
+    /// Linux riscv `pte_mknapot`: N set and PPN\[0\]\[3:0\] replaced by
+    /// `0b1000`, so the PTE of any page of the run becomes the run's PTE.
+    #[inline]
+    fn mk_cont(raw: u64, _height: u32) -> u64 {
+        (raw & !NAPOT_64K_MASK) | NAPOT_64K_PPN | N
+    }
+
+    /// N clear and PPN\[0\]\[3:0\] = the page's index in the run (its
+    /// VPN\[0\]\[3:0\]), as the walker would substitute it. A PTE
+    /// without N is returned as it is.
+    #[inline]
+    fn clear_cont_at(raw: u64, _height: u32, index: usize) -> u64 {
+        if raw & N == 0 {
+            return raw;
+        }
+        let page = (index as u64 % u64::from(NAPOT_64K_PAGES)) << bits::PPN_SHIFT;
+        (raw & !(N | NAPOT_64K_MASK)) | page
+    }
+
+    /// For a NAPOT PTE, the run's base plus the entry's page in the run;
+    /// otherwise `pa`.
+    #[inline]
+    fn cont_pa(raw: u64, pa: PhysAddr, _height: u32, index: usize) -> PhysAddr {
+        if raw & N == 0 {
+            return pa;
+        }
+        PhysAddr(pa.0 | (index as u64 % u64::from(NAPOT_64K_PAGES)) << PAGE_SHIFT)
+    }
+
+    /// N set (a software entry's value may set bit 63 too; the algorithms
+    /// also check that the entry is a leaf).
+    #[inline]
+    fn is_cont(raw: u64, _height: u32) -> bool {
+        raw & N != 0
     }
 
     /// Linux riscv `pte_mkold`: A clear.

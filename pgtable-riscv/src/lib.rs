@@ -43,9 +43,11 @@
 //!   Svvptc; no break-before-make. Without Svvptc that barrier after each
 //!   table's writes also drops every translation of the hart, so the range
 //!   flushes that follow matter only with Svvptc (or for other harts).
-//! - Svnapot PTEs are built and decoded here but not folded by the
-//!   algorithms: all 16 entries of a NAPOT run hold the same PPN, while
-//!   pgtable-core's contiguous runs need each entry to name its own page.
+//! - With [`SVNAPOT`], 64 KiB NAPOT runs are pgtable-core's contiguous
+//!   runs (folded on map, unfolded before a partial change, A/D over the
+//!   run, as on arm64); all 16 PTEs of a run hold the run's base, and the
+//!   format's `cont_pa` / `clear_cont_at` give each entry its own page.
+//!   Without it, maps write plain PTEs.
 //!
 //! ## Example
 //!

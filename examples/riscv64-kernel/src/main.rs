@@ -14,9 +14,9 @@
 //! shutdown with no reason when everything passed, "system failure"
 //! otherwise.
 //!
-//! Svnapot (64 KiB NAPOT pages) is not exercised: pgtable-core does not
-//! fold NAPOT runs yet (pgtable-riscv's docs), so there are no
-//! `contpte_` cases here.
+//! Where the device tree lists Svnapot, the `contpte_napot_` cases
+//! ([`contpte`]) map 64 KiB NAPOT runs in a space of the Svnapot format
+//! and change, store to, move and unmap them on the live hart.
 //!
 //! Command line (`-append`): `[mode=sv39|sv48|sv57] [seed=N]
 //! [threshold_mb=M] [big] [only=prefix,..] [skip=prefix,..] [verbose]
@@ -26,6 +26,7 @@
 #![no_main]
 
 mod cases;
+mod contpte;
 mod fdt;
 mod machine;
 mod mem;
@@ -168,12 +169,10 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
     println!("cmdline: \"{line}\" -> {opts:?}");
     let svinval = info.has_extension("svinval");
     let svpbmt = info.has_extension("svpbmt");
+    let svnapot = info.has_extension("svnapot");
     println!(
         "isa: {} (Svinval {}, Svpbmt {}, Svnapot {})",
-        info.isa,
-        svinval,
-        info.has_extension("svpbmt"),
-        info.has_extension("svnapot")
+        info.isa, svinval, svpbmt, svnapot
     );
     let ram = info.ram;
     println!(
@@ -200,19 +199,34 @@ extern "C" fn kmain(hart: u64, dtb: u64) -> ! {
         ),
         Err((h, e)) => println!("smp: sbi_hart_start of hart {h} failed: {e:?}"),
     }
+    let ext = Extensions {
+        svinval,
+        svpbmt,
+        svnapot,
+    };
     let ok = match opts.levels {
-        3 => run_on::<3>(ram, &opts, svinval, svpbmt),
-        4 => run_on::<4>(ram, &opts, svinval, svpbmt),
-        _ => run_on::<5>(ram, &opts, svinval, svpbmt),
+        3 => run_on::<3>(ram, &opts, ext),
+        4 => run_on::<4>(ram, &opts, ext),
+        _ => run_on::<5>(ram, &opts, ext),
     };
     sbi::shutdown(ok)
 }
 
+/// The optional extensions the device tree lists for the harts (QEMU
+/// gives every hart the same `-cpu`).
+#[derive(Clone, Copy, Debug)]
+struct Extensions {
+    svinval: bool,
+    svpbmt: bool,
+    svnapot: bool,
+}
+
 /// Builds the kernel's space in `RiscvPaging<L>`, switches to it and runs
-/// every case on it; true when all passed. With `svinval` (every hart
+/// every case on it; true when all passed. With Svinval (every hart
 /// has it: one `-cpu` for all) the kernel's range flushes, the suite's
 /// included, use the Svinval sequence.
-fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool, svpbmt: bool) -> bool {
+fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, ext: Extensions) -> bool {
+    let svinval = ext.svinval;
     let mut mmu = RiscvMmu::new::<L, 0>();
     if svinval {
         // SAFETY: the device tree lists Svinval for the harts (QEMU gives
@@ -251,8 +265,9 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, svinval: bool, svpbmt: 
             "SFENCE.VMA per stride"
         }
     );
-    println!("not run: Svnapot (contpte_) cases: pgtable-core does not fold NAPOT runs yet");
-    let own = space::run::<L>(&mut k, ram, asid_bits).add(space::svpbmt::<L>(&mut k, ram, svpbmt));
+    let own = space::run::<L>(&mut k, ram, asid_bits)
+        .add(space::svpbmt::<L>(&mut k, ram, ext.svpbmt))
+        .add(contpte::run::<L>(&mut k, ram, ext.svnapot));
     println!();
     let smp_asid = Asid::new(3, asid_bits).ok();
     let smp = smp_cases::run::<L>(ram, smp_asid).add(smp_cases::stop_others());

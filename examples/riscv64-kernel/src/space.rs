@@ -73,6 +73,15 @@ fn set_sum(on: bool) {
     }
 }
 
+/// Runs `f` with sstatus.SUM set (S-mode loads and stores reach U pages),
+/// and clears it again.
+pub fn with_sum<T>(f: impl FnOnce() -> T) -> T {
+    set_sum(true);
+    let r = f();
+    set_sum(false);
+    r
+}
+
 fn user_pages<const L: u32>(k: &mut Kernel<L>) -> R {
     code(case_frame(10), &[LD_A0_A0, ECALL]);
     fill(case_frame(11), 0x05e7_da7a);

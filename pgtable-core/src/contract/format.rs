@@ -223,8 +223,8 @@ pub enum AccessFault {
 ///   for `0`, and never for a leaf the format builds ([`leaf`](Format::leaf),
 ///   [`leaf_template`](Format::leaf_template)` | pa`,
 ///   [`modify_prot`](Format::modify_prot) of a leaf,
-///   [`mk_cont`](Format::mk_cont) or [`clear_cont`](Format::clear_cont)
-///   of a leaf,
+///   [`mk_cont`](Format::mk_cont), [`clear_cont`](Format::clear_cont) or
+///   [`clear_cont_at`](Format::clear_cont_at) of a leaf,
 ///   [`split_leaf`](Format::split_leaf) of a leaf with its address
 ///   advanced) or that the hardware makes of one
 ///   ([`hw_access`](Format::hw_access), which must describe every change
@@ -394,19 +394,54 @@ pub unsafe trait Format: Sized + 'static {
         0
     }
 
-    /// The leaf `raw` at `height` with the contiguous hint set (Linux
-    /// `pte_mkcont`). Only called where [`cont_entries`](Format::cont_entries)
-    /// is not 0; it must leave a leaf a leaf (never a table, see `# Safety`).
+    /// The entry of a folded run for the leaf `raw` at `height` (Linux
+    /// `pte_mkcont`): `raw` maps its own page of the run, with its address;
+    /// the result is what the algorithms store for that page. Only called
+    /// where [`cont_entries`](Format::cont_entries) is not 0; it must leave
+    /// a leaf a leaf (never a table, see `# Safety`). The default returns
+    /// `raw`.
+    ///
+    /// On arm64 it sets the Contiguous bit and keeps the address. A format
+    /// whose run entries all hold the run's base instead (RISC-V Svnapot:
+    /// N set, PPN\[0\]\[3:0\] = `0b1000`) replaces the address by that
+    /// encoding, and then overrides [`cont_pa`](Format::cont_pa) and
+    /// [`clear_cont_at`](Format::clear_cont_at) to undo it.
     #[inline]
     fn mk_cont(raw: u64, _height: u32) -> u64 {
         raw
     }
 
     /// The leaf `raw` at `height` with the contiguous hint clear (Linux
-    /// `pte_mknoncont`).
+    /// `pte_mknoncont`), for formats whose run entries each keep their own
+    /// output address (arm64). The algorithms call it only through
+    /// [`clear_cont_at`](Format::clear_cont_at).
     #[inline]
     fn clear_cont(raw: u64, _height: u32) -> u64 {
         raw
+    }
+
+    /// The plain leaf for entry `index` (of its table) of the folded run
+    /// holding `raw` at `height`: the hint cleared and, for a format whose
+    /// run entries do not name their own page, that page's address
+    /// restored. The default is [`clear_cont`](Format::clear_cont), which
+    /// is right where every entry keeps its own address (arm64). Like
+    /// `clear_cont`, it must leave a leaf a leaf.
+    #[inline]
+    fn clear_cont_at(raw: u64, height: u32, index: usize) -> u64 {
+        let _ = index;
+        Self::clear_cont(raw, height)
+    }
+
+    /// The output address of the page the leaf `raw` maps when it sits at
+    /// entry `index` of a table at `height`, where
+    /// [`decode`](Format::decode) gave `pa`. The default is `pa`: each
+    /// entry names its own page (arm64, x86). A RISC-V NAPOT PTE names the
+    /// run's base, and the walker puts VPN\[0\]\[3:0\] in its place,
+    /// so Svnapot formats add the index within the run.
+    #[inline]
+    fn cont_pa(raw: u64, pa: PhysAddr, height: u32, index: usize) -> PhysAddr {
+        let _ = (raw, height, index);
+        pa
     }
 
     /// Whether the leaf `raw` at `height` has the contiguous hint (Linux

@@ -67,7 +67,9 @@
 //!   `is_settled` (all three: a leaf the hardware need not update),
 //!   hierarchical table attributes (`table_entry_attrs`, `table_limits`:
 //!   arm64 APTable/XNTable, x86 U/S R/W XD), contiguous runs
-//!   (`cont_entries`, `mk_cont`, `clear_cont`, `is_cont`: arm64 only),
+//!   (`cont_entries`, `mk_cont`, `is_cont`: arm64 and RISC-V with
+//!   Svnapot; `clear_cont`: arm64; `clear_cont_at`, `cont_pa`: RISC-V,
+//!   whose NAPOT entries all hold the run's base),
 //!   `OA_SHIFT` (RISC-V, whose PPN starts at bit 10) and
 //!   `SEPARATE_HALVES` (arm64's TTBR0/TTBR1). `VA_BITS` and `leaf`
 //!   are derived from the others; no arch overrides them, but a

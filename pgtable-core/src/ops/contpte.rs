@@ -58,8 +58,8 @@ use core::sync::atomic::Ordering::Relaxed;
 use crate::contract::level::{entry_end, index, shift};
 use crate::space::walker::{Next, Span, TableRef};
 use crate::{
-    AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, Slot, Table, TableAlloc, TlbRange,
-    VirtAddr,
+    AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, PhysAddr, Slot, Table, TableAlloc,
+    TlbRange, VirtAddr,
 };
 
 /// Size in bytes of one run at `height`, or `0` where the format has none.
@@ -124,6 +124,17 @@ pub(crate) fn gather_ad<A: Format>(slots: &[Slot]) -> (bool, bool) {
 #[inline]
 pub(crate) fn is_folded<A: Format>(raw: u64, height: u32) -> bool {
     A::is_cont(raw, height) && matches!(A::decode(raw, height), Decoded::Leaf(_))
+}
+
+/// The output address of the page the leaf `raw` maps at entry `index`
+/// of a table at `height` (what the walker computes: [`Format::cont_pa`]
+/// of the decoded address), or `None` if `raw` is not a present leaf.
+#[inline]
+pub(crate) fn leaf_pa<A: Format>(raw: u64, height: u32, index: usize) -> Option<PhysAddr> {
+    match A::decode(raw, height) {
+        Decoded::Leaf(pa) => Some(A::cont_pa(raw, pa, height, index)),
+        _ => None,
+    }
 }
 
 /// `raw` with the accessed/dirty state `(young, dirty)` added.
@@ -347,8 +358,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             slots,
             base,
             height,
-            |o, young, dirty| match A::decode(o, height) {
-                Decoded::Leaf(_) => with_ad::<A>(A::clear_cont(o, height), height, young, dirty),
+            |o, i, young, dirty| match A::decode(o, height) {
+                Decoded::Leaf(_) => {
+                    with_ad::<A>(A::clear_cont_at(o, height, i), height, young, dirty)
+                }
                 _ => o,
             },
         );
@@ -362,15 +375,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 /// `base`): every entry taken out with an atomic get-and-clear (so an
 /// accessed/dirty update the hardware made up to then is in the value
 /// returned; none after it, an invalid entry is never updated), one TLB
-/// flush for the run, then every entry made again as `make(old, young,
-/// dirty)`, where `young`/`dirty` are ORed over the run. The caller issues
-/// the walker barrier (or its table's).
+/// flush for the run, then every entry made again as `make(old, index,
+/// young, dirty)`, where `index` is the entry's index in its table and
+/// `young`/`dirty` are ORed over the run. The caller issues the walker
+/// barrier (or its table's).
 pub(crate) fn break_run<A: Arch, M: Mmu>(
     mmu: &M,
     slots: &[Slot],
     base: u64,
     height: u32,
-    make: impl Fn(u64, bool, bool) -> u64,
+    make: impl Fn(u64, usize, bool, bool) -> u64,
 ) {
     let mut old = [0u64; MAX_RUN];
     let (mut young, mut dirty) = (false, false);
@@ -392,11 +406,12 @@ pub(crate) fn break_run<A: Arch, M: Mmu>(
         stride_shift: shift(height),
         last_level: true,
     });
-    for (o, s) in old.iter().zip(slots) {
+    let first = index(base, height);
+    for (k, (o, s)) in old.iter().zip(slots).enumerate() {
         // Only leaves are made again (a folded run holds nothing else; an
         // entry that was not a leaf goes back as it was).
         match A::decode(*o, height) {
-            Decoded::Leaf(_) => A::set_pte_nosync(mmu, s, make(*o, young, dirty)),
+            Decoded::Leaf(_) => A::set_pte_nosync(mmu, s, make(*o, first + k, young, dirty)),
             Decoded::None => {}
             _ => A::set_pte_nosync(mmu, s, *o),
         }

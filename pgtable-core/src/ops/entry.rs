@@ -3,7 +3,7 @@
 use core::fmt;
 use core::marker::PhantomData;
 
-use crate::contract::level::size;
+use crate::contract::level::{index, size};
 use crate::{Decoded, Format, PhysAddr, Prot, VirtAddr};
 
 /// A copy of one leaf-level entry (a page, a block, or a non-present
@@ -103,10 +103,7 @@ impl<A: Format> LeafEntry<A> {
     /// The physical address of the page or block, if present.
     #[inline]
     pub fn pa(&self) -> Option<PhysAddr> {
-        match A::decode(self.raw, self.height) {
-            Decoded::Leaf(pa) => Some(pa),
-            _ => None,
-        }
+        crate::ops::contpte::leaf_pa::<A>(self.raw, self.height, index(self.va, self.height))
     }
 
     /// The protection it granted, if present.

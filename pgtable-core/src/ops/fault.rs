@@ -186,7 +186,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // `contpte_ptep_set_access_flags` does. Making the whole run
             // writable would also grant stores to pages the fault did not
             // ask for (after a copy-on-write fork: pages still shared).
-            let one = A::clear_cont(raw, h);
+            let one = A::clear_cont_at(raw, h, i);
             if needs_bbm::<A>(one, change(one), h) {
                 return Err(Error::BreakBeforeMake(va));
             }

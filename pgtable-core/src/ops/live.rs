@@ -125,8 +125,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::BreakBeforeMake`] with the first address (in walk order)
     /// whose entry cannot be changed in place ([`Arch::change_is_safe`]:
     /// arm64 memory type or non-global to global changes, splitting a
-    /// block, and changing part of a folded contiguous run), unless `opts`
-    /// allows break-before-make. On error nothing was changed.
+    /// block), or changing part of a folded contiguous run (on every
+    /// format with runs: the unfold clears the whole run, also on RISC-V
+    /// Svnapot), unless `opts` allows break-before-make. On error nothing
+    /// was changed.
     pub fn change_protection_live(
         &mut self,
         va: VirtAddr,
@@ -135,7 +137,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         opts: LiveOptions,
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
-        if A::BREAK_BEFORE_MAKE && !opts.allow_bbm {
+        // The unfold of a run is break-before-make for the whole run,
+        // whether or not the arch requires it elsewhere (RISC-V).
+        let has_runs = (0..A::LEVELS).any(|h| A::cont_entries(h) != 0);
+        if (A::BREAK_BEFORE_MAKE || has_runs) && !opts.allow_bbm {
             // Changing part of a folded contiguous run unfolds it, which
             // is break-before-make for the whole run. The error names the
             // lower of the two first addresses (the walk goes up from `va`).
@@ -283,7 +288,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         t.slots(at, at + c),
                         base,
                         height,
-                        |o, _, _| A::modify_prot(o, prot, height),
+                        |o, _, _, _| A::modify_prot(o, prot, height),
                     );
                     self.mmu.stats.add_entries_written(c as u64);
                     gather.add_range(VirtAddr(base), span, height);

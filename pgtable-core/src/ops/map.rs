@@ -269,15 +269,19 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let head = (lo.wrapping_sub(va) / PAGE_SIZE) as usize;
         let mid = (folded / PAGE_SIZE) as usize;
         let spans = [
-            (i, i + head, template),
-            (i + head, i + head + mid, A::mk_cont(template, 0)),
-            (i + head + mid, i + n, template),
+            (i, i + head, false),
+            (i + head, i + head + mid, true),
+            (i + head + mid, i + n, false),
         ];
         let entries = &t.table().entries;
         if opts.is_barrier_per_entry() {
-            for (a, b, template) in spans {
+            for (a, b, folded) in spans {
                 for e in &entries[a..b] {
-                    A::set_pte_at(&self.mmu, VirtAddr(va), e, template | pa >> A::OA_SHIFT);
+                    let mut leaf = template | pa >> A::OA_SHIFT;
+                    if folded {
+                        leaf = A::mk_cont(leaf, 0);
+                    }
+                    A::set_pte_at(&self.mmu, VirtAddr(va), e, leaf);
                     pa += PAGE_SIZE;
                     // Wrapping: past the last page of the 64-bit space
                     // the address is 2^64, and it is not used again.
@@ -288,9 +292,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Three plain loops (one per span), each the tight
             // template-OR-address store loop.
             let (h, m) = (spans[0].1, spans[1].1);
-            pa = fill::<A, _>(&self.mmu, &entries[i..h], spans[0].2, pa, PAGE_SIZE);
-            pa = fill::<A, _>(&self.mmu, &entries[h..m], spans[1].2, pa, PAGE_SIZE);
-            fill::<A, _>(&self.mmu, &entries[m..i + n], spans[2].2, pa, PAGE_SIZE);
+            pa = fill::<A, _>(&self.mmu, &entries[i..h], template, pa, PAGE_SIZE);
+            pa = fill_cont::<A, _>(&self.mmu, &entries[h..m], template, pa, 0);
+            fill::<A, _>(&self.mmu, &entries[m..i + n], template, pa, PAGE_SIZE);
         }
         self.mmu.stats.add_entries_written(n as u64);
     }
@@ -305,17 +309,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let n = (end.wrapping_sub(va) >> shift(height)) as usize;
         let head = (lo.wrapping_sub(va) >> shift(height)) as usize;
         let mid = (folded >> shift(height)) as usize;
-        let spans = [
-            (i, i + head, template),
-            (i + head, i + head + mid, A::mk_cont(template, height)),
-            (i + head + mid, i + n, template),
-        ];
-        let (h, m) = (spans[0].1, spans[1].1);
+        let (h, m) = (i + head, i + head + mid);
         let step = size(height);
         let entries = &t.table().entries;
-        pa = fill::<A, _>(&self.mmu, &entries[i..h], spans[0].2, pa, step);
-        pa = fill::<A, _>(&self.mmu, &entries[h..m], spans[1].2, pa, step);
-        fill::<A, _>(&self.mmu, &entries[m..i + n], spans[2].2, pa, step);
+        pa = fill::<A, _>(&self.mmu, &entries[i..h], template, pa, step);
+        pa = fill_cont::<A, _>(&self.mmu, &entries[h..m], template, pa, height);
+        fill::<A, _>(&self.mmu, &entries[m..i + n], template, pa, step);
         self.mmu.stats.add_entries_written(n as u64);
     }
 }
@@ -402,6 +401,25 @@ fn whole_need<A: Arch>(height: u32, plan: &MapPlan) -> usize {
 #[inline]
 fn whole_leaf<A: Arch>(height: u32, plan: &MapPlan) -> bool {
     plan.opts.allows(height) && A::leaf_allowed(height) && plan.off & (size(height) - 1) == 0
+}
+
+/// [`fill`] for whole folded runs at `height`: each entry is the run's
+/// entry for its own leaf, `mk_cont(template | pa)` (for arm64 the hint OR
+/// the address, which the compiler hoists out of the loop; for a RISC-V
+/// NAPOT run the run's base encoding, the same in every entry).
+#[inline(always)]
+fn fill_cont<A: Arch, M: Mmu>(
+    mmu: &M,
+    entries: &[crate::Slot],
+    template: u64,
+    mut pa: u64,
+    height: u32,
+) -> u64 {
+    for e in entries {
+        A::set_pte_nosync(mmu, e, A::mk_cont(template | pa >> A::OA_SHIFT, height));
+        pa = pa.wrapping_add(size(height));
+    }
+    pa
 }
 
 /// Whether every entry of `[va, end)` (within one table at `height`) is a

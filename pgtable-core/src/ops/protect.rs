@@ -491,7 +491,7 @@ fn commit_pte<A: Arch, M: Mmu>(mmu: &M, slot: &Slot, va: VirtAddr, prot: Prot, b
 /// of them disagree in memory type while valid; the run stays folded.
 #[inline]
 fn break_run_prot<A: Arch, M: Mmu>(mmu: &M, slots: &[Slot], base: u64, height: u32, prot: Prot) {
-    contpte::break_run::<A, _>(mmu, slots, base, height, |o, _, _| {
+    contpte::break_run::<A, _>(mmu, slots, base, height, |o, _, _, _| {
         A::modify_prot(o, prot, height)
     });
 }

@@ -120,7 +120,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let raw = t.load(i);
         let next = match A::decode(raw, height) {
             Decoded::None => Next::None,
-            Decoded::Leaf(pa) => Next::Leaf(pa),
+            Decoded::Leaf(pa) => Next::Leaf(A::cont_pa(raw, pa, height, i)),
             Decoded::Table(pa) if height > 0 => {
                 // SAFETY: `t` is reachable (by construction), and a table
                 // entry of a reachable table links a live table frame of

@@ -136,6 +136,14 @@ macro_rules! block_prot_wrapper {
                 A::clear_cont(raw, height)
             }
             #[inline]
+            fn clear_cont_at(raw: u64, height: u32, index: usize) -> u64 {
+                A::clear_cont_at(raw, height, index)
+            }
+            #[inline]
+            fn cont_pa(raw: u64, pa: PhysAddr, height: u32, index: usize) -> PhysAddr {
+                A::cont_pa(raw, pa, height, index)
+            }
+            #[inline]
             fn is_cont(raw: u64, height: u32) -> bool {
                 A::is_cont(raw, height)
             }

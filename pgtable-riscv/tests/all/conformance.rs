@@ -9,7 +9,7 @@ use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
 use pgtable_core::{AddressSpace, VirtAddr};
-use pgtable_riscv::{RiscvPaging, Sv39, Sv48, Sv57, SVPBMT};
+use pgtable_riscv::{RiscvPaging, Sv39, Sv48, Sv57, SVNAPOT, SVPBMT};
 
 /// Runs the suite on a fresh simulated machine with the window at `window`
 /// (default placement when `None`); returns the summary, the failure lines,
@@ -109,4 +109,24 @@ fn suite_passes_with_sv57_in_the_upper_half() {
 #[test]
 fn suite_passes_with_sv48_and_svpbmt() {
     assert_green(run::<RiscvPaging<4, SVPBMT>>(&cfg(), None));
+}
+
+// With Svnapot the suite's maps of aligned 64 KiB fold into NAPOT runs,
+// and its partial changes, moves and harvests go through the unfold.
+
+#[test]
+fn suite_passes_with_sv39_and_svnapot() {
+    assert_green(run::<RiscvPaging<3, SVNAPOT>>(&cfg(), None));
+}
+
+#[test]
+fn suite_passes_with_sv48_svpbmt_and_svnapot_in_both_halves() {
+    type Full48 = RiscvPaging<4, { SVPBMT | SVNAPOT }>;
+    assert_green(run::<Full48>(&cfg(), None));
+    assert_green(run::<Full48>(&cfg(), Some(0xffff_8000_0000_0000)));
+}
+
+#[test]
+fn suite_passes_with_sv57_and_svnapot() {
+    assert_green(run::<RiscvPaging<5, { SVPBMT | SVNAPOT }>>(&cfg(), None));
 }

@@ -198,8 +198,27 @@ fn napot_64k_encode_and_decode() {
         RiscvPaging::<3, SVPBMT>::try_napot_64k(pa, Prot::READ_WRITE),
         Err(EntryError::NoSvnapot)
     );
-    // The algorithms do not fold runs (see the format docs).
-    assert_eq!(Full39::cont_entries(0), 0);
+    // The algorithms fold 64 KiB runs at the PTE level only, and only
+    // where the harts have Svnapot.
+    assert_eq!(Full39::cont_entries(0), 16);
+    assert_eq!(Full39::cont_entries(1), 0);
+    assert_eq!(RiscvPaging::<3, SVPBMT>::cont_entries(0), 0);
+    // The run's PTE from the PTE of any of its pages, and back.
+    for j in 0..16u64 {
+        let page = Full39::leaf(PhysAddr(pa.0 + j * 0x1000), Prot::READ_WRITE, 0);
+        assert_eq!(Full39::mk_cont(page, 0), e, "page {j}");
+        assert!(Full39::is_cont(e, 0));
+        // Entry `j` of the run, at table index 32 + j.
+        let ix = 32 + j as usize;
+        assert_eq!(Full39::clear_cont_at(e, 0, ix), page, "page {j}");
+        assert_eq!(Full39::cont_pa(e, pa, 0, ix), PhysAddr(pa.0 + j * 0x1000));
+        // A plain PTE names its own page whatever its index.
+        assert_eq!(Full39::clear_cont_at(page, 0, ix + 1), page);
+        assert_eq!(
+            Full39::cont_pa(page, PhysAddr(pa.0 + j * 0x1000), 0, 7),
+            PhysAddr(pa.0 + j * 0x1000)
+        );
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The integration tests of pgtable-riscv, one binary (the model test is
-//! `tests/model.rs`): PTE encodings, Svnapot, the `SFENCE.VMA` plans, and
+//! `tests/model.rs`): PTE encodings, Svnapot runs (and the simulator's
+//! checks of them), the `SFENCE.VMA` plans, and
 //! the cases pgtable-testkit shares with the other crates, on the
 //! simulated machine.
 
@@ -12,6 +13,7 @@ mod harts;
 mod kernel_half;
 mod live;
 mod napot;
+mod napot_sim;
 mod ops;
 mod ptdump;
 mod regs;

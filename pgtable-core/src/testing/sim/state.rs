@@ -14,6 +14,7 @@ use super::{
     SimFaultKind, SimStats, StaleTlb, UnorderedLink,
 };
 use crate::contract::level::{index, size};
+use crate::ops::contpte::leaf_pa;
 use crate::{
     Access, AccessFault, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs,
     TlbRange, VaRange, VirtAddr,
@@ -102,6 +103,18 @@ pub(super) const GLOBAL: u32 = u32::MAX;
 /// Flag in a key's height: the entry caches a whole folded contiguous run
 /// of leaves at that height (Arm ARM D8.6.1), its base the run's start.
 pub(super) const CONT_KEY: u32 = 0x100;
+
+/// Whether the entries of a cached run may disagree in memory type until
+/// the flush: where the arch has no break-before-make rule
+/// ([`Arch::BREAK_BEFORE_MAKE`] false: RISC-V, whose Svnapot translation
+/// caches hold a copy of one entry of the run, so a page then has the old
+/// or the new type, as through any stale entry). On arm64 a cached run
+/// whose entries disagree in memory type may serve any page with either
+/// type, misprogramming the Contiguous bit (Arm ARM D8.6.1, RJQQTC).
+#[inline]
+pub(super) fn run_mem_may_differ<A: Arch>() -> bool {
+    !A::BREAK_BEFORE_MAKE
+}
 
 /// The size of the region a key's height covers.
 #[inline]
@@ -551,9 +564,7 @@ impl State {
         }
         let step = size(height);
         let j = (index(va, height) & (n as usize - 1)) as u64;
-        let Decoded::Leaf(pa) = A::decode(raw, height) else {
-            return None;
-        };
+        let pa = leaf_pa::<A>(raw, height, index(va, height))?;
         let base_pa = pa.0.wrapping_sub(j * step);
         let mem = A::leaf_prot(raw, height).mem();
         // The run is aligned and `n` divides the table's entry count, so
@@ -574,9 +585,10 @@ impl State {
             if r == 0 {
                 continue;
             }
-            let ok = A::decode(r, height) == Decoded::Leaf(PhysAddr(base_pa + u64::from(i) * step))
+            let ok = leaf_pa::<A>(r, height, first + i as usize)
+                == Some(PhysAddr(base_pa + u64::from(i) * step))
                 && A::is_cont(r, height)
-                && A::leaf_prot(r, height).mem() == mem;
+                && (run_mem_may_differ::<A>() || A::leaf_prot(r, height).mem() == mem);
             if !ok {
                 bad = Some((i, r));
             }
@@ -711,7 +723,7 @@ impl State {
                 self.stats.dirty_set += u64::from(upd.dirty);
             }
             self.fill_leaf::<A>(va, &leaf, new).map_err(fault)?;
-            let Decoded::Leaf(pa) = A::decode(new, h) else {
+            let Some(pa) = leaf_pa::<A>(new, h, leaf.index) else {
                 unreachable!("hw_access keeps a leaf a leaf")
             };
             return Ok((pa.0 + (va & (size(h) - 1)), upd));
@@ -901,10 +913,12 @@ impl State {
                     // Relaxed: see `walker_read`; what is programmed now.
                     let r = e.load(Relaxed);
                     let at = PhysAddr(base_pa.0 + u64::from(j) * step);
+                    // The entry's index in its table, from its address.
+                    let ix = ((c.slot + 8 * u64::from(j)) & 0xfff) as usize / 8;
                     let ok = r == 0
-                        || (A::decode(r, h) == Decoded::Leaf(at)
+                        || (leaf_pa::<A>(r, h, ix) == Some(at)
                             && A::is_cont(r, h)
-                            && A::leaf_prot(r, h).mem() == mem);
+                            && (run_mem_may_differ::<A>() || A::leaf_prot(r, h).mem() == mem));
                     if !ok {
                         self.contig = Some(ContConflict {
                             va: VirtAddr(k.0),
@@ -1001,9 +1015,10 @@ impl State {
             return;
         };
         let bh = rec.key.1;
-        let (Decoded::Leaf(pa), Decoded::Leaf(bpa)) =
-            (A::decode(raw, rec.height), A::decode(c.raw, bh))
-        else {
+        let (Some(pa), Decoded::Leaf(bpa)) = (
+            leaf_pa::<A>(raw, rec.height, index(va, rec.height)),
+            A::decode(c.raw, bh),
+        ) else {
             return;
         };
         let same = pa.0 == bpa.0 + (va - rec.key.0)
@@ -1252,16 +1267,21 @@ impl State {
         let step = size(h);
         let mut dirty = false;
         let mut first_bad = None;
+        // The cached entry holds the run's first output address.
+        let Decoded::Leaf(base_pa) = A::decode(c.raw, h) else {
+            return Ok(());
+        };
         for i in 0..u64::from(A::cont_entries(h)) {
-            let fresh = self.fresh::<A>(root, base + i * step, h, true);
-            let want = c.raw + i * step;
+            let va = base + i * step;
+            let fresh = self.fresh::<A>(root, va, h, true);
+            let want = PhysAddr(base_pa.0 + i * step);
             let ok = match fresh {
                 Some((raw, fh)) => {
                     dirty |= A::is_dirty(raw);
                     fh == h
                         && A::is_cont(raw, h)
-                        && A::decode(raw, h) == A::decode(want, h)
-                        && A::leaf_prot(raw, h) == A::leaf_prot(want, h)
+                        && leaf_pa::<A>(raw, h, index(va, h)) == Some(want)
+                        && A::leaf_prot(raw, h) == A::leaf_prot(c.raw, h)
                 }
                 None => false,
             };
@@ -1329,14 +1349,15 @@ impl State {
                 Decoded::Leaf(pa) if n != 0 && A::is_cont(raw, h) => {
                     let first = i & !(n - 1);
                     let run = (n as u64) * step;
+                    let pa = A::cont_pa(raw, pa, h, i);
                     let base_pa = pa.0.wrapping_sub((i - first) as u64 * step);
                     let prot = A::leaf_prot(raw, h);
                     for (k, e) in t.entries[first..first + n].iter().enumerate() {
                         // Relaxed: as above.
                         let r = e.load(Relaxed);
                         let ok = base_pa & (run - 1) == 0
-                            && A::decode(r, h)
-                                == Decoded::Leaf(PhysAddr(base_pa + k as u64 * step))
+                            && leaf_pa::<A>(r, h, first + k)
+                                == Some(PhysAddr(base_pa + k as u64 * step))
                             && A::is_cont(r, h)
                             && A::leaf_prot(r, h) == prot;
                         if !ok {

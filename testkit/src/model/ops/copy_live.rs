@@ -76,6 +76,8 @@ impl<A: Arch> Episode<A> {
     /// be made in place: a leaf whose protection changes and that is a
     /// block covered in part, an entry of a folded run covered in part,
     /// or one the arch cannot change in place ([`Arch::change_is_safe`]).
+    /// Without break-before-make rules (RISC-V) only the folded run
+    /// covered in part: its unfold clears the whole run.
     pub(super) fn live_refusal(&self, va: u64, len: u64, prot: Prot) -> Option<u64> {
         let end = u128::from(va) + u128::from(len);
         let mut hit = None;
@@ -88,9 +90,11 @@ impl<A: Arch> Episode<A> {
             let whole = ls >= u128::from(va) && ls + u128::from(m.size) <= end;
             let (rs, re) = unit_at::<A>(m.va.0, h, m.entry);
             let (rs, re) = (u128::from(rs) << 12, u128::from(re) << 12);
-            let run_part = rs < u128::from(va) || re > end;
+            // (For a leaf outside a run, the unit is the leaf: covered in
+            // part means `!whole`.)
+            let run_part = A::is_cont(m.entry, h) && (rs < u128::from(va) || re > end);
             let unsafe_change = !A::change_is_safe(m.entry, A::modify_prot(m.entry, prot, h), h);
-            if !whole || run_part || unsafe_change {
+            if run_part || (A::BREAK_BEFORE_MAKE && (!whole || unsafe_change)) {
                 hit = Some(m.va.0.max(va));
             }
         });
@@ -105,7 +109,8 @@ impl<A: Arch> Episode<A> {
         tally: &mut Tally,
     ) -> Result<(), Failure> {
         let mut want = self.check(va, len);
-        if want.is_ok() && A::BREAK_BEFORE_MAKE && !bbm {
+        let has_runs = (0..A::LEVELS).any(|h| A::cont_entries(h) != 0);
+        if want.is_ok() && (A::BREAK_BEFORE_MAKE || has_runs) && !bbm {
             if let Some(at) = self.live_refusal(va, len, prot) {
                 want = Err(Error::BreakBeforeMake(VirtAddr(at)));
             }
