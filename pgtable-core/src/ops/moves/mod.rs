@@ -449,7 +449,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
             return Err(Error::AlreadyMapped(va));
         }
         self.realign(range, free_below)?;
-        Ok((None, self.count_tables_needed(range.start())))
+        Ok((None, self.count_tables_needed(*range)))
     }
 
     /// The mutual-alignment rule: aligns the move's starts down to the
