@@ -232,14 +232,6 @@ struct Pos {
 }
 
 impl Pos {
-    /// Steps `len` bytes forward on both sides.
-    #[inline]
-    fn advance(&mut self, len: u64) {
-        self.old = self.old.wrapping_add(len);
-        self.new = self.new.wrapping_add(len);
-        self.rem -= len;
-    }
-
     /// Bytes to the nearer of the next boundaries of entries at `height`
     /// on both sides, at most `rem`.
     #[inline]
