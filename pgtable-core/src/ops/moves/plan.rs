@@ -1,6 +1,8 @@
-//! The planning walk: what the move does at one position, found by one
-//! walk from the root of the source (and, for whole entries, of the
-//! destination), through the walker's table references.
+//! The planning: what the move does at one position of the source, in the
+//! source table on the path to it (`plan_at`: the write phase's cursor
+//! hands it that table; `plan` walks to it from the root for the first
+//! step), with the destination found by its own short walk
+//! (`AddressSpace::path_to`) for whole entries.
 
 use super::{Fast, Pos};
 use crate::contract::level::{entry_end, index, size};
@@ -185,6 +187,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     /// path to `at.old`: a step, or the table of its entry to go down
     /// into (only above the PMD level: the PTEs under a PMD entry are one
     /// step per extent, Linux `move_ptes`).
+    #[inline(always)]
     pub(super) fn plan_at(self, t: TableRef<'a>, h: u32, at: Pos) -> At<'a> {
         let i = index(at.old, h);
         let (raw, next) = self.space.read(t, i, h);
@@ -281,6 +284,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     /// and one destination table (`dst`, where the first one goes). Moving
     /// them in one step saves a walk from the root per entry (512 per GiB
     /// on the PMD path).
+    #[inline]
     fn run(
         self,
         t: TableRef<'a>,
