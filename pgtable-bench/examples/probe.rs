@@ -9,12 +9,15 @@
 //! ```
 //!
 //! OP is one of `map4k`, `map2m`, `protect`, `protectuser`, `unmap`,
-//! `unmapreport`, `unmapreportuser`, `forkcow`, `forkshared`, `fault`; the
-//! probe prints the number of entries the counted calls handled, so the
-//! instructions per entry are callgrind's total over that number.
+//! `unmapreport`, `unmapreportuser`, `forkcow`, `forkshared`, `fault`,
+//! `movepud`, `movepte`; the probe prints the number of entries the counted
+//! calls handled, so the instructions per entry are callgrind's total over
+//! that number. The two moves (`move_page_tables` of 1 GiB of 4 KiB pages
+//! there and back, with the options of the `move-1G` bench's `pud` and
+//! `pte` subjects) count one entry per call: their figure is per call.
 use pgtable_arm64::Arm64;
-use pgtable_bench::harness::{Pgtable, Subject, G1, PA, PAGE, VA};
-use pgtable_core::{CopyMode, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_bench::harness::{Pgtable, Subject, G1, PA, PAGE, VA, VA2};
+use pgtable_core::{variants, CopyMode, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86_64;
 use std::hint::black_box;
 
@@ -141,6 +144,29 @@ fn ops<A: pgtable_core::contract::Arch + 'static>(op: &str) -> u64 {
                 }
             }
             N * 64
+        }
+        "movepud" | "movepte" => {
+            let opts = if op == "movepud" {
+                MoveOptions::DEFAULT
+            } else {
+                variants::PTES_ONLY
+            };
+            let mut p = Pgtable::<A>::new(false);
+            p.map_pages(VA, G1);
+            // Warm the allocator for the destination tables: one round trip.
+            let round = |p: &mut Pgtable<A>| {
+                p.s.move_page_tables(VirtAddr(VA), VirtAddr(VA2), G1, opts)
+                    .unwrap();
+                p.s.move_page_tables(VirtAddr(VA2), VirtAddr(VA), G1, opts)
+                    .unwrap();
+            };
+            round(&mut p);
+            for _ in 0..REPS {
+                measured(&mut || round(&mut p));
+            }
+            let t = p.s.translate(VirtAddr(VA + G1 - 1)).unwrap();
+            assert_eq!(t.pa.0, PA + G1 - 1);
+            2
         }
         _ => panic!("unknown operation {op}"),
     }

@@ -5,8 +5,8 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use super::deferred::dest_meets_source;
-use super::plan::{Dest, EntryMove, PgtEntry, Step};
-use super::{Done, Mover, Pos};
+use super::plan::{At, Dest, EntryMove, PgtEntry, Step};
+use super::{Done, Mover, Pos, Range};
 use crate::contract::level::{entry_end, index, size};
 use crate::space::aspace::{covers, Block};
 use crate::space::walker::{Next, Span, TableRef};
@@ -75,23 +75,57 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
                 && (0..ENTRIES_PER_TABLE).any(|i| first.table.load(i) != 0))
     }
 
-    /// The move loop: the planned steps from the start of the range, until
-    /// its end or a short reservation.
-    fn move_all(&mut self, mut first: Option<EntryMove<'a>>) {
-        let mut at = self.range.start();
-        while at.rem > 0 {
-            let step = match first.take() {
-                Some(e) => Step::Entry(e),
-                None => self.plan.plan(at),
-            };
-            let len = self.step(step, at);
-            if self.stash.is_short() {
+    /// The move loop: the cursor over the source range, from its start
+    /// until its end or a short reservation; the destination side of each
+    /// step is found by its own short walk (Linux `get_old_pmd` /
+    /// `alloc_new_pmd` per extent). `first`, when given, is the whole move.
+    fn move_all(&mut self, first: Option<EntryMove<'a>>) {
+        let range = self.range;
+        if let Some(e) = first {
+            self.move_pgt_entry(e, range.start());
+            return;
+        }
+        let mut cur = self
+            .space
+            .cursor(range.old, range.old.wrapping_add(range.len));
+        while let Some(sp) = cur.span() {
+            match self.move_span(sp) {
+                Ok(Some((c, va))) => cur.descend(c, va),
+                Ok(None) => {
+                    cur.advance(sp.next);
+                }
                 // The count was short (see `take`): the step changed
                 // nothing; stop here and keep what is left at the source.
-                break;
+                Err(()) => return,
             }
-            at.advance(len);
         }
+    }
+
+    /// The steps of `sp`, one per extent, up to the first table the move
+    /// goes down into (that table and its first address; `None`: the span
+    /// is done; `Err`: the reservation is short).
+    fn move_span(&mut self, sp: Span<'a>) -> Result<Option<(TableRef<'a>, u64)>, ()> {
+        let Range { old, new, len } = self.range;
+        let end = old.wrapping_add(len);
+        let mut va = sp.va;
+        while va != sp.next {
+            let at = Pos {
+                old: va,
+                new: va.wrapping_sub(old).wrapping_add(new),
+                rem: end.wrapping_sub(va),
+            };
+            let step = match self.plan.plan_at(sp.table, sp.height, at) {
+                At::Step(step) => step,
+                At::Down(c) => return Ok(Some((c, va))),
+            };
+            // A split steps 0 bytes: the position is planned again, now
+            // over the block's table.
+            va = va.wrapping_add(self.step(step, at));
+            if self.stash.is_short() {
+                return Err(());
+            }
+        }
+        Ok(None)
     }
 
     /// Carries out `step` at `at`; returns how far it got.

@@ -1,147 +1,161 @@
-//! The dry run: the move loop without writes, counting exactly the tables
-//! the write phase will take (destination tables and block splits).
+//! The dry run: the move without writes, on the walker's cursor over the
+//! source range, counting exactly the tables the write phase will take
+//! (destination tables and block splits).
+//!
+//! Each source entry is judged as the write phase judges it: it moves
+//! whole when it covers its whole entry and its destination starts an
+//! entry of the same height that is none (a table only where the fast
+//! path allows it); a table that does not move whole is descended into;
+//! a block that does not move whole is split, and its children (not
+//! tables yet, so not walked) are judged from their addresses.
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::plan::{Planner, Step};
-use super::Pos;
-use crate::contract::level::{index, size};
+use super::plan::Planner;
+use super::Range;
+use crate::contract::level::{entry_end, index, size};
+use crate::space::aspace::covers;
+use crate::space::walker::{Next, Span, TableRef};
 use crate::{Arch, Mmu, TableAlloc, PAGE_SIZE};
 
-/// State the dry run simulates instead of writing it: the source block
-/// being split at each height, and the destination table last allocated at
-/// each height (both walks are monotone, so one of each per height
-/// suffices).
-#[derive(Default)]
+/// The destination table last counted at each height (the destination
+/// side is walked in address order, so one per height suffices), the
+/// offset from source to destination and the count so far.
 struct DryRun {
-    split: [Option<u64>; 5],
     alloc: [Option<u64>; 5],
+    delta: u64,
+    need: usize,
 }
 
-/// What the write phase would do at a position, as far as the count of
-/// tables it takes goes.
-enum DryStep {
-    /// Nothing to move in the next `len` bytes.
-    Skip(u64),
-    /// A run of `count` whole entries at `height`.
-    Entry { height: u32, count: usize },
-    /// A split of the source block at `height`.
-    Split { height: u32 },
-    /// The PTEs of the next `len` bytes; `present` when any is not none
-    /// (only then does the write phase take a destination table).
-    Ptes { len: u64, present: bool },
-}
+impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
+    /// Phase 1: a dry run of the whole move `range`, counting the tables
+    /// it takes.
+    pub(super) fn count_tables_needed(self, range: Range) -> usize {
+        let mut dry = DryRun {
+            alloc: [None; 5],
+            delta: range.new.wrapping_sub(range.old),
+            need: 0,
+        };
+        let mut cur = self
+            .space
+            .cursor(range.old, range.old.wrapping_add(range.len));
+        while let Some(sp) = cur.span() {
+            match self.dry_span(sp, &mut dry) {
+                Some((c, va)) => cur.descend(c, va),
+                None => {
+                    cur.advance(sp.next);
+                }
+            }
+        }
+        dry.need
+    }
 
-/// The first address of the entry at `height` that covers `va`.
-#[inline]
-fn entry_start(va: u64, height: u32) -> u64 {
-    va & !(size(height) - 1)
-}
-
-impl<A: Arch, M: Mmu, T: TableAlloc> Planner<'_, A, M, T> {
-    /// Phase 1: a dry run of the move loop over the whole move from
-    /// `start`, counting the tables it takes.
-    pub(super) fn count_tables_needed(self, start: Pos) -> usize {
-        let mut dry = DryRun::default();
-        let mut need = 0;
-        let mut at = start;
-        while at.rem > 0 {
-            let step = match self.plan_dry(at, &dry) {
-                DryStep::Skip(l) => l,
-                DryStep::Entry { height, count } => {
-                    // One destination table holds the whole run.
-                    need += self.dest_need(at.new, height, &mut dry);
-                    count as u64 * size(height)
-                }
-                DryStep::Split { height } => {
-                    need += 1;
-                    dry.split[height as usize] = Some(entry_start(at.old, height));
-                    0
-                }
-                DryStep::Ptes { len, present } => {
-                    if present {
-                        need += self.dest_need(at.new, 0, &mut dry);
-                    }
-                    len
-                }
+    /// The dry run over `sp` up to the first table it descends into (that
+    /// table and its first address; `None`: the span is done).
+    fn dry_span(self, sp: Span<'a>, dry: &mut DryRun) -> Option<(TableRef<'a>, u64)> {
+        let Span {
+            table: t,
+            height: h,
+            mut va,
+            next: end,
+            ..
+        } = sp;
+        if h == 0 {
+            // Relaxed: we hold the address space exclusively.
+            let present = |v: u64, n: usize| {
+                let i = index(v, 0);
+                t.slots(i, i + n).iter().any(|e| e.load(Relaxed) != 0)
             };
-            at.advance(step);
+            self.ptes_need(va, end, present, dry);
+            return None;
         }
-        need
-    }
-
-    /// The planning walk at `at` over the tables as the dry run has
-    /// changed them so far: a block it split is seen as its children.
-    fn plan_dry(self, at: Pos, dry: &DryRun) -> DryStep {
-        match self.plan(at) {
-            Step::Skip(l) => DryStep::Skip(l),
-            Step::Entry(e) => DryStep::Entry {
-                height: e.height,
-                count: e.count,
-            },
-            Step::Split { height, .. }
-                if dry.split[height as usize] == Some(entry_start(at.old, height)) =>
-            {
-                self.split_children(at, height, dry)
-            }
-            Step::Split { height, .. } => DryStep::Split { height },
-            Step::Ptes { len, src, .. } => {
-                let i = index(at.old, 0);
-                let k = (len / PAGE_SIZE) as usize;
-                DryStep::Ptes {
-                    len,
-                    // Relaxed: we hold the address space exclusively.
-                    present: src.slots(i, i + k).iter().any(|e| e.load(Relaxed) != 0),
+        for i in sp.from..sp.to {
+            let next = entry_end(va, h, end);
+            let whole = || self.whole_at(va, next, h, dry);
+            match self.space.read(t, i, h).1 {
+                Next::None => {}
+                // A software entry moves whole or stays in place.
+                Next::Invalid => {
+                    if whole() {
+                        self.dest_need(va, h, dry);
+                    }
                 }
+                Next::Leaf(_) if whole() => self.dest_need(va, h, dry),
+                Next::Leaf(_) => self.split_need(va, next, h, dry),
+                Next::Table(_) if self.fast.table_move(h) && whole() => self.dest_need(va, h, dry),
+                Next::Table(c) => return Some((c, va)),
             }
+            va = next;
+        }
+        None
+    }
+
+    /// Whether the source entry at `height` holding `[va, next)` moves as
+    /// one entry when it is a block: it covers its whole entry, and its
+    /// destination starts an entry of the same height that is none.
+    #[inline]
+    fn whole_at(self, va: u64, next: u64, height: u32, dry: &DryRun) -> bool {
+        let new = va.wrapping_add(dry.delta);
+        covers(va, next, height)
+            && new & (size(height) - 1) == 0
+            && self.whole_dest(true, new, height).is_some()
+    }
+
+    /// The split of the source block at `height` holding `[va, end)`: one
+    /// table, then its children at the next height down, which are
+    /// blocks (or pages) and all present (the `Format::split_leaf`
+    /// rules), each moved whole or split in turn.
+    fn split_need(self, va: u64, end: u64, height: u32, dry: &mut DryRun) {
+        dry.need += 1;
+        let h = height - 1;
+        if h == 0 {
+            self.ptes_need(va, end, |_, _| true, dry);
+            return;
+        }
+        let mut v = va;
+        while v != end {
+            let next = entry_end(v, h, end);
+            if self.whole_at(v, next, h, dry) {
+                self.dest_need(v, h, dry);
+            } else {
+                self.split_need(v, next, h, dry);
+            }
+            v = next;
         }
     }
 
-    /// The step at `at` inside the block at `height` that the dry run has
-    /// split: its children are blocks (or pages) of the next size down,
-    /// all present (a split gives leaves of the next size, by the
-    /// `Format::split_leaf` rules).
-    fn split_children(self, at: Pos, height: u32, dry: &DryRun) -> DryStep {
-        let mut h = height;
-        loop {
-            if h == 1 {
-                return DryStep::Ptes {
-                    len: at.extent(1),
-                    present: true,
-                };
+    /// The PTEs of the source `[va, end)` (inside one source PTE table)
+    /// moved entry by entry: one destination PTE table for each part of
+    /// the range inside one destination PMD entry, when `present(v, n)`
+    /// says one of the `n` source entries from `v` is not none.
+    fn ptes_need(self, va: u64, end: u64, present: impl Fn(u64, usize) -> bool, dry: &mut DryRun) {
+        let mut v = va;
+        while v != end {
+            let new = v.wrapping_add(dry.delta);
+            let room = size(1) - (new & (size(1) - 1));
+            let part = room.min(end.wrapping_sub(v));
+            if present(v, (part / PAGE_SIZE) as usize) {
+                self.dest_need(v, 0, dry);
             }
-            h -= 1;
-            if self
-                .whole_dest(at.extent(h) == size(h), at.new, h)
-                .is_some()
-            {
-                return DryStep::Entry {
-                    height: h,
-                    count: 1,
-                };
-            }
-            if dry.split[h as usize] != Some(entry_start(at.old, h)) {
-                return DryStep::Split { height: h };
-            }
+            v = v.wrapping_add(part);
         }
     }
 
-    /// Tables the destination path to the entry at `height` for `new`
-    /// still lacks; records them as allocated.
-    fn dest_need(self, new: u64, height: u32, dry: &mut DryRun) -> usize {
+    /// Counts the tables the destination path to the entry at `height`
+    /// for the source address `va` still lacks, and records them.
+    fn dest_need(self, va: u64, height: u32, dry: &mut DryRun) {
+        let new = va.wrapping_add(dry.delta);
         let Err(stop) = self.space.path_to(new, height) else {
-            return 0;
+            return;
         };
         // The tables at heights `stop.height - 1 ..= height` are missing,
-        // unless an earlier step of the dry run allocated them.
-        let mut need = 0;
+        // unless an earlier step of the dry run counted them.
         for k in (height..stop.height).rev() {
             let span = new & !(size(k + 1) - 1);
             if dry.alloc[k as usize] != Some(span) {
                 dry.alloc[k as usize] = Some(span);
-                need += 1;
+                dry.need += 1;
             }
         }
-        need
     }
 }

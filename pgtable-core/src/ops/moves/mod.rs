@@ -84,16 +84,20 @@
 //! destination tables are not counted. `tables_allocated` / `tables_freed`
 //! count destination tables and freed (emptied) source tables.
 //!
-//! **Code map.** The check phase is a [`Planner`](plan::Planner): the
-//! space, borrowed shared, and the fast paths allowed. `plan.rs` is its
-//! planning walk (what to do at one position, as a [`Step`](plan::Step)),
-//! `dry_run.rs` its read-only count of the tables the move takes (with
-//! its own step type). The write phase is a [`Mover`]: the planner, the
-//! range and the write phase's state, under one shared borrow of the space
-//! from the first write to the copy after the flush; `apply.rs` is the
-//! move loop, the entry moves and the freeing of emptied source tables,
-//! `deferred.rs` the whole PTE tables copied after the flush. Only the
-//! closing steps (freeing the queued tables, returning the reservation)
+//! **Code map.** Both walks run on the walker's cursor over the source
+//! range; the destination side of each extent is found by its own short
+//! walk from the root (`path_to`, as Linux's `move_page_tables` takes
+//! `get_old_pmd` / `alloc_new_pmd` per extent). The check phase is a
+//! [`Planner`](plan::Planner): the space, borrowed shared, and the fast
+//! paths allowed. `plan.rs` decides what to do at one position (as a
+//! [`Step`](plan::Step)), `dry_run.rs` is its read-only count of the
+//! tables the move takes (its own walk, no step values). The write phase
+//! is a [`Mover`]: the planner, the range and the write phase's state,
+//! under one shared borrow of the space from the first write to the copy
+//! after the flush; `apply.rs` is the move loop, the entry moves and the
+//! freeing of emptied source tables, `deferred.rs` the whole PTE tables
+//! copied after the flush. Only the closing steps (freeing the queued
+//! tables, returning the reservation)
 //! take the space `&mut` again.
 
 mod apply;
@@ -232,14 +236,6 @@ struct Pos {
 }
 
 impl Pos {
-    /// Steps `len` bytes forward on both sides.
-    #[inline]
-    fn advance(&mut self, len: u64) {
-        self.old = self.old.wrapping_add(len);
-        self.new = self.new.wrapping_add(len);
-        self.rem -= len;
-    }
-
     /// Bytes to the nearer of the next boundaries of entries at `height`
     /// on both sides, at most `rem`.
     #[inline]
@@ -449,7 +445,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
             return Err(Error::AlreadyMapped(va));
         }
         self.realign(range, free_below)?;
-        Ok((None, self.count_tables_needed(range.start())))
+        Ok((None, self.count_tables_needed(*range)))
     }
 
     /// The mutual-alignment rule: aligns the move's starts down to the

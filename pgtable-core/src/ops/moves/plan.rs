@@ -1,6 +1,8 @@
-//! The planning walk: what the move does at one position, found by one
-//! walk from the root of the source (and, for whole entries, of the
-//! destination), through the walker's table references.
+//! The planning: what the move does at one position of the source, in the
+//! source table on the path to it (`plan_at`: the write phase's cursor
+//! hands it that table; `plan` walks to it from the root for the first
+//! step), with the destination found by its own short walk
+//! (`AddressSpace::path_to`) for whole entries.
 
 use super::{Fast, Pos};
 use crate::contract::level::{entry_end, index, size};
@@ -38,6 +40,15 @@ pub(super) enum Step<'a> {
         src: TableRef<'a>,
         pmd: &'a Slot,
     },
+}
+
+/// What [`Planner::plan_at`] finds at a position.
+pub(super) enum At<'a> {
+    /// The step there.
+    Step(Step<'a>),
+    /// The source table to go down into (the entry's table, at the next
+    /// height down).
+    Down(TableRef<'a>),
 }
 
 /// `count` consecutive source entries of one kind at `height`, from entry
@@ -155,68 +166,78 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Copy for Planner<'_, A, M, T> {}
 
 impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     /// What to do at `at`: walks the source from the root down to the
-    /// first entry that is not a table the move descends into.
+    /// first entry that is not a table the move descends into (the first
+    /// step, planned before the checks; the write phase plans the rest on
+    /// its cursor with [`plan_at`](Self::plan_at)).
     pub(super) fn plan(self, at: Pos) -> Step<'a> {
         let mut t = self.space.root_table();
         let mut h = A::LEVELS - 1;
         loop {
-            let i = index(at.old, h);
-            let (raw, next) = self.space.read(t, i, h);
-            let ext = at.extent(h);
-            let whole = ext == size(h);
-            // Whole entries move as one when the destination entry is none
-            // (it can hold an empty table, see `dest_lookup`); the walk
-            // that checks it also finds where the entries go.
-            match next {
-                Next::None => {
-                    let end = entry_end(at.old, h, at.old.wrapping_add(at.rem));
-                    return Step::Skip(end.wrapping_sub(at.old));
-                }
-                Next::Invalid => {
-                    return match self.whole_dest(whole, at.new, h) {
-                        Some(dst) => Step::Entry(EntryMove {
-                            kind: PgtEntry::Huge(h),
-                            height: h,
-                            table: t,
-                            from: i,
-                            count: 1,
-                            dst,
-                        }),
-                        // A software entry cannot be split; leave it in
-                        // place.
-                        None => Step::Skip(ext),
-                    };
-                }
-                Next::Leaf(_) => {
-                    return match self.whole_dest(whole, at.new, h) {
-                        Some(dst) => Step::Entry(self.run(t, at, h, false, dst)),
-                        // Partly covered, or an (empty) table in the way at
-                        // the destination: split, as Linux does when
-                        // `move_huge_pmd` fails.
-                        None => Step::Split {
-                            height: h,
-                            slot: t.slot(i),
-                            raw,
-                        },
-                    };
-                }
-                Next::Table(c) => {
-                    if let Some(dst) = self.whole_dest(whole && self.fast.table_move(h), at.new, h)
-                    {
-                        return Step::Entry(self.run(t, at, h, true, dst));
-                    }
-                    if h == 1 {
-                        return Step::Ptes {
-                            len: ext,
-                            src: c,
-                            pmd: t.slot(i),
-                        };
-                    }
+            match self.plan_at(t, h, at) {
+                At::Step(step) => return step,
+                At::Down(c) => {
                     t = c;
                     h -= 1;
                 }
             }
         }
+    }
+
+    /// What to do at `at`, in `t`, the source table at height `h` on the
+    /// path to `at.old`: a step, or the table of its entry to go down
+    /// into (only above the PMD level: the PTEs under a PMD entry are one
+    /// step per extent, Linux `move_ptes`).
+    #[inline(always)]
+    pub(super) fn plan_at(self, t: TableRef<'a>, h: u32, at: Pos) -> At<'a> {
+        let i = index(at.old, h);
+        let (raw, next) = self.space.read(t, i, h);
+        let ext = at.extent(h);
+        let whole = ext == size(h);
+        // Whole entries move as one when the destination entry is none
+        // (it can hold an empty table, see `dest_lookup`); the walk that
+        // checks it also finds where the entries go.
+        At::Step(match next {
+            Next::None => {
+                let end = entry_end(at.old, h, at.old.wrapping_add(at.rem));
+                Step::Skip(end.wrapping_sub(at.old))
+            }
+            Next::Invalid => match self.whole_dest(whole, at.new, h) {
+                Some(dst) => Step::Entry(EntryMove {
+                    kind: PgtEntry::Huge(h),
+                    height: h,
+                    table: t,
+                    from: i,
+                    count: 1,
+                    dst,
+                }),
+                // A software entry cannot be split; leave it in place.
+                None => Step::Skip(ext),
+            },
+            Next::Leaf(_) => match self.whole_dest(whole, at.new, h) {
+                Some(dst) => Step::Entry(self.run(t, at, h, false, dst)),
+                // Partly covered, or an (empty) table in the way at the
+                // destination: split, as Linux does when `move_huge_pmd`
+                // fails.
+                None => Step::Split {
+                    height: h,
+                    slot: t.slot(i),
+                    raw,
+                },
+            },
+            Next::Table(c) => {
+                if let Some(dst) = self.whole_dest(whole && self.fast.table_move(h), at.new, h) {
+                    Step::Entry(self.run(t, at, h, true, dst))
+                } else if h == 1 {
+                    Step::Ptes {
+                        len: ext,
+                        src: c,
+                        pmd: t.slot(i),
+                    }
+                } else {
+                    return At::Down(c);
+                }
+            }
+        })
     }
 
     /// Where the destination entry at `height` for `new` is, when `whole`
@@ -263,6 +284,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     /// and one destination table (`dst`, where the first one goes). Moving
     /// them in one step saves a walk from the root per entry (512 per GiB
     /// on the PMD path).
+    #[inline]
     fn run(
         self,
         t: TableRef<'a>,
