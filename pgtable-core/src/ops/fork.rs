@@ -406,28 +406,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if attrs != memo.0 {
                         memo = (attrs, Wp::decide::<A>(raw, 0));
                     }
-                    match memo.1 {
-                        Wp::Keep => A::mkold(raw, 0),
-                        Wp::Plain(delta) => {
-                            // Settled: the hardware never writes this entry
-                            // again, so a plain store cannot lose an
-                            // accessed/dirty update.
-                            generic::set_entry_nosync(&self.mmu, s, raw ^ delta);
-                            self.mmu.stats.add_entries_written(1);
-                            wp = (wp.0.min(k), k);
-                            A::mkold(raw ^ delta, 0)
-                        }
-                        Wp::Atomic(delta) => {
-                            wp = (wp.0.min(k), k);
-                            let v = VirtAddr(va + k as u64 * crate::PAGE_SIZE);
-                            A::mkold(self.wrprotect_as(s, raw, delta, v), 0)
-                        }
-                        Wp::Bbm => {
-                            wp = (wp.0.min(k), k);
-                            let v = VirtAddr(va + k as u64 * crate::PAGE_SIZE);
-                            A::mkold(self.wrprotect(s, raw, v, 0), 0)
-                        }
+                    let v = va + k as u64 * crate::PAGE_SIZE;
+                    let (pte, protected) = self.cow_pte(s, raw, memo.1, v);
+                    if protected {
+                        wp = (wp.0.min(k), k);
                     }
+                    pte
                 }
                 // Shared: old and clean in the child.
                 Decoded::Leaf(_) => A::mkclean(A::mkold(raw, 0), 0),
@@ -445,6 +429,26 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
         dst.mmu.stats.add_entries_written(copied);
         true
+    }
+
+    /// A COW copy of the source PTE `raw` in `s` (mapping `va`), as `wp`
+    /// decided for its attribute word: the child's entry, and whether the
+    /// source entry was write-protected.
+    #[inline(always)]
+    fn cow_pte(&self, s: &Slot, raw: u64, wp: Wp, va: u64) -> (u64, bool) {
+        let new = match wp {
+            Wp::Keep => return (A::mkold(raw, 0), false),
+            Wp::Plain(delta) => {
+                // Settled: the hardware never writes this entry again, so
+                // a plain store cannot lose an accessed/dirty update.
+                generic::set_entry_nosync(&self.mmu, s, raw ^ delta);
+                self.mmu.stats.add_entries_written(1);
+                raw ^ delta
+            }
+            Wp::Atomic(delta) => self.wrprotect_as(s, raw, delta, VirtAddr(va)),
+            Wp::Bbm => self.wrprotect(s, raw, VirtAddr(va), 0),
+        };
+        (A::mkold(new, 0), true)
     }
 
     /// The child's copy of the leaf `raw` at `h` in `slot`, old (and clean
