@@ -328,19 +328,22 @@ fn ensure_miri() -> Result<(), String> {
         .output()
         .map_err(|e| format!("rustup: {e}"))?;
     let have = String::from_utf8_lossy(&out.stdout).into_owned();
-    // Listed as `miri-<host triple>`, or bare (`rust-src`); no other
-    // component's name starts with `miri-` or `rust-src-`.
-    let has = |comp: &str| {
-        have.lines()
-            .map(str::trim)
-            .any(|l| l == comp || l.starts_with(&format!("{comp}-")))
-    };
     for comp in MIRI_COMPONENTS {
-        if !has(comp) {
+        if !has_component(&have, comp) {
             sh(Command::new("rustup").args(["component", "add", comp, "--toolchain", "nightly"]))?;
         }
     }
     Ok(())
+}
+
+/// Whether `rustup component list --installed` printed `comp`: listed as
+/// `miri-<host triple>`, or bare (`rust-src`); no other component's name
+/// starts with `miri-` or `rust-src-`.
+fn has_component(listed: &str, comp: &str) -> bool {
+    listed
+        .lines()
+        .map(str::trim)
+        .any(|l| l == comp || l.starts_with(&format!("{comp}-")))
 }
 
 /// Every host test binary (unit and integration tests, not doctests) of
@@ -382,4 +385,24 @@ pub fn miri(tests: &[String]) -> Result<(), String> {
         "-Zmiri-permissive-provenance -Zmiri-ignore-leaks",
     );
     sh(&mut c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{has_component, MIRI_COMPONENTS};
+
+    #[test]
+    fn components_are_found_with_and_without_the_host_triple() {
+        let minimal = "cargo-x86_64-unknown-linux-gnu\nrust-std-x86_64-unknown-linux-gnu\n\
+                       rustc-x86_64-unknown-linux-gnu\n";
+        let full = format!("{minimal}miri-x86_64-unknown-linux-gnu\nrust-src\n");
+        for comp in MIRI_COMPONENTS {
+            assert!(!has_component(minimal, comp), "{comp} in a minimal nightly");
+            assert!(has_component(&full, comp), "{comp} not found");
+        }
+        // Only `miri` missing: `rust-src` is found, `miri` is not.
+        let no_miri = format!("{minimal}rust-src\n");
+        assert!(has_component(&no_miri, "rust-src"));
+        assert!(!has_component(&no_miri, "miri"));
+    }
 }
