@@ -31,7 +31,10 @@
 //!   the ASID switch runs a tenth of their switches, the suite fills and
 //!   validates one page of each moved range. Installs the nightly toolchain
 //!   and each of its `miri` and `rust-src` components that is missing. Not
-//!   part of `ci`.
+//!   part of `ci`: even so it takes hours on a small machine (Stacked
+//!   Borrows checks every table-entry access made through the arena's
+//!   exposed-provenance pointers, and whole-table scans such as
+//!   `count_tables` or the simulator's per-step check read every entry).
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 
