@@ -21,3 +21,15 @@ pub mod model;
 pub mod ops;
 pub mod ranges;
 pub mod swfork;
+
+/// `n` in a native run, `n / 10` under Miri (`cargo xtask miri`): the
+/// step count of a long randomized loop (ASID switches), and any bound
+/// proportional to it, so the same code runs on fewer steps where each
+/// step costs hundreds of times more.
+pub const fn miri_scaled(n: u64) -> u64 {
+    if cfg!(miri) {
+        n / 10
+    } else {
+        n
+    }
+}

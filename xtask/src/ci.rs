@@ -256,67 +256,111 @@ pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
     sh(&mut c)
 }
 
-/// The crates whose host test binaries run under Miri: every library
-/// crate, each with every feature (the simulator and the suite included).
+/// The crates whose host test binaries run under Miri: pgtable-core and
+/// the three arch crates, each with every feature (the simulator, the
+/// suite and the model test included).
 const MIRI_CRATES: [&str; LIBS.len()] = LIBS;
 
 /// Test-name fragments Miri skips: only cases that map, move or walk a GiB
-/// or more of 4 KiB pages (hundreds of thousands of entries, hours each
-/// under Miri). The same code paths run in the other cases at MiB scale.
+/// of 4 KiB pages (262,144 entries or more, hours each under Miri). The
+/// same code paths run in the other cases at MiB scale. Each fragment
+/// matches the named tests only (of every crate's test binaries).
 const MIRI_SKIP: [&str; 11] = [
-    // 1 GiB of 4 KiB pages mapped, then moved, split or unmapped.
+    // pgtable-core `moves::{pud_aligned,pmd_only,misaligned}_1g_move_*`:
+    // 1 GiB of pages moved whole, by PMDs, and PTE by PTE.
     "1g_move",
+    // pgtable-core `moves::control_options_move_1g_pte_by_pte`: the same
+    // GiB moved with whole-table moves off.
     "move_1g",
+    // pgtable-core `moves::allocation_failure_in_a_1g_pte_path_move_*`: the
+    // GiB moved 515 times, failing after each allocation.
     "1g_pte_path",
+    // arm64 `aspace::linear_map_of_1g_pages_*`: a GiB of pages mapped.
     "of_1g_pages",
-    "of_a_1g_block",
+    // arm64 `aspace::barrier_per_entry_variant_issues_one_per_pte`: a GiB
+    // of pages mapped with a barrier per entry.
+    "barrier_per_entry_variant",
+    // arm64 `aspace::moving_a_pud_aligned_gib_*` and
+    // `contpte::contpte_tlb_fills_of_a_gib_*` (a GiB of pages mapped and
+    // touched page by page, twice); pgtable-core
+    // `engine::mapping_1gib_of_pages_*`.
     "gib",
+    // pgtable-core `moves::move_across_a_pud_boundary_*`: 1 GiB + 4 MiB of
+    // pages moved.
     "pud_boundary",
+    // pgtable-core `moves::three_and_five_level_formats_move_whole_puds`:
+    // 1 GiB + 2 MiB of pages mapped and moved at 3 and 5 levels.
     "move_whole_puds",
+    // pgtable-core `moves::one_step_move_onto_a_mapped_destination_*` and
+    // `moves::one_step_move_into_an_existing_empty_table_*`: a GiB of pages
+    // mapped as the source.
     "onto_a_mapped_destination",
     "existing_empty_table",
-    // The suite's moves of 1 GiB and more.
+    // pgtable-core `conformance::suite_big_moves_*`: the suite's 1 and 2 GiB
+    // moves.
     "big_moves",
 ];
 
+/// The nightly components `cargo miri` needs.
+const MIRI_COMPONENTS: [&str; 2] = ["miri", "rust-src"];
+
 /// Installs what `cargo miri` needs when it is missing: the nightly
-/// toolchain (minimal profile) and its `miri` and `rust-src` components.
+/// toolchain (minimal profile, with [`MIRI_COMPONENTS`]), or on a nightly
+/// that is there each of [`MIRI_COMPONENTS`] it lacks (checked one by
+/// one: a minimal nightly has neither, and `miri` without `rust-src`
+/// cannot build its sysroot).
 fn ensure_miri() -> Result<(), String> {
-    let works = |program: &str, args: &[&str]| {
-        with_toolchain("nightly", program)
-            .args(args)
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    };
-    if !works("rustc", &["--version"]) {
-        sh(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-        ]))?;
+    let installed = with_toolchain("nightly", "rustc")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !installed {
+        let mut c = Command::new("rustup");
+        c.args(["toolchain", "install", "nightly", "--profile", "minimal"]);
+        for comp in MIRI_COMPONENTS {
+            c.args(["--component", comp]);
+        }
+        return sh(&mut c);
     }
-    if !works("cargo", &["miri", "--version"]) {
-        sh(Command::new("rustup").args([
-            "component",
-            "add",
-            "miri",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))?;
+    let out = Command::new("rustup")
+        .args(["component", "list", "--installed", "--toolchain", "nightly"])
+        .output()
+        .map_err(|e| format!("rustup: {e}"))?;
+    let have = String::from_utf8_lossy(&out.stdout).into_owned();
+    for comp in MIRI_COMPONENTS {
+        if !has_component(&have, comp) {
+            sh(Command::new("rustup").args(["component", "add", comp, "--toolchain", "nightly"]))?;
+        }
     }
     Ok(())
 }
 
+/// Whether `rustup component list --installed` printed `comp`: listed as
+/// `miri-<host triple>`, or bare (`rust-src`); no other component's name
+/// starts with `miri-` or `rust-src-`.
+fn has_component(listed: &str, comp: &str) -> bool {
+    listed
+        .lines()
+        .map(str::trim)
+        .any(|l| l == comp || l.starts_with(&format!("{comp}-")))
+}
+
 /// Every host test binary (unit and integration tests, not doctests) of
-/// pgtable-core and both arch crates under Miri, with every feature, on
-/// the nightly toolchain (installed with its `miri` component when
-/// missing), skipping only [`MIRI_SKIP`]. `tests` restricts the run to
-/// these integration test binaries (`--test NAME` of each crate: `model`
-/// or `all`). The arena hands out host addresses as physical addresses, hence
+/// pgtable-core and of the arch crates ([`MIRI_CRATES`]) under Miri, with
+/// every feature, on the nightly toolchain ([`ensure_miri`] installs it and
+/// its components when missing), skipping only [`MIRI_SKIP`] (the GiB
+/// cases). `tests` restricts the run to these integration test binaries
+/// (`--test NAME` of each crate: `model` or `all`).
+///
+/// The tests themselves scale their long loops down under `cfg(miri)`,
+/// keeping every code path and every per-step check: the model test runs
+/// one episode of `MIRI_OPS` operations per format (and leaves the check
+/// that every documented outcome was reached to the native run), the ASID
+/// and PCID switch runs a tenth of their switches (`miri_scaled`), and the
+/// conformance suite fills and validates one page of each moved range.
+///
+/// The arena hands out host addresses as physical addresses, hence
 /// permissive provenance. Leaks are not checked: the SMP and race tests
 /// leak their `'static` handles on purpose (`Box::leak` of the
 /// `Shootdown`, `MmCpus` and slots their threads share), and the
@@ -341,4 +385,24 @@ pub fn miri(tests: &[String]) -> Result<(), String> {
         "-Zmiri-permissive-provenance -Zmiri-ignore-leaks",
     );
     sh(&mut c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{has_component, MIRI_COMPONENTS};
+
+    #[test]
+    fn components_are_found_with_and_without_the_host_triple() {
+        let minimal = "cargo-x86_64-unknown-linux-gnu\nrust-std-x86_64-unknown-linux-gnu\n\
+                       rustc-x86_64-unknown-linux-gnu\n";
+        let full = format!("{minimal}miri-x86_64-unknown-linux-gnu\nrust-src\n");
+        for comp in MIRI_COMPONENTS {
+            assert!(!has_component(minimal, comp), "{comp} in a minimal nightly");
+            assert!(has_component(&full, comp), "{comp} not found");
+        }
+        // Only `miri` missing: `rust-src` is found, `miri` is not.
+        let no_miri = format!("{minimal}rust-src\n");
+        assert!(has_component(&no_miri, "rust-src"));
+        assert!(!has_component(&no_miri, "miri"));
+    }
 }

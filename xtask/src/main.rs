@@ -21,11 +21,20 @@
 //!   operations per format (or `N`), optimised with overflow checks and
 //!   debug assertions; prints each format's seed, count and time.
 //! - `cargo xtask miri [--test NAME]...`: every host test binary of
-//!   pgtable-core and both arch crates (the simulator's included) under
-//!   Miri, or only the named integration test binaries (each crate has
-//!   `model` and `all`); installs the nightly
-//!   toolchain and its `miri` component when missing. Not part of `ci`
-//!   (hours on a small machine).
+//!   pgtable-core and of the arch crates (pgtable-arm64, pgtable-x86,
+//!   pgtable-riscv; unit tests, the simulator's tests, the suite and the
+//!   model test) under Miri, or only the named integration test binaries
+//!   (each crate has `model` and `all`). Skips only the cases that map,
+//!   move or walk a GiB of 4 KiB pages (`MIRI_SKIP` in `ci.rs`, each named
+//!   with its reason). Under Miri (`cfg(miri)`) the long randomized loops
+//!   run fewer steps: the model test one 48-operation episode per format,
+//!   the ASID switch runs a tenth of their switches, the suite fills and
+//!   validates one page of each moved range. Installs the nightly toolchain
+//!   and each of its `miri` and `rust-src` components that is missing. Not
+//!   part of `ci`: even so it takes hours on a small machine (Stacked
+//!   Borrows checks every table-entry access made through the arena's
+//!   exposed-provenance pointers, and whole-table scans such as
+//!   `count_tables` or the simulator's per-step check read every entry).
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 

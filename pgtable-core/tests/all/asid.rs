@@ -6,6 +6,7 @@
 use pgtable_core::asid::{
     Asid16Allocator, Asid8Allocator, AsidAllocator, AsidContext, AsidError, Pcid12Allocator,
 };
+use pgtable_testkit::miri_scaled;
 
 /// xorshift64*: a small seeded generator, so a failure replays.
 struct Rng(u64);
@@ -187,22 +188,30 @@ fn run_model<const W: usize, const C: usize>(
 
 #[test]
 fn random_switches_never_reuse_an_asid_a_cpu_still_caches() {
-    for seed in 1..=20 {
-        let (rollovers, flushes) = run_model::<1, 4>(4, 40, 2000, seed, true).unwrap();
-        assert!(rollovers > 10, "seed {seed}: {rollovers} roll-overs");
+    // Under Miri a tenth of the seeds and of the switches (`miri_scaled`).
+    let switches = miri_scaled(2000) as usize;
+    for seed in 1..=miri_scaled(20) {
+        let (rollovers, flushes) = run_model::<1, 4>(4, 40, switches, seed, true).unwrap();
+        assert!(
+            rollovers > miri_scaled(10),
+            "seed {seed}: {rollovers} roll-overs"
+        );
         // Each roll-over costs each CPU at most one flush.
         assert!(flushes <= 4 * rollovers, "seed {seed}");
-        assert!(flushes < 2000 / 2, "seed {seed}: {flushes} flushes");
+        assert!(
+            flushes < switches as u64 / 2,
+            "seed {seed}: {flushes} flushes"
+        );
     }
     // 8-bit and 12-bit widths.
-    run_model::<4, 8>(8, 600, 5000, 7, true).unwrap();
-    run_model::<64, 2>(12, 5000, 10_000, 9, true).unwrap();
+    run_model::<4, 8>(8, 600, miri_scaled(5000) as usize, 7, true).unwrap();
+    run_model::<64, 2>(12, 5000, miri_scaled(10_000) as usize, 9, true).unwrap();
 }
 
 #[test]
 fn the_model_catches_a_cpu_that_skips_the_rollover_flush() {
     // The check of the test above fails when the flush is not honoured.
-    let err = run_model::<1, 4>(4, 40, 2000, 1, false).unwrap_err();
+    let err = run_model::<1, 4>(4, 40, miri_scaled(2000) as usize, 1, false).unwrap_err();
     assert!(err.contains("still tags space"), "{err}");
 }
 

@@ -4,7 +4,7 @@
 //! stay far below the number of switches.
 #![cfg(feature = "sim")]
 
-use pgtable_testkit::asid_switch;
+use pgtable_testkit::{asid_switch, miri_scaled};
 
 use asid_switch::run;
 use pgtable_core::test_format::TestFormat;
@@ -14,21 +14,21 @@ type T4 = TestFormat<4>;
 #[test]
 fn forty_spaces_share_fifteen_asids_without_a_stale_translation() {
     for seed in [1, 2, 3, 0x5eed] {
-        let c = run::<T4>(seed, 3000, true).unwrap();
+        let c = run::<T4>(seed, miri_scaled(3000), true).unwrap();
         println!("seed {seed}: {c:?}");
-        assert!(c.rollovers >= 10, "seed {seed}: {c:?}");
+        assert!(c.rollovers >= miri_scaled(10), "seed {seed}: {c:?}");
         // One CPU: one local flush per roll-over, and nothing else flushes
         // the whole TLB (the remaps flush one page by ASID).
         assert_eq!(c.local_flushes, c.rollovers, "seed {seed}");
         assert_eq!(c.machine_full_flushes, c.local_flushes, "seed {seed}");
         assert!(c.local_flushes * 5 < c.switches, "seed {seed}: {c:?}");
-        assert!(c.remaps > 100, "seed {seed}: {c:?}");
+        assert!(c.remaps > miri_scaled(100), "seed {seed}: {c:?}");
     }
 }
 
 #[test]
 fn skipping_the_rollover_flush_is_caught() {
-    let err = run::<T4>(1, 3000, false).unwrap_err();
+    let err = run::<T4>(1, miri_scaled(3000), false).unwrap_err();
     println!("{err}");
     assert!(err.contains("reads") || err.contains("stale"), "{err}");
 }

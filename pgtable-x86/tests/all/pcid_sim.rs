@@ -15,6 +15,7 @@ use pgtable_core::asid::{AsidAllocator, AsidContext};
 use pgtable_core::contract::{Mmu, Slot, TlbRange};
 use pgtable_core::sim::{SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_testkit::miri_scaled;
 use pgtable_x86::{
     flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind, FlushPlan,
     OtherPcid, Pcid, PcidCpu, PcidFlush, X86_64,
@@ -208,7 +209,7 @@ fn run(seed: u64, has_invpcid: bool, bug: Bug) -> Result<u64, String> {
     let mut current = None;
     let mut deferred = 0;
     let result = (|| {
-        for step in 0..1500 {
+        for step in 0..miri_scaled(1500) {
             let i = rng.below(SPACES);
             let (s, ctx, version) = &mut spaces[i];
             let sw = pcids.switch_to(0, ctx).unwrap();
@@ -267,7 +268,10 @@ fn spaces_that_are_not_current_are_flushed_by_invpcid() {
 fn without_invpcid_their_flush_is_deferred_to_their_next_switch() {
     for seed in [1, 2, 3] {
         let deferred = run(seed, false, Bug::None).unwrap();
-        assert!(deferred > 50, "seed {seed}: {deferred} deferred flushes");
+        assert!(
+            deferred > miri_scaled(50),
+            "seed {seed}: {deferred} deferred flushes"
+        );
     }
 }
 

@@ -205,6 +205,11 @@ struct Filled {
     pa_last: Option<u64>,
 }
 
+/// At most this many bytes are filled and validated under Miri, where each
+/// simulated load and store costs hundreds of times more: one page, and
+/// the sample words beyond it as in every run.
+const MIRI_THRESHOLD: u64 = 4 << 10;
+
 /// Fills the first `threshold` bytes of the source with the pattern,
 /// through the MMU, and samples words beyond it.
 fn fill_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
@@ -213,7 +218,10 @@ fn fill_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     len: u64,
 ) -> R<Filled> {
     let seed = cx.seed();
-    let thr = cx.cfg.threshold_bytes.min(len).min(cx.ram.len) & !7;
+    let mut thr = cx.cfg.threshold_bytes.min(len).min(cx.ram.len) & !7;
+    if cfg!(miri) {
+        thr = thr.min(MIRI_THRESHOLD);
+    }
     for i in 0..thr / 8 {
         cx.write(src + 8 * i, pattern(seed, i))?;
     }
