@@ -180,10 +180,10 @@ pub mod ptm {
     use page_table_multiarch::{GenericPTE, MappingFlags, PageTable64, PagingMetaData};
     use pgtable_arm64::Arm64;
     use pgtable_core::contract::Format;
-    use pgtable_core::{MemType, Prot};
+    use pgtable_core::MemType;
 
     use crate::harness::Subject;
-    use crate::ptm::{Handler, Ptm};
+    use crate::ptm::{flags_of, prot_of, Handler, Ptm};
 
     /// Output address bits 47:12 of a page, block or table descriptor.
     const OA: u64 = 0x0000_ffff_ffff_f000;
@@ -217,16 +217,7 @@ pub mod ptm {
     /// The leaf attributes for `flags`, converted per call as `A64PTE` does.
     #[inline]
     fn leaf_attrs(flags: MappingFlags, is_huge: bool) -> u64 {
-        let mut bits = Prot::empty();
-        if flags.contains(MappingFlags::WRITE) {
-            bits |= Prot::WRITE;
-        }
-        if flags.contains(MappingFlags::EXECUTE) {
-            bits |= Prot::EXEC;
-        }
-        if flags.contains(MappingFlags::USER) {
-            bits |= Prot::USER;
-        }
+        let bits = prot_of(flags);
         let mem = if flags.contains(MappingFlags::DEVICE) {
             MemType::Device
         } else if flags.contains(MappingFlags::UNCACHED) {
@@ -256,16 +247,7 @@ pub mod ptm {
             }
             let height = if self.is_huge() { 1 } else { 0 };
             let prot = Arm64::leaf_prot(self.0, height);
-            let mut f = MappingFlags::READ;
-            if prot.writable() {
-                f |= MappingFlags::WRITE;
-            }
-            if prot.executable() {
-                f |= MappingFlags::EXECUTE;
-            }
-            if prot.user() {
-                f |= MappingFlags::USER;
-            }
+            let mut f = flags_of(prot);
             match prot.mem() {
                 MemType::Device => f |= MappingFlags::DEVICE,
                 MemType::NormalNonCacheable => f |= MappingFlags::UNCACHED,

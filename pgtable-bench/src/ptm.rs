@@ -12,10 +12,44 @@ use page_table_multiarch::{
     GenericPTE, MappingFlags, PageSize, PageTable64, PagingHandler, PagingMetaData,
 };
 
+use pgtable_core::Prot;
+
 use crate::harness::{frames, Subject, PA};
 
 const RW: MappingFlags = MappingFlags::READ.union(MappingFlags::WRITE);
 const RO: MappingFlags = MappingFlags::READ;
+
+/// The permissions of `flags` as pgtable's `Prot` (write, execute, user),
+/// for the entry types this bench plugs into the engine.
+pub fn prot_of(flags: MappingFlags) -> Prot {
+    let mut prot = Prot::empty();
+    if flags.contains(MappingFlags::WRITE) {
+        prot |= Prot::WRITE;
+    }
+    if flags.contains(MappingFlags::EXECUTE) {
+        prot |= Prot::EXEC;
+    }
+    if flags.contains(MappingFlags::USER) {
+        prot |= Prot::USER;
+    }
+    prot
+}
+
+/// The engine's flags of a present leaf with permissions `prot` (read,
+/// and write, execute, user as `prot` says).
+pub fn flags_of(prot: Prot) -> MappingFlags {
+    let mut f = MappingFlags::READ;
+    if prot.writable() {
+        f |= MappingFlags::WRITE;
+    }
+    if prot.executable() {
+        f |= MappingFlags::EXECUTE;
+    }
+    if prot.user() {
+        f |= MappingFlags::USER;
+    }
+    f
+}
 
 /// Table frames from the shared free list.
 pub struct Handler;

@@ -7,12 +7,11 @@ use core::fmt;
 use memory_addr::{PhysAddr, VirtAddr};
 use page_table_multiarch::{GenericPTE, MappingFlags, PageTable64, PagingMetaData};
 use pgtable_core::contract::Format;
-use pgtable_core::Prot;
 use pgtable_riscv::bits::{pa_of, ppn_bits, PPN_MASK, R, V, X};
 use pgtable_riscv::Sv39;
 
 use crate::harness::Subject;
-use crate::ptm::{Handler, Ptm};
+use crate::ptm::{flags_of, prot_of, Handler, Ptm};
 
 /// The metadata of the crate's `Sv39MetaData` (3 levels, 56-bit PA,
 /// 39-bit VA) without its `sfence.vma`, which the engine calls only on
@@ -56,17 +55,7 @@ impl fmt::Debug for Pte {
 /// The leaf attributes for `flags`.
 #[inline]
 fn leaf_attrs(flags: MappingFlags) -> u64 {
-    let mut prot = Prot::empty();
-    if flags.contains(MappingFlags::WRITE) {
-        prot |= Prot::WRITE;
-    }
-    if flags.contains(MappingFlags::EXECUTE) {
-        prot |= Prot::EXEC;
-    }
-    if flags.contains(MappingFlags::USER) {
-        prot |= Prot::USER;
-    }
-    Sv39::leaf_template(prot, 0)
+    Sv39::leaf_template(prot_of(flags), 0)
 }
 
 impl GenericPTE for Pte {
@@ -86,18 +75,7 @@ impl GenericPTE for Pte {
         if self.0 & V == 0 {
             return MappingFlags::empty();
         }
-        let prot = Sv39::leaf_prot(self.0, 0);
-        let mut f = MappingFlags::READ;
-        if prot.writable() {
-            f |= MappingFlags::WRITE;
-        }
-        if prot.executable() {
-            f |= MappingFlags::EXECUTE;
-        }
-        if prot.user() {
-            f |= MappingFlags::USER;
-        }
-        f
+        flags_of(Sv39::leaf_prot(self.0, 0))
     }
     fn set_paddr(&mut self, paddr: PhysAddr) {
         self.0 = (self.0 & !PPN_MASK) | ppn_bits(paddr.as_usize() as u64);
