@@ -22,6 +22,17 @@ pub mod ops;
 pub mod ranges;
 pub mod swfork;
 
+/// Every case of an exhaustive grid in a native run; under Miri every
+/// [`MIRI_STRIDE`]-th (`i` counts the grid's cases from 0). The stride is
+/// prime and larger than any one dimension of the grids that use it, so
+/// the cases kept still vary every dimension.
+pub const fn miri_sample(i: usize) -> bool {
+    !cfg!(miri) || i % MIRI_STRIDE == 0
+}
+
+/// The stride of [`miri_sample`].
+pub const MIRI_STRIDE: usize = 29;
+
 /// `n` in a native run, `n / 10` under Miri (`cargo xtask miri`): the
 /// step count of a long randomized loop (ASID switches), and any bound
 /// proportional to it, so the same code runs on fewer steps where each

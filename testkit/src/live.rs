@@ -193,7 +193,8 @@ pub fn change_under_agents<A: Arch + Send>(way: Way, rounds: u32) -> Outcome {
 /// A live permission change never leaves an entry invalid, so the agents
 /// on the range never fault, and loses no dirty bit.
 pub fn a_live_permission_change_never_faults_a_cpu_using_the_range<A: Arch + Send>() {
-    let o = change_under_agents::<A>(Way::Live, 40);
+    // Four rounds under Miri.
+    let o = change_under_agents::<A>(Way::Live, crate::miri_scaled(40) as u32);
     assert_eq!(o.gaps, 0, "an entry was invalid for a moment");
     for r in o.agents {
         assert!(r.touches > 0);

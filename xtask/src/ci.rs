@@ -346,39 +346,76 @@ fn has_component(listed: &str, comp: &str) -> bool {
         .any(|l| l == comp || l.starts_with(&format!("{comp}-")))
 }
 
-/// Every host test binary (unit and integration tests, not doctests) of
+/// Installs `cargo-nextest` (from crates.io, `--locked`) unless `cargo
+/// nextest` runs already.
+fn ensure_nextest() -> Result<(), String> {
+    let there = Command::new("cargo")
+        .args(["nextest", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if there {
+        return Ok(());
+    }
+    sh(Command::new("cargo").args(["install", "cargo-nextest", "--locked"]))
+}
+
+/// What `cargo xtask miri` runs: every test, or only those of the named
+/// integration test binaries, and all of them or one slice.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MiriOpts {
+    /// `--test NAME`: integration test binaries (`model`, `all`).
+    pub tests: Vec<String>,
+    /// `--partition K/N`: the K-th of N slices of the tests (1-based), so
+    /// a run can be split over machines or sessions.
+    pub partition: Option<(u32, u32)>,
+}
+
+/// The nextest filter expression of a Miri run: the named binaries (or
+/// all), without the tests whose names contain a [`MIRI_SKIP`] fragment.
+fn miri_filter(tests: &[String]) -> String {
+    let skip = format!("not test(/{}/)", MIRI_SKIP.join("|"));
+    if tests.is_empty() {
+        return skip;
+    }
+    let bins: Vec<String> = tests.iter().map(|t| format!("binary({t})")).collect();
+    format!("({}) and {skip}", bins.join(" | "))
+}
+
+/// Every host test (unit and integration tests, not doctests) of
 /// pgtable-core and of the arch crates ([`MIRI_CRATES`]) under Miri, with
 /// every feature, on the nightly toolchain ([`ensure_miri`] installs it and
 /// its components when missing), skipping only [`MIRI_SKIP`] (the GiB
-/// cases). `tests` restricts the run to these integration test binaries
-/// (`--test NAME` of each crate: `model` or `all`).
+/// cases). The tests run through `cargo nextest` ([`ensure_nextest`]
+/// installs it), one interpreter per test and one per CPU at a time:
+/// libtest under Miri runs a binary's tests one after another on one core.
 ///
 /// The tests themselves scale their long loops down under `cfg(miri)`,
 /// keeping every code path and every per-step check: the model test runs
 /// one episode of `MIRI_OPS` operations per format (and leaves the check
-/// that every documented outcome was reached to the native run), the ASID
-/// and PCID switch runs a tenth of their switches (`miri_scaled`), and the
-/// conformance suite fills and validates one page of each moved range.
+/// that every documented outcome was reached to the native run), the
+/// randomized and racing loops run a tenth of their rounds
+/// (`miri_scaled`), the exhaustive grids every 29th case (`miri_sample`),
+/// and the conformance suite fills and validates one page of each moved
+/// range.
 ///
 /// The arena hands out host addresses as physical addresses, hence
 /// permissive provenance. Leaks are not checked: the SMP and race tests
 /// leak their `'static` handles on purpose (`Box::leak` of the
 /// `Shootdown`, `MmCpus` and slots their threads share), and the
 /// simulator's frame counts already check that the library frees every
-/// table. `--no-fail-fast`: every binary runs and reports.
-pub fn miri(tests: &[String]) -> Result<(), String> {
+/// table. `--no-fail-fast`: every test runs and reports.
+pub fn miri(opts: &MiriOpts) -> Result<(), String> {
     ensure_miri()?;
+    ensure_nextest()?;
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut c = with_toolchain("nightly", "cargo");
-    c.args(["miri", "test", "--all-features", "--no-fail-fast"])
-        .args(MIRI_CRATES.iter().flat_map(|k| ["-p", k]));
-    if tests.is_empty() {
-        c.arg("--tests");
-    } else {
-        c.args(tests.iter().flat_map(|t| ["--test", t.as_str()]));
-    }
-    c.arg("--");
-    for s in MIRI_SKIP {
-        c.args(["--skip", s]);
+    c.args(["miri", "nextest", "run", "--all-features", "--no-fail-fast"])
+        .args(["-j", &jobs.to_string()])
+        .args(MIRI_CRATES.iter().flat_map(|k| ["-p", k]))
+        .args(["-E", &miri_filter(&opts.tests)]);
+    if let Some((k, n)) = opts.partition {
+        c.args(["--partition", &format!("count:{k}/{n}")]);
     }
     c.env(
         "MIRIFLAGS",
@@ -389,7 +426,21 @@ pub fn miri(tests: &[String]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{has_component, MIRI_COMPONENTS};
+    use super::{has_component, miri_filter, MIRI_COMPONENTS, MIRI_SKIP};
+
+    #[test]
+    fn the_miri_filter_skips_every_fragment_and_selects_the_binaries() {
+        let all = miri_filter(&[]);
+        assert!(all.starts_with("not test(/"), "{all}");
+        for s in MIRI_SKIP {
+            assert!(all.contains(s), "{s} not skipped: {all}");
+        }
+        let two = miri_filter(&["model".into(), "all".into()]);
+        assert!(
+            two.starts_with("(binary(model) | binary(all)) and not test(/"),
+            "{two}"
+        );
+    }
 
     #[test]
     fn components_are_found_with_and_without_the_host_triple() {

@@ -20,21 +20,22 @@
 //!   operation sequences against a reference model) with a million
 //!   operations per format (or `N`), optimised with overflow checks and
 //!   debug assertions; prints each format's seed, count and time.
-//! - `cargo xtask miri [--test NAME]...`: every host test binary of
-//!   pgtable-core and of the arch crates (pgtable-arm64, pgtable-x86,
-//!   pgtable-riscv; unit tests, the simulator's tests, the suite and the
-//!   model test) under Miri, or only the named integration test binaries
-//!   (each crate has `model` and `all`). Skips only the cases that map,
-//!   move or walk a GiB of 4 KiB pages (`MIRI_SKIP` in `ci.rs`, each named
-//!   with its reason). Under Miri (`cfg(miri)`) the long randomized loops
-//!   run fewer steps: the model test one 48-operation episode per format,
-//!   the ASID switch runs a tenth of their switches, the suite fills and
-//!   validates one page of each moved range. Installs the nightly toolchain
-//!   and each of its `miri` and `rust-src` components that is missing. Not
-//!   part of `ci`: even so it takes hours on a small machine (Stacked
-//!   Borrows checks every table-entry access made through the arena's
-//!   exposed-provenance pointers, and whole-table scans such as
-//!   `count_tables` or the simulator's per-step check read every entry).
+//! - `cargo xtask miri [--test NAME]... [--partition K/N]`: every host
+//!   test of pgtable-core and of the arch crates (pgtable-arm64,
+//!   pgtable-x86, pgtable-riscv; unit tests, the simulator's tests, the
+//!   suite and the model test) under Miri, or only those of the named
+//!   integration test binaries (each crate has `model` and `all`), or the
+//!   K-th of N slices of them. Skips only the cases that map, move or walk
+//!   a GiB of 4 KiB pages (`MIRI_SKIP` in `ci.rs`, each named with its
+//!   reason). Under Miri (`cfg(miri)`) the long loops run fewer steps: the
+//!   model test one 48-operation episode per format, the randomized and
+//!   racing loops a tenth of their rounds, the exhaustive grids every 29th
+//!   case, the suite fills and validates one page of each moved range.
+//!   Runs through `cargo nextest`, one test per CPU at a time, and installs
+//!   what is missing: the nightly toolchain, its `miri` and `rust-src`
+//!   components, `cargo-nextest`. Not part of `ci`: about an hour or more
+//!   on two cores (each test is interpreted hundreds of times slower than
+//!   native code, with Stacked Borrows checking every table-entry access).
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 
@@ -65,7 +66,7 @@ pub struct QemuOpts {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|riscv64|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench [--quick] | soak [--ops N] [--seed S] | miri [--test NAME]...>"
+        "usage: cargo xtask <ci | msrv | docs | qemu-test [--arch arm64|x86|riscv64|all] [--seed N] [--threshold-mb N] [--no-kvm] | bench [--quick] | soak [--ops N] [--seed S] | miri [--test NAME]... [--partition K/N]>"
     );
     ExitCode::from(2)
 }
@@ -93,7 +94,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         "miri" => match parse_miri_opts(&args[1..]) {
-            Ok(tests) => ci::miri(&tests),
+            Ok(opts) => ci::miri(&opts),
             Err(e) => Err(e),
         },
         _ => return usage(),
@@ -170,18 +171,30 @@ fn parse_soak_opts(args: &[String]) -> Result<(Option<u64>, Option<u64>), String
     Ok((ops, seed))
 }
 
-/// `--test NAME` (repeatable) of `miri`: the integration test binaries to
-/// run instead of every host test binary.
-fn parse_miri_opts(args: &[String]) -> Result<Vec<String>, String> {
-    let mut tests = Vec::new();
+/// `--test NAME` (repeatable) and `--partition K/N` of `miri`.
+fn parse_miri_opts(args: &[String]) -> Result<ci::MiriOpts, String> {
+    let mut opts = ci::MiriOpts::default();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--test" => tests.push(it.next().ok_or("--test needs a value")?.clone()),
+            "--test" => opts
+                .tests
+                .push(it.next().ok_or("--test needs a value")?.clone()),
+            "--partition" => {
+                let v = it.next().ok_or("--partition needs K/N")?;
+                let bad = || format!("--partition {v}: expected K/N with 1 <= K <= N");
+                let (k, n) = v.split_once('/').ok_or_else(bad)?;
+                let k: u32 = k.parse().map_err(|_| bad())?;
+                let n: u32 = n.parse().map_err(|_| bad())?;
+                if k == 0 || k > n {
+                    return Err(bad());
+                }
+                opts.partition = Some((k, n));
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }
-    Ok(tests)
+    Ok(opts)
 }
 
 fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
@@ -205,5 +218,29 @@ fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
         Ok(())
     } else {
         Err(failures.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_miri_opts;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn miri_options_take_binaries_and_one_partition() {
+        let o = parse_miri_opts(&args(&["--test", "model", "--partition", "2/3"])).unwrap();
+        assert_eq!(o.tests, ["model"]);
+        assert_eq!(o.partition, Some((2, 3)));
+        assert_eq!(parse_miri_opts(&[]).unwrap().partition, None);
+        for bad in ["0/3", "4/3", "2", "a/b"] {
+            assert!(
+                parse_miri_opts(&args(&["--partition", bad])).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(parse_miri_opts(&args(&["--jobs"])).is_err());
     }
 }

@@ -872,7 +872,7 @@ fn random_map_unmap_sequences_agree_with_a_reference_model() {
     let mut model = std::collections::BTreeMap::<u64, u64>::new(); // page -> pa
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let base = 0x40_0000_0000u64;
-    for step in 0..600 {
+    for step in 0..pgtable_testkit::miri_scaled(600) {
         let page = rng.next() % (4 * G1 / K4);
         let pages = 1 + rng.next() % if rng.next() % 8 == 0 { 2048 } else { 16 };
         let va = base + page * K4;

@@ -8,6 +8,8 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
+use pgtable_testkit::miri_scaled;
+
 use pgtable_core::contract::{
     Access, AccessFault, Arch, Arena, Format, Mmu, Slot, TlbRange, PAGE_SIZE,
 };
@@ -1011,7 +1013,10 @@ fn change_protection_race<A: Arch>(height: u32, what: &str) {
     let (rounds, o) = race::<A>(
         height,
         |s, prot| s.change_protection(BASE, len, prot).unwrap(),
-        until(2000, |o| o.contended >= 100),
+        // A tenth of the rounds and contended accesses under Miri.
+        until(miri_scaled(2000) as usize, |o| {
+            o.contended as u64 >= miri_scaled(100)
+        }),
     );
     eprintln!(
         "change_protection race ({what}): {rounds} rounds, {} dirty bits set by the agent, \

@@ -19,10 +19,12 @@
 //!   counter, with the `stats` feature), no frame leaked, and no table but
 //!   the root is empty.
 //!
-//! A debug build takes a few seconds for the grid; `cargo xtask miri` runs
-//! it too (slowly: every host test binary but the GiB-scale cases).
+//! A debug build takes a few seconds for the grid; under Miri
+//! (`cargo xtask miri`) each grid runs a sample of its cases
+//! (`miri_sample`: every 29th), each checked as natively.
 #![cfg(feature = "alloc")]
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering::Relaxed;
 
 use pgtable_core::contract::{
@@ -32,6 +34,7 @@ use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, TABLE_OR
 use pgtable_core::{
     variants, AddressSpace, Error, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
 };
+use pgtable_testkit::miri_sample;
 
 const K4: u64 = PAGE_SIZE;
 const M1: u64 = 1 << 20;
@@ -520,6 +523,17 @@ fn wrong_claim(before: &[Run], old: u64, new: u64, len: u64, opts: MoveOptions) 
     first_mapped(before, ao, old).or_else(|| first_mapped(before, an, new))
 }
 
+/// Whether the next case of this thread's grid runs: every case
+/// natively, a sample under Miri ([`miri_sample`]).
+fn next_case_runs() -> bool {
+    thread_local!(static CASES: Cell<usize> = const { Cell::new(0) });
+    CASES.with(|n| {
+        let i = n.get();
+        n.set(i + 1);
+        miri_sample(i)
+    })
+}
+
 fn move_case<const L: u32>(
     layout: &[Piece],
     name: &str,
@@ -528,6 +542,9 @@ fn move_case<const L: u32>(
     len: u64,
     opts: MoveOptions,
 ) {
+    if !next_case_runs() {
+        return;
+    }
     let mut s = build::<L>(layout);
     let case = || format!("L{L} move {old:#x} -> {new:#x} len {len:#x} {opts:?}, layout {name}");
     let out = with_failures(&mut s, &case, &mut |s| {
@@ -640,6 +657,9 @@ fn map_grid<const L: u32>() {
                         // counted like the shorter page ranges.
                         continue;
                     }
+                    if !next_case_runs() {
+                        continue;
+                    }
                     let mut s = build::<L>(&layout);
                     let case = || {
                         format!("L{L} map {va:#x} len {len:#x} to {pa:#x} {opts:?}, layout {name}")
@@ -683,6 +703,9 @@ fn every_small_map_keeps_the_reservation_promise() {
 fn unmap_grid<const L: u32>() {
     for (va, len) in ranges::<L>() {
         for (name, layout) in range_layouts(va, len) {
+            if !next_case_runs() {
+                continue;
+            }
             let mut s = build::<L>(&layout);
             let case = || format!("L{L} unmap {va:#x} len {len:#x}, layout {name}");
             let out = with_failures(&mut s, &case, &mut |s| s.unmap(VirtAddr(va), len));
@@ -704,6 +727,9 @@ fn protect_grid<const L: u32>() {
             // A change (blocks partly covered are split) and none (they
             // are not).
             for prot in [Prot::READ_ONLY, Prot::READ_WRITE] {
+                if !next_case_runs() {
+                    continue;
+                }
                 let mut s = build::<L>(&layout);
                 let case = || {
                     format!("L{L} change_protection {va:#x} len {len:#x} {prot:?}, layout {name}")

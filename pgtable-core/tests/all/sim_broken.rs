@@ -451,7 +451,11 @@ fn the_atomic_transaction_loses_no_dirty_bit_against_a_hardware_thread() {
     // Run until the hardware has dirtied pages many times (bounded in time
     // for a starved agent thread on a loaded machine).
     let t0 = std::time::Instant::now();
-    while t0.elapsed().as_secs() < 30 && (m.stats().dirty_set < 300 || rounds < 1_000) {
+    // A tenth of the rounds and stores under Miri.
+    while t0.elapsed().as_secs() < 30
+        && (m.stats().dirty_set < pgtable_testkit::miri_scaled(300)
+            || rounds < pgtable_testkit::miri_scaled(1_000))
+    {
         for p in 0..4 {
             let va = VirtAddr(VA.0 + p * K4);
             // SAFETY: `clean_entry` stores leaves only.
@@ -465,7 +469,10 @@ fn the_atomic_transaction_loses_no_dirty_bit_against_a_hardware_thread() {
     // What is still dirty in the entries counts as seen.
     s.walk(VA, len, |mp| seen += u64::from(T4::is_dirty(mp.entry)))
         .unwrap();
-    assert!(report.dirty_set > 100, "the race was exercised: {report:?}");
+    assert!(
+        report.dirty_set > pgtable_testkit::miri_scaled(100),
+        "the race was exercised: {report:?}"
+    );
     assert_eq!(seen, report.dirty_set, "no dirty bit lost: {report:?}");
     m.check().unwrap();
 }

@@ -328,7 +328,7 @@ fn random_operation_sequences_never_leave_a_stale_tlb_entry() {
     let base = G1;
     let pages = 64 * M2 / K4;
     let mut x = 0xc0ffee;
-    for step in 0..400 {
+    for step in 0..pgtable_testkit::miri_scaled(400) {
         let p = next(&mut x) % pages;
         let n = 1 + next(&mut x) % 1024.min(pages - p);
         let va = VirtAddr(base + p * K4);

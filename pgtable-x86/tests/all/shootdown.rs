@@ -531,7 +531,8 @@ fn cpu_threads_touching_memory_see_no_stale_entry_after_any_operation() {
     while started.load(Ordering::Relaxed) < (N - 1) as u64 {
         std::thread::yield_now();
     }
-    for round in 0..20u64 {
+    // Two rounds under Miri.
+    for round in 0..pgtable_testkit::miri_scaled(20) {
         s.map(VA, PA, pages * K4, user_rw(), MapOptions::PAGES)
             .unwrap();
         m.check()

@@ -174,7 +174,8 @@ fn no_accessed_dirty_update_is_lost<A: Arch + Send>(va: u64) {
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let agent = m.spawn_agent(base, len, stop.clone());
-    for round in 0..100 {
+    // Ten rounds under Miri.
+    for round in 0..pgtable_testkit::miri_scaled(100) {
         let p = if round % 2 == 0 { user_ro() } else { user_rw() };
         s.change_protection(base, len, p).unwrap();
         m.check().unwrap();

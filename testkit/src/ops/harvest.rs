@@ -112,6 +112,7 @@ pub fn clear_refs_harvests_blocks_whole<A: Arch>() {
 /// accessed and dirty state the hardware set is either reported by a
 /// clear or still in the entry at the end; none is lost.
 pub fn clear_refs_loses_no_update_under_the_agent<A: Arch + Send>(rounds: usize) {
+    let rounds = crate::miri_scaled(rounds as u64) as usize;
     let pages = 64u64;
     let (m, mut s) = setup::<A>();
     map(
@@ -131,7 +132,8 @@ pub fn clear_refs_loses_no_update_under_the_agent<A: Arch + Send>(rounds: usize)
     let mut done = 0;
     // At least `rounds`, and until the agent has dirtied pages many times
     // over (bounded in time).
-    while done < rounds || (m.stats().dirty_set < 4 * pages && t0.elapsed().as_secs() < 20) {
+    let want = crate::miri_scaled(4 * pages);
+    while done < rounds || (m.stats().dirty_set < want && t0.elapsed().as_secs() < 20) {
         done += 1;
         s.clear_refs(VirtAddr(VA), pages * K4, ClearRefs::ALL, |r| {
             young += u64::from(r.young());

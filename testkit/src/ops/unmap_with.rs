@@ -151,6 +151,7 @@ pub fn unmap_with_error_changes_nothing<A: Arch>() {
 /// report is the value the atomic get-and-clear returned, not an earlier
 /// load, which would lose a store made between the load and the clear).
 pub fn unmap_with_loses_no_dirty_state_under_the_agent<A: Arch + Send>(rounds: usize) {
+    let rounds = crate::miri_scaled(rounds as u64) as usize;
     let pages = 16u64;
     let (m, mut s) = setup::<A>();
     // Keep the PTE table across rounds (only the pages come and go).
@@ -168,7 +169,8 @@ pub fn unmap_with_loses_no_dirty_state_under_the_agent<A: Arch + Send>(rounds: u
     let mut done = 0;
     // At least `rounds`, and until the agent has dirtied pages often
     // (bounded in time: the machine may be busy).
-    while done < rounds || (m.stats().dirty_set < 200 && t0.elapsed().as_secs() < 20) {
+    let want = crate::miri_scaled(200);
+    while done < rounds || (m.stats().dirty_set < want && t0.elapsed().as_secs() < 20) {
         done += 1;
         map(
             &mut s,

@@ -353,6 +353,7 @@ pub fn fork_fails_unchanged<A: Arch>() {
 /// A hardware agent storing through the source while it is write-protected:
 /// no dirty state it set is lost, on either side.
 pub fn fork_race_keeps_dirty<A: Arch + Send>(rounds: usize) {
+    let rounds = (crate::miri_scaled(rounds as u64) as usize).max(1);
     const PAGES: u64 = 512;
     let mut lost_total = 0;
     let mut dirtied_total = 0;
@@ -400,6 +401,7 @@ pub fn fork_race_keeps_dirty<A: Arch + Send>(rounds: usize) {
 /// the dirty states lost (set by the agent, missing afterwards in the
 /// source or the child) and how many the agent set.
 pub fn fork_direct_race<A: Arch>(rounds: usize) -> (u64, u64) {
+    let rounds = (crate::miri_scaled(rounds as u64) as usize).max(1);
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Release};
     const PAGES: u64 = 4096;
     let (mut lost, mut set) = (0, 0);
