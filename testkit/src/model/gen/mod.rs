@@ -102,9 +102,17 @@ impl Gen {
 
     /// A software-entry operation (one in eight operations): install one
     /// near a mapped page or a boundary (sometimes with a value that does
-    /// not fit), or swap one in.
+    /// not fit), or swap one in (or replace a page by another).
     fn swap_op(&mut self, model: &Model, swapped: Option<u64>) -> Op {
-        if let Some(vpn) = swapped.filter(|_| self.rng.chance(30)) {
+        // Sometimes a mapped page: `replace_pte` replaces it in place (or
+        // refuses a block).
+        let mapped = if self.rng.chance(10) {
+            let hint = self.va(model, 0) >> 12;
+            model.random_page(&mut self.rng, hint)
+        } else {
+            None
+        };
+        if let Some(vpn) = mapped.or(swapped.filter(|_| self.rng.chance(30))) {
             let va = if self.rng.chance(10) {
                 self.va(model, 50)
             } else {

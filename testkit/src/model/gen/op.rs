@@ -80,7 +80,8 @@ pub enum Op {
         value: u64,
         fail: Option<u64>,
     },
-    /// `swap_in`: the software entry at `va` becomes a page.
+    /// `replace_pte` with a page: the software entry (or the page) at `va`
+    /// becomes a page.
     SwapIn { va: u64, pa: u64, prot: Prot },
     /// The following operations act on the episode's other address space
     /// (the fork child, or the kernel / the user space).

@@ -86,7 +86,7 @@ impl fmt::Display for Op {
             }
             Op::SwapIn { va, pa, prot } => write!(
                 f,
-                "space.swap_in(VirtAddr({va:#x}), PhysAddr({pa:#x}), {})",
+                "space.replace_pte(VirtAddr({va:#x}), NewPte::Page {{ pa: PhysAddr({pa:#x}), prot: {} }})",
                 ProtSrc(prot)
             ),
             Op::Touch { va, write: None } => write!(f, "machine.read_u64(VirtAddr({va:#x}))"),
