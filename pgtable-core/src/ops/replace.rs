@@ -81,7 +81,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
     /// let va = VirtAddr(1 << 30);
-    /// space.map(va, PhysAddr(0x8000_0000), 4096, Prot::READ, MapOptions::PAGES).unwrap();
+    /// space.map(va, PhysAddr(0x8000_0000), 4096, Prot::READ_ONLY, MapOptions::PAGES).unwrap();
     /// // Copy-on-write: the shared page becomes the private copy.
     /// let copy = NewPte::Page { pa: PhysAddr(0x9000_0000), prot: Prot::READ_WRITE };
     /// let old = space.replace_pte(va, copy).unwrap();
