@@ -241,7 +241,8 @@ pub fn gathered_replace_pte_defers_only_the_swap_out_flush<A: Arch>() {
 
 /// The hardware rule `replace_pte` relies on, broken: a new frame written
 /// over a present page that a TLB caches, without the clear and flush
-/// first. The simulator reports it (a stale translation, or on arm64 a
+/// first, or after a gathered swap-out before the gather's flush. The
+/// simulator reports both (a stale translation, or on arm64 a
 /// break-before-make conflict), where `replace_pte` passes.
 pub fn replace_without_the_flush_is_caught<A: Arch>() {
     let (m, mut s) = setup::<A>();
@@ -258,6 +259,23 @@ pub fn replace_without_the_flush_is_caught<A: Arch>() {
         matches!(e, Err(CheckError::Stale(_) | CheckError::Conflict(_))),
         "not caught: {e:?}"
     );
+    // Broken across two gathered calls: a swap-out whose flush waits for
+    // the gather, then the new frame written before that flush (what the
+    // gathered swap-in must not do).
+    let (m, mut s) = setup::<A>();
+    map(&mut s, 0, 2 * K4, URW, MapOptions::PAGES);
+    m.read_u64(VirtAddr(VA)).unwrap();
+    let mut tlb = s.tlb_gather_mmu();
+    tlb.replace_pte(VirtAddr(VA), NewPte::Swap(3)).unwrap();
+    // SAFETY: as above.
+    let slot = unsafe { tlb.space().inspect().slot(VirtAddr(VA), 0) }.unwrap();
+    A::set_pte_at(tlb.space().mmu(), VirtAddr(VA), slot, new);
+    let e = m.check();
+    assert!(
+        matches!(e, Err(CheckError::Stale(_) | CheckError::Conflict(_))),
+        "not caught: {e:?}"
+    );
+    tlb.finish();
     // The correct sequence beside it, on the other page.
     let (m, mut s) = setup::<A>();
     map(&mut s, 0, 2 * K4, URW, MapOptions::PAGES);

@@ -176,7 +176,7 @@ impl<A: Arch> Episode<A> {
                 }
                 self.after(&[(va & !0xfff, 4096)], got)
             }
-            Op::SwapIn { va, pa, prot } => {
+            Op::Replace { va, pa, prot, swap } => {
                 // What `replace_pte` replaces: a software entry (its value
                 // comes back), a page (its frame and accessed/dirty state;
                 // whether the model's page is a PTE or part of a block is
@@ -188,22 +188,29 @@ impl<A: Arch> Episode<A> {
                     .ptep_get(VirtAddr(va & !0xfff))
                     .map(|e| e.height());
                 let page = self.cur.model.page(vpn);
-                let want = self
-                    .check(va, 4096)
-                    .and(check_phys::<A>(pa, 4096))
-                    .and_then(|()| match (self.cur.model.swp(vpn), page) {
+                let encodes = match swap {
+                    Some(v) if A::swp_entry(v).is_none() => Err(Error::SwapValueTooWide(v)),
+                    Some(_) => Ok(()),
+                    None => check_phys::<A>(pa, 4096),
+                };
+                let want = self.check(va, 4096).and(encodes).and_then(|()| {
+                    match (self.cur.model.swp(vpn), page) {
                         (Some(v), _) => Ok(Some(v)),
                         (None, Some(_)) if leaf_height == Some(0) => Ok(None),
                         (None, Some(_)) => Err(Error::BlockMapped(VirtAddr(va))),
                         (None, None) => Err(Error::NotMapped(VirtAddr(va))),
-                    });
+                    }
+                });
                 let value = want.ok();
                 // The entry returned is checked here (a mismatch panics,
                 // which the episode reports as a failure).
                 let f = |s: &mut Space<A>, _: &mut Space<A>| {
-                    let new = NewPte::Page {
-                        pa: PhysAddr(pa),
-                        prot,
+                    let new = match swap {
+                        Some(v) => NewPte::Swap(v),
+                        None => NewPte::Page {
+                            pa: PhysAddr(pa),
+                            prot,
+                        },
                     };
                     s.replace_pte(VirtAddr(va), new).map(|old| {
                         let got = match old.swap_value() {
@@ -235,7 +242,10 @@ impl<A: Arch> Episode<A> {
                 if got {
                     self.cur.model.take_swp(vpn, vpn + 1);
                     self.cur.model.take(vpn, vpn + 1);
-                    self.cur.model.insert(vpn, new_run::<A>(1, pa, prot));
+                    match swap {
+                        Some(v) => self.cur.model.set_swp(vpn, v),
+                        None => self.cur.model.insert(vpn, new_run::<A>(1, pa, prot)),
+                    }
                 }
                 self.after(&[(va & !0xfff, 4096)], got)
             }

@@ -123,10 +123,20 @@ impl Gen {
             } else {
                 self.rng.below(64 << 18) << 12
             };
-            return Op::SwapIn {
+            // A page mostly swapped out, a software entry swapped in.
+            let swap = (mapped.is_some() && self.rng.chance(60)).then(|| {
+                let bits = self.swp_bits.min(63);
+                if self.rng.chance(5) {
+                    1u64 << bits
+                } else {
+                    self.rng.below(1 << bits.min(40))
+                }
+            });
+            return Op::Replace {
                 va,
                 pa,
                 prot: self.prot(),
+                swap,
             };
         }
         // Mostly next to what is mapped, so moves and unmaps meet them.
