@@ -44,8 +44,10 @@ pub enum Error {
     /// ([`Format::SWP_VALUE_BITS`](crate::Format::SWP_VALUE_BITS); `0` bits
     /// when the format has none).
     SwapValueTooWide(u64),
-    /// No software entry is at this address (swap-in).
-    NoSwapEntry(VirtAddr),
+    /// A block (a huge page) maps this address where the operation works
+    /// on one PTE ([`replace_pte`](crate::AddressSpace::replace_pte)):
+    /// split or unmap the block first.
+    BlockMapped(VirtAddr),
     /// The address space cannot share, or does not share, a kernel half:
     /// [`AddressSpace::share_kernel_half`] of a space that does not
     /// translate the upper half, or [`AddressSpace::new_user`] from one
@@ -55,7 +57,8 @@ pub enum Error {
     /// [`AddressSpace::new_user`]: crate::AddressSpace::new_user
     KernelHalf,
     /// Nothing is mapped at this address (an operation on one present
-    /// leaf, e.g. [`ptep_set_access_flags`](crate::AddressSpace::ptep_set_access_flags)).
+    /// leaf, e.g. [`ptep_set_access_flags`](crate::AddressSpace::ptep_set_access_flags),
+    /// or on one occupied PTE, [`replace_pte`](crate::AddressSpace::replace_pte)).
     NotMapped(VirtAddr),
 }
 
@@ -78,7 +81,7 @@ impl fmt::Display for Error {
             Error::SwapValueTooWide(v) => {
                 write!(f, "value {v:#x} does not fit in a software entry")
             }
-            Error::NoSwapEntry(a) => write!(f, "no software entry at {a}"),
+            Error::BlockMapped(a) => write!(f, "a block maps {a}, not a page"),
             Error::NotMapped(a) => write!(f, "nothing is mapped at {a}"),
         }
     }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::contract::{Arch, Decoded, TableAlloc};
+use pgtable_core::contract::{Arch, Decoded, NewPte, TableAlloc};
 use pgtable_core::{
     sim::{SimAlloc, SimMachine, SimMmu},
     MoveOptions,
@@ -198,8 +198,15 @@ fn ops<A: Arch>() -> Vec<Op<A>> {
         op("swap_entry", Swap, true, |s, _, va| {
             found(s.ptep_get(va).and_then(|e| e.swap_value()))
         }),
-        op("swap_in", Swap, false, |s, _, va| {
-            done(s.swap_in(va, PA, Prot::READ_ONLY))
+        op("replace_pte (swap-in)", Swap, false, |s, _, va| {
+            let new = NewPte::Page {
+                pa: PA,
+                prot: Prot::READ_ONLY,
+            };
+            done(s.replace_pte(va, new))
+        }),
+        op("replace_pte (swap-out)", Page, false, |s, _, va| {
+            done(s.replace_pte(va, NewPte::Swap(SWAP_VALUE)))
         }),
         op("install_pte", Empty, false, |s, _, va| {
             done(s.install_pte(va, PA, Prot::READ_ONLY))

@@ -7,8 +7,9 @@
 //! [`SPACE_CASES`] and [`SMP_CASES`] (the kernel's own checks of its
 //! address-space split and of TLB shootdown across CPUs, which the
 //! suite's summary would not miss if the kernel stopped running them),
-//! the same for [`CONTPTE_CASES`] (contiguous mappings), and the kernel's
-//! report that all [`CPUS`] CPUs came up.
+//! the same for [`CONTPTE_CASES`] (contiguous mappings) and [`MM_CASES`]
+//! (a memory manager's in-place replacements), and the kernel's report
+//! that all [`CPUS`] CPUs came up.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,6 +59,13 @@ pub const SPACE_CASES: &[&str] = &[
     "space_unmap_reports",
     "space_asid_spaces_free_their_tables",
 ];
+
+/// The kernel's `mm_` cases (src/space_mm/mm.rs), each of which must
+/// print `ok <name>`: `replace_pte` swaps out a whole PTE table while the
+/// table allocator refuses every frame (and swaps it in again), and
+/// replaces a copy-on-write page by its copy with one page flush, the MMU
+/// reading the copy at once.
+pub const MM_CASES: &[&str] = &["mm_reclaim_full_table_no_alloc", "mm_cow_replace"];
 
 /// Ok if every case of `cases` printed exactly `ok <name>`.
 fn require_ok(outcome: &Outcome, cases: &[&str]) -> Result<(), String> {
@@ -193,7 +201,8 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     require_ok(&outcome, SPACE_CASES)?;
     require_online(&outcome, CPUS)?;
     require_ok(&outcome, SMP_CASES)?;
-    require_ok(&outcome, CONTPTE_CASES)
+    require_ok(&outcome, CONTPTE_CASES)?;
+    require_ok(&outcome, MM_CASES)
 }
 
 #[cfg(test)]

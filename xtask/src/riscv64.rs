@@ -102,6 +102,12 @@ pub const NAPOT_CASES: &[&str] = &[
     "contpte_napot_space_frees_its_tables",
 ];
 
+/// The `mm_` cases every run must pass: `replace_pte` swaps out a whole
+/// PTE table while the table allocator refuses every frame (and swaps it
+/// in again), and replaces a cached read-only page by its copy with one
+/// flush, the hart reading the copy at once.
+pub const MM_CASES: &[&str] = &["mm_reclaim_full_table_no_alloc", "mm_cow_replace"];
+
 fn require_ok(outcome: &Outcome, cases: &[&str]) -> Result<(), String> {
     let missing: Vec<&str> = cases
         .iter()
@@ -211,6 +217,7 @@ pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
             .and_then(|()| require_ok(&o, SPACE_CASES))
             .and_then(|()| require_ok(&o, SMP_CASES))
             .and_then(|()| require_ok(&o, NAPOT_CASES))
+            .and_then(|()| require_ok(&o, MM_CASES))
             .and_then(|()| require_ok(&o, extra))
             .map_err(|e| format!("{name} run: {e}"))?;
         let how = match (flushes == SVINVAL, extra.is_empty()) {

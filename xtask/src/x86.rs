@@ -276,8 +276,11 @@ fn smp_passed(lines: &[String]) -> Result<(), String> {
 /// stale translation after address-space switches, an unmap in a space
 /// that is not installed and PCID roll-overs, fork with copy-on-write
 /// (stores fault in parent and child), swap entries moved with their
-/// table, live protection changes of kernel pages, and the reports of a
-/// gathered unmap (plus one of [`ISOLATION`]).
+/// table, live protection changes of kernel pages, the reports of a
+/// gathered unmap, and the `mm_` cases of `replace_pte`: a whole PTE table
+/// swapped out and in while the table allocator refuses every frame, and
+/// a copy-on-write page replaced by its copy with one page flush (plus one
+/// of [`ISOLATION`]).
 const ALWAYS: &[&str] = &[
     "protect_execute_never",
     "space_lower_half_is_empty",
@@ -298,6 +301,8 @@ const ALWAYS: &[&str] = &[
     "space_swap_entry_survives_move",
     "space_live_kernel_protect",
     "space_unmap_reports",
+    "mm_reclaim_full_table_no_alloc",
+    "mm_cow_replace",
 ];
 
 /// The isolation case of several address spaces: named after what

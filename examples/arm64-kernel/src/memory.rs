@@ -122,6 +122,8 @@ struct Frames {
     free: u64,
     live: u64,
     peak: u64,
+    /// Every allocation is refused (see [`refuse_tables`]).
+    refuse: bool,
 }
 
 /// Single-core kernel with interrupts masked: no concurrent access.
@@ -137,6 +139,7 @@ static FRAMES: Global = Global(UnsafeCell::new(Frames {
     free: 0,
     live: 0,
     peak: 0,
+    refuse: false,
 }));
 
 fn with_frames<R>(f: impl FnOnce(&mut Frames) -> R) -> R {
@@ -159,6 +162,12 @@ pub unsafe fn init_tables(start: u64, end: u64) {
     });
 }
 
+/// While `on`, the allocator refuses every table frame (memory pressure,
+/// for the cases that must not allocate).
+pub fn refuse_tables(on: bool) {
+    with_frames(|fr| fr.refuse = on);
+}
+
 /// Frames allocated and not freed, and the most ever live at once.
 pub fn tables_live() -> (u64, u64) {
     with_frames(|fr| (fr.live, fr.peak))
@@ -179,7 +188,9 @@ pub struct KernelTables;
 unsafe impl TableAlloc for KernelTables {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = with_frames(|fr| {
-            let pa = if fr.free != 0 {
+            let pa = if fr.refuse {
+                return None;
+            } else if fr.free != 0 {
                 let pa = fr.free;
                 // SAFETY: a frame on the free list is ours and unused; its
                 // first word links the next free frame.

@@ -16,7 +16,10 @@
 //!
 //! Where the device tree lists Svnapot, the `contpte_napot_` cases
 //! ([`contpte`]) map 64 KiB NAPOT runs in a space of the Svnapot format
-//! and change, store to, move and unmap them on the live hart.
+//! and change, store to, move and unmap them on the live hart. The `mm_`
+//! cases ([`mm`]) replace PTEs in place with `replace_pte`: a whole PTE
+//! table swapped out and in while the table allocator refuses every frame,
+//! and a copy-on-write page replaced by its copy.
 //!
 //! Command line (`-append`): `[mode=sv39|sv48|sv57] [seed=N]
 //! [threshold_mb=M] [big] [only=prefix,..] [skip=prefix,..] [verbose]
@@ -30,6 +33,7 @@ mod contpte;
 mod fdt;
 mod machine;
 mod mem;
+mod mm;
 mod sbi;
 mod smp;
 mod smp_cases;
@@ -267,7 +271,8 @@ fn run_on<const L: u32>(ram: (u64, u64), opts: &Options, ext: Extensions) -> boo
     );
     let own = space::run::<L>(&mut k, ram, asid_bits)
         .add(space::svpbmt::<L>(&mut k, ram, ext.svpbmt))
-        .add(contpte::run::<L>(&mut k, ram, ext.svnapot));
+        .add(contpte::run::<L>(&mut k, ram, ext.svnapot))
+        .add(mm::run::<L>(&mut k));
     println!();
     let smp_asid = Asid::new(3, asid_bits).ok();
     let smp = smp_cases::run::<L>(ram, smp_asid).add(smp_cases::stop_others());

@@ -75,6 +75,8 @@ struct FramePool {
     free: Cell<u64>,
     live: Cell<u64>,
     peak: Cell<u64>,
+    /// Every allocation is refused ([`Frames::refuse`]).
+    refuse: Cell<bool>,
 }
 
 /// The one frame pool.
@@ -90,6 +92,7 @@ static POOL: PoolCell = PoolCell(FramePool {
     free: Cell::new(0),
     live: Cell::new(0),
     peak: Cell::new(0),
+    refuse: Cell::new(false),
 });
 
 /// A handle to the kernel's table-frame allocator (bump + free list over
@@ -107,6 +110,12 @@ impl Frames {
     pub fn peak(&self) -> u64 {
         POOL.0.peak.get()
     }
+
+    /// While `on`, every allocation is refused (memory pressure, for the
+    /// cases that must not allocate).
+    pub fn refuse(&self, on: bool) {
+        POOL.0.refuse.set(on);
+    }
 }
 
 // SAFETY: frames come from `TABLES_START..TABLES_END`, RAM that nothing
@@ -117,6 +126,9 @@ impl Frames {
 unsafe impl TableAlloc for Frames {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let p = &POOL.0;
+        if p.refuse.get() {
+            return None;
+        }
         let pa = match p.free.get() {
             0 => {
                 let pa = p.next.get();

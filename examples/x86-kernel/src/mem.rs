@@ -153,6 +153,8 @@ struct FramePool {
     free: Cell<u64>,
     live: Cell<u64>,
     peak: Cell<u64>,
+    /// Every allocation is refused ([`Frames::refuse`]).
+    refuse: Cell<bool>,
 }
 
 /// The one frame pool.
@@ -167,6 +169,7 @@ static POOL: PoolCell = PoolCell(FramePool {
     free: Cell::new(0),
     live: Cell::new(0),
     peak: Cell::new(0),
+    refuse: Cell::new(false),
 });
 
 /// A handle to the kernel's table-frame allocator (bump + free list over
@@ -185,6 +188,12 @@ impl Frames {
     pub fn peak(&self) -> u64 {
         POOL.0.peak.get()
     }
+
+    /// While `on`, every allocation is refused (memory pressure, for the
+    /// cases that must not allocate).
+    pub fn refuse(&self, on: bool) {
+        POOL.0.refuse.set(on);
+    }
 }
 
 // SAFETY: frames come from `TABLES_START..TABLES_END`, a RAM range that
@@ -196,6 +205,9 @@ impl Frames {
 unsafe impl TableAlloc for Frames {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let p = &POOL.0;
+        if p.refuse.get() {
+            return None;
+        }
         let pa = match p.free.get() {
             0 => {
                 let pa = p.next.get();

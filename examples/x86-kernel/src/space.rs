@@ -224,6 +224,7 @@ macro_rules! sym {
 }
 
 // After the macros, which they use.
+mod mm;
 mod multi;
 mod ops;
 pub mod switch;
@@ -338,6 +339,7 @@ pub fn run<A: Arch>(
     }
     multi::run(kernel, pcids, &mut t);
     ops::run(kernel, &mut t);
+    mm::run(kernel, &mut t);
     switch::print_counts();
     t
 }

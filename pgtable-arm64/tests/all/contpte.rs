@@ -5,7 +5,7 @@
 
 use pgtable_arm64::format::is_contiguous;
 use pgtable_arm64::Arm64;
-use pgtable_core::contract::{Access, Format};
+use pgtable_core::contract::{Access, Format, NewPte};
 use pgtable_core::{
     sim::{Installed, SimAlloc, SimMachine, SimMmu},
     MoveOptions,
@@ -908,11 +908,11 @@ fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
     m.check().unwrap();
 }
 
-/// The single-entry installs (`install_pte`, `set_swap_entry`, `swap_in`)
-/// only fill an entry that is none or a software entry, which a folded run
-/// never holds: on a page of a run they refuse and change nothing; in the
-/// hole that a partial unmap leaves (which unfolded the run) they work and
-/// fold nothing.
+/// The single-entry installs (`install_pte`, `set_swap_entry`, and
+/// `replace_pte` of a software entry) only fill an entry that is none or a
+/// software entry, which a folded run never holds: on a page of a run
+/// `install_pte` refuses and changes nothing; in the hole that a partial
+/// unmap leaves (which unfolded the run) they work and fold nothing.
 #[test]
 fn contpte_single_entry_installs_never_change_a_folded_run() {
     let (m, mut s) = machine();
@@ -923,14 +923,14 @@ fn contpte_single_entry_installs_never_change_a_folded_run() {
         s.install_pte(at, PhysAddr(0x9000_0000), user_rw()),
         Err(Error::AlreadyMapped(at))
     );
-    assert_eq!(
-        s.swap_in(at, PhysAddr(0x9000_0000), user_rw()),
-        Err(Error::NoSwapEntry(at))
-    );
     assert_eq!(ptes(&s, VA, RUN), before);
     s.unmap(at, PAGE).unwrap();
     s.set_swap_entry(at, 3).unwrap();
-    assert_eq!(s.swap_in(at, PhysAddr(PA.0 + 6 * PAGE), user_rw()), Ok(3));
+    let back = NewPte::Page {
+        pa: PhysAddr(PA.0 + 6 * PAGE),
+        prot: user_rw(),
+    };
+    assert_eq!(s.replace_pte(at, back).unwrap().swap_value(), Some(3));
     s.unmap(at, PAGE).unwrap();
     s.install_pte(at, PhysAddr(PA.0 + 6 * PAGE), user_rw())
         .unwrap();
@@ -969,4 +969,11 @@ fn contpte_a_software_entry_with_the_hint_bit_set_is_not_a_run() {
         vec![(0, Some(value), false), (2, None, false), (5, None, true)]
     );
     m.check().unwrap();
+}
+
+/// `replace_pte` of a page inside a folded run (swap-out, then a
+/// copy-on-write copy in another run) unfolds the run first.
+#[test]
+fn contpte_replace_pte_unfolds_the_run() {
+    pgtable_testkit::ops::replace_pte_in_a_folded_run_unfolds_it::<Arm64>();
 }

@@ -28,7 +28,9 @@
 //!   [`ptep_get`](AddressSpace::ptep_get),
 //!   [`test_and_clear_young`](AddressSpace::test_and_clear_young),
 //!   software entries ([`set_swap_entry`](AddressSpace::set_swap_entry),
-//!   [`swap_in`](AddressSpace::swap_in));
+//!   [`replace_pte`](AddressSpace::replace_pte) with a [`NewPte`]: a
+//!   present page or a software entry replaced in place, for reclaim,
+//!   copy-on-write and swap-in);
 //! - read: [`translate`](AddressSpace::translate),
 //!   [`walk`](AddressSpace::walk), [`ptdump`](AddressSpace::ptdump),
 //!   [`clear_refs`](AddressSpace::clear_refs);
@@ -123,6 +125,9 @@ pub use crate::contract::mmu::{Mmu, NoopMmu, TlbRange};
 #[cfg(feature = "alloc")]
 pub use crate::contract::table::Arena;
 pub use crate::contract::table::{Slot, Table, TableAlloc};
+/// What [`AddressSpace::replace_pte`] writes. It is here rather than at
+/// the root, which holds the types of the common path.
+pub use crate::ops::replace::NewPte;
 pub use crate::space::table_attrs::TableAttrs;
 pub use crate::stats::Stats;
 

@@ -15,7 +15,11 @@ use crate::{Decoded, Format, PhysAddr, Prot, VirtAddr};
 /// atomic get-and-clear returned (Linux `ptep_get_and_clear`), so the
 /// accessed and dirty state the hardware set up to the clear is included.
 ///
+/// [`AddressSpace::replace_pte`] returns the entry it replaced the same
+/// way.
+///
 /// [`AddressSpace::unmap_with`]: crate::AddressSpace::unmap_with
+/// [`AddressSpace::replace_pte`]: crate::AddressSpace::replace_pte
 pub struct LeafEntry<A: Format> {
     va: u64,
     raw: u64,

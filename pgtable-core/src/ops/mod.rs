@@ -1,6 +1,7 @@
 //! The operations, each written once against the contract on the walker:
 //! map, unmap (and its reporting form), protection changes (and the live
-//! form), translate and walk, fork's copy, software entries, accessed/dirty
+//! form), translate and walk, fork's copy, software entries, replacing one
+//! PTE in place, accessed/dirty
 //! harvesting, the fault-time single-entry operations, contiguous runs and
 //! `move_page_tables`.
 
@@ -13,6 +14,7 @@ pub(crate) mod live;
 pub(crate) mod map;
 pub(crate) mod moves;
 pub(crate) mod protect;
+pub(crate) mod replace;
 pub(crate) mod swap;
 pub(crate) mod unmap;
 pub(crate) mod walk;

@@ -21,17 +21,16 @@
 //!   [`walk`](AddressSpace::walk) do not report them: they map nothing.
 //!
 //! Software entries live at the PTE level only: the operations here never
-//! put one higher up.
+//! put one higher up. A present page becomes one, and one becomes a page
+//! again, in place with [`replace_pte`](AddressSpace::replace_pte).
 //!
 //! [`Format::swp_entry`]: crate::Format::swp_entry
 //! [`Format::swp_value`]: crate::Format::swp_value
 //! [`Format::SWP_VALUE_BITS`]: crate::Format::SWP_VALUE_BITS
 
-use core::sync::atomic::Ordering::Relaxed;
-
 use crate::contract::level::index;
 use crate::space::walker::Next;
-use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr, PAGE_SIZE};
+use crate::{AddressSpace, Arch, Error, Mmu, TableAlloc, VirtAddr, PAGE_SIZE};
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Puts a software entry carrying `value` into the PTE of `va` (Linux
@@ -42,8 +41,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The rule: the PTE must be none or already a software entry (which is
     /// replaced; the hardware never reads either, so no TLB maintenance is
     /// needed). Anything present there, a page or a block covering `va`,
-    /// must be unmapped first: this operation never takes a translation
-    /// away.
+    /// is replaced with [`replace_pte`](Self::replace_pte) instead: this
+    /// operation never takes a translation away.
     ///
     /// # Errors
     ///
@@ -111,35 +110,5 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             self.table_done();
         }
         self.settle(stash)
-    }
-
-    /// Replaces the software entry of `va` by a present page mapping `pa`
-    /// with `prot` (Linux `do_swap_page`: `set_pte_at` of the new PTE), and
-    /// returns the entry's value.
-    ///
-    /// No TLB flush is needed: the entry was not present, and neither
-    /// architecture caches a translation that faults (Intel SDM Vol. 3A
-    /// §4.10.2.2 "Caching Translations in TLBs": no TLB entry unless P is
-    /// 1 in every entry of the walk; Arm ARM D8.16 "Translation Lookaside
-    /// Buffers": descriptors that generate a Translation fault are not
-    /// cached). The new PTE is written with the synchronising setter, so
-    /// it is visible to the walker when this returns.
-    ///
-    /// # Errors
-    ///
-    /// A misaligned or out-of-range `va` or `pa`, or
-    /// [`Error::NoSwapEntry`] when the PTE of `va` is not a software entry.
-    /// On error nothing was changed.
-    pub fn swap_in(&mut self, va: VirtAddr, pa: PhysAddr, prot: Prot) -> Result<u64, Error> {
-        self.check_range(va, PAGE_SIZE)?;
-        Self::check_phys(pa, PAGE_SIZE)?;
-        let slot = self.find_slot(va, 0).ok_or(Error::NoSwapEntry(va))?;
-        // Relaxed: we hold the address space exclusively, and the hardware
-        // never writes a non-present entry.
-        let value = A::swp_value(slot.load(Relaxed)).ok_or(Error::NoSwapEntry(va))?;
-        A::set_pte_at(&self.mmu, va, slot, A::leaf(pa, prot, 0));
-        self.mmu.stats.add_entries_written(1);
-        self.may_hold_global |= prot.global();
-        Ok(value)
     }
 }

@@ -48,6 +48,12 @@ pub(crate) trait Zap<A: Format> {
     fn deferred(&mut self) -> Option<&mut Deferred> {
         None
     }
+    /// Whether every table stays linked, emptied or not (Linux
+    /// `zap_page_range`; freeing them is `free_pgtables`' job).
+    #[inline]
+    fn keeps_tables(&self) -> bool {
+        false
+    }
 }
 
 /// PTE tables a report unlinked whole, linked through their first entry
@@ -125,6 +131,7 @@ pub(crate) struct Report<F> {
     f: F,
     trust_settled: bool,
     deferred: Option<Deferred>,
+    keep: bool,
 }
 
 impl<F> Report<F> {
@@ -133,6 +140,15 @@ impl<F> Report<F> {
             f,
             trust_settled,
             deferred: None,
+            keep: false,
+        }
+    }
+
+    /// A report that unlinks no table ([`Zap::keeps_tables`]).
+    pub(crate) fn keeping(f: F, trust_settled: bool) -> Self {
+        Report {
+            keep: true,
+            ..Report::new(f, trust_settled)
         }
     }
 
@@ -143,6 +159,7 @@ impl<F> Report<F> {
             f,
             trust_settled: true,
             deferred: Some(Deferred { head: 0, count: 0 }),
+            keep: false,
         }
     }
 }
@@ -160,6 +177,10 @@ impl<A: Format, F: FnMut(Removed<A>)> Zap<A> for Report<F> {
     #[inline]
     fn deferred(&mut self) -> Option<&mut Deferred> {
         self.deferred.as_mut()
+    }
+    #[inline]
+    fn keeps_tables(&self) -> bool {
+        self.keep
     }
 }
 
@@ -590,7 +611,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // A pinned kernel-half table is emptied, never unlinked. A report
         // visits the entries of a table it unlinks whole (and so always
         // finds it empty afterwards).
-        let keep = self.pinned(height, va);
+        let keep = self.pinned(height, va) || cx.z.keeps_tables();
         let whole = covers(va, next, height) && !keep;
         if whole && (!Z::REPORT || cx.z.deferred().is_some()) {
             A::set_pte_nosync(&self.mmu, slot, 0);
@@ -618,7 +639,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// registers instead of reloading them around every entry.
     fn zap_ptes<Z: Zap<A>>(&self, t: &Table, va: u64, end: u64, gather: &mut TlbGather, z: &mut Z) {
         const CHUNK: usize = 64;
-        let whole = covers(va, end, 1);
+        // A table that stays linked is cleared entry by entry.
+        let whole = covers(va, end, 1) && !z.keeps_tables();
         let trust = z.trust_settled();
         let i = index(va, 0);
         let n = (end.wrapping_sub(va) >> shift(0)) as usize;

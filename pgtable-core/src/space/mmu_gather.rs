@@ -28,6 +28,8 @@ use crate::{
 /// Start one with [`AddressSpace::tlb_gather_mmu`]. The gather holds the
 /// space's mutable borrow and offers the operations that can be batched
 /// ([`unmap`](Self::unmap), [`unmap_with`](Self::unmap_with),
+/// [`zap_page_range`](Self::zap_page_range),
+/// [`replace_pte`](Self::replace_pte),
 /// [`change_protection`](Self::change_protection),
 /// [`clear_refs`](Self::clear_refs)); [`space`](Self::space) reads the
 /// space meanwhile.
@@ -171,6 +173,56 @@ impl<A: Arch, M: Mmu, T: TableAlloc> MmuGather<'_, A, M, T> {
         let mut z = crate::ops::unmap::Report::new(f, trust_settled);
         self.space
             .unmap_into(va, len, &mut z, &mut self.tlb, &mut self.q)
+    }
+
+    /// Linux `zap_page_range`: [`unmap_with`](Self::unmap_with) that keeps
+    /// every table linked, emptied or not, for a caller that will fill the
+    /// range again (freeing the emptied tables is Linux `free_pgtables`'
+    /// job: a later [`unmap`](Self::unmap) or
+    /// [`AddressSpace::unmap`] over the range unlinks and frees them). Every
+    /// removed entry is reported to `f` as `unmap_with` reports it, with
+    /// its final accessed/dirty state; the reported pages must not be
+    /// reused before [`finish`](Self::finish) returns. A block the range
+    /// covers in part is split first, which takes a table; otherwise no
+    /// table is allocated or freed.
+    ///
+    /// # Errors
+    ///
+    /// As [`AddressSpace::unmap`]; on error nothing was changed and
+    /// nothing reported.
+    pub fn zap_page_range(
+        &mut self,
+        va: VirtAddr,
+        len: u64,
+        f: impl FnMut(crate::Removed<A>),
+    ) -> Result<(), Error> {
+        let trust_settled = self.tlb.is_empty();
+        let mut z = crate::ops::unmap::Report::keeping(f, trust_settled);
+        self.space
+            .unmap_into(va, len, &mut z, &mut self.tlb, &mut self.q)
+    }
+
+    /// [`AddressSpace::replace_pte`] into the gather. Where a present page
+    /// becomes a software entry, its TLB flush waits for
+    /// [`finish`](Self::finish) (Linux reclaim's batched flush,
+    /// `set_tlb_ubc_flush_pending`): the new entry is not valid, so no TLB
+    /// can cache it, and the old page may still be reached through a stale
+    /// translation until then, so it must not be written out, freed or
+    /// reused before `finish` returns. A store through that translation
+    /// after the clear can only happen where the entry was cached dirty,
+    /// so the returned dirty state is final. Where a present page becomes
+    /// another frame the page is flushed at once, before the new frame is
+    /// written (break-before-make, Arm ARM D8.16.1: the new output address
+    /// must not meet the old one in a TLB), as
+    /// [`AddressSpace::replace_pte`] does; and a page written where this
+    /// gather holds an unflushed translation of the same address flushes
+    /// the gather first. The entry is replaced before this returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`AddressSpace::replace_pte`]; on error nothing was changed.
+    pub fn replace_pte(&mut self, va: VirtAddr, new: crate::NewPte) -> Result<LeafEntry<A>, Error> {
+        self.space.replace_into(va, new, &mut self.tlb)
     }
 
     /// [`AddressSpace::clear_refs`] into the gather: the flush waits for

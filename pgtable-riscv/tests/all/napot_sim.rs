@@ -190,3 +190,14 @@ fn napot_change_protection_of_a_whole_cached_run_to_io_passes_the_checks() {
         );
     }
 }
+
+/// `replace_pte` of a page inside a Svnapot run (swap-out, then a
+/// copy-on-write copy in another run) unfolds the run first, on Sv39 and
+/// Sv57.
+#[test]
+fn napot_replace_pte_unfolds_the_run() {
+    pgtable_testkit::ops::replace_pte_in_a_folded_run_unfolds_it::<Full39>();
+    pgtable_testkit::ops::replace_pte_in_a_folded_run_unfolds_it::<
+        RiscvPaging<5, { SVPBMT | SVNAPOT }>,
+    >();
+}

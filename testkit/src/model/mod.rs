@@ -10,7 +10,7 @@
 //! of them (`Op::Switch` changes which): `map` (folded contiguous runs
 //! and `no_contiguous()` maps), `unmap`, `unmap_with`, `change_protection`,
 //! `change_protection_live`, `move_page_tables`, `set_swap_entry`,
-//! `swap_in`, `install_pte`, `ptep_set_access_flags`, `ptep_get`,
+//! `replace_pte`, `install_pte`, `ptep_set_access_flags`, `ptep_get`,
 //! `test_and_clear_young`, `clear_refs`, `copy_page_range` into the other
 //! space, and gathers of several `unmap` / `unmap_with` /
 //! `change_protection` / `clear_refs` finished once (`gathered.rs`, the
@@ -24,7 +24,7 @@
 //! - the exact `Result` against the model (the documented error and its
 //!   payload, the space's half included; out of memory exactly when the
 //!   operation needs more tables than the allocator grants), and the
-//!   value an operation returns (`swap_in`, `test_and_clear_young`,
+//!   value an operation returns (`replace_pte`, `test_and_clear_young`,
 //!   `ptep_set_access_flags`, `ptep_get`) and every entry it reports
 //!   (`ops.rs`);
 //! - on error: the tables byte for byte as before (both spaces for a

@@ -1,7 +1,7 @@
 //! The kernel-facing single-entry and batched operations on the simulated
 //! machine, written once for any format: caller-owned flush batching
-//! (`MmuGather`), `unmap_with` reports, accessed/dirty harvesting and the
-//! fault-time operations. The integration tests of pgtable-core
+//! (`MmuGather`), `unmap_with` reports, accessed/dirty harvesting, the
+//! fault-time operations, and `replace_pte` and `zap_page_range`. The integration tests of pgtable-core
 //! and of each arch crate instantiate every case per format with
 //! [`ops_tests!`](crate::ops_tests). After every operation the machine is checked: no stale
 //! TLB entry, no write the walker may not see, no break-before-make
@@ -15,11 +15,13 @@ use pgtable_core::{AddressSpace, LeafEntry, MapOptions, PhysAddr, Prot, VirtAddr
 mod faults;
 mod gather;
 mod harvest;
+mod replace;
 mod unmap_with;
 
 pub use faults::*;
 pub use gather::*;
 pub use harvest::*;
+pub use replace::*;
 pub use unmap_with::*;
 
 /// A 4 KiB page.
@@ -184,6 +186,30 @@ macro_rules! ops_tests {
             #[test]
             fn set_access_flags_relaxes_in_place() {
                 $crate::ops::set_access_flags_relaxes_in_place::<A>();
+            }
+            #[test]
+            fn replace_pte_reclaims_a_full_table_without_allocating() {
+                $crate::ops::replace_pte_reclaims_a_full_table_without_allocating::<A>();
+            }
+            #[test]
+            fn replace_pte_cow_moves_the_page_to_its_copy() {
+                $crate::ops::replace_pte_cow_moves_the_page_to_its_copy::<A>();
+            }
+            #[test]
+            fn replace_pte_errors_change_nothing() {
+                $crate::ops::replace_pte_errors_change_nothing::<A>();
+            }
+            #[test]
+            fn gathered_replace_pte_defers_only_the_swap_out_flush() {
+                $crate::ops::gathered_replace_pte_defers_only_the_swap_out_flush::<A>();
+            }
+            #[test]
+            fn replace_without_the_flush_is_caught() {
+                $crate::ops::replace_without_the_flush_is_caught::<A>();
+            }
+            #[test]
+            fn zap_page_range_keeps_the_tables_for_a_refill() {
+                $crate::ops::zap_page_range_keeps_the_tables_for_a_refill::<A>();
             }
         }
     };

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use pgtable_core::contract::{Arch, Decoded, PAGE_SIZE};
+use pgtable_core::contract::{Arch, Decoded, NewPte, PAGE_SIZE};
 use pgtable_core::sim::{Installed, SimAlloc, SimFaultKind, SimMachine, SimMmu};
 use pgtable_core::{
     variants, AddressSpace, Error, MapOptions, Mapping, MoveOptions, PhysAddr, Prot, VirtAddr,
@@ -106,7 +106,8 @@ pub fn encoding<A: Arch>() {
 
 // ----- installing, reading, swapping in -----
 
-/// `install_pte`, `ptep_get` and `swap_in` of software entries.
+/// `set_swap_entry`, `ptep_get` and swap-in (`replace_pte` of a software
+/// entry) of software entries.
 pub fn install_read_and_swap_in<A: Arch>() {
     let (m, mut s) = machine::<A>();
     let va = VirtAddr(3 * G1 + 5 * M2 + 7 * K4);
@@ -159,15 +160,24 @@ pub fn install_read_and_swap_in<A: Arch>() {
         Err(Error::AlreadyMapped(inside))
     );
     assert_eq!(s.translate(inside).unwrap().pa, PhysAddr(PA + 9 * K4));
-    // Swap-in: not present -> present, no flush.
+    // Swap-in: not present -> present, no flush. Nothing to replace in an
+    // empty PTE; a block is no PTE.
+    let empty = va.add(2 * K4);
+    let page_in = |pa| NewPte::Page { pa, prot: RW };
     assert_eq!(
-        s.swap_in(page, PhysAddr(PA), RW),
-        Err(Error::NoSwapEntry(page))
+        s.replace_pte(empty, page_in(PhysAddr(PA))),
+        Err(Error::NotMapped(empty))
     );
+    assert_eq!(
+        s.replace_pte(inside, page_in(PhysAddr(PA))),
+        Err(Error::BlockMapped(inside))
+    );
+    assert_eq!(s.translate(inside).unwrap().pa, PhysAddr(PA + 9 * K4));
     let before = flushes(&m);
     let pa = PhysAddr(PA + 0x10_0000);
     m.phys_write_u64(pa, 0xfeed);
-    assert_eq!(s.swap_in(va, pa, RW), Ok(0x78));
+    let old = s.replace_pte(va, page_in(pa)).unwrap();
+    assert_eq!((old.swap_value(), old.is_present()), (Some(0x78), false));
     assert_eq!(flushes(&m), before, "swap-in flushed");
     assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), None);
     assert_eq!(s.translate(va).unwrap().pa, pa);

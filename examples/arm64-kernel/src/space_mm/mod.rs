@@ -31,10 +31,20 @@
 //!   leaves, which the hardware marks dirty) and the swap entry, with one
 //!   flush; the same through one `MmuGather` for two ranges (a 2 MiB
 //!   block and pages), flushed once by `MmuGather::finish`;
+//! - `mm_reclaim_full_table_no_alloc`: `replace_pte` swaps out the 512
+//!   pages of one PTE table in place while the table allocator refuses
+//!   every frame (each returned with its frame and the dirty state the
+//!   hardware set, one page flush each, every page then faulting), and
+//!   swaps them in again, the data there;
+//! - `mm_cow_replace`: a copy-on-write fault handled with `replace_pte`:
+//!   the child's PTE goes from the shared read-only frame to its copy
+//!   with one page flush, the child's next load reads the copy (no stale
+//!   translation) and its store goes through, the parent still shares the
+//!   frame read-only;
 //! - `space_asid_spaces_free_their_tables`: every table frame came back.
 //!
-//! The cases on switching are in `switching.rs`, those on the other
-//! operations in `ops.rs`.
+//! The cases on switching are in `switching.rs`, the `mm_` cases in
+//! `mm.rs`, those on the other operations in `ops.rs`.
 //!
 //! Every case ends by installing the suite's test space again (untagged:
 //! a full flush) and deactivating its spaces before they are dropped. The
@@ -54,6 +64,7 @@ use pgtable_core::{
     CopyMode, Error, LeafEntry, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
 };
 
+mod mm;
 mod ops;
 mod switching;
 
@@ -136,7 +147,7 @@ struct Ctx<'a> {
     main: Switcher<WORDS16>,
     /// A deliberately small one, for the roll-over case.
     small: Switcher<1>,
-    rows: [Row; 10],
+    rows: [Row; 12],
     nrows: usize,
 }
 
@@ -327,7 +338,7 @@ pub fn cases(
         layout,
         main,
         small,
-        rows: [Row::default(); 10],
+        rows: [Row::default(); 12],
         nrows: 0,
     };
     println!(
@@ -371,6 +382,10 @@ pub fn cases(
     cx.run(t, "space_unmap_reports", |cx, ps| {
         ops::unmap_reports(cx, ps, pool)
     });
+    cx.run(t, "mm_reclaim_full_table_no_alloc", |cx, ps| {
+        mm::reclaim_full_table_no_alloc(cx, ps, pool)
+    });
+    cx.run(t, "mm_cow_replace", mm::cow_replace);
     let small_name = "space_no_stale_after_asid_rollover";
     println!();
     println!("ASID switches and TLB flushes per case (flushes: range / by ASID / all / local after a roll-over)");

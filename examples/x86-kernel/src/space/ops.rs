@@ -8,7 +8,7 @@
 //! - software (swap) entries survive `move_page_tables`, by one page and
 //!   with their whole PTE table (a 2 MiB-aligned move that relinks the
 //!   table): `ptep_get(..).swap_value()` finds them at the new address, the old address
-//!   faults, and `swap_in` makes the page present;
+//!   faults, and `replace_pte` makes the page present;
 //! - `change_protection_live` of a kernel data page and of a page of the
 //!   linear map inside a block (split in place) RW → RO: a CPL-0 store
 //!   faults (CR0.WP), then RW again;
@@ -19,7 +19,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::contract::{Arch, Decoded, PAGE_SIZE};
+use pgtable_core::contract::{Arch, Decoded, NewPte, PAGE_SIZE};
 use pgtable_core::{AddressSpace, CopyMode, LeafEntry, LiveOptions, MoveOptions, Prot, VirtAddr};
 use pgtable_x86::X86Mmu;
 
@@ -216,17 +216,20 @@ fn swap_entry_survives_move<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> 
         load_faults("the old address of the moved page", SWAP_OLD)?;
         loads("the new address of the moved page", SWAP_NEW, MAGIC + 41)?;
         load_faults("a moved swap entry", SWAP_NEW + p(3))?;
-        match s.swap_in(
-            VirtAddr(SWAP_NEW + p(3)),
-            pgtable_core::PhysAddr(fin),
-            Prot::USER | Prot::WRITE,
-        ) {
-            Ok(v) => ensure!(v == V1, "swap_in returned {v:#x}, expected {V1:#x}"),
-            Err(e) => bail!("swap_in: {e}"),
+        let page_in = NewPte::Page {
+            pa: pgtable_core::PhysAddr(fin),
+            prot: Prot::USER | Prot::WRITE,
+        };
+        match s.replace_pte(VirtAddr(SWAP_NEW + p(3)), page_in) {
+            Ok(old) => ensure!(
+                old.swap_value() == Some(V1),
+                "replace_pte returned {old:?}, expected the swap entry {V1:#x}"
+            ),
+            Err(e) => bail!("replace_pte (swap-in): {e}"),
         }
         loads("the swapped-in page", SWAP_NEW + p(3), MAGIC + 42)?;
         println!(
-            "  swap entries {V1:#x}, {V2:#x}: moved by one page, then with their PTE table (at {:#x}) from {SWAP_OLD:#x} to {SWAP_NEW:#x}; found at the new addresses, the old ones fault, swap_in maps the page",
+            "  swap entries {V1:#x}, {V2:#x}: moved by one page, then with their PTE table (at {:#x}) from {SWAP_OLD:#x} to {SWAP_NEW:#x}; found at the new addresses, the old ones fault, replace_pte maps the page",
             table.unwrap_or(0)
         );
         Ok(())

@@ -368,7 +368,7 @@ impl<A: Arch> Episode<A> {
                 | Op::Protect { va, .. }
                 | Op::Touch { va, .. }
                 | Op::Swap { va, .. }
-                | Op::SwapIn { va, .. }
+                | Op::Replace { va, .. }
                 | Op::UnmapWith { va, .. }
                 | Op::ClearRefs { va, .. }
                 | Op::Young { va }

@@ -1,7 +1,7 @@
 //! One step of an episode: the operation applied to the current space,
 //! with the result, the tables and the translations the model expects.
 
-use pgtable_core::contract::Arch;
+use pgtable_core::contract::{Arch, NewPte};
 use pgtable_core::{Error, PhysAddr, VirtAddr};
 
 use super::{map_options, new_run, reprotect, Episode, Expected};
@@ -176,22 +176,56 @@ impl<A: Arch> Episode<A> {
                 }
                 self.after(&[(va & !0xfff, 4096)], got)
             }
-            Op::SwapIn { va, pa, prot } => {
-                let want = self
-                    .check(va, 4096)
-                    .and(check_phys::<A>(pa, 4096))
-                    .and_then(|()| {
-                        self.cur
-                            .model
-                            .swp(va >> 12)
-                            .ok_or(Error::NoSwapEntry(VirtAddr(va)))
-                    });
+            Op::Replace { va, pa, prot, swap } => {
+                // What `replace_pte` replaces: a software entry (its value
+                // comes back), a page (its frame and accessed/dirty state;
+                // whether the model's page is a PTE or part of a block is
+                // the tables' business), or nothing.
+                let vpn = va >> 12;
+                let leaf_height = self
+                    .cur
+                    .space
+                    .ptep_get(VirtAddr(va & !0xfff))
+                    .map(|e| e.height());
+                let page = self.cur.model.page(vpn);
+                let encodes = match swap {
+                    Some(v) if A::swp_entry(v).is_none() => Err(Error::SwapValueTooWide(v)),
+                    Some(_) => Ok(()),
+                    None => check_phys::<A>(pa, 4096),
+                };
+                let want = self.check(va, 4096).and(encodes).and_then(|()| {
+                    match (self.cur.model.swp(vpn), page) {
+                        (Some(v), _) => Ok(Some(v)),
+                        (None, Some(_)) if leaf_height == Some(0) => Ok(None),
+                        (None, Some(_)) => Err(Error::BlockMapped(VirtAddr(va))),
+                        (None, None) => Err(Error::NotMapped(VirtAddr(va))),
+                    }
+                });
                 let value = want.ok();
-                // The value returned is checked here (a mismatch panics,
+                // The entry returned is checked here (a mismatch panics,
                 // which the episode reports as a failure).
                 let f = |s: &mut Space<A>, _: &mut Space<A>| {
-                    s.swap_in(VirtAddr(va), PhysAddr(pa), prot).map(|v| {
-                        assert_eq!(Some(v), value, "swap_in returned another value");
+                    let new = match swap {
+                        Some(v) => NewPte::Swap(v),
+                        None => NewPte::Page {
+                            pa: PhysAddr(pa),
+                            prot,
+                        },
+                    };
+                    s.replace_pte(VirtAddr(va), new).map(|old| {
+                        let got = match old.swap_value() {
+                            Some(v) => (Some(v), None),
+                            None => (
+                                None,
+                                old.pa().map(|p| (p.0 >> 12, old.young(), old.dirty())),
+                            ),
+                        };
+                        let want = match (value, page) {
+                            (Some(Some(v)), _) => (Some(v), None),
+                            (_, Some(r)) => (None, Some((r.ppn, r.young, r.dirty))),
+                            _ => (None, None),
+                        };
+                        assert_eq!(got, want, "replace_pte returned another entry");
                     })
                 };
                 let got = self.run_checked(
@@ -199,15 +233,19 @@ impl<A: Arch> Episode<A> {
                     None,
                     tally,
                     Expected {
-                        name: "swap_in",
+                        name: "replace_pte",
                         want: want.map(|_| ()),
                         need: Some(0),
                     },
                     f,
                 )?;
                 if got {
-                    self.cur.model.take_swp(va >> 12, (va >> 12) + 1);
-                    self.cur.model.insert(va >> 12, new_run::<A>(1, pa, prot));
+                    self.cur.model.take_swp(vpn, vpn + 1);
+                    self.cur.model.take(vpn, vpn + 1);
+                    match swap {
+                        Some(v) => self.cur.model.set_swp(vpn, v),
+                        None => self.cur.model.insert(vpn, new_run::<A>(1, pa, prot)),
+                    }
                 }
                 self.after(&[(va & !0xfff, 4096)], got)
             }

@@ -102,9 +102,17 @@ impl Gen {
 
     /// A software-entry operation (one in eight operations): install one
     /// near a mapped page or a boundary (sometimes with a value that does
-    /// not fit), or swap one in.
+    /// not fit), or swap one in (or replace a page by another).
     fn swap_op(&mut self, model: &Model, swapped: Option<u64>) -> Op {
-        if let Some(vpn) = swapped.filter(|_| self.rng.chance(30)) {
+        // Sometimes a mapped page: `replace_pte` replaces it in place (or
+        // refuses a block).
+        let mapped = if self.rng.chance(10) {
+            let hint = self.va(model, 0) >> 12;
+            model.random_page(&mut self.rng, hint)
+        } else {
+            None
+        };
+        if let Some(vpn) = mapped.or(swapped.filter(|_| self.rng.chance(30))) {
             let va = if self.rng.chance(10) {
                 self.va(model, 50)
             } else {
@@ -115,10 +123,20 @@ impl Gen {
             } else {
                 self.rng.below(64 << 18) << 12
             };
-            return Op::SwapIn {
+            // A page mostly swapped out, a software entry swapped in.
+            let swap = (mapped.is_some() && self.rng.chance(60)).then(|| {
+                let bits = self.swp_bits.min(63);
+                if self.rng.chance(5) {
+                    1u64 << bits
+                } else {
+                    self.rng.below(1 << bits.min(40))
+                }
+            });
+            return Op::Replace {
                 va,
                 pa,
                 prot: self.prot(),
+                swap,
             };
         }
         // Mostly next to what is mapped, so moves and unmaps meet them.

@@ -80,8 +80,15 @@ pub enum Op {
         value: u64,
         fail: Option<u64>,
     },
-    /// `swap_in`: the software entry at `va` becomes a page.
-    SwapIn { va: u64, pa: u64, prot: Prot },
+    /// `replace_pte`: the software entry or the page at `va` becomes a
+    /// page mapping `pa` with `prot` (swap-in, copy-on-write), or with
+    /// `swap` a software entry carrying that value (swap-out).
+    Replace {
+        va: u64,
+        pa: u64,
+        prot: Prot,
+        swap: Option<u64>,
+    },
     /// The following operations act on the episode's other address space
     /// (the fork child, or the kernel / the user space).
     Switch,

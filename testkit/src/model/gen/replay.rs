@@ -84,9 +84,17 @@ impl fmt::Display for Op {
             Op::Swap { va, value, .. } => {
                 write!(f, "space.set_swap_entry(VirtAddr({va:#x}), {value:#x})")
             }
-            Op::SwapIn { va, pa, prot } => write!(
+            Op::Replace {
+                va, swap: Some(v), ..
+            } => write!(f, "space.replace_pte(VirtAddr({va:#x}), NewPte::Swap({v:#x}))"),
+            Op::Replace {
+                va,
+                pa,
+                prot,
+                swap: None,
+            } => write!(
                 f,
-                "space.swap_in(VirtAddr({va:#x}), PhysAddr({pa:#x}), {})",
+                "space.replace_pte(VirtAddr({va:#x}), NewPte::Page {{ pa: PhysAddr({pa:#x}), prot: {} }})",
                 ProtSrc(prot)
             ),
             Op::Touch { va, write: None } => write!(f, "machine.read_u64(VirtAddr({va:#x}))"),
