@@ -397,8 +397,13 @@ fn new_space<A: Arch>(m: &SimMachine<A>, kind: Kind, kernel: Option<&Space<A>>) 
     match (kind, kernel) {
         // SAFETY: every user space is dropped before the kernel space
         // (see the end of `run`).
-        (Kind::User, Some(k)) => unsafe { AddressSpace::new_user(k, m.mmu(), m.alloc()) }.unwrap(),
-        (Kind::Kernel, _) => AddressSpace::new_kernel(m.mmu(), m.alloc()).unwrap(),
+        (Kind::User, Some(k)) => {
+            let mmu = m.mmu_installing_into(VaRange::Lower);
+            unsafe { AddressSpace::new_user(k, mmu, m.alloc()) }.unwrap()
+        }
+        (Kind::Kernel, _) => {
+            AddressSpace::new_kernel(m.mmu_installing_into(VaRange::Upper), m.alloc()).unwrap()
+        }
         _ => AddressSpace::new(m.mmu(), m.alloc()).unwrap(),
     }
 }

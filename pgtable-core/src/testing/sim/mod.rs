@@ -44,7 +44,12 @@
 //!   TTBR0_EL1 or TTBR1_EL1, and the walker picks the root by the
 //!   address's half, each translating `VA_BITS` bits; an address between
 //!   the halves or in a half without a root faults. Otherwise one root
-//!   serves every canonical address.
+//!   serves every canonical address. The defaults are `Arm64Mmu`'s:
+//!   [`SimMachine::mmu`] installs into both halves,
+//!   [`SimMachine::mmu_with_asid`] into the lower one; a kernel space
+//!   (`new_kernel`) needs `mmu_installing_into(VaRange::Upper)`, and
+//!   `AddressSpace::new_in` refuses an MMU of another half than the
+//!   space's at once ([`Error::MmuHalf`](crate::Error::MmuHalf)).
 //! - **Hierarchical permissions.** The walker combines the restrictions
 //!   of every table entry on the walk ([`Format::table_limits`]: arm64
 //!   `APTable`, `UXNTable`, `PXNTable`, Arm ARM D8.4.2; x86 U/S, R/W and XD
@@ -193,7 +198,9 @@
 //! `set_pte_at`, your `ptep_modify_prot_start`, …) doing the writes:
 //!
 //! 1. build `SimMachine::<MyArch>::new()` and an
-//!    `AddressSpace::<MyArch, _, _>::new(machine.mmu(), machine.alloc())`,
+//!    `AddressSpace::<MyArch, _, _>::new(machine.mmu(), machine.alloc())`
+//!    (or `machine.alloc_from(my_tables)` for your kernel's own
+//!    [`TableAlloc`]),
 //!    and install it with [`Installed::new`], which also deactivates it
 //!    when it is dropped, so its tables are freed (an installed address
 //!    space that is dropped leaks them);
@@ -739,12 +746,13 @@ impl<A: Arch> SimMachine<A> {
     /// The MMU handle (for `AddressSpace::new`) of an untagged address
     /// space: installing it drops every cached translation, and its
     /// [`flush_tlb_mm`](Mmu::flush_tlb_mm) keeps global ones (as x86 MOV
-    /// to CR3 does).
+    /// to CR3 does). It installs one root for both halves, as
+    /// `Arm64Mmu::new` does ([`SimMmu::installing_into`] for one half).
     pub fn mmu(&self) -> SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: AtomicU32::new(UNTAGGED),
-            half: None,
+            half: VaRange::Both,
             cpu: Some(self.cpu),
             broadcast: true,
             _arch: PhantomData,
@@ -765,11 +773,16 @@ impl<A: Arch> SimMachine<A> {
     /// [`flush_tlb_mm`](Mmu::flush_tlb_mm) drops its ASID's entries only.
     /// The ASID can be changed later with [`SimMmu::set_asid`] (as an ASID
     /// allocator does at a roll-over).
+    ///
+    /// It installs into the lower half, as `Arm64Mmu::with_asid16` does
+    /// (on arm64 the ASID goes with the TTBR0_EL1 root: a user space's);
+    /// on a format with one root, one root for both halves.
+    /// [`SimMmu::installing_into`] changes it.
     pub fn mmu_with_asid(&self, asid: u16) -> SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: AtomicU32::new(u32::from(asid)),
-            half: None,
+            half: VaRange::Lower,
             cpu: Some(self.cpu),
             broadcast: true,
             _arch: PhantomData,
@@ -1144,9 +1157,9 @@ pub struct SimMmu<A: Arch> {
     shared: Arc<Shared>,
     /// The ASID, or [`UNTAGGED`].
     asid: AtomicU32,
-    /// The half whose root register installing writes (`None`: a root
-    /// for both halves).
-    half: Option<VaRange>,
+    /// The half whose root register installing writes ([`VaRange::Both`]:
+    /// one root for both halves).
+    half: VaRange,
     /// The CPU that executes this MMU's instructions (`None`: the calling
     /// thread's, [`set_thread_cpu`]).
     cpu: Option<usize>,
@@ -1191,8 +1204,15 @@ impl<A: Arch> SimMmu<A> {
     /// the current ASID (arm64 takes it from TTBR0_EL1, TCR_EL1.A1 = 0).
     /// [`VaRange::Both`], and any half on a format with one root (x86
     /// CR3), installs the one root for both halves.
+    ///
+    /// The defaults are those of `pgtable_arm64::Arm64Mmu`:
+    /// [`SimMachine::mmu`] installs into both halves,
+    /// [`SimMachine::mmu_with_asid`] into the lower half (TTBR0_EL1, which
+    /// holds the ASID). [`Mmu::installs_into`] reports the half, so
+    /// [`AddressSpace::new_kernel`] and [`AddressSpace::new_user`] refuse
+    /// an MMU of the wrong half ([`Error::MmuHalf`](crate::Error::MmuHalf)).
     pub fn installing_into(mut self, half: VaRange) -> Self {
-        self.half = Some(half);
+        self.half = half;
         self
     }
 
@@ -1358,7 +1378,7 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
         let mut s = self.state();
         let me = s.sel;
         match self.half {
-            Some(VaRange::Upper) if A::SEPARATE_HALVES => {
+            VaRange::Upper if A::SEPARATE_HALVES => {
                 s.cpu.upper_root = Some(root);
                 if !s.cpu.split {
                     s.cpu.root = None;
@@ -1372,7 +1392,7 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
                 }
                 return;
             }
-            Some(VaRange::Lower) if A::SEPARATE_HALVES => {
+            VaRange::Lower if A::SEPARATE_HALVES => {
                 if !s.cpu.split {
                     s.cpu.upper_root = None;
                 }
@@ -1402,6 +1422,13 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
                 s.check_switch::<A>();
             }
         }
+    }
+
+    /// The half set by [`installing_into`](SimMmu::installing_into) on a
+    /// format with [`SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES);
+    /// `None` (one root) on the others.
+    fn installs_into(&self) -> Option<VaRange> {
+        A::SEPARATE_HALVES.then_some(self.half)
     }
 
     fn entry_written(&self, slot: &Slot, old: u64) {
