@@ -178,7 +178,7 @@ impl Arm64Mmu {
     ///   entries (TCR_EL1 from [`tcr_value_separate_halves`], as
     ///   [`enable_mmu_separate_halves`] sets);
     /// - [`VaRange::Both`]: TTBR0_EL1 at the root and TTBR1_EL1 at its
-    ///   high half ([`ttbr1_base`](crate::regs::ttbr1_base)), one root for
+    ///   high half ([`ttbr1_base`]), one root for
     ///   both halves (TCR_EL1 from [`tcr_value`], as [`enable_mmu_for`]
     ///   sets).
     ///
@@ -524,9 +524,9 @@ pub unsafe fn enable_mmu(root: PhysAddr) -> u64 {
 }
 
 /// Turns the MMU on with separate roots for the two halves, as Linux runs
-/// arm64: `lower` (a [`VaRange::Lower`](pgtable_core::VaRange::Lower)
+/// arm64: `lower` (a [`VaRange::Lower`]
 /// space) in TTBR0_EL1 for `[0, 2^VA_BITS)` and `upper` (a
-/// [`VaRange::Upper`](pgtable_core::VaRange::Upper) space, e.g. from
+/// [`VaRange::Upper`] space, e.g. from
 /// `AddressSpace::new_kernel`) in TTBR1_EL1 for `[2^64 - 2^VA_BITS, 2^64)`,
 /// each through all 512 entries of its root.
 ///
