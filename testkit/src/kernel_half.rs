@@ -350,6 +350,24 @@ pub fn a_space_refuses_an_mmu_of_another_half<A: Arch>() {
     assert_eq!(upper.installs_into(), half(VaRange::Upper));
 
     let wrong = |space, mmu| A::SEPARATE_HALVES.then_some(Error::MmuHalf { space, mmu });
+    // A space of one half, with an MMU of the other or of both.
+    for (range, mmu) in [
+        (VaRange::Upper, m.mmu()),
+        (VaRange::Lower, m.mmu_installing_into(VaRange::Upper)),
+        (VaRange::Upper, m.mmu_with_asid(1)),
+    ] {
+        let got = mmu.installs_into().unwrap_or(VaRange::Both);
+        let r = AddressSpace::<A, _, _>::new_in(range, mmu, m.alloc());
+        assert_eq!(r.err(), wrong(range, got));
+        assert_eq!(m.live_tables(), 0, "nothing allocated, nothing leaked");
+    }
+    // A space of both halves may switch TTBR0_EL1 only.
+    AddressSpace::<A, _, _>::new(m.mmu_with_asid(1), m.alloc()).unwrap();
+    if !A::SEPARATE_HALVES && A::LEVELS < 4 {
+        // One root of 3 levels: no kernel half to share (see
+        // `a_kernel_half_needs_the_upper_half`).
+        return;
+    }
     for mmu in [m.mmu(), m.mmu_with_asid(1)] {
         let got = mmu.installs_into().unwrap_or(VaRange::Both);
         let r = AddressSpace::<A, _, _>::new_kernel(mmu, m.alloc());
@@ -365,8 +383,6 @@ pub fn a_space_refuses_an_mmu_of_another_half<A: Arch>() {
         assert_eq!(r.err(), wrong(VaRange::Lower, got));
         assert_eq!(m.live_tables(), live);
     }
-    // A space of both halves may switch TTBR0_EL1 only.
-    AddressSpace::<A, _, _>::new(m.mmu_with_asid(1), m.alloc()).unwrap();
 
     // The kernel in its half, a process tagged with ASID 3 in the other.
     let mut kernel = kernel;

@@ -1110,9 +1110,10 @@ impl<A: Arch> SimMachine<A> {
     }
 
     /// Lets the next `n` table allocations succeed and every later one fail
-    /// (`None`: never fail), for every allocator of this machine: the
+    /// (`None`: never fail), for every [`SimAlloc`] of this machine: the
     /// budget is the machine's [`Arena::fail_after`](crate::Arena::fail_after),
-    /// which [`SimAlloc::fail_after`] sets too.
+    /// which [`SimAlloc::fail_after`] sets too. A [`SimAllocFrom`] fails
+    /// when the allocator it wraps does.
     pub fn fail_after(&self, n: Option<u64>) {
         self.state().arena.fail_after(n);
     }
