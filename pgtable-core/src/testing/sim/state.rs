@@ -467,28 +467,28 @@ impl State {
 
     /// The table frame at `pa`, if `pa` is one (live or freed).
     pub(super) fn table(&self, pa: PhysAddr) -> Result<&Table, SimFaultKind> {
-        if let Some(&host) = self.foreign.get(&pa.0) {
+        if self.frames.contains(&pa.0) {
             if !self.live.contains(&pa.0) {
                 return Err(SimFaultKind::FreedTable(pa));
             }
-            // SAFETY: `host` is what the frame's allocator's `phys_to_virt`
-            // gave for it, valid until the frame is released (`adopt`'s
-            // contract), which it is not (checked above); releasing needs
-            // `&mut self`, so it stays valid while `self` is borrowed;
-            // entries are atomics, so shared access is sound.
-            return Ok(unsafe { &*(host as *const Table) });
+            // SAFETY: `pa` is a frame of `self.arena` that is not freed
+            // (both checked above), as `phys_to_virt` asks; it stays valid
+            // while `self` is borrowed, because freeing it needs `&mut
+            // self`; entries are atomics, so shared access is sound.
+            return Ok(unsafe { self.arena.phys_to_virt(pa).as_ref() });
         }
-        if !self.frames.contains(&pa.0) {
+        let Some(&host) = self.foreign.get(&pa.0) else {
             return Err(SimFaultKind::NotATable(pa));
-        }
+        };
         if !self.live.contains(&pa.0) {
             return Err(SimFaultKind::FreedTable(pa));
         }
-        // SAFETY: `pa` is a frame of `self.arena` that is not freed (both
-        // checked above), as `phys_to_virt` asks; it stays valid while
-        // `self` is borrowed, because freeing it needs `&mut self`; entries
+        // SAFETY: `host` is what the frame's allocator's `phys_to_virt`
+        // gave for it, valid until the frame is released (`adopt`'s
+        // contract), which it is not (live, checked above); releasing needs
+        // `&mut self`, so it stays valid while `self` is borrowed; entries
         // are atomics, so shared access is sound.
-        Ok(unsafe { self.arena.phys_to_virt(pa).as_ref() })
+        Ok(unsafe { &*(host as *const Table) })
     }
 
     /// Whether `pa` is a table frame some allocator of the machine handed
