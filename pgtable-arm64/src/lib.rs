@@ -73,7 +73,7 @@ pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub use mmu::{
     asid_bits, enable_mmu, enable_mmu_for, enable_mmu_separate_halves, has_tlb_range,
-    local_flush_tlb_all, Arm64Mmu, Ttbr,
+    local_flush_tlb_all, Arm64Mmu,
 };
 pub use regs::{
     tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, ttbr0_value, txsz, Asid, AsidBits,

@@ -24,7 +24,7 @@ use aarch64_cpu::registers::{
     TTBR1_EL1,
 };
 use pgtable_core::contract::{Format, Mmu, TlbRange};
-use pgtable_core::PhysAddr;
+use pgtable_core::{PhysAddr, VaRange};
 use tock_registers::interfaces::{Readable, Writeable};
 
 use crate::flush::{
@@ -54,26 +54,6 @@ pub fn has_tlb_range() -> bool {
         }
         v => v == 2,
     }
-}
-
-/// Which translation table base registers [`Mmu::install_root`] writes.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Ttbr {
-    /// TTBR0_EL1 only (the low half).
-    Ttbr0,
-    /// TTBR1_EL1 only, at the root's high half (see [`ttbr1_base`]).
-    Ttbr1,
-    /// Both: one root serves both canonical halves.
-    Both,
-    /// TTBR1_EL1 only, at the root itself: the root of a
-    /// [`VaRange::Upper`](pgtable_core::VaRange::Upper) address space, which
-    /// translates the whole `[2^64 - 2^VA_BITS, 2^64)` through its 512
-    /// entries (TCR_EL1 from
-    /// [`tcr_value_separate_halves`], as
-    /// [`enable_mmu_separate_halves`] sets). A
-    /// [`VaRange::Lower`](pgtable_core::VaRange::Lower) space uses
-    /// [`Ttbr::Ttbr0`].
-    Ttbr1Root,
 }
 
 /// The ASID width this CPU translates with: 16 bits when TCR_EL1.AS is 1
@@ -138,19 +118,20 @@ const UNTAGGED: u32 = u32::MAX;
 pub struct Arm64Mmu {
     /// The ASID, or [`UNTAGGED`].
     asid: AtomicU32,
-    ttbr: Ttbr,
+    /// The half whose TTBR [`Mmu::install_root`] writes.
+    half: VaRange,
     /// Flushes use the non-broadcast TLBIs ([`Arm64Mmu::local_only`]).
     local: bool,
 }
 
 impl Clone for Arm64Mmu {
-    /// A handle with the same ASID (now) and TTBR choice.
+    /// A handle with the same ASID (now) and half.
     fn clone(&self) -> Self {
         Arm64Mmu {
             // Relaxed: the handle's own value; the switch that sets it is
             // serialised by the caller's ASID lock.
             asid: AtomicU32::new(self.asid.load(Relaxed)),
-            ttbr: self.ttbr,
+            half: self.half,
             local: self.local,
         }
     }
@@ -158,11 +139,13 @@ impl Clone for Arm64Mmu {
 
 impl Arm64Mmu {
     /// An MMU for an address space of global mappings (or ASID 0): full
-    /// flushes are `TLBI VMALLE1IS`; roots go to both TTBRs.
+    /// flushes are `TLBI VMALLE1IS`; roots go to both TTBRs
+    /// ([`VaRange::Both`]; [`installing_into`](Self::installing_into) for
+    /// one half).
     pub const fn new() -> Arm64Mmu {
         Arm64Mmu {
             asid: AtomicU32::new(UNTAGGED),
-            ttbr: Ttbr::Both,
+            half: VaRange::Both,
             local: false,
         }
     }
@@ -176,18 +159,34 @@ impl Arm64Mmu {
     /// An MMU for the address space tagged with `asid` (checked against
     /// the CPU's width by [`Asid::new`]): full flushes are `TLBI
     /// ASIDE1IS`; the root goes to TTBR0_EL1 with the ASID in bits
-    /// \[63:48\], without a flush.
+    /// \[63:48\], without a flush ([`VaRange::Lower`]: a user space's).
     pub const fn with_asid16(asid: Asid) -> Arm64Mmu {
         Arm64Mmu {
             asid: AtomicU32::new(asid.get() as u32),
-            ttbr: Ttbr::Ttbr0,
+            half: VaRange::Lower,
             local: false,
         }
     }
 
-    /// The same MMU installing roots into `ttbr`.
-    pub const fn installing_into(self, ttbr: Ttbr) -> Arm64Mmu {
-        Arm64Mmu { ttbr, ..self }
+    /// The same MMU, installing roots into the TTBR of `half`:
+    ///
+    /// - [`VaRange::Lower`]: TTBR0_EL1 only (with the ASID), for a
+    ///   [`VaRange::Lower`] space (a user space from `new_user`);
+    /// - [`VaRange::Upper`]: TTBR1_EL1 only, at the root itself, for a
+    ///   [`VaRange::Upper`] space (the kernel's, from `new_kernel`), which
+    ///   translates the whole `[2^64 - 2^VA_BITS, 2^64)` through its 512
+    ///   entries (TCR_EL1 from [`tcr_value_separate_halves`], as
+    ///   [`enable_mmu_separate_halves`] sets);
+    /// - [`VaRange::Both`]: TTBR0_EL1 at the root and TTBR1_EL1 at its
+    ///   high half ([`ttbr1_base`]), one root for
+    ///   both halves (TCR_EL1 from [`tcr_value`], as [`enable_mmu_for`]
+    ///   sets).
+    ///
+    /// [`Mmu::installs_into`] reports it, and `AddressSpace::new_in`
+    /// (`new_kernel`, `new_user`) refuses an MMU of another half than the
+    /// space's.
+    pub const fn installing_into(self, half: VaRange) -> Arm64Mmu {
+        Arm64Mmu { half, ..self }
     }
 
     /// The same MMU, flushing the executing CPU only: the TLBIs without
@@ -424,11 +423,10 @@ unsafe impl Mmu for Arm64Mmu {
         dsb(ISHST);
         let asid = self.asid();
         let ttbr0 = ttbr0_value(root.0, asid.unwrap_or(Asid::from_u8(0)));
-        match self.ttbr {
-            Ttbr::Ttbr0 => TTBR0_EL1.set(ttbr0),
-            Ttbr::Ttbr1 => TTBR1_EL1.set(ttbr1_base(root.0)),
-            Ttbr::Ttbr1Root => TTBR1_EL1.set(root.0),
-            Ttbr::Both => {
+        match self.half {
+            VaRange::Lower => TTBR0_EL1.set(ttbr0),
+            VaRange::Upper => TTBR1_EL1.set(root.0),
+            VaRange::Both => {
                 TTBR0_EL1.set(ttbr0);
                 TTBR1_EL1.set(ttbr1_base(root.0));
             }
@@ -439,6 +437,14 @@ unsafe impl Mmu for Arm64Mmu {
             // Translations cached for an earlier root under ASID 0 go.
             self.flush_tlb_all();
         }
+    }
+
+    /// The half set by [`Arm64Mmu::installing_into`] (or the
+    /// constructor's: both for [`Arm64Mmu::new`], the lower one for
+    /// [`Arm64Mmu::with_asid16`]).
+    #[inline]
+    fn installs_into(&self) -> Option<VaRange> {
+        Some(self.half)
     }
 }
 
@@ -518,16 +524,17 @@ pub unsafe fn enable_mmu(root: PhysAddr) -> u64 {
 }
 
 /// Turns the MMU on with separate roots for the two halves, as Linux runs
-/// arm64: `lower` (a [`VaRange::Lower`](pgtable_core::VaRange::Lower)
+/// arm64: `lower` (a [`VaRange::Lower`]
 /// space) in TTBR0_EL1 for `[0, 2^VA_BITS)` and `upper` (a
-/// [`VaRange::Upper`](pgtable_core::VaRange::Upper) space, e.g. from
+/// [`VaRange::Upper`] space, e.g. from
 /// `AddressSpace::new_kernel`) in TTBR1_EL1 for `[2^64 - 2^VA_BITS, 2^64)`,
 /// each through all 512 entries of its root.
 ///
 /// Everything else is as in [`enable_mmu_for`], except TCR_EL1 =
 /// [`tcr_value_separate_halves`] (T0SZ = T1SZ = 64 - VA_BITS). Returns the
 /// TCR value written. Switch user spaces afterwards with an MMU installing
-/// into [`Ttbr::Ttbr0`], and the kernel's with [`Ttbr::Ttbr1Root`].
+/// into [`VaRange::Lower`], and the kernel's with [`VaRange::Upper`]
+/// ([`Arm64Mmu::installing_into`]).
 ///
 /// # Safety
 ///

@@ -4,7 +4,7 @@
 
 use core::fmt;
 
-use crate::{PhysAddr, VirtAddr};
+use crate::{PhysAddr, VaRange, VirtAddr};
 
 /// An error from a page-table operation.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -56,6 +56,22 @@ pub enum Error {
     /// [`AddressSpace::share_kernel_half`]: crate::AddressSpace::share_kernel_half
     /// [`AddressSpace::new_user`]: crate::AddressSpace::new_user
     KernelHalf,
+    /// The MMU installs roots into another half than the address space
+    /// translates ([`Mmu::installs_into`]): on arm64, a
+    /// [`VaRange::Upper`] space (a kernel's, from
+    /// [`AddressSpace::new_kernel`]) needs an MMU that writes TTBR1_EL1,
+    /// a [`VaRange::Lower`] one (a user's, from
+    /// [`AddressSpace::new_user`]) one that writes TTBR0_EL1.
+    ///
+    /// [`Mmu::installs_into`]: crate::contract::Mmu::installs_into
+    /// [`AddressSpace::new_kernel`]: crate::AddressSpace::new_kernel
+    /// [`AddressSpace::new_user`]: crate::AddressSpace::new_user
+    MmuHalf {
+        /// The half the space translates.
+        space: VaRange,
+        /// The half whose root register the MMU writes.
+        mmu: VaRange,
+    },
     /// Nothing is mapped at this address (an operation on one present
     /// leaf, e.g. [`ptep_set_access_flags`](crate::AddressSpace::ptep_set_access_flags),
     /// or on one occupied PTE, [`replace_pte`](crate::AddressSpace::replace_pte)).
@@ -75,6 +91,10 @@ impl fmt::Display for Error {
             Error::Overlap => write!(f, "source and destination overlap"),
             Error::OutOfMemory => write!(f, "out of memory for a page table"),
             Error::KernelHalf => write!(f, "the address space shares no kernel half"),
+            Error::MmuHalf { space, mmu } => write!(
+                f,
+                "a {space:?} address space with an MMU that installs into {mmu:?}"
+            ),
             Error::BreakBeforeMake(a) => {
                 write!(f, "changing the live entry at {a} needs break-before-make")
             }

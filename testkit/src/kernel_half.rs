@@ -224,7 +224,8 @@ pub fn a_kernel_half_needs_the_upper_half<A: Arch>() {
     // SAFETY: nothing is created.
     let r = unsafe { AddressSpace::<A, _, _>::new_user(&plain, m.mmu(), m.alloc()) };
     assert_eq!(r.err(), Some(Error::KernelHalf));
-    let mut lower = AddressSpace::<A, _, _>::new_in(VaRange::Lower, m.mmu(), m.alloc()).unwrap();
+    let lower_mmu = m.mmu_installing_into(VaRange::Lower);
+    let mut lower = AddressSpace::<A, _, _>::new_in(VaRange::Lower, lower_mmu, m.alloc()).unwrap();
     assert_eq!(lower.share_kernel_half(), Err(Error::KernelHalf));
     let mut both = AddressSpace::<A, _, _>::new(m.mmu(), m.alloc()).unwrap();
     let r = both.share_kernel_half();
@@ -244,7 +245,7 @@ pub fn a_kernel_half_needs_the_upper_half<A: Arch>() {
     assert_eq!(m.live_tables(), 0);
     // Out of memory half way through the preallocation: nothing leaks.
     m.fail_after(Some(10));
-    let r = AddressSpace::<A, _, _>::new_kernel(m.mmu(), m.alloc());
+    let r = AddressSpace::<A, _, _>::new_kernel(m.mmu_installing_into(VaRange::Upper), m.alloc());
     m.fail_after(None);
     if A::SEPARATE_HALVES {
         // Nothing to preallocate.
@@ -329,4 +330,89 @@ pub fn table_attributes_keep_the_table_decodable<A: Arch>() {
             }
         }
     }
+}
+
+/// An MMU must install roots into the half its space translates, where
+/// the format has a root per half (arm64): `new_kernel` and `new_user`
+/// refuse one of another half at once, allocating nothing, rather than
+/// letting the first access fault. The defaults agree with
+/// `Arm64Mmu`'s: an untagged MMU installs into both halves, a tagged one
+/// into the lower half (a user space's). With one root (x86, RISC-V, the
+/// test formats) any MMU serves any space. Either way a kernel space and
+/// a user space tagged with an ASID then serve kernel and user accesses.
+pub fn a_space_refuses_an_mmu_of_another_half<A: Arch>() {
+    use pgtable_core::contract::Mmu;
+    let m = SimMachine::<A>::new();
+    let half = |h: VaRange| A::SEPARATE_HALVES.then_some(h);
+    assert_eq!(m.mmu().installs_into(), half(VaRange::Both));
+    assert_eq!(m.mmu_with_asid(1).installs_into(), half(VaRange::Lower));
+    let upper = m.mmu_installing_into(VaRange::Upper);
+    assert_eq!(upper.installs_into(), half(VaRange::Upper));
+
+    let wrong = |space, mmu| A::SEPARATE_HALVES.then_some(Error::MmuHalf { space, mmu });
+    // A space of one half, with an MMU of the other or of both.
+    for (range, mmu) in [
+        (VaRange::Upper, m.mmu()),
+        (VaRange::Lower, m.mmu_installing_into(VaRange::Upper)),
+        (VaRange::Upper, m.mmu_with_asid(1)),
+    ] {
+        let got = mmu.installs_into().unwrap_or(VaRange::Both);
+        let r = AddressSpace::<A, _, _>::new_in(range, mmu, m.alloc());
+        assert_eq!(r.err(), wrong(range, got));
+        assert_eq!(m.live_tables(), 0, "nothing allocated, nothing leaked");
+    }
+    // A space of both halves may switch TTBR0_EL1 only.
+    AddressSpace::<A, _, _>::new(m.mmu_with_asid(1), m.alloc()).unwrap();
+    if !A::SEPARATE_HALVES && A::LEVELS < 4 {
+        // One root of 3 levels: no kernel half to share (see
+        // `a_kernel_half_needs_the_upper_half`).
+        return;
+    }
+    for mmu in [m.mmu(), m.mmu_with_asid(1)] {
+        let got = mmu.installs_into().unwrap_or(VaRange::Both);
+        let r = AddressSpace::<A, _, _>::new_kernel(mmu, m.alloc());
+        assert_eq!(r.err(), wrong(VaRange::Upper, got));
+        assert_eq!(m.live_tables(), 0, "nothing allocated, nothing leaked");
+    }
+    let kernel = new_kernel(&m);
+    let live = m.live_tables();
+    for mmu in [m.mmu(), m.mmu_installing_into(VaRange::Upper)] {
+        let got = mmu.installs_into().unwrap_or(VaRange::Both);
+        // SAFETY: dropped before `kernel`.
+        let r = unsafe { AddressSpace::<A, _, _>::new_user(&kernel, mmu, m.alloc()) };
+        assert_eq!(r.err(), wrong(VaRange::Lower, got));
+        assert_eq!(m.live_tables(), live);
+    }
+
+    // The kernel in its half, a process tagged with ASID 3 in the other.
+    let mut kernel = kernel;
+    let kva = kernel_va::<A>(1);
+    kernel
+        .map(
+            kva,
+            PhysAddr(0x7000_0000),
+            PAGE,
+            kernel_prot(),
+            MapOptions::PAGES,
+        )
+        .unwrap();
+    // SAFETY: dropped before `kernel`.
+    let u = unsafe { AddressSpace::<A, _, _>::new_user(&kernel, m.mmu_with_asid(3), m.alloc()) };
+    // SAFETY: a simulated MMU.
+    let mut u = unsafe { Installed::new(u.unwrap()) };
+    u.map(
+        USER_VA,
+        PhysAddr(0x1000_0000),
+        PAGE,
+        user_prot(),
+        MapOptions::PAGES,
+    )
+    .unwrap();
+    m.write_u64(kva, 0x4b).unwrap();
+    m.user_write_u64(USER_VA, 0x55).unwrap();
+    assert_eq!(m.read_u64(kva), Ok(0x4b));
+    assert_eq!(m.user_read_u64(USER_VA), Ok(0x55));
+    assert!(m.user_read_u64(kva).is_err());
+    assert_eq!(m.asid(), 3);
+    m.check().unwrap();
 }

@@ -10,11 +10,14 @@
 //! - [`kernel_half`] and [`ranges`]: a kernel half shared by user spaces,
 //!   and every operation against the edges of the space's range;
 //! - [`live`]: live permission changes under CPUs using the range;
-//! - [`asid_switch`]: more address spaces than ASIDs.
+//! - [`asid_switch`]: more address spaces than ASIDs;
+//! - [`kernel_alloc`]: a kernel's own table allocator on the simulator,
+//!   and user-mode loads and stores.
 //!
 //! Not published: it exists for the tests of this repository.
 
 pub mod asid_switch;
+pub mod kernel_alloc;
 pub mod kernel_half;
 pub mod live;
 pub mod model;

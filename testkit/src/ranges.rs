@@ -402,10 +402,15 @@ fn put<A: Arch>(s: &mut Space<A>, va: u64, fill: Fill) {
 /// A new space of `kind`; a user space shares `kernel`'s half.
 fn new_space<A: Arch>(m: &SimMachine<A>, kind: Kind, kernel: Option<&Space<A>>) -> Space<A> {
     match (kind, kernel) {
-        // SAFETY: every user space is dropped before the kernel space
-        // (see the end of `run`).
-        (Kind::User, Some(k)) => unsafe { AddressSpace::new_user(k, m.mmu(), m.alloc()) }.unwrap(),
-        (Kind::Kernel, _) => AddressSpace::new_kernel(m.mmu(), m.alloc()).unwrap(),
+        (Kind::User, Some(k)) => {
+            let mmu = m.mmu_installing_into(VaRange::Lower);
+            // SAFETY: every user space is dropped before the kernel space
+            // (see the end of `run`).
+            unsafe { AddressSpace::new_user(k, mmu, m.alloc()) }.unwrap()
+        }
+        (Kind::Kernel, _) => {
+            AddressSpace::new_kernel(m.mmu_installing_into(VaRange::Upper), m.alloc()).unwrap()
+        }
         _ => AddressSpace::new(m.mmu(), m.alloc()).unwrap(),
     }
 }

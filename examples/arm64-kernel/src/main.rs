@@ -84,6 +84,7 @@ mod memory;
 mod platform;
 mod probe;
 mod psci;
+mod quickstart;
 mod semihost;
 mod smp;
 mod smp_cases;

@@ -8,11 +8,11 @@ use core::ops::Deref;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use pgtable_arm64::flush::{flush_plan, FlushPlan};
+pub use pgtable_arm64::mmu::local_flush_tlb_all;
 use pgtable_arm64::mmu::{has_tlb_range, Arm64Mmu};
-pub use pgtable_arm64::mmu::{local_flush_tlb_all, Ttbr};
 pub use pgtable_arm64::Arm64;
 use pgtable_core::contract::{Mmu as MmuOps, Slot, TlbRange};
-use pgtable_core::PhysAddr;
+use pgtable_core::{PhysAddr, VaRange};
 
 /// Range flushes (`tlbi va…e1is` / `rva…e1is`, one count per flush call).
 static FLUSH_RANGE: AtomicU64 = AtomicU64::new(0);
@@ -128,6 +128,11 @@ unsafe impl MmuOps for Mmu {
     }
 
     #[inline]
+    fn installs_into(&self) -> Option<VaRange> {
+        self.0.installs_into()
+    }
+
+    #[inline]
     fn entry_written(&self, slot: &Slot, old: u64) {
         self.0.entry_written(slot, old)
     }
@@ -138,7 +143,7 @@ unsafe impl MmuOps for Mmu {
 /// root itself (T1SZ = 16: the root's 512 entries translate the upper
 /// 2^48 bytes).
 pub const fn kernel_mmu() -> Mmu {
-    Mmu(Arm64Mmu::new().installing_into(Ttbr::Ttbr1Root))
+    Mmu(Arm64Mmu::new().installing_into(VaRange::Upper))
 }
 
 /// The MMU of the lower-half spaces (the suite's test space, user spaces,
@@ -146,5 +151,5 @@ pub const fn kernel_mmu() -> Mmu {
 /// TLB) until `set_asid` tags it; `install_root` writes TTBR0_EL1 only,
 /// so installing one never touches the kernel's upper half.
 pub const fn lower_mmu() -> Mmu {
-    Mmu(Arm64Mmu::new().installing_into(Ttbr::Ttbr0))
+    Mmu(Arm64Mmu::new().installing_into(VaRange::Lower))
 }

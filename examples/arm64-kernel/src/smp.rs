@@ -46,10 +46,10 @@ use core::sync::atomic::{
 use aarch64_cpu::registers::{
     CurrentEL, ID_AA64MMFR1_EL1, MAIR_EL1, MPIDR_EL1, SCTLR_EL1, TCR_EL1, TTBR1_EL1, VBAR_EL1,
 };
-use pgtable_arm64::mmu::{Arm64Mmu, Ttbr};
+use pgtable_arm64::mmu::Arm64Mmu;
 use pgtable_arm64::Arm64;
 use pgtable_core::contract::Mmu;
-use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 use crate::memory::{kimage_to_phys, KernelTables};
@@ -62,7 +62,7 @@ pub type SmpSpace = AddressSpace<Arm64, Arm64Mmu, KernelTables>;
 
 /// An untagged handle installing into TTBR0_EL1.
 pub const fn ttbr0_mmu() -> Arm64Mmu {
-    Arm64Mmu::new().installing_into(Ttbr::Ttbr0)
+    Arm64Mmu::new().installing_into(VaRange::Lower)
 }
 
 /// CPUs this kernel runs at most (CPU 0 and three secondaries).

@@ -45,3 +45,9 @@ fn every_operation_checks_the_space_s_range_48() {
 fn every_operation_checks_the_space_s_range_39() {
     ranges::every_operation_checks_the_space_s_range::<Arm64Va39>();
 }
+
+#[test]
+fn a_space_refuses_an_mmu_of_another_half() {
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<Arm64>();
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<Arm64Va39>();
+}

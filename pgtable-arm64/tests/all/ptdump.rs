@@ -94,7 +94,8 @@ fn ptdump_arm64_kernel_half_like_linux_kernel_map() {
 #[test]
 fn ptdump_arm64_user_pages_are_clean_until_a_store() {
     let m = SimMachine::<Arm64>::new();
-    let s = AddressSpace::<Arm64, _, _>::new_in(VaRange::Lower, m.mmu(), m.alloc()).expect("root");
+    let mmu = m.mmu_installing_into(VaRange::Lower);
+    let s = AddressSpace::<Arm64, _, _>::new_in(VaRange::Lower, mmu, m.alloc()).expect("root");
     // SAFETY: a `SimMmu`: only the simulated walker uses these tables.
     let mut s = unsafe { Installed::new(s) };
     let va = 0x40_0000;

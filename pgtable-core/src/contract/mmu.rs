@@ -9,7 +9,7 @@
 //! The rules an implementation must follow are in the [`Mmu`] docs.
 
 use crate::contract::level::{shift, size};
-use crate::{PhysAddr, Slot, VirtAddr};
+use crate::{PhysAddr, Slot, VaRange, VirtAddr};
 
 /// A range of virtual addresses to invalidate.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -127,6 +127,26 @@ pub unsafe trait Mmu {
     /// uses next, and must stay alive while installed.
     unsafe fn install_root(&self, root: PhysAddr);
 
+    /// The half of the virtual address space whose root register
+    /// [`install_root`](Mmu::install_root) writes, on an architecture with
+    /// a root per half ([`Format::SEPARATE_HALVES`]: arm64 TTBR0_EL1 for
+    /// [`VaRange::Lower`], TTBR1_EL1 for [`VaRange::Upper`], both for
+    /// [`VaRange::Both`]); `None` where one root register serves every
+    /// address (x86 CR3, RISC-V `satp`) or the MMU does not say.
+    ///
+    /// [`AddressSpace::new_in`](crate::AddressSpace::new_in) (and so
+    /// `new_kernel` and `new_user`) refuses an MMU whose half is not the
+    /// space's ([`Error::MmuHalf`](crate::Error::MmuHalf)), so a kernel
+    /// space whose root would land in TTBR0_EL1 fails when it is made,
+    /// not at its first access. The default is `None`: an MMU that wraps
+    /// another forwards it.
+    ///
+    /// [`Format::SEPARATE_HALVES`]: crate::Format::SEPARATE_HALVES
+    #[inline]
+    fn installs_into(&self) -> Option<VaRange> {
+        None
+    }
+
     /// Called after `slot` changed from `old` (only when
     /// [`OBSERVES_WRITES`](Mmu::OBSERVES_WRITES) is true).
     #[inline]
@@ -179,6 +199,10 @@ unsafe impl<M: Mmu> Mmu for &M {
     unsafe fn install_root(&self, root: PhysAddr) {
         // SAFETY: forwarded; the caller upholds the contract.
         unsafe { (**self).install_root(root) }
+    }
+    #[inline]
+    fn installs_into(&self) -> Option<VaRange> {
+        (**self).installs_into()
     }
     #[inline]
     fn entry_written(&self, slot: &Slot, old: u64) {

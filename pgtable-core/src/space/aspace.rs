@@ -331,9 +331,28 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// and a [`VaRange::Upper`] one a TTBR1_EL1 root for
     /// `[2^64 - 2^VA_BITS, 2^64)`, each using all 512 root entries; on x86
     /// a half is root entries 0–255 or 256–511 of a CR3 root.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MmuHalf`] on arm64 if `range` is a half and the MMU
+    /// installs roots into another ([`Mmu::installs_into`]: a
+    /// [`VaRange::Upper`] space needs an MMU writing TTBR1_EL1, a
+    /// [`VaRange::Lower`] one an MMU writing TTBR0_EL1 only);
+    /// [`Error::OutOfMemory`].
     pub fn new_in(range: VaRange, mmu: M, mut alloc: T) -> Result<Self, Error> {
         const { assert!(A::LEVELS >= 3 && A::LEVELS <= 5) };
         const { assert!(A::VA_BITS <= 64) };
+        if A::SEPARATE_HALVES && range != VaRange::Both {
+            match mmu.installs_into() {
+                Some(half) if half != range => {
+                    return Err(Error::MmuHalf {
+                        space: range,
+                        mmu: half,
+                    })
+                }
+                _ => {}
+            }
+        }
         let root = alloc.alloc_table().ok_or(Error::OutOfMemory)?;
         let mut s = AddressSpace::from_parts(root, mmu, alloc);
         s.set_range(range);

@@ -43,3 +43,10 @@ fn every_operation_checks_the_space_s_range_4_levels() {
 fn every_operation_checks_the_space_s_range_5_levels() {
     ranges::every_operation_checks_the_space_s_range::<TestFormat<5>>();
 }
+
+#[test]
+fn a_space_refuses_an_mmu_of_another_half() {
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<TestFormat<3>>();
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<TestFormat<4>>();
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<TestFormat<5>>();
+}

@@ -35,3 +35,10 @@ fn three_user_spaces_share_the_kernel_half_sv48() {
 fn three_user_spaces_share_the_kernel_half_sv57() {
     kernel_half::three_user_spaces_share_the_kernel_half::<Sv57>();
 }
+
+#[test]
+fn a_space_refuses_an_mmu_of_another_half() {
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<Sv39>();
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<Sv48>();
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<Sv57>();
+}

@@ -10,6 +10,7 @@ mod encoding;
 mod flush_plan;
 mod hart_sim;
 mod harts;
+mod kernel_alloc;
 mod kernel_half;
 mod live;
 mod napot;

@@ -45,3 +45,9 @@ fn every_operation_checks_the_space_s_range_4level() {
 fn every_operation_checks_the_space_s_range_5level() {
     ranges::every_operation_checks_the_space_s_range::<X86_64La57>();
 }
+
+#[test]
+fn a_space_refuses_an_mmu_of_another_half() {
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<X86_64>();
+    kernel_half::a_space_refuses_an_mmu_of_another_half::<X86_64La57>();
+}

@@ -9,6 +9,7 @@ mod encoding;
 mod entry_ops;
 mod flush_plan;
 mod halves;
+mod kernel_alloc;
 mod kernel_half;
 mod live;
 mod ops;

@@ -7,11 +7,11 @@ use core::sync::atomic::Ordering::Relaxed;
 use aarch64_cpu::registers::TTBR0_EL1;
 use pgtable_arm64::bits::SW_DIRTY;
 use pgtable_arm64::format::is_hw_dirty;
-use pgtable_arm64::mmu::{local_flush_tlb_all, Arm64Mmu, Ttbr};
+use pgtable_arm64::mmu::{local_flush_tlb_all, Arm64Mmu};
 use pgtable_arm64::regs::{ttbr0_value, Asid};
 use pgtable_arm64::Arm64;
 use pgtable_core::contract::{Mmu, TlbRange};
-use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 use super::hammer::{PAIR, READ, WRITE_PAGES, WRITE_RACE};
@@ -64,7 +64,7 @@ unsafe impl Mmu for LocalMmu {
         // SAFETY: the caller's promise (tables complete and alive).
         unsafe {
             Arm64Mmu::new()
-                .installing_into(Ttbr::Ttbr0)
+                .installing_into(VaRange::Lower)
                 .install_root(root)
         }
     }

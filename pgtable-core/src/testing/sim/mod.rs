@@ -17,8 +17,17 @@
 //! and then loads, stores and fetches through virtual addresses with
 //! [`SimMachine::read_u64`], [`write_u64`](SimMachine::write_u64),
 //! [`read_u8`](SimMachine::read_u8), [`write_u8`](SimMachine::write_u8) and
-//! [`exec`](SimMachine::exec). Faults are values ([`SimFault`]), never
-//! panics.
+//! [`exec`](SimMachine::exec) (kernel privilege), and
+//! [`user_read_u64`](SimMachine::user_read_u64) and
+//! [`user_write_u64`](SimMachine::user_write_u64) (user privilege; any
+//! other access with [`SimMachine::access`]). Faults are values
+//! ([`SimFault`]), never panics.
+//!
+//! A kernel's own table allocator runs on the machine through
+//! [`SimMachine::alloc_from`], which makes the frames it hands out known
+//! to the walker; tables from an allocator the machine does not know fail
+//! the walk ([`SimFaultKind::NotATable`]) and the check
+//! ([`CheckError::UnknownTable`]).
 //!
 //! # The model
 //!
@@ -35,7 +44,12 @@
 //!   TTBR0_EL1 or TTBR1_EL1, and the walker picks the root by the
 //!   address's half, each translating `VA_BITS` bits; an address between
 //!   the halves or in a half without a root faults. Otherwise one root
-//!   serves every canonical address.
+//!   serves every canonical address. The defaults are `Arm64Mmu`'s:
+//!   [`SimMachine::mmu`] installs into both halves,
+//!   [`SimMachine::mmu_with_asid`] into the lower one; a kernel space
+//!   (`new_kernel`) needs `mmu_installing_into(VaRange::Upper)`, and
+//!   `AddressSpace::new_in` refuses an MMU of another half than the
+//!   space's at once ([`Error::MmuHalf`](crate::Error::MmuHalf)).
 //! - **Hierarchical permissions.** The walker combines the restrictions
 //!   of every table entry on the walk ([`Format::table_limits`]: arm64
 //!   `APTable`, `UXNTable`, `PXNTable`, Arm ARM D8.4.2; x86 U/S, R/W and XD
@@ -184,7 +198,9 @@
 //! `set_pte_at`, your `ptep_modify_prot_start`, …) doing the writes:
 //!
 //! 1. build `SimMachine::<MyArch>::new()` and an
-//!    `AddressSpace::<MyArch, _, _>::new(machine.mmu(), machine.alloc())`,
+//!    `AddressSpace::<MyArch, _, _>::new(machine.mmu(), machine.alloc())`
+//!    (or `machine.alloc_from(my_tables)` for your kernel's own
+//!    [`TableAlloc`]),
 //!    and install it with [`Installed::new`], which also deactivates it
 //!    when it is dropped, so its tables are freed (an installed address
 //!    space that is dropped leaks them);
@@ -262,11 +278,13 @@ use crate::{
     VaRange, VirtAddr,
 };
 
+mod foreign;
 mod riscv;
 mod state;
 #[cfg(feature = "suite")]
 mod suite_machine;
 
+pub use foreign::SimAllocFrom;
 pub use riscv::SimHart;
 use state::State;
 #[cfg(feature = "suite")]
@@ -284,7 +302,10 @@ pub enum SimFaultKind {
     },
     /// The leaf refused the access.
     Permission(AccessFault),
-    /// A table entry points at a frame that is not a table frame.
+    /// A table entry points at a frame that is not a table frame of this
+    /// machine: none of its allocators ([`SimMachine::alloc`],
+    /// [`SimMachine::alloc_from`]) handed it out. [`SimMachine::check`]
+    /// reports it too ([`CheckError::UnknownTable`]).
     NotATable(PhysAddr),
     /// A table entry (or a cached walk) points at a freed table frame.
     FreedTable(PhysAddr),
@@ -455,9 +476,38 @@ pub struct UnorderedLink {
     pub table: PhysAddr,
 }
 
+/// A table frame the machine cannot walk, because none of its allocators
+/// handed it out: an address space built on a [`TableAlloc`] of its own
+/// (a kernel's frame allocator) rather than on [`SimMachine::alloc`] or
+/// [`SimMachine::alloc_from`], or a forged table entry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct UnknownTable {
+    /// The frame's physical address.
+    pub pa: PhysAddr,
+    /// Where the machine met it.
+    pub kind: UnknownTableKind,
+}
+
+/// Where a [`SimMachine`] met a table frame it does not know.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum UnknownTableKind {
+    /// It is an installed root.
+    Root,
+    /// A walk followed a table entry to it (the access faulted with
+    /// [`SimFaultKind::NotATable`]).
+    Entry,
+    /// Two allocators of the machine handed out a frame at this physical
+    /// address (the second allocation failed).
+    Clash,
+}
+
 /// What [`SimMachine::check`] found.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum CheckError {
+    /// A table frame no allocator of the machine handed out (the tables
+    /// were not built with [`SimMachine::alloc`] or
+    /// [`SimMachine::alloc_from`]).
+    UnknownTable(UnknownTable),
     /// A stale TLB or walk-cache entry (missing or too narrow flush).
     Stale(StaleTlb),
     /// A write not visible to the walker (missing barrier).
@@ -476,6 +526,19 @@ pub enum CheckError {
 impl fmt::Display for CheckError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            CheckError::UnknownTable(u) => {
+                let what = match u.kind {
+                    UnknownTableKind::Root => "installed as a root",
+                    UnknownTableKind::Entry => "reached by a table walk",
+                    UnknownTableKind::Clash => "handed out by two allocators",
+                };
+                write!(
+                    f,
+                    "table frame {} {what} is not a frame of this machine's allocators \
+                     (build the address space with SimMachine::alloc or alloc_from)",
+                    u.pa
+                )
+            }
             CheckError::Stale(s) => s.fmt(f),
             CheckError::Pending(p) => write!(
                 f,
@@ -683,12 +746,13 @@ impl<A: Arch> SimMachine<A> {
     /// The MMU handle (for `AddressSpace::new`) of an untagged address
     /// space: installing it drops every cached translation, and its
     /// [`flush_tlb_mm`](Mmu::flush_tlb_mm) keeps global ones (as x86 MOV
-    /// to CR3 does).
+    /// to CR3 does). It installs one root for both halves, as
+    /// `Arm64Mmu::new` does ([`SimMmu::installing_into`] for one half).
     pub fn mmu(&self) -> SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: AtomicU32::new(UNTAGGED),
-            half: None,
+            half: VaRange::Both,
             cpu: Some(self.cpu),
             broadcast: true,
             _arch: PhantomData,
@@ -709,11 +773,16 @@ impl<A: Arch> SimMachine<A> {
     /// [`flush_tlb_mm`](Mmu::flush_tlb_mm) drops its ASID's entries only.
     /// The ASID can be changed later with [`SimMmu::set_asid`] (as an ASID
     /// allocator does at a roll-over).
+    ///
+    /// It installs into the lower half, as `Arm64Mmu::with_asid16` does
+    /// (on arm64 the ASID goes with the TTBR0_EL1 root: a user space's);
+    /// on a format with one root, one root for both halves.
+    /// [`SimMmu::installing_into`] changes it.
     pub fn mmu_with_asid(&self, asid: u16) -> SimMmu<A> {
         SimMmu {
             shared: self.shared.clone(),
             asid: AtomicU32::new(u32::from(asid)),
-            half: None,
+            half: VaRange::Lower,
             cpu: Some(self.cpu),
             broadcast: true,
             _arch: PhantomData,
@@ -731,6 +800,49 @@ impl<A: Arch> SimMachine<A> {
         SimAlloc {
             shared: self.shared.clone(),
         }
+    }
+
+    /// The table allocator `tables` (a kernel's own frame allocator), made
+    /// known to this machine: every frame it hands out through the
+    /// returned handle is a table frame the simulated walker reads (through
+    /// `tables`' [`phys_to_virt`](TableAlloc::phys_to_virt)) until the
+    /// handle frees it. Give it to `AddressSpace::new` in place of
+    /// [`alloc`](Self::alloc) to run the kernel's allocator on the
+    /// simulator; an address space built on `tables` directly has tables
+    /// the machine cannot walk ([`CheckError::UnknownTable`]).
+    ///
+    /// `tables`' physical addresses name table frames only: data loads
+    /// and stores ([`phys_read_u64`](Self::phys_read_u64), a leaf's output
+    /// address) go to the machine's memory, as before. A frame at the
+    /// physical address of a live frame of another allocator of the
+    /// machine is refused (the allocation fails and the check reports
+    /// [`UnknownTableKind::Clash`]).
+    ///
+    /// ```
+    /// # use core::ptr::NonNull;
+    /// use pgtable_core::contract::{Arena, Table, TableAlloc};
+    /// use pgtable_core::sim::SimMachine;
+    /// use pgtable_core::test_format::TestFormat;
+    /// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+    ///
+    /// let machine = SimMachine::<TestFormat>::new();
+    /// // Any `TableAlloc`: a kernel's frame allocator; here a host arena.
+    /// let tables = machine.alloc_from(Arena::new());
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(machine.mmu(), tables)?;
+    /// // SAFETY (simulated): nothing runs on these tables but the simulator.
+    /// unsafe { space.install() };
+    /// let va = VirtAddr(0x40_0000);
+    /// space.map(va, PhysAddr(0x8000_0000), 4096, Prot::READ_WRITE, MapOptions::PAGES)?;
+    /// machine.write_u64(va, 7).unwrap();
+    /// assert_eq!(machine.phys_read_u64(PhysAddr(0x8000_0000)), 7);
+    /// machine.check().unwrap();
+    /// assert_eq!(space.alloc().inner().live(), space.inspect().count_tables());
+    /// // SAFETY (simulated): the walker never reads a freed frame.
+    /// unsafe { space.deactivate() };
+    /// # Ok::<(), pgtable_core::Error>(())
+    /// ```
+    pub fn alloc_from<T: TableAlloc>(&self, tables: T) -> SimAllocFrom<T> {
+        SimAllocFrom::new(self.shared.clone(), tables)
     }
 
     /// The installed root.
@@ -765,19 +877,44 @@ impl<A: Arch> SimMachine<A> {
 
     /// A kernel load of the `u64` at `va` (8-byte aligned).
     pub fn read_u64(&self, va: VirtAddr) -> Result<u64, SimFault> {
+        self.load_u64(va, Access::READ)
+    }
+
+    /// A kernel store of the `u64` at `va` (8-byte aligned).
+    pub fn write_u64(&self, va: VirtAddr, val: u64) -> Result<(), SimFault> {
+        self.store_u64(va, val, Access::WRITE)
+    }
+
+    /// A user-mode load of the `u64` at `va` (8-byte aligned): as
+    /// [`read_u64`](Self::read_u64), at user privilege (arm64 EL0, x86
+    /// CPL 3, RISC-V U-mode), so it faults
+    /// ([`SimFaultKind::Permission`]) on a page without
+    /// [`Prot::USER`](crate::Prot::USER) or under a table entry that
+    /// denies user access.
+    pub fn user_read_u64(&self, va: VirtAddr) -> Result<u64, SimFault> {
+        self.load_u64(va, USER_READ)
+    }
+
+    /// A user-mode store of the `u64` at `va` (8-byte aligned): as
+    /// [`write_u64`](Self::write_u64), at user privilege (see
+    /// [`user_read_u64`](Self::user_read_u64)).
+    pub fn user_write_u64(&self, va: VirtAddr, val: u64) -> Result<(), SimFault> {
+        self.store_u64(va, val, USER_WRITE)
+    }
+
+    fn load_u64(&self, va: VirtAddr, access: Access) -> Result<u64, SimFault> {
         Self::aligned(va, false)?;
         let mut s = self.state();
-        let (pa, _) = s.access::<A>(va.0, Access::READ)?;
+        let (pa, _) = s.access::<A>(va.0, access)?;
         let mut b = [0; 8];
         s.mem_read(pa, &mut b);
         Ok(u64::from_le_bytes(b))
     }
 
-    /// A kernel store of the `u64` at `va` (8-byte aligned).
-    pub fn write_u64(&self, va: VirtAddr, val: u64) -> Result<(), SimFault> {
+    fn store_u64(&self, va: VirtAddr, val: u64, access: Access) -> Result<(), SimFault> {
         Self::aligned(va, true)?;
         let mut s = self.state();
-        let (pa, _) = s.access::<A>(va.0, Access::WRITE)?;
+        let (pa, _) = s.access::<A>(va.0, access)?;
         s.mem_write(pa, &val.to_le_bytes());
         Ok(())
     }
@@ -973,9 +1110,10 @@ impl<A: Arch> SimMachine<A> {
     }
 
     /// Lets the next `n` table allocations succeed and every later one fail
-    /// (`None`: never fail), for every allocator of this machine: the
+    /// (`None`: never fail), for every [`SimAlloc`] of this machine: the
     /// budget is the machine's [`Arena::fail_after`](crate::Arena::fail_after),
-    /// which [`SimAlloc::fail_after`] sets too.
+    /// which [`SimAlloc::fail_after`] sets too. A [`SimAllocFrom`] fails
+    /// when the allocator it wraps does.
     pub fn fail_after(&self, n: Option<u64>) {
         self.state().arena.fail_after(n);
     }
@@ -1000,6 +1138,18 @@ pub fn thread_cpu() -> usize {
     THREAD_CPU.with(|c| c.get())
 }
 
+/// A user-mode data load.
+const USER_READ: Access = Access {
+    user: true,
+    ..Access::READ
+};
+
+/// A user-mode data store.
+const USER_WRITE: Access = Access {
+    user: true,
+    ..Access::WRITE
+};
+
 /// The `asid` of an untagged [`SimMmu`].
 const UNTAGGED: u32 = u32::MAX;
 
@@ -1008,9 +1158,9 @@ pub struct SimMmu<A: Arch> {
     shared: Arc<Shared>,
     /// The ASID, or [`UNTAGGED`].
     asid: AtomicU32,
-    /// The half whose root register installing writes (`None`: a root
-    /// for both halves).
-    half: Option<VaRange>,
+    /// The half whose root register installing writes ([`VaRange::Both`]:
+    /// one root for both halves).
+    half: VaRange,
     /// The CPU that executes this MMU's instructions (`None`: the calling
     /// thread's, [`set_thread_cpu`]).
     cpu: Option<usize>,
@@ -1055,8 +1205,15 @@ impl<A: Arch> SimMmu<A> {
     /// the current ASID (arm64 takes it from TTBR0_EL1, TCR_EL1.A1 = 0).
     /// [`VaRange::Both`], and any half on a format with one root (x86
     /// CR3), installs the one root for both halves.
+    ///
+    /// The defaults are those of `pgtable_arm64::Arm64Mmu`:
+    /// [`SimMachine::mmu`] installs into both halves,
+    /// [`SimMachine::mmu_with_asid`] into the lower half (TTBR0_EL1, which
+    /// holds the ASID). [`Mmu::installs_into`] reports the half, so
+    /// [`AddressSpace::new_kernel`] and [`AddressSpace::new_user`] refuse
+    /// an MMU of the wrong half ([`Error::MmuHalf`](crate::Error::MmuHalf)).
     pub fn installing_into(mut self, half: VaRange) -> Self {
-        self.half = Some(half);
+        self.half = half;
         self
     }
 
@@ -1222,7 +1379,7 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
         let mut s = self.state();
         let me = s.sel;
         match self.half {
-            Some(VaRange::Upper) if A::SEPARATE_HALVES => {
+            VaRange::Upper if A::SEPARATE_HALVES => {
                 s.cpu.upper_root = Some(root);
                 if !s.cpu.split {
                     s.cpu.root = None;
@@ -1236,7 +1393,7 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
                 }
                 return;
             }
-            Some(VaRange::Lower) if A::SEPARATE_HALVES => {
+            VaRange::Lower if A::SEPARATE_HALVES => {
                 if !s.cpu.split {
                     s.cpu.upper_root = None;
                 }
@@ -1266,6 +1423,13 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
                 s.check_switch::<A>();
             }
         }
+    }
+
+    /// The half set by [`installing_into`](SimMmu::installing_into) on a
+    /// format with [`SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES);
+    /// `None` (one root) on the others.
+    fn installs_into(&self) -> Option<VaRange> {
+        A::SEPARATE_HALVES.then_some(self.half)
     }
 
     fn entry_written(&self, slot: &Slot, old: u64) {

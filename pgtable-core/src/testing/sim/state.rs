@@ -11,7 +11,7 @@ use std::vec::Vec;
 
 use super::{
     AdUpdate, BbmConflict, CheckError, ContConflict, MixedSizes, PendingWrite, SimFault,
-    SimFaultKind, SimStats, StaleTlb, UnorderedLink,
+    SimFaultKind, SimStats, StaleTlb, UnknownTable, UnknownTableKind, UnorderedLink,
 };
 use crate::contract::level::{index, size};
 use crate::ops::contpte::leaf_pa;
@@ -222,8 +222,18 @@ pub(super) struct State {
     /// Every frame the arena ever handed out: their memory stays valid
     /// until the arena is dropped, so the walker may read them.
     pub(super) frames: Set<u64>,
-    /// Frames allocated now.
+    /// Frames allocated now (the arena's and the adopted ones).
     pub(super) live: Set<u64>,
+    /// Frames of other allocators ([`SimAllocFrom`](super::SimAllocFrom)),
+    /// live or freed: physical address to host address. Disjoint from
+    /// `frames`; the memory of a freed one may be gone, so only live ones
+    /// are read.
+    foreign: Map<u64, u64>,
+    /// Host address to physical address of the live frames in `foreign`.
+    foreign_host: Map<u64, u64>,
+    /// The first table frame met that no allocator of the machine handed
+    /// out, or the first clash of two allocators' frames.
+    unknown: Option<UnknownTable>,
     /// The CPU the state is looking at now ([`select`](State::select)):
     /// its TLB, walk cache, root registers and ASID.
     pub(super) cpu: Cpu,
@@ -290,6 +300,9 @@ impl State {
             arena: Arena::new(),
             frames: Set::default(),
             live: Set::default(),
+            foreign: Map::default(),
+            foreign_host: Map::default(),
+            unknown: None,
             cpu: Cpu::default(),
             parked: (0..cpus.max(1)).map(|_| Cpu::default()).collect(),
             sel: 0,
@@ -342,12 +355,95 @@ impl State {
 
     pub(super) fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = self.arena.alloc_table()?;
+        if self.live.contains(&pa.0) {
+            // A live frame of another allocator at the same address: the
+            // arena's frame is leaked (never handed out).
+            self.clash(pa);
+            return None;
+        }
+        self.foreign.remove(&pa.0);
         // The allocator zeroed the frame: a write that must be published
-        // before the frame is linked.
+        // before the frame is linked. An arena frame's host address is
+        // its physical address.
         self.last_write.insert(pa.0, self.epoch);
         self.frames.insert(pa.0);
         self.live.insert(pa.0);
         Some(pa)
+    }
+
+    /// Records that two allocators handed out frames at `pa`.
+    fn clash(&mut self, pa: PhysAddr) {
+        self.unknown.get_or_insert(UnknownTable {
+            pa,
+            kind: UnknownTableKind::Clash,
+        });
+    }
+
+    /// Takes the frame `pa`, at host address `host`, that another
+    /// allocator just handed out, as a table frame the walker may read
+    /// until [`release`](Self::release). `false` (recorded for the check):
+    /// `pa` is a frame of this machine already.
+    ///
+    /// # Safety
+    ///
+    /// `host` points to the frame, valid for reads and atomic writes until
+    /// `release(pa)` (the allocator's `phys_to_virt` of a frame it handed
+    /// out and that is not freed: [`TableAlloc`]).
+    pub(super) unsafe fn adopt(&mut self, pa: PhysAddr, host: NonNull<Table>) -> bool {
+        if self.live.contains(&pa.0) || self.frames.contains(&pa.0) {
+            self.clash(pa);
+            return false;
+        }
+        let host = host.as_ptr() as u64;
+        // The allocator zeroed the frame: see `alloc_table`.
+        self.last_write.insert(host, self.epoch);
+        self.foreign.insert(pa.0, host);
+        self.foreign_host.insert(host, pa.0);
+        self.live.insert(pa.0);
+        true
+    }
+
+    /// Gives back an adopted frame before its allocator frees it: the
+    /// walker no longer reads it ([`SimFaultKind::FreedTable`]).
+    pub(super) fn release(&mut self, pa: PhysAddr) {
+        let Some(&host) = self.foreign.get(&pa.0) else {
+            return;
+        };
+        if self.live.remove(&pa.0) {
+            self.forget_frame(host);
+        }
+        self.foreign_host.remove(&host);
+    }
+
+    /// Drops what the machine keeps about the entries of the table frame
+    /// at host address `host`, which is being freed.
+    fn forget_frame(&mut self, host: u64) {
+        self.split_under.remove(&host);
+        // A frame freed without a flush (an address space being dropped)
+        // must not carry pending writes into its next life.
+        if !self.pending.is_empty() {
+            self.pending
+                .retain(|&slot, _| !(host..host + 4096).contains(&slot));
+        }
+    }
+
+    /// The host address of the live table frame `pa`.
+    fn host_of(&self, pa: PhysAddr) -> Option<u64> {
+        if !self.live.contains(&pa.0) {
+            None
+        } else if let Some(&host) = self.foreign.get(&pa.0) {
+            Some(host)
+        } else {
+            // An arena frame's host address is its physical address.
+            Some(pa.0)
+        }
+    }
+
+    /// Whether the table frame at host address `host` may be read: an
+    /// arena frame (valid for the life of the state, freed or not) or a
+    /// live adopted one.
+    fn readable(&self, host: u64) -> bool {
+        self.frames.contains(&host) || self.foreign_host.contains_key(&host)
     }
 
     /// # Safety
@@ -355,19 +451,8 @@ impl State {
     /// As [`TableAlloc::free_table`].
     pub(super) unsafe fn free_table(&mut self, pa: PhysAddr) {
         self.live.remove(&pa.0);
-        if !self.split_under.is_empty() {
-            // SAFETY: our caller passes a frame of ours that is not freed.
-            let host = unsafe { self.arena.phys_to_virt(pa) }.as_ptr() as u64;
-            self.split_under.remove(&host);
-        }
-        // A frame freed without a flush (an address space being dropped)
-        // must not carry pending writes into its next life.
-        if !self.pending.is_empty() {
-            // SAFETY: our caller passes a frame of ours that is not freed.
-            let base = unsafe { self.arena.phys_to_virt(pa) }.as_ptr() as u64;
-            self.pending
-                .retain(|&slot, _| !(base..base + 4096).contains(&slot));
-        }
+        // An arena frame's host address is its physical address.
+        self.forget_frame(pa.0);
         // SAFETY: forwarded from our caller.
         unsafe { self.arena.free_table(pa) };
     }
@@ -382,17 +467,54 @@ impl State {
 
     /// The table frame at `pa`, if `pa` is one (live or freed).
     pub(super) fn table(&self, pa: PhysAddr) -> Result<&Table, SimFaultKind> {
-        if !self.frames.contains(&pa.0) {
-            return Err(SimFaultKind::NotATable(pa));
+        if self.frames.contains(&pa.0) {
+            if !self.live.contains(&pa.0) {
+                return Err(SimFaultKind::FreedTable(pa));
+            }
+            // SAFETY: `pa` is a frame of `self.arena` that is not freed
+            // (both checked above), as `phys_to_virt` asks; it stays valid
+            // while `self` is borrowed, because freeing it needs `&mut
+            // self`; entries are atomics, so shared access is sound.
+            return Ok(unsafe { self.arena.phys_to_virt(pa).as_ref() });
         }
+        let Some(&host) = self.foreign.get(&pa.0) else {
+            return Err(SimFaultKind::NotATable(pa));
+        };
         if !self.live.contains(&pa.0) {
             return Err(SimFaultKind::FreedTable(pa));
         }
-        // SAFETY: `pa` is a frame of `self.arena` that is not freed (both
-        // checked above), as `phys_to_virt` asks; it stays valid while
-        // `self` is borrowed, because freeing it needs `&mut self`; entries
+        // SAFETY: `host` is what the frame's allocator's `phys_to_virt`
+        // gave for it, valid until the frame is released (`adopt`'s
+        // contract), which it is not (live, checked above); releasing needs
+        // `&mut self`, so it stays valid while `self` is borrowed; entries
         // are atomics, so shared access is sound.
-        Ok(unsafe { self.arena.phys_to_virt(pa).as_ref() })
+        Ok(unsafe { &*(host as *const Table) })
+    }
+
+    /// Whether `pa` is a table frame some allocator of the machine handed
+    /// out (live or freed).
+    fn known(&self, pa: PhysAddr) -> bool {
+        self.frames.contains(&pa.0) || self.foreign.contains_key(&pa.0)
+    }
+
+    /// The first table frame met that the machine does not know: recorded
+    /// by a walk or the clash of two allocators, else an installed root.
+    fn check_known(&self) -> Result<(), UnknownTable> {
+        if let Some(u) = self.unknown {
+            return Err(u);
+        }
+        for i in 0..self.parked.len() {
+            let cpu = self.cpu_ref(i);
+            for r in [cpu.root, cpu.upper_root].into_iter().flatten() {
+                if !self.known(r) {
+                    return Err(UnknownTable {
+                        pa: r,
+                        kind: UnknownTableKind::Root,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     // ----- data memory -----
@@ -458,11 +580,24 @@ impl State {
         self.stats.walks += 1;
         let mut stale = false;
         loop {
-            let t = self.table(tpa)?;
-            // SAFETY: table frames stay allocated for the life of the
-            // state (see `table`); the 'static lifetime never escapes a
-            // method that holds the state's lock (callers use the leaf's
-            // slot before releasing it).
+            let t = match self.table(tpa) {
+                Ok(t) => t,
+                Err(e) => {
+                    if let SimFaultKind::NotATable(pa) = e {
+                        let kind = if pa == root {
+                            UnknownTableKind::Root
+                        } else {
+                            UnknownTableKind::Entry
+                        };
+                        self.unknown.get_or_insert(UnknownTable { pa, kind });
+                    }
+                    return Err(e);
+                }
+            };
+            // SAFETY: a table frame stays readable until it is freed (see
+            // `table`), which needs the state's lock; the 'static lifetime
+            // never escapes a method that holds the lock (callers use the
+            // leaf's slot before releasing it).
             let t: &'static Table = unsafe { &*(t as *const Table) };
             let idx = index(va, h);
             let slot = &t.entries[idx];
@@ -903,12 +1038,15 @@ impl State {
                 };
                 let mem = A::leaf_prot(c.raw, h).mem();
                 let step = size(h);
+                if !self.readable(c.slot & !0xfff) {
+                    continue;
+                }
                 for j in 0..c.nslots {
                     // SAFETY: the run was filled from `nslots` adjacent
-                    // entries of one table frame from `c.slot` on; the
-                    // arena's frames stay allocated for the life of the
-                    // state, freed or not (see `frames`), and entries are
-                    // atomics.
+                    // entries of one table frame from `c.slot` on, and
+                    // that frame is readable (checked above: an arena
+                    // frame, valid for the life of the state, or a live
+                    // adopted one); entries are atomics.
                     let e: &Slot = unsafe { &*((c.slot + 8 * u64::from(j)) as *const Slot) };
                     // Relaxed: see `walker_read`; what is programmed now.
                     let r = e.load(Relaxed);
@@ -983,11 +1121,9 @@ impl State {
             }
         }
         for (t, rec) in recs {
-            if !self.live.contains(&t.0) {
+            let Some(host) = self.host_of(t) else {
                 continue;
-            }
-            // SAFETY: a live frame of ours (checked above).
-            let host = unsafe { self.arena.phys_to_virt(t) }.as_ptr() as u64;
+            };
             // The entries the table was filled with before it was linked.
             let Ok(table) = self.table(t) else { continue };
             let leaves: Vec<(u64, u64)> = (0..512u64)
@@ -1060,7 +1196,8 @@ impl State {
     fn check_link<A: Arch>(&mut self, addr: u64, new: u64) {
         for h in 1..A::LEVELS {
             if let Decoded::Table(c) = A::decode(new, h) {
-                if self.live.contains(&c.0) && self.last_write.get(&c.0) == Some(&self.epoch) {
+                let host = self.host_of(c);
+                if host.is_some_and(|h| self.last_write.get(&h) == Some(&self.epoch)) {
                     self.unordered = Some(UnorderedLink {
                         slot: addr,
                         table: c,
@@ -1390,6 +1527,7 @@ impl State {
     }
 
     pub(super) fn check<A: Arch>(&self) -> Result<(), CheckError> {
+        self.check_known().map_err(CheckError::UnknownTable)?;
         if let Some(c) = self.conflict {
             return Err(CheckError::Conflict(c));
         }

@@ -153,6 +153,10 @@ impl<A: Arch> Machine for SimSuiteMachine<A> {
                 va: c.va,
                 what: "contiguous run misprogrammed: its entries disagree while the hint is set",
             }),
+            Err(CheckError::UnknownTable(u)) => Err(Inconsistency {
+                va: VirtAddr(u.pa.0),
+                what: "a table frame no allocator of the simulated machine handed out; physical address",
+            }),
             Err(CheckError::Unordered(u)) => Err(Inconsistency {
                 va: VirtAddr(u.slot),
                 what: "table linked before its contents were published; entry at host address",

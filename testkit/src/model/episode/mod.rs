@@ -175,7 +175,8 @@ impl<A: Arch> Episode<A> {
         let half = |r: VaRange| {
             let parent = AddressSpace::new_in(r, machine.mmu_installing_into(r), alloc())
                 .expect("root table");
-            let child = AddressSpace::new_in(r, machine.mmu(), alloc()).expect("root table");
+            let child = AddressSpace::new_in(r, machine.mmu_installing_into(r), alloc())
+                .expect("root table");
             (live(parent), child)
         };
         let (cur, other) = match kind {
