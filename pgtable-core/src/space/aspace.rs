@@ -837,18 +837,29 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// As [`free_queued`](Self::free_queued): the subtree is unlinked and
     /// the TLB flush has completed.
     unsafe fn free_below(&mut self, pa: PhysAddr, from: usize, height: u32) {
-        for i in from..crate::contract::level::ENTRIES_PER_TABLE {
-            // SAFETY: the subtree is ours and unreachable (our caller's
-            // guarantee); the reference ends before anything is freed.
-            let raw = unsafe { self.owned_frame(pa) }.entries[i].load(Relaxed);
-            if let Decoded::Table(c) = A::decode(raw, height) {
-                if height > 1 {
-                    // SAFETY: as ours.
-                    unsafe { self.free_below(c, 0, height - 1) };
+        let mut i = from;
+        loop {
+            // The next child table at or after entry `i`. SAFETY: the
+            // subtree is ours and unreachable (our caller's guarantee); the
+            // reference ends before anything is freed.
+            let t = unsafe { self.owned_frame(pa) };
+            // Relaxed: as in `queue_free_subtree`.
+            let next = t.entries[i..].iter().enumerate().find_map(|(k, e)| {
+                match A::decode(e.load(Relaxed), height) {
+                    Decoded::Table(c) => Some((i + k, c)),
+                    _ => None,
                 }
-                // SAFETY: unreachable by any walker (our caller's guarantee).
-                unsafe { self.alloc.free_table(c) };
+            });
+            let Some((j, c)) = next else {
+                return;
+            };
+            if height > 1 {
+                // SAFETY: as ours.
+                unsafe { self.free_below(c, 0, height - 1) };
             }
+            // SAFETY: unreachable by any walker (our caller's guarantee).
+            unsafe { self.alloc.free_table(c) };
+            i = j + 1;
         }
     }
 
