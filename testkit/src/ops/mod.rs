@@ -1,7 +1,7 @@
 //! The kernel-facing single-entry and batched operations on the simulated
 //! machine, written once for any format: caller-owned flush batching
 //! (`MmuGather`), `unmap_with` reports, accessed/dirty harvesting and the
-//! fault-time operations. The integration tests of pgtable-core
+//! fault-time operations, and `Prot::NONE` mappings. The integration tests of pgtable-core
 //! and of each arch crate instantiate every case per format with
 //! [`ops_tests!`](crate::ops_tests). After every operation the machine is checked: no stale
 //! TLB entry, no write the walker may not see, no break-before-make
@@ -15,11 +15,13 @@ use pgtable_core::{AddressSpace, LeafEntry, MapOptions, PhysAddr, Prot, VirtAddr
 mod faults;
 mod gather;
 mod harvest;
+mod protnone;
 mod unmap_with;
 
 pub use faults::*;
 pub use gather::*;
 pub use harvest::*;
+pub use protnone::*;
 pub use unmap_with::*;
 
 /// A 4 KiB page.
@@ -184,6 +186,26 @@ macro_rules! ops_tests {
             #[test]
             fn set_access_flags_relaxes_in_place() {
                 $crate::ops::set_access_flags_relaxes_in_place::<A>();
+            }
+            #[test]
+            fn prot_none_faults_every_access_and_keeps_its_frame() {
+                $crate::ops::prot_none_faults_every_access_and_keeps_its_frame::<A>();
+            }
+            #[test]
+            fn map_prot_none_then_open_part_then_unmap() {
+                $crate::ops::map_prot_none_then_open_part_then_unmap::<A>();
+            }
+            #[test]
+            fn live_change_to_prot_none_and_back() {
+                $crate::ops::live_change_to_prot_none_and_back::<A>();
+            }
+            #[test]
+            fn prot_none_encoding_is_a_leaf_and_never_a_software_entry() {
+                $crate::ops::prot_none_encoding_is_a_leaf_and_never_a_software_entry::<A>();
+            }
+            #[test]
+            fn map_prot_none_over_a_mapping_is_refused() {
+                $crate::ops::map_prot_none_over_a_mapping_is_refused::<A>();
             }
         }
     };
