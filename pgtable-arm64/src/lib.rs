@@ -63,7 +63,7 @@ pub mod regs;
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod mmu;
 
-pub use bbm::{pgattr_change_is_safe, set_live_entry, LiveEntry};
+pub use bbm::{bbm_reason, pgattr_change_is_safe, set_live_entry, LiveEntry};
 pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
     flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,

@@ -84,7 +84,7 @@
 //!
 //! A [`Prot::NONE`] leaf is the kernel read-only leaf of its memory type
 //! (R and A set) with V clear and G set
-//! ([`PROT_NONE`](crate::bits::PROT_NONE), Linux `_PAGE_PROT_NONE`): the
+//! ([`bits::PROT_NONE`], Linux `_PAGE_PROT_NONE`): the
 //! hart faults on it and caches nothing, software reads its PPN. Software
 //! entries keep bits 7:1 clear, G included, as Linux's do, so the two
 //! never meet.

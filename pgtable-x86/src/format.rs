@@ -83,7 +83,7 @@
 //!
 //! A [`Prot::NONE`] leaf is the kernel read-only leaf of its memory type
 //! (PS and the PAT bits where a leaf at that height has them) with P
-//! clear and bit 8 ([`PROTNONE`](crate::bits::PROTNONE), Linux
+//! clear and bit 8 ([`bits::PROTNONE`], Linux
 //! `_PAGE_PROTNONE`, the G position) set: not present to the processor,
 //! a leaf with its frame to software. Software entries keep bit 8 clear,
 //! as Linux's do, so the two never meet.

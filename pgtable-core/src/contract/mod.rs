@@ -123,6 +123,7 @@ pub use crate::contract::mmu::{Mmu, NoopMmu, TlbRange};
 #[cfg(feature = "alloc")]
 pub use crate::contract::table::Arena;
 pub use crate::contract::table::{Slot, Table, TableAlloc};
+pub use crate::error::BbmReason;
 pub use crate::space::table_attrs::TableAttrs;
 pub use crate::stats::Stats;
 

@@ -6,7 +6,7 @@
 //! read over the run, and every page translates to its own frame
 //! throughout. Without Svnapot every map writes plain PTEs.
 
-use pgtable_core::contract::{Access, Arch, Decoded, Format};
+use pgtable_core::contract::{Access, Arch, BbmReason, Decoded, Format};
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
     AddressSpace, Error, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
@@ -195,7 +195,10 @@ fn a_live_partial_change_of_a_run_is_refused_unless_break_before_make_is_allowed
             Prot::READ_ONLY,
             LiveOptions::IN_PLACE
         ),
-        Err(Error::BreakBeforeMake(VA.add(RUN + 3 * PAGE)))
+        Err(Error::BreakBeforeMake(
+            VA.add(RUN + 3 * PAGE),
+            BbmReason::ContiguousRun
+        ))
     );
     let after: Vec<u64> = (0..32).map(|k| pte(&s, VA.add(k * PAGE))).collect();
     assert_eq!(before, after);

@@ -49,7 +49,7 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use pgtable_arm64::bits::{AP_TABLE_NO_EL0, PXN_TABLE, UXN_TABLE};
 use pgtable_arm64::mmu::asid_bits;
 use pgtable_core::asid::AsidContext;
-use pgtable_core::contract::Format;
+use pgtable_core::contract::{BbmReason, Format};
 use pgtable_core::{
     CopyMode, Error, LeafEntry, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
 };

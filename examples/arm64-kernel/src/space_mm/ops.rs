@@ -182,7 +182,7 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
         .kernel
         .change_protection_live(VirtAddr(lin), 4096, RODATA, LiveOptions::IN_PLACE);
     ensure!(
-        r == Err(Error::BreakBeforeMake(VirtAddr(lin))),
+        r == Err(Error::BreakBeforeMake(VirtAddr(lin), BbmReason::BlockSplit)),
         "splitting a block in place: {r:?}, expected BreakBeforeMake({lin:#x})"
     );
     ensure!(
