@@ -276,8 +276,10 @@ fn smp_passed(lines: &[String]) -> Result<(), String> {
 /// stale translation after address-space switches, an unmap in a space
 /// that is not installed and PCID roll-overs, fork with copy-on-write
 /// (stores fault in parent and child), swap entries moved with their
-/// table, live protection changes of kernel pages, and the reports of a
-/// gathered unmap (plus one of [`ISOLATION`]).
+/// table, live protection changes of kernel pages, the reports of a
+/// gathered unmap, and a kernel page made `Prot::NONE` (`mm_prot_none`:
+/// every access faults not-present, the entry still reports the frame;
+/// plus one of [`ISOLATION`]).
 const ALWAYS: &[&str] = &[
     "protect_execute_never",
     "space_lower_half_is_empty",
@@ -298,6 +300,7 @@ const ALWAYS: &[&str] = &[
     "space_swap_entry_survives_move",
     "space_live_kernel_protect",
     "space_unmap_reports",
+    "mm_prot_none",
 ];
 
 /// The isolation case of several address spaces: named after what

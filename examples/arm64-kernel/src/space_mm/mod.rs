@@ -62,7 +62,7 @@ use crate::kmap::{Image, KernelSpace, DATA, RODATA};
 use crate::memory::{self, phys_to_virt, KernelTables, PAGE_OFFSET};
 use crate::platform::{lower_mmu, Arm64, FlushCounts};
 use crate::println;
-use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_LOWER, EC_SVC64};
+use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_CUR, EC_DABT_LOWER, EC_SVC64};
 use crate::space::{
     ensure, expect_user_abort, fail, load_faults, load_is, store_faults, Tally, Why, R,
 };
@@ -371,6 +371,7 @@ pub fn cases(
     cx.run(t, "space_unmap_reports", |cx, ps| {
         ops::unmap_reports(cx, ps, pool)
     });
+    cx.run(t, "mm_prot_none", ops::prot_none);
     let small_name = "space_no_stale_after_asid_rollover";
     println!();
     println!("ASID switches and TLB flushes per case (flushes: range / by ASID / all / local after a roll-over)");
