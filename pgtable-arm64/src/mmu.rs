@@ -127,7 +127,7 @@ const UNTAGGED: u32 = u32::MAX;
 /// `pgtable_core::asid::AsidContext` and switch with an
 /// `AsidAllocator` sized by [`asid_bits`]:
 ///
-/// ```ignore
+/// ```text
 /// let sw = asids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
 /// if sw.flush_local {
 ///     local_flush_tlb_all();

@@ -81,7 +81,7 @@ const UNTAGGED: u32 = u32::MAX;
 /// more address spaces than PCIDs, pair it with
 /// `pgtable_core::asid::Pcid12Allocator`:
 ///
-/// ```ignore
+/// ```text
 /// let sw = pcids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
 /// if sw.flush_local {
 ///     space.mmu().flush_all_pcids();

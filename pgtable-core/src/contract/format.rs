@@ -60,6 +60,11 @@ bitflags::bitflags! {
     /// let mmio = Prot::READ_WRITE.with_mem(MemType::Device);
     /// assert_eq!(mmio.mem(), MemType::Device);
     /// assert!(mmio.contains(Prot::WRITE));
+    /// // PROT_NONE takes every right away, and is not the empty set.
+    /// let closed = Prot::NONE | Prot::WRITE | Prot::USER;
+    /// assert!(closed.protnone() && !closed.writable() && !closed.user());
+    /// assert_eq!(closed.normalized(), Prot::NONE);
+    /// assert_ne!(Prot::NONE, Prot::READ_ONLY);
     /// ```
     #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct Prot: u8 {
