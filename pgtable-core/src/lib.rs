@@ -17,7 +17,7 @@
 //! root ([`MapOptions`], [`MoveOptions`], [`LiveOptions`], [`ClearRefs`],
 //! [`FaultFlags`], [`CopyMode`]); every error is an [`Error`] that left
 //! the tables unchanged (a refused live change says why:
-//! [`BbmReason`](contract::BbmReason)).
+//! [`contract::BbmReason`]).
 //!
 //! A [`Prot`] is a set of rights on top of kernel read-only
 //! ([`Prot::READ_ONLY`] is the empty set, user read-only is
