@@ -134,7 +134,7 @@ fn set_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
 /// - If [`pgattr_change_is_safe`] allows it, the entry is written in place
 ///   (store, walker barrier) and, when the old entry was valid, its TLB
 ///   range is invalidated so no CPU keeps the old attributes.
-/// - Otherwise, with [`LiveOptions::allow_bbm`]: break-before-make — the entry is
+/// - Otherwise, with [`LiveOptions::ALLOW_BBM`]: break-before-make — the entry is
 ///   atomically cleared, a walker barrier (`dsb ishst; isb`) makes the
 ///   invalid entry visible, the TLB range is invalidated (the flush ends
 ///   with `dsb ish; isb`, the barrier before the make), then `new` is
@@ -173,7 +173,7 @@ pub fn set_live_entry<M: Mmu>(
         }
         return Ok(());
     }
-    if !opts.allow_bbm {
+    if !opts.allows_bbm() {
         return Err(Error::BreakBeforeMake(va, bbm_reason(old, new, height)));
     }
     // Break: atomically, so the range flushed is the one of the entry that

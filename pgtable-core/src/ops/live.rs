@@ -78,7 +78,7 @@ use crate::{
 /// ([`BbmReason::BlockSplit`]) needs break-before-make there. The
 /// operation then returns
 /// [`Error::BreakBeforeMake`] *before it changes anything*, unless the
-/// caller allows break-before-make ([`LiveOptions::allow_bbm`]) because no
+/// caller allows break-before-make ([`LiveOptions::ALLOW_BBM`]) because no
 /// other CPU can be using the range (the entry is briefly invalid: Linux
 /// arm64 avoids it by mapping the linear map with pages when it must stay
 /// changeable, `can_set_direct_map`).
@@ -97,10 +97,8 @@ use crate::{
 /// the flush at the end.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct LiveOptions {
-    /// Allow break-before-make where the architecture needs it (the entry
-    /// is invalid for a moment, and a CPU touching it then faults). Only
-    /// for ranges no other CPU can be using.
-    pub allow_bbm: bool,
+    /// See [`LiveOptions::allows_bbm`].
+    allow_bbm: bool,
 }
 
 impl LiveOptions {
@@ -108,6 +106,15 @@ impl LiveOptions {
     pub const IN_PLACE: LiveOptions = LiveOptions { allow_bbm: false };
     /// Break-before-make allowed where needed.
     pub const ALLOW_BBM: LiveOptions = LiveOptions { allow_bbm: true };
+
+    /// Whether break-before-make is allowed where the architecture needs
+    /// it (the entry is invalid for a moment, and a CPU touching it then
+    /// faults): [`ALLOW_BBM`](Self::ALLOW_BBM), only for ranges no other
+    /// CPU can be using.
+    #[inline]
+    pub const fn allows_bbm(self) -> bool {
+        self.allow_bbm
+    }
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -160,7 +167,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // The unfold of a run is break-before-make for the whole run,
         // whether or not the arch requires it elsewhere (RISC-V).
         let has_runs = (0..A::LEVELS).any(|h| A::cont_entries(h) != 0);
-        if (A::BREAK_BEFORE_MAKE || has_runs) && !opts.allow_bbm {
+        if (A::BREAK_BEFORE_MAKE || has_runs) && !opts.allows_bbm() {
             // Changing part of a folded contiguous run unfolds it, which
             // is break-before-make for the whole run. The error names the
             // lower of the two first addresses (the walk goes up from `va`).
