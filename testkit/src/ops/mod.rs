@@ -204,6 +204,10 @@ macro_rules! ops_tests {
                 $crate::ops::prot_none_encoding_is_a_leaf_and_never_a_software_entry::<A>();
             }
             #[test]
+            fn prot_none_survives_fork_and_move() {
+                $crate::ops::prot_none_survives_fork_and_move::<A>();
+            }
+            #[test]
             fn map_prot_none_over_a_mapping_is_refused() {
                 $crate::ops::map_prot_none_over_a_mapping_is_refused::<A>();
             }

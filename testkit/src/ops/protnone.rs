@@ -5,7 +5,10 @@
 
 use pgtable_core::contract::{Access, Arch, Decoded, LEVEL_BITS, PAGE_SHIFT};
 use pgtable_core::sim::{SimFaultKind, SimMachine};
-use pgtable_core::{Error, LiveOptions, MapOptions, MemType, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{
+    AddressSpace, CopyMode, Error, LiveOptions, MapOptions, MemType, MoveOptions, PhysAddr, Prot,
+    VirtAddr,
+};
 
 use super::{map, setup, Space, K4, KRW, M2, PA, URW, VA};
 
@@ -206,4 +209,34 @@ pub fn map_prot_none_over_a_mapping_is_refused<A: Arch>() {
         Err(Error::AlreadyMapped(VirtAddr(VA)))
     );
     assert_prot_none(&m, &s, VA, PA);
+}
+
+/// A `Prot::NONE` page is a mapping for fork and mremap too: the child of
+/// a copy-on-write fork gets it with its frame (still `NONE`), and a move
+/// carries it to the new address, where it still faults; opening the
+/// moved page reaches the same data.
+pub fn prot_none_survives_fork_and_move<A: Arch>() {
+    let (m, mut s) = setup::<A>();
+    map(&mut s, 0, 2 * K4, URW, MapOptions::PAGES);
+    m.write_u64(VirtAddr(VA + K4), 0x77).unwrap();
+    s.change_protection(VirtAddr(VA), 2 * K4, Prot::NONE)
+        .unwrap();
+    let mut child = AddressSpace::<A, _, _>::new(m.mmu(), m.alloc()).unwrap();
+    s.copy_page_range(&mut child, VirtAddr(VA), 2 * K4, CopyMode::Cow)
+        .unwrap();
+    let e = child.ptep_get(VirtAddr(VA + K4)).unwrap();
+    assert_eq!(
+        (e.prot(), e.pa()),
+        (Some(Prot::NONE), Some(PhysAddr(PA + K4)))
+    );
+    assert_prot_none(&m, &s, VA + K4, PA + K4);
+    let new = VA + 3 * M2;
+    s.move_page_tables(VirtAddr(VA), VirtAddr(new), 2 * K4, MoveOptions::DEFAULT)
+        .unwrap();
+    m.check().unwrap();
+    assert!(s.ptep_get(VirtAddr(VA + K4)).is_none());
+    assert_prot_none(&m, &s, new + K4, PA + K4);
+    s.change_protection(VirtAddr(new), 2 * K4, URW).unwrap();
+    assert_eq!(m.read_u64(VirtAddr(new + K4)).unwrap(), 0x77);
+    m.check().unwrap();
 }
