@@ -31,12 +31,12 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::contract::{Arch, Mmu, Slot, TlbRange, LEVEL_BITS, PAGE_SHIFT};
+use pgtable_core::contract::{Arch, BbmReason, Mmu, Slot, TlbRange, LEVEL_BITS, PAGE_SHIFT};
 use pgtable_core::{Error, LiveOptions, VirtAddr};
 
 use crate::bits::{
-    AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE, UXN,
-    UXN_TABLE, VALID,
+    AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, CONT, DBM, NG, OA_MASK, PXN, PXN_TABLE, SW_MASK,
+    TABLE_OR_PAGE, UXN, UXN_TABLE, VALID,
 };
 use crate::format::Arm64;
 
@@ -67,6 +67,27 @@ pub fn pgattr_change_is_safe(old: u64, new: u64, height: u32) -> bool {
     }
     // Everything else (address, AttrIndx, SH, NS, contiguous, GP) must stay.
     (old ^ new) & !LEAF_SAFE_MASK == 0
+}
+
+/// Why replacing the live entry `old` at `height` by `new` in place is
+/// unsafe, for an entry pair [`pgattr_change_is_safe`] refuses: the first
+/// rule of the [module documentation](self) it breaks.
+pub fn bbm_reason(old: u64, new: u64, height: u32) -> BbmReason {
+    let diff = old ^ new;
+    if diff & TABLE_OR_PAGE != 0 || (height > 0 && old & TABLE_OR_PAGE != 0) {
+        // A block <-> table change, or a table entry's address.
+        BbmReason::BlockSplit
+    } else if diff & CONT != 0 {
+        BbmReason::ContiguousRun
+    } else if diff & OA_MASK != 0 {
+        BbmReason::OutputAddress
+    } else if diff & !LEAF_SAFE_MASK == 0 {
+        // Only the safe bits differ, so nG was cleared.
+        BbmReason::NonGlobalToGlobal
+    } else {
+        // AttrIndx, SH, NS or GP.
+        BbmReason::MemoryType
+    }
 }
 
 /// The TLB range that the live entry `old` at `height` covering `va` may
@@ -113,7 +134,7 @@ fn set_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
 /// - If [`pgattr_change_is_safe`] allows it, the entry is written in place
 ///   (store, walker barrier) and, when the old entry was valid, its TLB
 ///   range is invalidated so no CPU keeps the old attributes.
-/// - Otherwise, with [`LiveOptions::allow_bbm`]: break-before-make — the entry is
+/// - Otherwise, with [`LiveOptions::ALLOW_BBM`]: break-before-make — the entry is
 ///   atomically cleared, a walker barrier (`dsb ishst; isb`) makes the
 ///   invalid entry visible, the TLB range is invalidated (the flush ends
 ///   with `dsb ish; isb`, the barrier before the make), then `new` is
@@ -129,8 +150,9 @@ fn set_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
 ///
 /// # Errors
 ///
-/// [`Error::BreakBeforeMake`] with `va` when the change is unsafe in place
-/// and `opts` does not allow break-before-make.
+/// [`Error::BreakBeforeMake`] with `va` and the rule the change breaks
+/// ([`bbm_reason`]) when it is unsafe in place and `opts` does not allow
+/// break-before-make.
 pub fn set_live_entry<M: Mmu>(
     mmu: &M,
     entry: LiveEntry<'_>,
@@ -151,8 +173,8 @@ pub fn set_live_entry<M: Mmu>(
         }
         return Ok(());
     }
-    if !opts.allow_bbm {
-        return Err(Error::BreakBeforeMake(va));
+    if !opts.allows_bbm() {
+        return Err(Error::BreakBeforeMake(va, bbm_reason(old, new, height)));
     }
     // Break: atomically, so the range flushed is the one of the entry that
     // was really there (the walker may have set AF or dirty meanwhile).

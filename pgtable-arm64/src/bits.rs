@@ -44,7 +44,16 @@
 //! | 2 | 1 (tag) |
 //! | 11:3 | 0 |
 //! | 57:12 | the value (46 bits) |
-//! | 63:58 | 0 (Linux keeps its `PTE_PROT_NONE` marker at bit 58) |
+//! | 63:58 | 0 (bit 58 marks a `PROT_NONE` leaf, [`PROT_NONE`]) |
+//!
+//! # `PROT_NONE` leaves
+//!
+//! A [`Prot::NONE`](pgtable_core::Prot::NONE) leaf is the kernel read-only
+//! leaf of its memory type (nG set) with valid clear and bit 58
+//! ([`PROT_NONE`]) set, as Linux's `PAGE_NONE` (`PTE_PROT_NONE`): the
+//! hardware faults on it (Arm ARM D8.3.1) and caches nothing, software
+//! still reads its output address. Software entries keep bit 58 clear, so
+//! the two never meet.
 
 use static_assertions::{const_assert, const_assert_eq};
 
@@ -89,6 +98,10 @@ pub const UXN: u64 = 1 << 54;
 pub const SW_DIRTY: u64 = 1 << 55;
 /// Software-use bits \[58:55\] of block and page descriptors.
 pub const SW_MASK: u64 = 0b1111 << 55;
+/// Software bit \[58\] with valid clear: a
+/// [`Prot::NONE`](pgtable_core::Prot::NONE) leaf (Linux `PTE_PROT_NONE`),
+/// the rest of the descriptor laid out as a kernel read-only leaf.
+pub const PROT_NONE: u64 = 1 << 58;
 /// The low 12 bits of a software entry (bit 0, valid, clear).
 pub const SWP_TAG: u64 = 1 << 2;
 /// The value field of a software entry (bits 12-57).
@@ -135,3 +148,4 @@ const_assert_eq!((GP | DBM | CONT | PXN | UXN | SW_MASK).count_ones(), 9);
 const_assert_eq!((GP | DBM | CONT | PXN | UXN | SW_MASK) & OA_MASK, 0);
 const_assert_eq!(OA_MASK.count_ones(), 36);
 const_assert!(SW_DIRTY & SW_MASK != 0);
+const_assert!(PROT_NONE & SW_MASK != 0 && PROT_NONE != SW_DIRTY);

@@ -48,8 +48,9 @@ use static_assertions::{assert_eq_align, assert_eq_size};
 
 use crate::bits::{
     AF, AP_EL0, AP_RDONLY, AP_TABLE_NO_EL0, AP_TABLE_RDONLY, ATTR_INDX_MASK, ATTR_INDX_SHIFT, CONT,
-    DBM, MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_NORMAL, MAIR_IDX_NORMAL_NC, NG, OA_MASK, PXN, PXN_TABLE,
-    SH_INNER, SWP_TAG, SWP_VALUE_SHIFT, SW_DIRTY, SW_MASK, TABLE_OR_PAGE, UXN, UXN_TABLE, VALID,
+    DBM, MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_NORMAL, MAIR_IDX_NORMAL_NC, NG, OA_MASK, PROT_NONE, PXN,
+    PXN_TABLE, SH_INNER, SWP_TAG, SWP_VALUE_SHIFT, SW_DIRTY, SW_MASK, TABLE_OR_PAGE, UXN,
+    UXN_TABLE, VALID,
 };
 
 /// Memory-type attribute index (AttrIndx) this crate uses for `mem`.
@@ -347,8 +348,9 @@ impl<const L: u32> Arm64Format<L> {
 // height-0 children, `hw_access` sets AF and clears AP[2] (bits 10
 // and 7), and the `mk*` methods change only AF, AP[2] and the software
 // dirty bit (55). Height 0 never decodes as a table. Software entries have
-// VALID clear, so they decode as invalid at every height. Every method is
-// pure.
+// VALID clear and bit 58 clear, so they decode as invalid at every height;
+// a PROT_NONE leaf (VALID clear, bit 58 set) decodes as a leaf or invalid,
+// never as a table. Every method is pure.
 unsafe impl<const L: u32> Format for Arm64Format<L> {
     const NAME: &'static str = if L == 4 {
         "arm64-4K-48bit"
@@ -374,7 +376,11 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
             return Decoded::None;
         }
         if raw & VALID == 0 {
-            return Decoded::Invalid;
+            // A PROT_NONE leaf: what its valid twin decodes to, if a leaf.
+            return match Self::decode(raw | VALID, height) {
+                Decoded::Leaf(pa) if raw & PROT_NONE != 0 => Decoded::Leaf(pa),
+                _ => Decoded::Invalid,
+            };
         }
         let table_or_page = raw & TABLE_OR_PAGE != 0;
         match height {
@@ -427,11 +433,20 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
                 v |= AP_RDONLY;
             }
         }
+        // PROT_NONE: the kernel read-only twin built above (`Prot`'s
+        // accessors say no to every right), invalid for the hardware.
+        if prot.protnone() {
+            v = v & !VALID | PROT_NONE;
+        }
         v
     }
 
     #[inline]
     fn leaf_prot(raw: u64, _height: u32) -> Prot {
+        if raw & VALID == 0 {
+            let mem = mem_type((raw & ATTR_INDX_MASK) >> ATTR_INDX_SHIFT);
+            return Prot::NONE.with_mem(mem);
+        }
         let user = raw & AP_EL0 != 0;
         let mut bits = Prot::empty();
         if is_writable(raw) {
@@ -459,7 +474,8 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
         // hardware dirty becomes software dirty, and a writable result of a
         // dirty leaf is made hardware dirty again).
         let dirty = Self::is_dirty(raw);
-        let keep = raw & (leaf_address(raw, height) | AF | CONT | SW_MASK);
+        // The PROT_NONE marker comes from the template, like VALID.
+        let keep = raw & (leaf_address(raw, height) | AF | CONT | (SW_MASK & !PROT_NONE));
         let mut new = (Self::leaf_template(prot, height) & !AF) | keep;
         if dirty {
             new |= SW_DIRTY;
@@ -505,6 +521,12 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
     #[inline]
     fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault> {
         hw_access_with(raw, height, access, HwFeatures::HAFDBS)
+    }
+
+    /// Valid clear (a [`Prot::NONE`] leaf; see [`PROT_NONE`]).
+    #[inline]
+    fn is_protnone(raw: u64, _height: u32) -> bool {
+        raw & VALID == 0
     }
 
     /// 46 bits (bits 57:12 of an invalid descriptor; see the module docs).

@@ -59,17 +59,18 @@ pub mod flush;
 pub mod format;
 pub mod regs;
 
-#[cfg(target_arch = "aarch64")]
+// Documented on every host (`cfg(doc)`), as docs.rs shows it.
+#[cfg(any(target_arch = "aarch64", doc))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod mmu;
 
-pub use bbm::{pgattr_change_is_safe, set_live_entry, LiveEntry};
+pub use bbm::{bbm_reason, pgattr_change_is_safe, set_live_entry, LiveEntry};
 pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
     flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
 pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
-#[cfg(target_arch = "aarch64")]
+#[cfg(any(target_arch = "aarch64", doc))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub use mmu::{
     asid_bits, enable_mmu, enable_mmu_for, enable_mmu_separate_halves, has_tlb_range,

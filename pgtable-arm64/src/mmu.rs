@@ -1,6 +1,7 @@
 //! The arm64 MMU operations: barriers, TLB maintenance, installing roots.
 //!
-//! Compiled only for `target_arch = "aarch64"`; host tests use the
+//! Compiled only for `target_arch = "aarch64"` (and documented by
+//! `cargo doc` on every host, as on docs.rs); host tests use the
 //! simulator or a recording [`Mmu`] with the same format. The decisions
 //! (which TLBIs for a range) are the pure functions of [`crate::flush`], so
 //! the host tests cover them; this module only executes them.
@@ -106,7 +107,7 @@ const UNTAGGED: u32 = u32::MAX;
 /// `pgtable_core::asid::AsidContext` and switch with an
 /// `AsidAllocator` sized by [`asid_bits`]:
 ///
-/// ```ignore
+/// ```text
 /// let sw = asids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
 /// if sw.flush_local {
 ///     local_flush_tlb_all();

@@ -38,8 +38,17 @@ pub enum Error {
     Overlap,
     /// A table frame could not be allocated.
     OutOfMemory,
-    /// The change needs break-before-make and the caller did not allow it.
-    BreakBeforeMake(VirtAddr),
+    /// The change of the live entry at this address needs break-before-make
+    /// (the entry invalid for a moment, so a CPU using it faults; Arm ARM
+    /// D8.16.1), for the [`BbmReason`] given, and the caller did not allow
+    /// it ([`LiveOptions`](crate::LiveOptions)). A common surprise: a
+    /// change of part of a folded contiguous run
+    /// ([`BbmReason::ContiguousRun`]), which [`map`](crate::AddressSpace::map)
+    /// makes by default (arm64: 16 pages, or 16 2 MiB blocks = 32 MiB of a
+    /// linear map); map with
+    /// [`MapOptions::no_contiguous`](crate::MapOptions::no_contiguous)
+    /// what will be changed live in smaller pieces.
+    BreakBeforeMake(VirtAddr, BbmReason),
     /// The value does not fit in a software entry of the format
     /// ([`Format::SWP_VALUE_BITS`](crate::Format::SWP_VALUE_BITS); `0` bits
     /// when the format has none).
@@ -95,8 +104,11 @@ impl fmt::Display for Error {
                 f,
                 "a {space:?} address space with an MMU that installs into {mmu:?}"
             ),
-            Error::BreakBeforeMake(a) => {
-                write!(f, "changing the live entry at {a} needs break-before-make")
+            Error::BreakBeforeMake(a, why) => {
+                write!(
+                    f,
+                    "changing the live entry at {a} needs break-before-make: {why}"
+                )
             }
             Error::SwapValueTooWide(v) => {
                 write!(f, "value {v:#x} does not fit in a software entry")
@@ -108,3 +120,40 @@ impl fmt::Display for Error {
 }
 
 impl core::error::Error for Error {}
+
+/// Why a change needs break-before-make ([`Error::BreakBeforeMake`]): the
+/// rules of Arm ARM D8.16.1 "Using break-before-make when updating
+/// translation table entries" and D8.6.1 "The Contiguous bit" (Linux
+/// `pgattr_change_is_safe`, `contpte_try_unfold`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum BbmReason {
+    /// The range covers part of a folded contiguous run (or a single-entry
+    /// operation changes one entry's rights): the run must be unfolded,
+    /// which clears all of its entries at once, because a valid entry
+    /// without the hint in a cached run may raise a TLB conflict abort
+    /// (rule RNGLXZ). [`map`](crate::AddressSpace::map) folds by default.
+    ContiguousRun,
+    /// The range covers part of a block, which is split into a table of
+    /// smaller entries: a change of translation size.
+    BlockSplit,
+    /// The memory type (AttrIndx) or shareability changes.
+    MemoryType,
+    /// A non-global entry becomes global: a global and an ASID-tagged TLB
+    /// entry could then both match the address.
+    NonGlobalToGlobal,
+    /// The output address changes.
+    OutputAddress,
+}
+
+impl fmt::Display for BbmReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BbmReason::ContiguousRun => "it changes part of a folded contiguous run",
+            BbmReason::BlockSplit => "it splits a block",
+            BbmReason::MemoryType => "it changes the memory type",
+            BbmReason::NonGlobalToGlobal => "it makes a non-global entry global",
+            BbmReason::OutputAddress => "it changes the output address",
+        })
+    }
+}

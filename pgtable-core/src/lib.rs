@@ -17,7 +17,14 @@
 //! ([`copy_page_range`]). The options of each are plain values at the
 //! root ([`MapOptions`], [`MoveOptions`], [`LiveOptions`], [`ClearRefs`],
 //! [`FaultFlags`], [`CopyMode`]); every error is an [`Error`] that left
-//! the tables unchanged.
+//! the tables unchanged (a refused live change says why:
+//! [`contract::BbmReason`]).
+//!
+//! A [`Prot`] is a set of rights on top of kernel read-only
+//! ([`Prot::READ_ONLY`] is the empty set, user read-only is
+//! [`Prot::USER`]); [`Prot::NONE`] is Linux's `PROT_NONE`, a mapping that
+//! keeps its frame but faults on every access. Kernel mappings are global
+//! only with [`Prot::GLOBAL`] ([`new_kernel`](AddressSpace::new_kernel)).
 //!
 //! For a kernel's memory manager there is more: a caller-owned flush
 //! batch ([`MmuGather`], Linux `tlb_gather_mmu` / `tlb_finish_mmu`) that

@@ -36,7 +36,8 @@ use crate::{AddressSpace, Arch, Error, Level, MemType, Mmu, Prot, TableAlloc, Va
 /// and their level (Linux names: `PTE`, `PMD`, `PUD`, `P4D`, `PGD` for a
 /// block in the root table) and the bytes one entry maps, then:
 ///
-/// - for a leaf (a page or a block): `RW` or `ro` (writable), `x` or `NX`
+/// - for a leaf (a page or a block): `RW` or `ro` (writable; `--` for a
+///   [`Prot::NONE`](crate::Prot::NONE) leaf, which no access may use), `x` or `NX`
 ///   (executable), `U` or `K` (user or kernel only), `G` or `nG` (global or
 ///   tagged with an address-space identifier; spelt out both ways, as
 ///   arm64's ptdump does, so a column is never blank), `A` if accessed
@@ -412,7 +413,11 @@ impl Printer<'_, '_, '_> {
             } => writeln!(
                 f,
                 "{} {} {} {} {} {} {}",
-                if prot.writable() { "RW" } else { "ro" },
+                match (prot.protnone(), prot.writable()) {
+                    (true, _) => "--",
+                    (_, true) => "RW",
+                    _ => "ro",
+                },
                 if prot.executable() { "x " } else { "NX" },
                 if prot.user() { "U" } else { "K" },
                 if prot.global() { " G" } else { "nG" },

@@ -47,6 +47,11 @@ pub const RWX: u64 = R | W | X;
 pub const U: u64 = 1 << 4;
 /// Bit 5, G: a global mapping, present in every address space (ASID).
 pub const G: u64 = 1 << 5;
+/// Bit 5 with V clear: a [`Prot::NONE`](pgtable_core::Prot::NONE) leaf
+/// (Linux `_PAGE_PROT_NONE`, which reuses G: with V = 0 every other bit is
+/// free for software). The rest is laid out as a kernel read-only leaf (R
+/// set, so it reads as a leaf at any level, as Linux's `PAGE_NONE` does).
+pub const PROT_NONE: u64 = G;
 /// Bit 6, A: accessed.
 pub const A: u64 = 1 << 6;
 /// Bit 7, D: dirty (written).

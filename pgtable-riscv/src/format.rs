@@ -80,6 +80,15 @@
 //! | 9 | 0 |
 //! | 63:10 | the value (54 bits) |
 //!
+//! # `PROT_NONE` leaves
+//!
+//! A [`Prot::NONE`] leaf is the kernel read-only leaf of its memory type
+//! (R and A set) with V clear and G set
+//! ([`bits::PROT_NONE`], Linux `_PAGE_PROT_NONE`): the
+//! hart faults on it and caches nothing, software reads its PPN. Software
+//! entries keep bits 7:1 clear, G included, as Linux's do, so the two
+//! never meet.
+//!
 //! # Svnapot
 //!
 //! A 64 KiB NAPOT PTE has N set and PPN\[0\]\[3:0\] = `0b1000`, and all 16
@@ -125,7 +134,7 @@ use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 
 use crate::bits::{
     self, A, D, G, N, NAPOT_64K_MASK, NAPOT_64K_PAGES, NAPOT_64K_PPN, PBMT_IO, PBMT_MASK, PBMT_NC,
-    PBMT_RESERVED, PPN_MASK, R, RESERVED, RWX, SWP_TAG, SWP_VALUE_SHIFT, U, V, W, X,
+    PBMT_RESERVED, PPN_MASK, PROT_NONE, R, RESERVED, RWX, SWP_TAG, SWP_VALUE_SHIFT, U, V, W, X,
 };
 use crate::entry::EntryError;
 
@@ -311,9 +320,10 @@ impl<const L: u32, const E: u32> RiscvPaging<L, E> {
 // format builds has R set (`leaf_template`), and no method clears R:
 // `modify_prot` rebuilds R, W, X, U, G and PBMT and keeps R set,
 // `split_leaf` returns its input, `hw_access` and the `mk*` methods change
-// only A and D. Software entries have V clear, so they decode as
-// `Invalid` at every height (a nonzero entry with V clear). Every method
-// is pure.
+// only A and D. Software entries have V clear and G clear, so they decode
+// as `Invalid` at every height (a nonzero entry with V clear); a PROT_NONE
+// leaf (V clear, G set) decodes as a leaf or invalid, never as a table.
+// Every method is pure.
 unsafe impl<const L: u32, const E: u32> Format for RiscvPaging<L, E> {
     const NAME: &'static str = match L {
         3 => "riscv-sv39",
@@ -339,7 +349,14 @@ unsafe impl<const L: u32, const E: u32> Format for RiscvPaging<L, E> {
         if raw == 0 {
             return Decoded::None;
         }
-        if raw & V == 0 || Self::is_reserved(raw, height) {
+        if raw & V == 0 {
+            // A PROT_NONE leaf: what its valid twin decodes to, if a leaf.
+            return match Self::decode(raw | V, height) {
+                Decoded::Leaf(pa) if raw & PROT_NONE != 0 => Decoded::Leaf(pa),
+                _ => Decoded::Invalid,
+            };
+        }
+        if Self::is_reserved(raw, height) {
             return Decoded::Invalid;
         }
         let pa = bits::pa_of(raw);
@@ -384,11 +401,24 @@ unsafe impl<const L: u32, const E: u32> Format for RiscvPaging<L, E> {
         if Self::HAS_SVPBMT {
             v |= pbmt_of(prot.mem());
         }
+        // PROT_NONE: the kernel read-only twin built above (`Prot`'s
+        // accessors say no to every right, so G is clear), V clear.
+        if prot.protnone() {
+            v = v & !V | PROT_NONE;
+        }
         v
     }
 
     #[inline]
     fn leaf_prot(raw: u64, _height: u32) -> Prot {
+        if raw & V == 0 {
+            let mem = if Self::HAS_SVPBMT {
+                mem_of(raw)
+            } else {
+                MemType::Normal
+            };
+            return Prot::NONE.with_mem(mem);
+        }
         let mut p = Prot::empty();
         if raw & W != 0 {
             p |= Prot::WRITE;
@@ -408,12 +438,19 @@ unsafe impl<const L: u32, const E: u32> Format for RiscvPaging<L, E> {
         p
     }
 
-    /// R, W, X, U, G and (with Svpbmt) PBMT from `prot`; V, the PPN, A,
-    /// D, N and RSW are kept (making a leaf writable does not dirty it).
+    /// V, R, W, X, U, G and (with Svpbmt) PBMT from `prot` (V and G
+    /// make the change to or from [`Prot::NONE`]); the PPN, A, D, N and
+    /// RSW are kept (making a leaf writable does not dirty it).
     #[inline]
     fn modify_prot(raw: u64, prot: Prot, height: u32) -> u64 {
-        let set = RWX | U | G | Self::mem_field();
+        let set = V | RWX | U | G | Self::mem_field();
         (raw & !set) | (Self::leaf_template(prot, height) & set)
+    }
+
+    /// V clear (a [`Prot::NONE`] leaf; see the module docs).
+    #[inline]
+    fn is_protnone(raw: u64, _height: u32) -> bool {
+        raw & V == 0
     }
 
     /// Every level has the same leaf layout.

@@ -79,7 +79,9 @@ pub mod entry;
 pub mod flush;
 pub mod format;
 pub mod hart;
-#[cfg(target_arch = "riscv64")]
+// Documented on every host too (`cfg(doc)`), as docs.rs shows it.
+#[cfg(any(target_arch = "riscv64", doc))]
+#[cfg_attr(docsrs, doc(cfg(target_arch = "riscv64")))]
 pub mod mmu;
 pub mod regs;
 pub mod shootdown;
@@ -90,7 +92,7 @@ pub use format::{
     hw_access_with, mem_of, pbmt_of, AdUpdates, RiscvPaging, Sv39, Sv48, Sv57, SVNAPOT, SVPBMT,
 };
 pub use hart::{Hart, HartMmu};
-#[cfg(target_arch = "riscv64")]
+#[cfg(any(target_arch = "riscv64", doc))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "riscv64")))]
 pub use mmu::{probe_asid_bits, LocalHart, RiscvMmu};
 pub use regs::{asid_bits_from_probe, satp_value, Asid, AsidTooWide, Satp, SatpError, SatpMode};

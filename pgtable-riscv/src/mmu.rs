@@ -2,7 +2,8 @@
 //! fence and `satp` instructions), [`RiscvMmu`] (the [`HartMmu`] on it),
 //! the ASIDLEN probe.
 //!
-//! Compiled only for `target_arch = "riscv64"`; host tests run the same
+//! Compiled only for `target_arch = "riscv64"` (and documented by
+//! `cargo doc` on every host, as on docs.rs); host tests run the same
 //! [`HartMmu`] on the simulated hart. The decisions (which fences for an
 //! operation, see [`crate::hart`]) are host-tested; this module only
 //! executes instructions.

@@ -72,6 +72,12 @@ pub const PAT_4K: u64 = 1 << 7;
 /// §4.10.2.4). Ignored in entries that reference a table.
 pub const G: u64 = 1 << 8;
 
+/// Bit 8 with P clear: a [`Prot::NONE`](pgtable_core::Prot::NONE) leaf
+/// (Linux `_PAGE_PROTNONE`, which reuses G: the processor ignores every
+/// bit of a not-present entry, §4.5.4). The rest of the entry is laid out
+/// as a kernel read-only leaf of its memory type (PS kept in a huge one).
+pub const PROTNONE: u64 = G;
+
 /// Bit 12, PAT in a PDPTE or PDE that maps a page (PS = 1): bit 2 of the PAT
 /// index of a 1-GByte / 2-MByte page (Tables 4-16, 4-18, bit 12; §4.9.2).
 /// Inside the address field of every other entry.

@@ -79,6 +79,15 @@
 //! | 57:12 | the value, inverted (46 bits) |
 //! | 63:58 | 0 |
 //!
+//! # `PROT_NONE` leaves
+//!
+//! A [`Prot::NONE`] leaf is the kernel read-only leaf of its memory type
+//! (PS and the PAT bits where a leaf at that height has them) with P
+//! clear and bit 8 ([`bits::PROTNONE`], Linux
+//! `_PAGE_PROTNONE`, the G position) set: not present to the processor,
+//! a leaf with its frame to software. Software entries keep bit 8 clear,
+//! as Linux's do, so the two never meet.
+//!
 //! The value is stored inverted for the reason Linux gives in
 //! "x86/speculation/l1tf: Protect swap entries against L1TF": on CPUs
 //! affected by L1 Terminal Fault a not-present entry's address bits can be
@@ -93,7 +102,8 @@ use pgtable_core::contract::{
 use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 
 use crate::bits::{
-    self, A, ADDR_MASK, D, G, P, PAT_4K, PAT_HUGE, PS, RW, SWP_TAG, SWP_VALUE_SHIFT, US, XD,
+    self, A, ADDR_MASK, D, G, P, PAT_4K, PAT_HUGE, PROTNONE, PS, RW, SWP_TAG, SWP_VALUE_SHIFT, US,
+    XD,
 };
 use crate::error::{EntryError, ReservedBits};
 
@@ -284,8 +294,9 @@ impl<const L: u32, const M: u32> X86Paging<L, M> {
 // memory-type bits (PAT is bit 12 in a huge leaf), `split_leaf` clears it
 // only for height-0 children, and `hw_access` and the `mk*` methods only
 // set or clear A and D. Height 0 never decodes as a table. Software
-// entries have P clear, so they decode as invalid at every height. Every
-// method is pure.
+// entries have P clear and bit 8 clear, so they decode as invalid at every
+// height; a PROT_NONE leaf (P clear, bit 8 set) decodes as a leaf or
+// invalid, never as a table. Every method is pure.
 unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
     const NAME: &'static str = if L == 5 {
         "x86_64-5level-la57"
@@ -309,7 +320,13 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
     fn decode(raw: u64, height: u32) -> Decoded {
         if raw == 0 {
             Decoded::None
-        } else if raw & P == 0 || Self::reserved_bits(raw, height) != 0 {
+        } else if raw & P == 0 {
+            // A PROT_NONE leaf: what its present twin decodes to, if a leaf.
+            match Self::decode(raw | P, height) {
+                Decoded::Leaf(pa) if raw & PROTNONE != 0 => Decoded::Leaf(pa),
+                _ => Decoded::Invalid,
+            }
+        } else if Self::reserved_bits(raw, height) != 0 {
             // Not present (§4.5.4), or a reserved-bit fault (§4.7).
             Decoded::Invalid
         } else if height == 0 || raw & PS != 0 {
@@ -336,14 +353,25 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
         } else {
             A
         };
-        P | access_bits(prot)
+        let v = P
+            | access_bits(prot)
             | ad
             | if height > 0 { PS } else { 0 }
-            | bits::pat_bits(pat_index_of(prot.mem()), height)
+            | bits::pat_bits(pat_index_of(prot.mem()), height);
+        // PROT_NONE: the kernel read-only twin built above (`Prot`'s
+        // accessors say no to every right, so G is clear), not present.
+        if prot.protnone() {
+            v & !P | PROTNONE
+        } else {
+            v
+        }
     }
 
     #[inline]
     fn leaf_prot(raw: u64, height: u32) -> Prot {
+        if raw & P == 0 {
+            return Prot::NONE.with_mem(mem_type_of_pat_index(bits::pat_index(raw, height)));
+        }
         let mut b = Prot::empty();
         if raw & RW != 0 {
             b |= Prot::WRITE;
@@ -371,7 +399,16 @@ unsafe impl<const L: u32, const M: u32> Format for X86Paging<L, M> {
                 bits::pat_bits(pat_index_of(prot.mem()), height),
             )
         };
-        (raw & !(RW | US | XD | G | clear)) | access_bits(prot) | set_mem
+        // P and G (the PROT_NONE marker where P is clear) come from the
+        // template, so a change to or from `Prot::NONE` is one rewrite.
+        let rights = P | RW | US | XD | G;
+        (raw & !(rights | clear)) | (Self::leaf_template(prot, height) & rights) | set_mem
+    }
+
+    /// P clear (a [`Prot::NONE`] leaf; see the module docs).
+    #[inline]
+    fn is_protnone(raw: u64, _height: u32) -> bool {
+        raw & P == 0
     }
 
     #[inline]

@@ -70,7 +70,12 @@ pub mod entry;
 mod error;
 pub mod flush;
 pub mod format;
-#[cfg(all(target_arch = "x86_64", target_os = "none"))]
+// Documented on x86-64 hosts too (`cfg(doc)`), as docs.rs shows it.
+#[cfg(any(
+    all(target_arch = "x86_64", target_os = "none"),
+    all(doc, target_arch = "x86_64")
+))]
+#[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub mod mmu;
 pub mod regs;
 pub mod shootdown;
@@ -82,7 +87,10 @@ pub use flush::{
     OtherPcid, PcidCpu, PcidFlush,
 };
 pub use format::{mem_type_of_pat_index, pat_index_of, X86Paging, X86_64La57, X86_64};
-#[cfg(all(target_arch = "x86_64", target_os = "none"))]
+#[cfg(any(
+    all(target_arch = "x86_64", target_os = "none"),
+    all(doc, target_arch = "x86_64")
+))]
 #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub use mmu::{cpu_has_pcid, enable_pcids, X86Mmu};
 pub use regs::{cr3_value, Pcid, PcidTooWide};

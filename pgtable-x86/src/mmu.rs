@@ -1,7 +1,8 @@
 //! The x86 MMU operations: TLB maintenance and CR3, on bare metal.
 //!
-//! Compiled only for `target_arch = "x86_64"`, `target_os = "none"`; the
-//! host uses the simulated MMU of `pgtable-core` instead. Registers and
+//! Compiled only for `target_arch = "x86_64"`, `target_os = "none"` (and
+//! documented by `cargo doc` on x86-64 hosts, as on docs.rs); the host
+//! uses the simulated MMU of `pgtable-core` instead. Registers and
 //! INVPCID come from the `x86_64` crate; INVLPG is issued here directly,
 //! because that crate's linear addresses are 48-bit (see
 //! [`X86Mmu::flush_page`]).
@@ -80,7 +81,7 @@ const UNTAGGED: u32 = u32::MAX;
 /// more address spaces than PCIDs, pair it with
 /// `pgtable_core::asid::Pcid12Allocator`:
 ///
-/// ```ignore
+/// ```text
 /// let sw = pcids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
 /// if sw.flush_local {
 ///     space.mmu().flush_all_pcids();

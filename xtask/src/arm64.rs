@@ -30,7 +30,9 @@ const MEMORY: &str = "3G";
 /// map is W^X, EL0 is isolated from it, and user spaces switched by ASID
 /// (no full flush) see only their own memory, also across ASID roll-overs,
 /// unmaps in other spaces, fork, moves of swap entries, live protection
-/// changes of the kernel map and unmaps that report what they removed.
+/// changes of the kernel map and unmaps that report what they removed;
+/// and `mm_prot_none`: a kernel page made `Prot::NONE` faults on every
+/// access while its entry still reports the frame.
 pub const SPACE_CASES: &[&str] = &[
     "space_no_identity_map",
     "space_kernel_text_executes_and_data_takes_stores",
@@ -58,6 +60,7 @@ pub const SPACE_CASES: &[&str] = &[
     "space_live_kernel_protect",
     "space_unmap_reports",
     "space_asid_spaces_free_their_tables",
+    "mm_prot_none",
 ];
 
 /// The kernel's `mm_` cases (src/space_mm/mm.rs), each of which must

@@ -277,10 +277,12 @@ fn smp_passed(lines: &[String]) -> Result<(), String> {
 /// that is not installed and PCID roll-overs, fork with copy-on-write
 /// (stores fault in parent and child), swap entries moved with their
 /// table, live protection changes of kernel pages, the reports of a
-/// gathered unmap, and the `mm_` cases of `replace_pte`: a whole PTE table
+/// gathered unmap, the `mm_` cases of `replace_pte`: a whole PTE table
 /// swapped out and in while the table allocator refuses every frame, and
-/// a copy-on-write page replaced by its copy with one page flush (plus one
-/// of [`ISOLATION`]).
+/// a copy-on-write page replaced by its copy with one page flush, and a
+/// kernel page made `Prot::NONE` (`mm_prot_none`: every access faults
+/// not-present, the entry still reports the frame; plus one of
+/// [`ISOLATION`]).
 const ALWAYS: &[&str] = &[
     "protect_execute_never",
     "space_lower_half_is_empty",
@@ -303,6 +305,7 @@ const ALWAYS: &[&str] = &[
     "space_unmap_reports",
     "mm_reclaim_full_table_no_alloc",
     "mm_cow_replace",
+    "mm_prot_none",
 ];
 
 /// The isolation case of several address spaces: named after what

@@ -5,8 +5,8 @@ use crate::common::{Event, Recorder};
 use pgtable_arm64::bits::{
     self, AF, AP_EL0, AP_RDONLY, CONT, DBM, NG, PXN, PXN_TABLE, SH_OUTER, UXN,
 };
-use pgtable_arm64::{pgattr_change_is_safe, set_live_entry, Arm64, LiveEntry};
-use pgtable_core::contract::{Arch, Format, Slot, TlbRange};
+use pgtable_arm64::{bbm_reason, pgattr_change_is_safe, set_live_entry, Arm64, LiveEntry};
+use pgtable_core::contract::{Arch, BbmReason, Format, Slot, TlbRange};
 use pgtable_core::{Error, LiveOptions, MemType, PhysAddr, Prot, VirtAddr};
 
 const VA: VirtAddr = VirtAddr(0x4020_3000);
@@ -143,7 +143,7 @@ fn unsafe_change_without_permission_is_refused_and_leaves_the_entry() {
         page(0x9000, Prot::READ_WRITE),
         LiveOptions::IN_PLACE,
     );
-    assert_eq!(r, Err(Error::BreakBeforeMake(VA)));
+    assert_eq!(r, Err(Error::BreakBeforeMake(VA, BbmReason::OutputAddress)));
     assert_eq!(slot.into_inner(), old);
     assert!(mmu.take().is_empty(), "nothing issued");
 }
@@ -307,4 +307,51 @@ fn arch_constants_are_the_arm64_ones() {
         (Arm64::NEEDS_WALKER_BARRIER, Arm64::BREAK_BEFORE_MAKE),
         (true, true)
     );
+}
+
+/// Each unsafe change names the rule it breaks.
+#[test]
+fn each_refused_change_names_its_reason() {
+    let rw = page(0x8000, Prot::READ_WRITE);
+    let block = Arm64::leaf(PhysAddr(0x4020_0000), Prot::READ_WRITE, 1);
+    let cases = [
+        (
+            rw,
+            page(0x9000, Prot::READ_WRITE),
+            0,
+            BbmReason::OutputAddress,
+        ),
+        (
+            rw,
+            page(0x8000, Prot::READ_WRITE.with_mem(MemType::Device)),
+            0,
+            BbmReason::MemoryType,
+        ),
+        (
+            rw,
+            page(0x8000, Prot::READ_WRITE | Prot::GLOBAL),
+            0,
+            BbmReason::NonGlobalToGlobal,
+        ),
+        (rw, Arm64::mk_cont(rw, 0), 0, BbmReason::ContiguousRun),
+        (
+            block,
+            Arm64::table_entry(PhysAddr(0x7000), 1),
+            1,
+            BbmReason::BlockSplit,
+        ),
+    ];
+    for (old, new, h, why) in cases {
+        assert!(!pgattr_change_is_safe(old, new, h), "{why:?}");
+        assert_eq!(bbm_reason(old, new, h), why);
+        let slot = Slot::new(old);
+        let entry = LiveEntry {
+            va: VA,
+            slot: &slot,
+            height: h,
+        };
+        let r = set_live_entry(&Recorder::default(), entry, new, LiveOptions::IN_PLACE);
+        assert_eq!(r, Err(Error::BreakBeforeMake(VA, why)));
+        assert_eq!(slot.into_inner(), old, "{why:?}: unchanged");
+    }
 }

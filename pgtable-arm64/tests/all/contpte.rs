@@ -5,7 +5,7 @@
 
 use pgtable_arm64::format::is_contiguous;
 use pgtable_arm64::Arm64;
-use pgtable_core::contract::{Access, Format, NewPte};
+use pgtable_core::contract::{Access, BbmReason, Format, NewPte};
 use pgtable_core::{
     sim::{Installed, SimAlloc, SimMachine, SimMmu},
     MoveOptions,
@@ -456,7 +456,10 @@ fn contpte_live_change_of_part_of_a_run_needs_break_before_make() {
     let before = ptes(&s, VA, 2 * RUN);
     assert_eq!(
         s.change_protection_live(VA.add(PAGE), PAGE, Prot::READ_ONLY, LiveOptions::IN_PLACE),
-        Err(Error::BreakBeforeMake(VA.add(PAGE)))
+        Err(Error::BreakBeforeMake(
+            VA.add(PAGE),
+            BbmReason::ContiguousRun
+        ))
     );
     assert_eq!(ptes(&s, VA, 2 * RUN), before);
     // Whole runs: in place, folded.
@@ -485,7 +488,7 @@ fn contpte_live_refusal_names_the_first_address_in_walk_order() {
     let before = ptes(&s, va, 2 * RUN);
     assert_eq!(
         s.change_protection_live(va, RUN + PAGE, Prot::WRITE, LiveOptions::IN_PLACE),
-        Err(Error::BreakBeforeMake(va))
+        Err(Error::BreakBeforeMake(va, BbmReason::MemoryType))
     );
     assert_eq!(ptes(&s, va, 2 * RUN), before);
     // A partly covered run before a whole one: its first covered address.
@@ -496,7 +499,10 @@ fn contpte_live_refusal_names_the_first_address_in_walk_order() {
             Prot::WRITE,
             LiveOptions::IN_PLACE
         ),
-        Err(Error::BreakBeforeMake(va.add(RUN - PAGE)))
+        Err(Error::BreakBeforeMake(
+            va.add(RUN - PAGE),
+            BbmReason::ContiguousRun
+        ))
     );
     assert_eq!(ptes(&s, va, 2 * RUN), before);
     m.check().unwrap();

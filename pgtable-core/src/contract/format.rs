@@ -20,6 +20,10 @@ pub enum Decoded {
     /// Points at a next-level table.
     Table(PhysAddr),
     /// Maps a page (height 0) or a block (height > 0) at this address.
+    ///
+    /// A [`Prot::NONE`] leaf decodes as a leaf too (Linux `pte_present`
+    /// is true for it), although the hardware walker treats it as invalid
+    /// ([`Format::is_protnone`]).
     Leaf(PhysAddr),
     /// Not zero, but not valid for the walker (a software-only encoding).
     Invalid,
@@ -43,7 +47,10 @@ bitflags::bitflags! {
     ///
     /// Every mapping is readable by the kernel; the flags add rights on top,
     /// so the empty set ([`Prot::READ_ONLY`]) is kernel read-only,
-    /// non-executable, write-back memory:
+    /// non-executable, write-back memory, and user read-only is
+    /// [`Prot::USER`] alone. The one exception is [`Prot::NONE`], which
+    /// takes every right away (Linux `PROT_NONE`; it is *not* the empty
+    /// set):
     ///
     /// ```
     /// use pgtable_core::{MemType, Prot};
@@ -53,6 +60,11 @@ bitflags::bitflags! {
     /// let mmio = Prot::READ_WRITE.with_mem(MemType::Device);
     /// assert_eq!(mmio.mem(), MemType::Device);
     /// assert!(mmio.contains(Prot::WRITE));
+    /// // PROT_NONE takes every right away, and is not the empty set.
+    /// let closed = Prot::NONE | Prot::WRITE | Prot::USER;
+    /// assert!(closed.protnone() && !closed.writable() && !closed.user());
+    /// assert_eq!(closed.normalized(), Prot::NONE);
+    /// assert_ne!(Prot::NONE, Prot::READ_ONLY);
     /// ```
     #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct Prot: u8 {
@@ -70,6 +82,20 @@ bitflags::bitflags! {
         /// Memory type bit: device memory ([`MemType::Device`]); wins over
         /// [`Prot::NON_CACHEABLE`]. Prefer [`Prot::with_mem`].
         const DEVICE = 1 << 5;
+        /// Present but inaccessible (Linux `PROT_NONE`, as `mprotect` and
+        /// NUMA hinting use it): the entry keeps its frame and the
+        /// operations treat it as a mapping (walks and
+        /// [`ptep_get`](crate::AddressSpace::ptep_get) report it,
+        /// `change_protection` turns it back into an accessible one), but
+        /// the hardware sees an invalid entry, so every access faults and
+        /// no TLB caches it. It wins over every right: a `NONE` mapping
+        /// reports only `NONE` and its memory type ([`Prot::WRITE`],
+        /// [`Prot::EXEC`], [`Prot::USER`] and [`Prot::GLOBAL`] are dropped:
+        /// x86 `_PAGE_PROTNONE` and RISC-V `_PAGE_PROT_NONE` reuse the
+        /// global bit). Encodings: arm64 valid clear with Linux's
+        /// `PTE_PROT_NONE` bit 58, x86 P clear with bit 8, RISC-V V clear
+        /// with G (see each format's docs).
+        const NONE = 1 << 6;
     }
 }
 
@@ -82,6 +108,35 @@ impl Prot {
     pub const READ_EXEC: Prot = Prot::EXEC;
 
     const MEM_BITS: u8 = Prot::NON_CACHEABLE.bits() | Prot::DEVICE.bits();
+
+    /// What a mapping with this protection reports: itself, or for a
+    /// [`Prot::NONE`] one only `NONE` and the memory type (what
+    /// [`Format::leaf_prot`] of a `NONE` leaf must return).
+    pub const fn normalized(self) -> Prot {
+        if self.protnone() {
+            Prot::from_bits_retain(Prot::NONE.bits() | (self.bits() & Prot::MEM_BITS))
+        } else {
+            self
+        }
+    }
+
+    /// The accessible protection a format encodes a [`Prot::NONE`]
+    /// mapping from before it makes the entry invalid for the hardware:
+    /// kernel read-only, not global, with the memory type. Other
+    /// protections are returned unchanged.
+    pub const fn without_none(self) -> Prot {
+        if self.protnone() {
+            Prot::from_bits_retain(self.bits() & Prot::MEM_BITS)
+        } else {
+            self
+        }
+    }
+
+    /// Whether it is [`Prot::NONE`] (Linux `pte_protnone`): no access at
+    /// all, whatever else is set.
+    pub const fn protnone(self) -> bool {
+        self.contains(Prot::NONE)
+    }
 
     /// The same protection with another memory type.
     pub const fn with_mem(self, mem: MemType) -> Prot {
@@ -104,29 +159,32 @@ impl Prot {
         }
     }
 
-    /// Whether writes are allowed.
+    /// Whether writes are allowed (never with [`Prot::NONE`]).
     pub const fn writable(self) -> bool {
-        self.contains(Prot::WRITE)
+        self.contains(Prot::WRITE) && !self.protnone()
     }
 
-    /// Whether instruction fetches are allowed.
+    /// Whether instruction fetches are allowed (never with [`Prot::NONE`]).
     pub const fn executable(self) -> bool {
-        self.contains(Prot::EXEC)
+        self.contains(Prot::EXEC) && !self.protnone()
     }
 
-    /// Whether user mode may access it.
+    /// Whether user mode may access it (never with [`Prot::NONE`]).
     pub const fn user(self) -> bool {
-        self.contains(Prot::USER)
+        self.contains(Prot::USER) && !self.protnone()
     }
 
-    /// Whether it is global.
+    /// Whether it is global (never with [`Prot::NONE`]).
     pub const fn global(self) -> bool {
-        self.contains(Prot::GLOBAL)
+        self.contains(Prot::GLOBAL) && !self.protnone()
     }
 }
 
 impl fmt::Debug for Prot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.protnone() {
+            return write!(f, "Prot(none {:?})", self.mem());
+        }
         write!(
             f,
             "Prot(r{}{}{}{} {:?})",
@@ -195,6 +253,12 @@ pub enum AccessFault {
 ///   leaf size ([`OA_SHIFT`](Format::OA_SHIFT) is 0 unless the format
 ///   stores page numbers lower than the address bits, as RISC-V does).
 /// - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too.
+/// - A leaf built from a [`Prot::NONE`] protection decodes as a
+///   [`Decoded::Leaf`] with its address, [`is_protnone`](Format::is_protnone)
+///   says so, [`leaf_prot`](Format::leaf_prot) reports
+///   [`Prot::normalized`] of what it was built from, and
+///   [`swp_value`](Format::swp_value) is `None` for it (Linux keeps
+///   `PROT_NONE` entries and swap entries apart by the same marker bit).
 /// - Software entries ([`swp_entry`](Format::swp_entry)) round-trip:
 ///   `swp_value(swp_entry(v)?) == Some(v)`; `swp_entry(v)` is `Some`
 ///   exactly for `v < 1 << SWP_VALUE_BITS` (never, when `SWP_VALUE_BITS` is
@@ -310,6 +374,22 @@ pub unsafe trait Format: Sized + 'static {
     /// `raw` if nothing changes), or the fault it raises. Used by the
     /// simulated MMU, so it must follow the architecture manual.
     fn hw_access(raw: u64, height: u32, access: Access) -> Result<u64, AccessFault>;
+
+    /// Whether the leaf `raw` at `height` (one [`decode`](Format::decode)
+    /// calls a [`Decoded::Leaf`]) is invalid for the hardware walker: a
+    /// [`Prot::NONE`] leaf (Linux `pte_protnone`), which keeps its output
+    /// address for software but raises a translation fault on every access
+    /// and is never cached in a TLB. The simulated walker asks this, not
+    /// [`leaf_prot`](Format::leaf_prot), so it must say what the hardware
+    /// does with the entry's bits (arm64 and RISC-V: the valid bit, x86:
+    /// P). [`hw_access`](Format::hw_access) is only asked about leaves for
+    /// which it is `false`. The default, `false`, is right for a format
+    /// that cannot encode [`Prot::NONE`]; such a format must never build a
+    /// leaf from a `Prot` with `NONE` that the hardware would use.
+    #[inline]
+    fn is_protnone(_raw: u64, _height: u32) -> bool {
+        false
+    }
 
     /// Bits of OS data a *software entry* carries: a non-present leaf the
     /// hardware walker ignores but the OS reads back, like Linux's swap and

@@ -156,6 +156,9 @@ pub fn change_is_safe<A: Arch>(old: u64, new: u64, height: u32) -> bool {
     use crate::Decoded::{Invalid, Leaf, None, Table};
     match (A::decode(old, height), A::decode(new, height)) {
         (None | Invalid, _) | (_, None | Invalid) => true,
+        // A PROT_NONE leaf is invalid for the hardware: nothing cached.
+        (Leaf(_), _) if A::is_protnone(old, height) => true,
+        (_, Leaf(_)) if A::is_protnone(new, height) => true,
         (Leaf(a), Leaf(b)) => {
             let (p, q) = (A::leaf_prot(old, height), A::leaf_prot(new, height));
             a == b && p.mem() == q.mem() && (p.global() || !q.global())

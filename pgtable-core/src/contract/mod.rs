@@ -125,6 +125,7 @@ pub use crate::contract::mmu::{Mmu, NoopMmu, TlbRange};
 #[cfg(feature = "alloc")]
 pub use crate::contract::table::Arena;
 pub use crate::contract::table::{Slot, Table, TableAlloc};
+pub use crate::error::BbmReason;
 /// What [`AddressSpace::replace_pte`] writes. It is here rather than at
 /// the root, which holds the types of the common path.
 pub use crate::ops::replace::NewPte;

@@ -98,7 +98,10 @@ impl<A: Format> LeafEntry<A> {
 
     /// Whether it was a present leaf. A non-present, non-zero entry (a
     /// software entry such as a swap entry; [`Decoded::Invalid`]) is
-    /// reported too, so that its owner can release what it names.
+    /// reported too, so that its owner can release what it names. A
+    /// [`Prot::NONE`](crate::Prot::NONE) leaf is present (Linux
+    /// `pte_present`): it keeps its frame, and [`prot`](Self::prot) says
+    /// `NONE`.
     #[inline]
     pub fn is_present(&self) -> bool {
         matches!(A::decode(self.raw, self.height), Decoded::Leaf(_))

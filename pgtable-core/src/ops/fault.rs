@@ -6,42 +6,44 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::contract::level::{index, shift, size};
-use crate::space::aspace::{needs_bbm, FreeQueue};
+use crate::space::aspace::{bbm_reason, needs_bbm, FreeQueue};
 use crate::space::walker::Next;
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
     PAGE_SIZE,
 };
 
-/// What [`AddressSpace::ptep_set_access_flags`] sets in a leaf.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct FaultFlags {
-    dirty: bool,
-    write: bool,
+bitflags::bitflags! {
+    /// What [`AddressSpace::ptep_set_access_flags`] sets in a leaf besides
+    /// the accessed state, which it always sets: a set of flags, built like
+    /// [`Prot`] (the empty set is [`FaultFlags::ACCESS`]).
+    ///
+    /// ```
+    /// use pgtable_core::FaultFlags;
+    ///
+    /// assert!(FaultFlags::ACCESS.is_empty());
+    /// // A write fault also marks the page dirty.
+    /// assert!(FaultFlags::WRITE.contains(FaultFlags::DIRTY));
+    /// assert!(!FaultFlags::DIRTY.contains(FaultFlags::WRITE));
+    /// ```
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+    pub struct FaultFlags: u8 {
+        /// Accessed and dirty (Linux `pte_mkdirty`): a write fault on a
+        /// writable but clean leaf where the hardware does not manage the
+        /// dirty state.
+        const DIRTY = 1 << 0;
+        /// Accessed, dirty and writable (Linux `maybe_mkwrite(pte_mkdirty())`
+        /// in `wp_page_reuse`): a write fault on a write-protected page the
+        /// faulting task may write in place, e.g. a copy-on-write page it
+        /// turned out to be the only user of. Includes [`FaultFlags::DIRTY`].
+        const WRITE = Self::DIRTY.bits() | 1 << 1;
+    }
 }
 
 impl FaultFlags {
     /// The accessed state only (Linux `pte_mkyoung`): an Access flag fault
     /// (arm64 without FEAT_HAFDBS) or a read fault on an old page.
-    pub const ACCESS: FaultFlags = FaultFlags {
-        dirty: false,
-        write: false,
-    };
-    /// Accessed and dirty (Linux `pte_mkdirty`): a write fault on a
-    /// writable but clean leaf where the hardware does not manage the
-    /// dirty state.
-    pub const DIRTY: FaultFlags = FaultFlags {
-        dirty: true,
-        write: false,
-    };
-    /// Accessed, dirty and writable (Linux `maybe_mkwrite(pte_mkdirty())`
-    /// in `wp_page_reuse`): a write fault on a write-protected page the
-    /// faulting task may write in place, e.g. a copy-on-write page it
-    /// turned out to be the only user of.
-    pub const WRITE: FaultFlags = FaultFlags {
-        dirty: true,
-        write: true,
-    };
+    pub const ACCESS: FaultFlags = FaultFlags::empty();
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -177,7 +179,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let raw = slot.load(Relaxed);
         if matches!(A::decode(raw, h), Decoded::Leaf(_))
             && A::is_cont(raw, h)
-            && flags.write
+            && flags.contains(FaultFlags::WRITE)
             && !A::leaf_prot(raw, h).writable()
         {
             // The write permission of one entry of a folded run changes:
@@ -188,7 +190,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // ask for (after a copy-on-write fork: pages still shared).
             let one = A::clear_cont_at(raw, h, i);
             if needs_bbm::<A>(one, change(one), h) {
-                return Err(Error::BreakBeforeMake(va));
+                return Err(Error::BreakBeforeMake(
+                    va,
+                    bbm_reason::<A>(one, change(one), h),
+                ));
             }
             self.contpte_unfold(va.0, h);
             let (t, i, _) = self.leaf_for(va.0).ok_or(Error::NotMapped(va))?;
@@ -213,7 +218,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Err(Error::NotMapped(va));
         }
         if needs_bbm::<A>(cur, change(cur), h) {
-            return Err(Error::BreakBeforeMake(va));
+            return Err(Error::BreakBeforeMake(
+                va,
+                bbm_reason::<A>(cur, change(cur), h),
+            ));
         }
         let (written, flush) = relax_entries::<A, _>(&self.mmu, slots, h, change);
         if written == 0 {
@@ -238,13 +246,13 @@ impl FaultFlags {
     #[inline]
     fn apply<A: Arch>(self, cur: u64, height: u32) -> u64 {
         let mut new = A::mkyoung(cur, height);
-        if self.write {
+        if self.contains(FaultFlags::WRITE) {
             let p = A::leaf_prot(new, height);
             if !p.writable() {
                 new = A::modify_prot(new, p.union(Prot::WRITE), height);
             }
         }
-        if self.dirty {
+        if self.intersects(FaultFlags::DIRTY) {
             new = A::mkdirty(new, height);
         }
         new

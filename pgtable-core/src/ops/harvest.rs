@@ -19,47 +19,48 @@ use crate::{
     AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, Slot, TableAlloc, TlbGather, VirtAddr,
 };
 
-/// What [`AddressSpace::clear_refs`] clears in each leaf.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct ClearRefs {
-    young: bool,
-    dirty: bool,
+bitflags::bitflags! {
+    /// What [`AddressSpace::clear_refs`] clears in each leaf: a set of
+    /// flags, built like [`Prot`](crate::Prot) (`ClearRefs::YOUNG |
+    /// ClearRefs::DIRTY` is [`ClearRefs::ALL`]).
+    ///
+    /// ```
+    /// use pgtable_core::ClearRefs;
+    ///
+    /// let what = ClearRefs::YOUNG | ClearRefs::DIRTY;
+    /// assert_eq!(what, ClearRefs::ALL);
+    /// assert!(what.young() && what.dirty());
+    /// assert!(!ClearRefs::DIRTY.young());
+    /// ```
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+    pub struct ClearRefs: u8 {
+        /// The accessed (young) state ([`Format::mkold`]; Linux
+        /// `CLEAR_REFS_ALL` / `ptep_test_and_clear_young`), for reclaim and
+        /// working-set estimation.
+        ///
+        /// [`Format::mkold`]: crate::Format::mkold
+        const YOUNG = 1 << 0;
+        /// The dirty state ([`Format::mkclean`]; Linux `pte_mkclean` as page
+        /// writeback's `page_mkclean_one` applies it). The leaf stays writable
+        /// where the hardware manages the dirty state: the next store marks it
+        /// dirty again. Treat the page as clean only after the flush.
+        ///
+        /// [`Format::mkclean`]: crate::Format::mkclean
+        const DIRTY = 1 << 1;
+        /// Both.
+        const ALL = Self::YOUNG.bits() | Self::DIRTY.bits();
+    }
 }
 
 impl ClearRefs {
-    /// The accessed (young) state ([`Format::mkold`]; Linux
-    /// `CLEAR_REFS_ALL` / `ptep_test_and_clear_young`), for reclaim and
-    /// working-set estimation.
-    ///
-    /// [`Format::mkold`]: crate::Format::mkold
-    pub const YOUNG: ClearRefs = ClearRefs {
-        young: true,
-        dirty: false,
-    };
-    /// The dirty state ([`Format::mkclean`]; Linux `pte_mkclean` as page
-    /// writeback's `page_mkclean_one` applies it). The leaf stays writable
-    /// where the hardware manages the dirty state: the next store marks it
-    /// dirty again. Treat the page as clean only after the flush.
-    ///
-    /// [`Format::mkclean`]: crate::Format::mkclean
-    pub const DIRTY: ClearRefs = ClearRefs {
-        young: false,
-        dirty: true,
-    };
-    /// Both.
-    pub const ALL: ClearRefs = ClearRefs {
-        young: true,
-        dirty: true,
-    };
-
     /// Whether the accessed state is cleared.
     pub const fn young(self) -> bool {
-        self.young
+        self.contains(ClearRefs::YOUNG)
     }
 
     /// Whether the dirty state is cleared.
     pub const fn dirty(self) -> bool {
-        self.dirty
+        self.contains(ClearRefs::DIRTY)
     }
 }
 
@@ -351,10 +352,10 @@ fn clear_leaf<A: Arch, M: Mmu>(
             return None;
         }
         let mut new = cur;
-        if what.young {
+        if what.young() {
             new = A::mkold(new, height);
         }
-        if what.dirty {
+        if what.dirty() {
             new = A::mkclean(new, height);
         }
         if new == cur {

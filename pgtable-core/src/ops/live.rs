@@ -4,10 +4,11 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::contract::level::{entry_end, index};
-use crate::space::aspace::{break_entry, covers, needs_bbm, Reservation, TableSpan};
+use crate::space::aspace::{bbm_reason, break_entry, covers, needs_bbm, Reservation, TableSpan};
 use crate::space::walker::{Next, Span, TableRef};
 use crate::{
-    AddressSpace, Arch, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
+    AddressSpace, Arch, BbmReason, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather,
+    VirtAddr,
 };
 
 /// Options of [`AddressSpace::change_protection_live`].
@@ -47,15 +48,20 @@ use crate::{
 /// whole user runs without unfolding them.
 ///
 /// Everything else a folded run can need is break-before-make for the
-/// whole run, refused with [`Error::BreakBeforeMake`] unless allowed:
-/// - changing *part* of a run unfolds it (a change of the translation
+/// whole run, refused with [`Error::BreakBeforeMake`] unless allowed (the
+/// error's [`BbmReason`] says which):
+/// - changing *part* of a run unfolds it ([`BbmReason::ContiguousRun`];
+///   [`map`](AddressSpace::map) folds every run a call covers whole by
+///   default, so on arm64 one 2 MiB block of a linear map mapped with
+///   blocks is part of a 32 MiB run; a change of the translation
 ///   size: a valid entry without the hint in a cached run may raise a TLB
 ///   conflict abort even with FEAT_BBM level 1 or 2, rule RNGLXZ). Linux
 ///   does not fold or unfold kernel mappings through its contpte code
 ///   ("kernel mappings can't tolerate faults", `mm_is_user` in
 ///   `arch/arm64/mm/contpte.c`) and splits live kernel runs only on CPUs
 ///   that never raise the conflict abort (`system_supports_bbml2_noabort`);
-/// - a memory-type or non-global to global change of whole runs, which
+/// - a memory-type ([`BbmReason::MemoryType`]) or non-global to global
+///   ([`BbmReason::NonGlobalToGlobal`]) change of whole runs, which
 ///   clears all entries of the run, flushes it once and makes them again.
 ///
 /// Map a range that must stay changeable in part without
@@ -69,9 +75,10 @@ use crate::{
 /// On arm64 (Arm ARM D8.16 "break-before-make") that excludes changes of
 /// memory type or shareability, non-global to global, and any change of
 /// the translation size: splitting a block a range covers only in part
-/// needs break-before-make there. The operation then returns
+/// ([`BbmReason::BlockSplit`]) needs break-before-make there. The
+/// operation then returns
 /// [`Error::BreakBeforeMake`] *before it changes anything*, unless the
-/// caller allows break-before-make ([`LiveOptions::allow_bbm`]) because no
+/// caller allows break-before-make ([`LiveOptions::ALLOW_BBM`]) because no
 /// other CPU can be using the range (the entry is briefly invalid: Linux
 /// arm64 avoids it by mapping the linear map with pages when it must stay
 /// changeable, `can_set_direct_map`).
@@ -90,10 +97,8 @@ use crate::{
 /// the flush at the end.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct LiveOptions {
-    /// Allow break-before-make where the architecture needs it (the entry
-    /// is invalid for a moment, and a CPU touching it then faults). Only
-    /// for ranges no other CPU can be using.
-    pub allow_bbm: bool,
+    /// See [`LiveOptions::allows_bbm`].
+    allow_bbm: bool,
 }
 
 impl LiveOptions {
@@ -101,6 +106,15 @@ impl LiveOptions {
     pub const IN_PLACE: LiveOptions = LiveOptions { allow_bbm: false };
     /// Break-before-make allowed where needed.
     pub const ALLOW_BBM: LiveOptions = LiveOptions { allow_bbm: true };
+
+    /// Whether break-before-make is allowed where the architecture needs
+    /// it (the entry is invalid for a moment, and a CPU touching it then
+    /// faults): [`ALLOW_BBM`](Self::ALLOW_BBM), only for ranges no other
+    /// CPU can be using.
+    #[inline]
+    pub const fn allows_bbm(self) -> bool {
+        self.allow_bbm
+    }
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -119,13 +133,26 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// folded and are changed entry by entry. [`LiveOptions`] states the
     /// rules.
     ///
+    /// Mind how the range was mapped: [`map`](Self::map) folds every
+    /// aligned run it covers whole unless told
+    /// [`no_contiguous`](crate::MapOptions::no_contiguous), and a live
+    /// change of part of a folded run is refused
+    /// ([`BbmReason::ContiguousRun`]). On arm64 a linear map of 2 MiB
+    /// blocks is folded into 32 MiB runs, so `change_protection_live` of
+    /// exactly one 2 MiB block of it fails, and so does one 4 KiB page of
+    /// 16 folded pages. Closing whole pages, blocks or runs to
+    /// [`Prot::NONE`](crate::Prot::NONE) (or opening them from it) needs
+    /// no break-before-make: the entry is, or becomes, invalid for the
+    /// hardware, and the TLB is flushed at the end.
+    ///
     /// # Errors
     ///
     /// As [`change_protection`](Self::change_protection), and
     /// [`Error::BreakBeforeMake`] with the first address (in walk order)
-    /// whose entry cannot be changed in place ([`Arch::change_is_safe`]:
-    /// arm64 memory type or non-global to global changes, splitting a
-    /// block), or changing part of a folded contiguous run (on every
+    /// whose entry cannot be changed in place, and why ([`BbmReason`]:
+    /// [`Arch::change_is_safe`] refuses arm64 memory type or non-global to
+    /// global changes and splitting a block), or changing part of a
+    /// folded contiguous run (on every
     /// format with runs: the unfold clears the whole run, also on RISC-V
     /// Svnapot), unless `opts` allows break-before-make. On error nothing
     /// was changed.
@@ -140,23 +167,24 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // The unfold of a run is break-before-make for the whole run,
         // whether or not the arch requires it elsewhere (RISC-V).
         let has_runs = (0..A::LEVELS).any(|h| A::cont_entries(h) != 0);
-        if (A::BREAK_BEFORE_MAKE || has_runs) && !opts.allow_bbm {
+        if (A::BREAK_BEFORE_MAKE || has_runs) && !opts.allows_bbm() {
             // Changing part of a folded contiguous run unfolds it, which
             // is break-before-make for the whole run. The error names the
             // lower of the two first addresses (the walk goes up from `va`).
             let differs = |raw, h| A::leaf_prot(raw, h) != prot;
             let partial = self.contpte_partial_change(va.0, end, &differs);
+            let partial = partial.map(|at| (at, BbmReason::ContiguousRun));
             let entry = self.live_bbm_check(va.0, end, prot);
-            if let Some(at) = partial.into_iter().chain(entry).min() {
-                return Err(Error::BreakBeforeMake(at));
+            if let Some((at, why)) = partial.into_iter().chain(entry).min_by_key(|e| e.0) {
+                return Err(Error::BreakBeforeMake(at, why));
             }
         }
         self.change_prot_with(end, va, prot, Self::live_change)
     }
 
     /// The first address in `[va, end)` whose change to `prot` needs
-    /// break-before-make.
-    fn live_bbm_check(&self, va: u64, end: u64, prot: Prot) -> Option<VirtAddr> {
+    /// break-before-make, and why.
+    fn live_bbm_check(&self, va: u64, end: u64, prot: Prot) -> Option<(VirtAddr, BbmReason)> {
         let mut cur = self.cursor(va, end);
         while let Some(span) = cur.span() {
             match self.live_bbm_span(span, prot) {
@@ -179,7 +207,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &'a self,
         span: Span<'a>,
         prot: Prot,
-    ) -> Result<Option<(TableRef<'a>, u64)>, VirtAddr> {
+    ) -> Result<Option<(TableRef<'a>, u64)>, (VirtAddr, BbmReason)> {
         let Span {
             table: t,
             height,
@@ -207,8 +235,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     } else {
                         (A::split_leaf(raw, height), height - 1)
                     };
-                    if split || needs_bbm::<A>(leaf, A::modify_prot(leaf, prot, h), h) {
-                        return Err(VirtAddr(va));
+                    if split {
+                        return Err((VirtAddr(va), BbmReason::BlockSplit));
+                    }
+                    let new = A::modify_prot(leaf, prot, h);
+                    if needs_bbm::<A>(leaf, new, h) {
+                        return Err((VirtAddr(va), bbm_reason::<A>(leaf, new, h)));
                     }
                 }
                 _ => {}

@@ -35,6 +35,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// once per table span, so the per-entry loop is unchanged. Runs that
     /// two calls map half each are not folded.
     ///
+    /// # Folding and later live changes
+    ///
+    /// A folded run is one translation to the hardware, so a later change
+    /// of *part* of it unfolds it first, which clears all of its entries
+    /// for a moment: [`change_protection`](Self::change_protection) does
+    /// that, but
+    /// [`change_protection_live`](Self::change_protection_live) refuses
+    /// (in place, [`LiveOptions::IN_PLACE`](crate::LiveOptions::IN_PLACE))
+    /// with [`Error::BreakBeforeMake`] and
+    /// [`BbmReason::ContiguousRun`](crate::contract::BbmReason::ContiguousRun).
+    /// On arm64 a linear map mapped with 2 MiB blocks is folded into
+    /// 32 MiB runs, so changing one 2 MiB block of it live fails. Map with
+    /// [`MapOptions::no_contiguous`] (and with pages, as Linux's
+    /// `can_set_direct_map` does, if 4 KiB pieces will change) whatever
+    /// must later change live in pieces smaller than a run.
+    ///
     /// [`Format::cont_entries`]: crate::Format::cont_entries
     ///
     /// # Errors

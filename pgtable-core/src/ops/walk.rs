@@ -44,6 +44,12 @@ pub struct Mapping {
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// What `va` maps to, walking the tables as the hardware would (the
     /// TLB is not consulted).
+    ///
+    /// A [`Prot::NONE`] leaf is reported, with its frame and `prot` equal
+    /// to `Prot::NONE` (and its memory type): as for Linux's `pte_present`
+    /// and `follow_page`, the page is still mapped for the kernel's own
+    /// bookkeeping, although every access through the address faults.
+    /// Check [`Prot::protnone`] before treating the result as accessible.
     pub fn translate(&self, va: VirtAddr) -> Option<Translation> {
         self.check_va(va).ok()?;
         let mut h = A::LEVELS - 1;

@@ -12,8 +12,8 @@ use crate::contract::Inspector;
 use crate::space::half::VaWindow;
 use crate::space::walker::{split_parts, Next, Span, TableRef};
 use crate::{
-    Arch, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs, TlbGather,
-    TlbRange, VaRange, VirtAddr, PAGE_SIZE,
+    Arch, BbmReason, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs,
+    TlbGather, TlbRange, VaRange, VirtAddr, PAGE_SIZE,
 };
 
 /// What [`AddressSpace::map`] may use besides 4 KiB pages.
@@ -1099,6 +1099,29 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 #[inline]
 pub(crate) fn needs_bbm<A: Arch>(old: u64, new: u64, height: u32) -> bool {
     A::BREAK_BEFORE_MAKE && !A::change_is_safe(old, new, height)
+}
+
+/// Why replacing the entry `old` at `height` by `new` needs
+/// break-before-make (for an error, once [`needs_bbm`] said it does): the
+/// first of the rules of [`BbmReason`] the change breaks.
+pub(crate) fn bbm_reason<A: Arch>(old: u64, new: u64, height: u32) -> BbmReason {
+    let (Decoded::Leaf(a), Decoded::Leaf(b)) = (A::decode(old, height), A::decode(new, height))
+    else {
+        // A leaf replaced by a table or the other way: the size changes.
+        return BbmReason::BlockSplit;
+    };
+    let (p, q) = (A::leaf_prot(old, height), A::leaf_prot(new, height));
+    if A::is_cont(old, height) != A::is_cont(new, height) {
+        BbmReason::ContiguousRun
+    } else if a != b {
+        BbmReason::OutputAddress
+    } else if p.mem() == q.mem() && !p.global() && q.global() {
+        BbmReason::NonGlobalToGlobal
+    } else {
+        // The memory type, or what is left that an arch refuses in place:
+        // shareability.
+        BbmReason::MemoryType
+    }
 }
 
 /// The *break* of break-before-make for the leaf at `height` in `slot`

@@ -38,6 +38,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Tables linked into a user space get the user table attributes and those
     /// of the kernel half the kernel ones ([`TableAttrs`](crate::TableAttrs)).
     ///
+    /// # Kernel mappings are global only if you say so
+    ///
+    /// **Pass [`Prot::GLOBAL`](crate::Prot::GLOBAL) for every kernel
+    /// mapping** (Linux's `PAGE_KERNEL` has it: x86 `_PAGE_GLOBAL`, arm64 nG
+    /// clear). The kernel space does not add it: a mapping gets exactly the
+    /// [`Prot`](crate::Prot) it is given, so what
+    /// [`translate`](Self::translate) reports is what the caller asked for,
+    /// and [`change_protection`](Self::change_protection) with the same
+    /// `Prot` does not change it. Without `GLOBAL` a kernel mapping is
+    /// tagged with the current ASID (arm64) or PCID (x86 with PCIDs): it is
+    /// still correct, but every address space refills its own TLB entries
+    /// for it after each switch, which costs TLB misses on every kernel
+    /// entry. A
+    /// [`Prot::NONE`](crate::Prot::NONE) mapping is never global (x86 and
+    /// RISC-V keep the marker in the global bit).
+    ///
     /// ```
     /// # #[cfg(feature = "alloc")] {
     /// use pgtable_core::test_format::TestFormat;

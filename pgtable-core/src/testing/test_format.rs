@@ -18,7 +18,12 @@
 //! | 6 | dirty |
 //! | 7 | global |
 //! | 8–9 | memory type (0 normal, 1 normal non-cacheable, 2 device) |
+//! | 10 | [`Prot::NONE`] (with bit 0 clear) |
 //! | 12–47 | output address |
+//!
+//! A [`Prot::NONE`] leaf is the kernel read-only leaf of its memory type
+//! with bit 0 clear and bit 10 ([`PROT_NONE`]) set: invalid for the
+//! walker, a leaf for the algorithms.
 //!
 //! A *software entry* ([`Format::swp_entry`]) has bit 0 clear, low 12 bits
 //! exactly [`SWP_TAG`] (bit 1) and its 52-bit value in bits 12–63; the
@@ -52,6 +57,8 @@ pub const DIRTY: u64 = 1 << 6;
 pub const GLOBAL: u64 = 1 << 7;
 /// Memory type field.
 pub const MEM_MASK: u64 = 3 << 8;
+/// Marks a [`Prot::NONE`] leaf (valid bit clear).
+pub const PROT_NONE: u64 = 1 << 10;
 /// Output address field.
 pub const ADDR_MASK: u64 = ((1 << 48) - 1) & !0xfff;
 /// The low 12 bits of a software entry (valid bit clear).
@@ -65,10 +72,15 @@ pub const TABLE_UXN: u64 = 1 << 10;
 /// Table entry: no privileged execution below ([`TableAttrs::PXN`]).
 pub const TABLE_PXN: u64 = 1 << 11;
 
-const PROT_MASK: u64 = WRITE | USER | XN | GLOBAL | MEM_MASK;
+const PROT_MASK: u64 = VALID | PROT_NONE | WRITE | USER | XN | GLOBAL | MEM_MASK;
 
+/// The bits of [`PROT_MASK`] for `prot`: a `NONE` one is its accessible
+/// twin with the valid bit swapped for [`PROT_NONE`].
 fn prot_bits(prot: Prot) -> u64 {
-    let mut b = 0;
+    if prot.protnone() {
+        return prot_bits(prot.without_none()) & !VALID | PROT_NONE;
+    }
+    let mut b = VALID;
     if prot.writable() {
         b |= WRITE;
     }
@@ -96,7 +108,9 @@ fn prot_bits(prot: Prot) -> u64 {
 // `hw_access` and the `mk*` methods keep it, `split_leaf` sets it only for
 // height-0 children);
 // height 0 never decodes as a table. Software entries have VALID clear,
-// so they decode as invalid at every height. Every method is pure.
+// so they decode as invalid at every height (their bit 10 is clear, so
+// never as a PROT_NONE leaf, which decodes as a leaf or invalid, never a
+// table). Every method is pure.
 unsafe impl<const L: u32> Format for TestFormat<L> {
     const NAME: &'static str = "test";
     const LEVELS: u32 = L;
@@ -110,7 +124,11 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
         if raw == 0 {
             Decoded::None
         } else if raw & VALID == 0 {
-            Decoded::Invalid
+            // A PROT_NONE leaf: what the valid twin decodes to, if a leaf.
+            match Self::decode(raw | VALID, height) {
+                Decoded::Leaf(pa) if raw & PROT_NONE != 0 => Decoded::Leaf(pa),
+                _ => Decoded::Invalid,
+            }
         } else {
             let pa = PhysAddr(raw & ADDR_MASK);
             match (height, raw & TABLE_OR_PAGE != 0) {
@@ -128,11 +146,15 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
     }
 
     fn leaf_template(prot: Prot, height: u32) -> u64 {
-        VALID | if height == 0 { TABLE_OR_PAGE } else { 0 } | prot_bits(prot)
+        (if height == 0 { TABLE_OR_PAGE } else { 0 }) | prot_bits(prot)
     }
 
     fn leaf_prot(raw: u64, _height: u32) -> Prot {
-        let mut bits = Prot::empty();
+        let mut bits = if raw & VALID == 0 {
+            Prot::NONE
+        } else {
+            Prot::empty()
+        };
         if raw & WRITE != 0 {
             bits |= Prot::WRITE;
         }
@@ -150,7 +172,11 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
             1 => MemType::NormalNonCacheable,
             _ => MemType::Device,
         };
-        bits.with_mem(mem)
+        bits.with_mem(mem).normalized()
+    }
+
+    fn is_protnone(raw: u64, _height: u32) -> bool {
+        raw & VALID == 0
     }
 
     fn modify_prot(raw: u64, prot: Prot, _height: u32) -> u64 {

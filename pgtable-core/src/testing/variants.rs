@@ -47,19 +47,11 @@ pub const fn barrier_per_entry(opts: MapOptions) -> MapOptions {
 /// [`move_page_tables`](crate::AddressSpace::move_page_tables):
 /// no whole-table moves, as before Linux "mm: Speed up mremap on large
 /// regions".
-pub const PTES_ONLY: MoveOptions = MoveOptions {
-    pmd: false,
-    pud: false,
-    free_below: false,
-};
+pub const PTES_ONLY: MoveOptions = MoveOptions::DEFAULT.no_pmd().no_pud();
 
 /// Whole-PMD moves but no whole-PUD moves, as arm64 before Linux "arm64:
 /// mremap speedup - Enable HAVE_MOVE_PUD".
-pub const PMD_ONLY: MoveOptions = MoveOptions {
-    pmd: true,
-    pud: false,
-    free_below: false,
-};
+pub const PMD_ONLY: MoveOptions = MoveOptions::DEFAULT.no_pud();
 
 /// Defines a zero-sized wrapper arch that delegates everything to `A` except
 /// `pmdp_modify_prot_start`, which uses `$start`.

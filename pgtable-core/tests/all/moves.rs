@@ -220,8 +220,8 @@ fn move_1g_aligned(opts: MoveOptions) {
         "leaked tables"
     );
 
-    let pud = PUD_ON && opts.pud;
-    let pmd = PMD_ON && opts.pmd;
+    let pud = PUD_ON && opts.allows_pud();
+    let pmd = PMD_ON && opts.allows_pmd();
     let writes = expected_writes(pud, pmd);
     // Tables: the PUD path moves the PMD table within the same PUD table;
     // the PMD path needs a new destination PMD table and frees the source
@@ -657,10 +657,7 @@ fn mutual_alignment_is_not_taken_when_pages_sit_below_the_start() {
 
 #[test]
 fn free_below_claim_is_checked_against_the_tables() {
-    let opts = MoveOptions {
-        free_below: true,
-        ..MoveOptions::DEFAULT
-    };
+    let opts = MoveOptions::DEFAULT.free_below();
     // A true claim moves like the automatic rule.
     let mut s = mapped_pages(MA_OLD, MA_LEN);
     let before = leaves_in(&s, MA_OLD, MA_LEN);

@@ -512,8 +512,8 @@ fn wrong_claim(before: &[Run], old: u64, new: u64, len: u64, opts: MoveOptions) 
     let off = old % M2;
     // The realignment is a PMD fast path: the caller, the arch and the
     // crate feature must all allow it.
-    let pmd = opts.pmd && cfg!(feature = "move-pmd");
-    if !opts.free_below || !pmd || off == 0 || off != new % M2 || len < M2 - off {
+    let pmd = opts.allows_pmd() && cfg!(feature = "move-pmd");
+    if !opts.claims_free_below() || !pmd || off == 0 || off != new % M2 || len < M2 - off {
         return None;
     }
     let (ao, an, alen) = (old - off, new - off, len + off);
@@ -599,10 +599,7 @@ fn every_small_move_keeps_the_reservation_promise_without_pud_moves() {
 fn every_small_move_with_a_free_below_claim_keeps_the_reservation_promise() {
     // The claim matters where the mutual-alignment rule can apply: starts
     // inside a PMD.
-    let claim = MoveOptions {
-        free_below: true,
-        ..MoveOptions::DEFAULT
-    };
+    let claim = MoveOptions::DEFAULT.free_below();
     let offsets = [K4, M1 - K4, M2 + K4, G1 - K4, G1 + K4];
     let lengths = [K4, M2 - K4, M2, 2 * M2, G1 + M2];
     move_grid::<4>(&[claim], &offsets, &lengths);

@@ -8,8 +8,10 @@
 //! the CVE-2018-18281 race: a writer CPU storing into a moved and reused
 //! frame), a user space writing the kernel half's shared entry and
 //! flushing only its own CPU, a kernel-half table freed with a flush of
-//! the current ASID only (left in another ASID's walk cache) — with the
-//! correct variant beside each one passing.
+//! the current ASID only (left in another ASID's walk cache), a
+//! `Prot::NONE` encoding the hardware still uses, and a dropped flush
+//! after a change to `Prot::NONE` — with the correct variant beside each
+//! one passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 use crate::common::test_format_variant;
@@ -1382,4 +1384,120 @@ fn a_user_space_changing_a_kernel_entry_flushes_only_its_own_cpus_and_is_caught(
         .unwrap();
     m.check().unwrap();
     release(&m, user, kernel);
+}
+
+/// The test format with a `Prot::NONE` that stays valid for the hardware:
+/// software reads `NONE` back (the marker bit), but the walker, which
+/// looks at the valid bit only, uses the entry.
+#[derive(Clone, Copy, Debug, Default)]
+struct NoneStaysValid;
+
+impl NoneStaysValid {
+    fn marked(raw: u64, none: bool) -> u64 {
+        if none {
+            raw | pgtable_core::test_format::PROT_NONE
+        } else {
+            raw & !pgtable_core::test_format::PROT_NONE
+        }
+    }
+}
+
+// SAFETY: every method is `TestFormat<4>`'s, with the PROT_NONE marker
+// (bit 10, which no decision of `decode` depends on while the valid bit is
+// set) added to a valid kernel read-only leaf instead of a cleared valid
+// bit; tables and software entries are untouched.
+unsafe impl Format for NoneStaysValid {
+    const NAME: &'static str = "test-none-stays-valid";
+    const LEVELS: u32 = 4;
+    const PA_BITS: u32 = 48;
+    fn leaf_allowed(h: u32) -> bool {
+        T4::leaf_allowed(h)
+    }
+    fn decode(raw: u64, h: u32) -> pgtable_core::contract::Decoded {
+        T4::decode(raw, h)
+    }
+    fn table_entry(pa: PhysAddr, h: u32) -> u64 {
+        T4::table_entry(pa, h)
+    }
+    fn leaf_template(p: Prot, h: u32) -> u64 {
+        Self::marked(T4::leaf_template(p.without_none(), h), p.protnone())
+    }
+    fn leaf_prot(raw: u64, h: u32) -> Prot {
+        if raw & pgtable_core::test_format::PROT_NONE != 0 {
+            Prot::NONE.with_mem(T4::leaf_prot(raw, h).mem())
+        } else {
+            T4::leaf_prot(raw, h)
+        }
+    }
+    fn modify_prot(raw: u64, p: Prot, h: u32) -> u64 {
+        Self::marked(T4::modify_prot(raw, p.without_none(), h), p.protnone())
+    }
+    fn split_leaf(raw: u64, h: u32) -> u64 {
+        T4::split_leaf(raw, h)
+    }
+    fn is_young(raw: u64) -> bool {
+        T4::is_young(raw)
+    }
+    fn is_dirty(raw: u64) -> bool {
+        T4::is_dirty(raw)
+    }
+    fn is_protnone(raw: u64, h: u32) -> bool {
+        T4::is_protnone(raw, h)
+    }
+    fn hw_access(raw: u64, h: u32, a: pgtable_core::contract::Access) -> Result<u64, AccessFault> {
+        T4::hw_access(raw, h, a)
+    }
+}
+
+// SAFETY: every entry operation is the generic fallback.
+unsafe impl Arch for NoneStaysValid {}
+
+/// `Err` with the access that went through a `Prot::NONE` page.
+fn prot_none_page_faults<A: Arch>() -> Result<(), String> {
+    let m = SimMachine::<A>::new();
+    let s = AddressSpace::<A, _, _>::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut s = unsafe { Installed::new(s) };
+    s.map(VA, PA, K4, Prot::NONE, MapOptions::PAGES).unwrap();
+    assert_eq!(s.ptep_get(VA).unwrap().prot(), Some(Prot::NONE));
+    match m.read_u64(VA) {
+        Ok(v) => Err(format!("read {v:#x} through a PROT_NONE page")),
+        Err(f) if matches!(f.kind, SimFaultKind::Translation { .. }) => Ok(()),
+        Err(f) => Err(format!("not a translation fault: {f:?}")),
+    }
+}
+
+#[test]
+fn a_prot_none_encoding_the_hardware_still_uses_is_caught() {
+    let err = prot_none_page_faults::<NoneStaysValid>().unwrap_err();
+    assert!(err.starts_with("read"), "{err}");
+    prot_none_page_faults::<T4>().unwrap();
+}
+
+#[test]
+fn a_dropped_flush_after_prot_none_leaves_the_page_accessible_and_is_caught() {
+    let (m, mut s) = broken(Break::Flushes);
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(VA, 3).unwrap();
+    s.change_protection(VA, K4, Prot::NONE).unwrap();
+    // The old writable translation still serves the store.
+    m.write_u64(VA, 4).unwrap();
+    let stale = m.check_tlb().unwrap_err();
+    assert_eq!(stale.va, VA);
+    assert!(stale.fresh.is_some(), "still present, as PROT_NONE");
+
+    let (m, mut s) = correct();
+    s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(VA, 3).unwrap();
+    s.change_protection(VA, K4, Prot::NONE).unwrap();
+    m.check().unwrap();
+    assert!(matches!(
+        m.write_u64(VA, 4).unwrap_err().kind,
+        SimFaultKind::Translation { .. }
+    ));
+    s.change_protection(VA, K4, Prot::READ_WRITE).unwrap();
+    assert_eq!(m.read_u64(VA).unwrap(), 3);
+    m.check().unwrap();
 }

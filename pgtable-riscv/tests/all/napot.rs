@@ -6,7 +6,7 @@
 //! read over the run, and every page translates to its own frame
 //! throughout. Without Svnapot every map writes plain PTEs.
 
-use pgtable_core::contract::{Access, Arch, Decoded, Format};
+use pgtable_core::contract::{Access, Arch, BbmReason, Decoded, Format};
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
     AddressSpace, Error, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
@@ -195,7 +195,10 @@ fn a_live_partial_change_of_a_run_is_refused_unless_break_before_make_is_allowed
             Prot::READ_ONLY,
             LiveOptions::IN_PLACE
         ),
-        Err(Error::BreakBeforeMake(VA.add(RUN + 3 * PAGE)))
+        Err(Error::BreakBeforeMake(
+            VA.add(RUN + 3 * PAGE),
+            BbmReason::ContiguousRun
+        ))
     );
     let after: Vec<u64> = (0..32).map(|k| pte(&s, VA.add(k * PAGE))).collect();
     assert_eq!(before, after);
@@ -319,4 +322,20 @@ fn a_napot_run_maps_each_address_to_its_own_page() {
     }
     // Without Svnapot N is reserved.
     assert_eq!(RiscvPaging::<4>::decode(pte, 0), Decoded::Invalid);
+}
+
+/// `Prot::NONE` with Svnapot and Svpbmt: a mapping made `NONE` is folded
+/// into NAPOT runs like any other (V clear, so the hart ignores them),
+/// faults on every access, and opens again in part (the run unfolded) and
+/// whole; the encoding keeps its PPN and PBMT at every level.
+#[test]
+fn prot_none_runs_fault_and_open_again_with_svnapot() {
+    let (m, mut s) = machine::<Full48>();
+    s.map(VA, PA, RUN, Prot::NONE, MapOptions::PAGES).unwrap();
+    assert!((0..16).all(|k| Full48::is_cont(pte(&s, VA.add(k * PAGE)), 0)));
+    assert!(m.read_u64(VA.add(5 * PAGE)).is_err());
+    assert_eq!(s.translate(VA.add(5 * PAGE)).unwrap().pa, PA.add(5 * PAGE));
+    pgtable_testkit::ops::map_prot_none_then_open_part_then_unmap::<Full48>();
+    pgtable_testkit::ops::prot_none_encoding_is_a_leaf_and_never_a_software_entry::<Full48>();
+    pgtable_testkit::ops::prot_none_faults_every_access_and_keeps_its_frame::<Full48>();
 }

@@ -189,7 +189,10 @@ fn range_ops(r: TlbRange, n: u64, pcid_bit: u64, edx: u32, info: Invlpgb) -> Inv
 
 /// INVLPGB support of the executing CPU: `CPUID Fn8000_0008`, when the
 /// extended leaf exists.
-#[cfg(all(target_arch = "x86_64", target_os = "none"))]
+#[cfg(any(
+    all(target_arch = "x86_64", target_os = "none"),
+    all(doc, target_arch = "x86_64")
+))]
 #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub fn detect() -> Option<Invlpgb> {
     #[allow(unused_unsafe)]
@@ -211,7 +214,10 @@ pub fn detect() -> Option<Invlpgb> {
 /// The CPU implements INVLPGB ([`detect`]), and the caller does not
 /// migrate to another CPU between the first INVLPGB and the TLBSYNC
 /// (TLBSYNC waits only for the executing processor's INVLPGBs).
-#[cfg(all(target_arch = "x86_64", target_os = "none"))]
+#[cfg(any(
+    all(target_arch = "x86_64", target_os = "none"),
+    all(doc, target_arch = "x86_64")
+))]
 #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
 pub unsafe fn execute(ops: InvlpgbOps) {
     use core::arch::asm;

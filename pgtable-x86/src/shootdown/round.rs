@@ -170,7 +170,10 @@ impl<I: IpiSender> Shootdown<I> {
     /// ([`invlpgb::detect`] on each), and the kernel does not migrate a
     /// thread between CPUs inside a flush (TLBSYNC waits for the executing
     /// CPU's INVLPGBs only).
-    #[cfg(all(target_arch = "x86_64", target_os = "none"))]
+    #[cfg(any(
+        all(target_arch = "x86_64", target_os = "none"),
+        all(doc, target_arch = "x86_64")
+    ))]
     #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
     pub unsafe fn use_invlpgb(&self, info: invlpgb::Invlpgb) {
         // Relaxed: set at boot before other CPUs flush.

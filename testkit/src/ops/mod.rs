@@ -1,7 +1,8 @@
 //! The kernel-facing single-entry and batched operations on the simulated
 //! machine, written once for any format: caller-owned flush batching
 //! (`MmuGather`), `unmap_with` reports, accessed/dirty harvesting, the
-//! fault-time operations, and `replace_pte` and `zap_page_range`. The integration tests of pgtable-core
+//! fault-time operations, `replace_pte` and `zap_page_range`, and
+//! `Prot::NONE` mappings. The integration tests of pgtable-core
 //! and of each arch crate instantiate every case per format with
 //! [`ops_tests!`](crate::ops_tests). After every operation the machine is checked: no stale
 //! TLB entry, no write the walker may not see, no break-before-make
@@ -16,12 +17,14 @@ mod faults;
 mod gather;
 mod harvest;
 mod replace;
+mod protnone;
 mod unmap_with;
 
 pub use faults::*;
 pub use gather::*;
 pub use harvest::*;
 pub use replace::*;
+pub use protnone::*;
 pub use unmap_with::*;
 
 /// A 4 KiB page.
@@ -210,6 +213,30 @@ macro_rules! ops_tests {
             #[test]
             fn zap_page_range_keeps_the_tables_for_a_refill() {
                 $crate::ops::zap_page_range_keeps_the_tables_for_a_refill::<A>();
+            }
+            #[test]
+            fn prot_none_faults_every_access_and_keeps_its_frame() {
+                $crate::ops::prot_none_faults_every_access_and_keeps_its_frame::<A>();
+            }
+            #[test]
+            fn map_prot_none_then_open_part_then_unmap() {
+                $crate::ops::map_prot_none_then_open_part_then_unmap::<A>();
+            }
+            #[test]
+            fn live_change_to_prot_none_and_back() {
+                $crate::ops::live_change_to_prot_none_and_back::<A>();
+            }
+            #[test]
+            fn prot_none_encoding_is_a_leaf_and_never_a_software_entry() {
+                $crate::ops::prot_none_encoding_is_a_leaf_and_never_a_software_entry::<A>();
+            }
+            #[test]
+            fn prot_none_survives_fork_and_move() {
+                $crate::ops::prot_none_survives_fork_and_move::<A>();
+            }
+            #[test]
+            fn map_prot_none_over_a_mapping_is_refused() {
+                $crate::ops::map_prot_none_over_a_mapping_is_refused::<A>();
             }
         }
     };

@@ -4,6 +4,7 @@
 // As in space.rs: failures carry their message inline.
 #![allow(clippy::result_large_err)]
 
+use pgtable_core::contract::BbmReason;
 use pgtable_core::{Error, LiveOptions, MoveOptions};
 
 use super::*;
@@ -388,7 +389,10 @@ pub(super) fn live_protect_refused(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R 
     let va = WINDOW + IN_RUN * PAGE;
     let r = s.change_protection_live(VirtAddr(va), PAGE, Prot::READ_ONLY, LiveOptions::IN_PLACE);
     ensure!(
-        r == Err(Error::BreakBeforeMake(VirtAddr(va))),
+        r == Err(Error::BreakBeforeMake(
+            VirtAddr(va),
+            BbmReason::ContiguousRun
+        )),
         "protecting one page of a folded run in place: {r:?}, expected BreakBeforeMake({va:#x})"
     );
     let after = run_entries(s, WINDOW, 0)?;

@@ -59,7 +59,7 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use pgtable_arm64::bits::{AP_TABLE_NO_EL0, PXN_TABLE, UXN_TABLE};
 use pgtable_arm64::mmu::asid_bits;
 use pgtable_core::asid::AsidContext;
-use pgtable_core::contract::Format;
+use pgtable_core::contract::{BbmReason, Format};
 use pgtable_core::{
     CopyMode, Error, LeafEntry, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
 };
@@ -73,7 +73,7 @@ use crate::kmap::{Image, KernelSpace, DATA, RODATA};
 use crate::memory::{self, phys_to_virt, KernelTables, PAGE_OFFSET};
 use crate::platform::{lower_mmu, Arm64, FlushCounts};
 use crate::println;
-use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_LOWER, EC_SVC64};
+use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_CUR, EC_DABT_LOWER, EC_SVC64};
 use crate::space::{
     ensure, expect_user_abort, fail, load_faults, load_is, store_faults, Tally, Why, R,
 };
@@ -386,6 +386,7 @@ pub fn cases(
         mm::reclaim_full_table_no_alloc(cx, ps, pool)
     });
     cx.run(t, "mm_cow_replace", mm::cow_replace);
+    cx.run(t, "mm_prot_none", ops::prot_none);
     let small_name = "space_no_stale_after_asid_rollover";
     println!();
     println!("ASID switches and TLB flushes per case (flushes: range / by ASID / all / local after a roll-over)");

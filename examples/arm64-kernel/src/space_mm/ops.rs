@@ -182,7 +182,7 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
         .kernel
         .change_protection_live(VirtAddr(lin), 4096, RODATA, LiveOptions::IN_PLACE);
     ensure!(
-        r == Err(Error::BreakBeforeMake(VirtAddr(lin))),
+        r == Err(Error::BreakBeforeMake(VirtAddr(lin), BbmReason::BlockSplit)),
         "splitting a block in place: {r:?}, expected BreakBeforeMake({lin:#x})"
     );
     ensure!(
@@ -197,6 +197,79 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
             f.esr
         );
     }
+    Ok(())
+}
+
+/// `mprotect(PROT_NONE)` of a kernel page and back (Linux `PAGE_NONE`,
+/// `PTE_PROT_NONE` with `PTE_VALID` clear): every EL1 load and store takes
+/// a translation fault (the writable translation the TLB held is flushed,
+/// and `AT S1E1R` finds no translation either), while `ptep_get` and
+/// `translate` still report the page's frame; the change back finds the
+/// data again.
+pub(super) fn prot_none(cx: &mut Ctx, _: &mut [Option<Proc>; 0]) -> R {
+    const WORD: u64 = 0x0bad_c0de;
+    let va = &raw const LIVE_PAGE as u64;
+    let Some(before) = cx.kernel.translate(VirtAddr(va)) else {
+        fail!("{va:#x} is not mapped");
+    };
+    ensure!(before.height == 0, "{va:#x} is not a 4 KiB page");
+    // The TLB holds the writable translation.
+    LIVE_PAGE.0[1].store(WORD, Relaxed);
+    let protect = |cx: &mut Ctx, prot: Prot| {
+        cx.kernel
+            .change_protection(VirtAddr(va), 4096, prot)
+            .map_err(|e| Why::new(format_args!("change_protection({prot:?}): {e}")))
+    };
+    protect(cx, Prot::NONE)?;
+    let closed = (|| {
+        load_faults("a load from the PROT_NONE page", va + 8)?;
+        // SAFETY: LIVE_PAGE is atomics only the cases touch, and the value
+        // stored is the one already there.
+        match unsafe { probe::write_u64(va + 8, WORD) } {
+            Ok(()) => fail!(
+                "a store to the PROT_NONE page at {:#x} went through",
+                va + 8
+            ),
+            Err(f) => ensure!(
+                f.class() == EC_DABT_CUR && is_translation_fault(f.esr) && f.is_write(),
+                "a store to the PROT_NONE page: ESR {:#x}, expected a translation fault",
+                f.esr
+            ),
+        }
+        ensure!(
+            probe::translate(va).is_none(),
+            "AT S1E1R still translates the PROT_NONE page"
+        );
+        let Some(e) = cx.kernel.ptep_get(VirtAddr(va)) else {
+            fail!("ptep_get finds nothing at the PROT_NONE page");
+        };
+        ensure!(
+            e.is_present() && e.prot() == Some(Prot::NONE) && e.pa() == Some(before.pa),
+            "ptep_get of the PROT_NONE page: present {}, prot {:?}, pa {:x?} (frame {:#x})",
+            e.is_present(),
+            e.prot(),
+            e.pa(),
+            before.pa.0
+        );
+        let t = cx.kernel.translate(VirtAddr(va)).map(|t| (t.pa, t.prot));
+        ensure!(
+            t == Some((before.pa, Prot::NONE)),
+            "translate of the PROT_NONE page: {t:x?}"
+        );
+        Ok(())
+    })();
+    let back = protect(cx, DATA);
+    closed?;
+    back?;
+    load_is("the page opened again", va + 8, WORD)?;
+    // SAFETY: as above.
+    if let Err(f) = unsafe { probe::write_u64(va + 8, WORD + 1) } {
+        fail!("a store after the change back faulted: ESR {:#x}", f.esr);
+    }
+    ensure!(
+        LIVE_PAGE.0[1].load(Relaxed) == WORD + 1,
+        "the store was lost"
+    );
     Ok(())
 }
 

@@ -57,6 +57,7 @@ pub fn run<A: Arch>(kernel: &mut Kernel<A>, t: &mut Tally) {
     );
     t.case("space_live_kernel_protect", live_kernel_protect(kernel));
     t.case("space_unmap_reports", unmap_reports(kernel));
+    t.case("mm_prot_none", prot_none(kernel));
 }
 
 /// A CPL-3 store to `va` (the user program's load-add-store on it) faults
@@ -299,6 +300,61 @@ fn live_kernel_protect<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         "  kernel data page {data:#x} and linear-map page {linear:#x} (in a height-{} block, split in place): RW -> RO (a CPL-0 store faults, CR0.WP) -> RW",
         block.unwrap_or(0)
     );
+    Ok(())
+}
+
+/// `mprotect(PROT_NONE)` of a kernel data page and back (Linux
+/// `PAGE_NONE`: P clear, `_PAGE_PROTNONE` in bit 8): CPL-0 loads and
+/// stores take not-present faults (P = 0 in the error code: the writable
+/// translation the TLB held is flushed and the entry is not present to
+/// the walker), while `ptep_get` and `translate` still report the page's
+/// frame; the change back finds the data.
+fn prot_none<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
+    let page = &raw const LIVE_PAGE as u64;
+    let va = page + 8;
+    let Some(before) = kernel.translate(VirtAddr(page)) else {
+        bail!("{page:#x} is not mapped");
+    };
+    LIVE_PAGE.0[1].store(MAGIC + 1, Relaxed);
+    // The TLB holds the writable translation.
+    store_works("before", va)?;
+    let protect = |kernel: &mut Kernel<A>, prot: Prot| match kernel.change_protection(
+        VirtAddr(page),
+        PAGE_SIZE,
+        prot,
+    ) {
+        Ok(()) => Ok(()),
+        Err(e) => bail!("change_protection {page:#x} to {prot:?}: {e}"),
+    };
+    protect(kernel, Prot::NONE)?;
+    let closed = (|| {
+        load_faults("the PROT_NONE page", va)?;
+        // SAFETY: LIVE_PAGE is atomics only the cases touch, and the value
+        // stored is the one already there.
+        match unsafe { trap::write_u64(va, MAGIC + 1) } {
+            Ok(()) => bail!("a store to the PROT_NONE page at {va:#x} went through"),
+            Err(f) => super::expect_fault(f, va, PF_W, PF_P | PF_U | PF_RSVD | PF_I)?,
+        }
+        Ok(())
+    })();
+    let e = kernel.ptep_get(VirtAddr(page));
+    let reported = e.map(|e| (e.is_present(), e.prot(), e.pa()));
+    let t = kernel.translate(VirtAddr(page)).map(|t| (t.pa, t.prot));
+    let back = protect(kernel, Prot::WRITE | Prot::GLOBAL);
+    closed?;
+    back?;
+    ensure!(
+        reported == Some((true, Some(Prot::NONE), Some(before.pa))),
+        "ptep_get of the PROT_NONE page: {reported:x?}, expected present, NONE, {:#x}",
+        before.pa.0
+    );
+    ensure!(
+        t == Some((before.pa, Prot::NONE)),
+        "translate of the PROT_NONE page: {t:x?}"
+    );
+    loads("opened again", va, MAGIC + 1)?;
+    store_works("opened again", va)?;
+    println!("  kernel data page {page:#x}: RW -> PROT_NONE (CPL-0 loads and stores fault not-present, the frame still reported) -> RW");
     Ok(())
 }
 

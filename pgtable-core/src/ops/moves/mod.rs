@@ -127,7 +127,7 @@ use plan::{Dest, KeptMove, Planner, Step};
 /// move can align both starts down to that boundary and move the first
 /// partial PTE table as one PMD entry instead of entry by entry (Linux
 /// "mm/mremap: optimize the start addresses in move_page_tables()"; it
-/// needs whole-PMD moves: [`pmd`](Self::pmd), the arch's
+/// needs whole-PMD moves: [`allows_pmd`](Self::allows_pmd) (on unless [`no_pmd`](Self::no_pmd)), the arch's
 /// [`HAVE_MOVE_PMD`](crate::Arch::HAVE_MOVE_PMD) and the `move-pmd`
 /// feature). This is only correct when nothing is mapped between each
 /// aligned-down start and the real start. The move checks that in the
@@ -154,7 +154,7 @@ use plan::{Dest, KeptMove, Planner, Step};
 /// // A page below the source start: the claim is wrong, nothing moves.
 /// let below = VirtAddr(1 << 30);
 /// space.map(below, PhysAddr(0x9000_0000), 0x1000, Prot::READ_ONLY, MapOptions::PAGES).unwrap();
-/// let opts = MoveOptions { free_below: true, ..MoveOptions::DEFAULT };
+/// let opts = MoveOptions::DEFAULT.free_below();
 /// assert_eq!(
 ///     space.move_page_tables(old, new, 2 << 20, opts),
 ///     Err(Error::AlreadyMapped(below))
@@ -168,15 +168,11 @@ use plan::{Dest, KeptMove, Planner, Step};
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct MoveOptions {
     /// Allow moving whole PMD tables (one entry per 2 MiB).
-    pub pmd: bool,
+    pmd: bool,
     /// Allow moving whole PUD tables (one entry per 1 GiB).
-    pub pud: bool,
-    /// The caller states that the space between each start and the PMD
-    /// boundary below it (on both sides) is free, so the first partial PMD
-    /// may move as one entry; a mapping found there is
-    /// [`Error::AlreadyMapped`]. See [the type docs](MoveOptions) for the
-    /// rule.
-    pub free_below: bool,
+    pud: bool,
+    /// The caller's claim of free space ([`MoveOptions::free_below`]).
+    free_below: bool,
 }
 
 impl MoveOptions {
@@ -192,6 +188,47 @@ impl MoveOptions {
     /// the whole build, so a dependent crate's own feature flag does not
     /// tell.
     pub const PMD_BUILT: bool = cfg!(feature = "move-pmd");
+
+    /// The same options without whole-PMD moves (one entry per 2 MiB).
+    pub const fn no_pmd(self) -> MoveOptions {
+        MoveOptions { pmd: false, ..self }
+    }
+
+    /// The same options without whole-PUD moves (one entry per 1 GiB).
+    pub const fn no_pud(self) -> MoveOptions {
+        MoveOptions { pud: false, ..self }
+    }
+
+    /// The same options with the caller's claim that the space between
+    /// each start and the PMD boundary below it (on both sides) is free,
+    /// so the first partial PMD may move as one entry; a mapping found
+    /// there is [`Error::AlreadyMapped`]. See [the type docs](MoveOptions)
+    /// for the rule.
+    pub const fn free_below(self) -> MoveOptions {
+        MoveOptions {
+            free_below: true,
+            ..self
+        }
+    }
+
+    /// Whether whole PMD tables may move (if the arch and the build allow).
+    #[inline]
+    pub const fn allows_pmd(self) -> bool {
+        self.pmd
+    }
+
+    /// Whether whole PUD tables may move (if the arch and the build allow).
+    #[inline]
+    pub const fn allows_pud(self) -> bool {
+        self.pud
+    }
+
+    /// Whether the caller claims the space below the starts free
+    /// ([`free_below`](Self::free_below)).
+    #[inline]
+    pub const fn claims_free_below(self) -> bool {
+        self.free_below
+    }
 }
 
 impl Default for MoveOptions {

@@ -34,7 +34,10 @@
 //! - **Walker.** Starts at the installed root, or below the deepest
 //!   walk-cache entry covering the address; reads each entry atomically;
 //!   follows [`Decoded::Table`], stops at a [`Decoded::Leaf`] at a height
-//!   the format allows, faults on anything else. A table pointer to a frame
+//!   the format allows, faults on anything else, a
+//!   [`Prot::NONE`](crate::Prot::NONE) leaf included
+//!   ([`Format::is_protnone`](crate::Format::is_protnone): invalid for the
+//!   hardware, so a translation fault and no TLB entry). A table pointer to a frame
 //!   that is not a table frame of this machine, or to a freed one, faults
 //!   too ([`SimFaultKind::NotATable`], [`SimFaultKind::FreedTable`]) — the
 //!   classic use-after-free of a table that was freed before the TLB flush.

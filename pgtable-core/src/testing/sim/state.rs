@@ -610,7 +610,9 @@ impl State {
                     self.cache(key, Cached::new(raw, slot, root, limits, 1));
                     tpa = c;
                 }
-                Decoded::Leaf(_) if A::leaf_allowed(h) => {
+                // A PROT_NONE leaf is invalid for the walker: a
+                // translation fault, nothing cached.
+                Decoded::Leaf(_) if A::leaf_allowed(h) && !A::is_protnone(raw, h) => {
                     return Ok(Leaf {
                         raw,
                         height: h,

@@ -142,10 +142,7 @@ fn placement<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
             (
                 odd_multiple(cx.win, M2, 0) + off,
                 odd_multiple(cx.win + half, M2, 1) + off,
-                MoveOptions {
-                    free_below: true,
-                    ..MoveOptions::DEFAULT
-                },
+                MoveOptions::DEFAULT.free_below(),
             )
         }
     };

@@ -31,10 +31,7 @@ impl MoveKind {
             MoveKind::Default => MoveOptions::DEFAULT,
             MoveKind::PtesOnly => variants::PTES_ONLY,
             MoveKind::PmdOnly => variants::PMD_ONLY,
-            MoveKind::FreeBelow => MoveOptions {
-                free_below: true,
-                ..MoveOptions::DEFAULT
-            },
+            MoveKind::FreeBelow => MoveOptions::DEFAULT.free_below(),
         }
     }
 }

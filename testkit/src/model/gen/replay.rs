@@ -72,9 +72,7 @@ impl fmt::Display for Op {
                     MoveKind::Default => "MoveOptions::DEFAULT",
                     MoveKind::PtesOnly => "variants::PTES_ONLY",
                     MoveKind::PmdOnly => "variants::PMD_ONLY",
-                    MoveKind::FreeBelow => {
-                        "MoveOptions { free_below: true, ..MoveOptions::DEFAULT }"
-                    }
+                    MoveKind::FreeBelow => "MoveOptions::DEFAULT.free_below()",
                 };
                 write!(
                     f,

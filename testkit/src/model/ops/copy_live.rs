@@ -1,6 +1,6 @@
 //! `copy_page_range` into the other space, and live permission changes.
 
-use pgtable_core::contract::Arch;
+use pgtable_core::contract::{Arch, BbmReason, Decoded};
 use pgtable_core::{CopyMode, Error, LiveOptions, Prot, VirtAddr};
 
 use super::unit_at;
@@ -78,7 +78,7 @@ impl<A: Arch> Episode<A> {
     /// or one the arch cannot change in place ([`Arch::change_is_safe`]).
     /// Without break-before-make rules (RISC-V) only the folded run
     /// covered in part: its unfold clears the whole run.
-    pub(super) fn live_refusal(&self, va: u64, len: u64, prot: Prot) -> Option<u64> {
+    pub(super) fn live_refusal(&self, va: u64, len: u64, prot: Prot) -> Option<(u64, BbmReason)> {
         let end = u128::from(va) + u128::from(len);
         let mut hit = None;
         let _ = self.cur.space.walk(VirtAddr(va), len, |m| {
@@ -93,9 +93,17 @@ impl<A: Arch> Episode<A> {
             // (For a leaf outside a run, the unit is the leaf: covered in
             // part means `!whole`.)
             let run_part = A::is_cont(m.entry, h) && (rs < u128::from(va) || re > end);
-            let unsafe_change = !A::change_is_safe(m.entry, A::modify_prot(m.entry, prot, h), h);
+            let new = A::modify_prot(m.entry, prot, h);
+            let unsafe_change = !A::change_is_safe(m.entry, new, h);
+            let why = if run_part {
+                BbmReason::ContiguousRun
+            } else if !whole {
+                BbmReason::BlockSplit
+            } else {
+                bbm_reason_of::<A>(m.entry, new, h)
+            };
             if run_part || (A::BREAK_BEFORE_MAKE && (!whole || unsafe_change)) {
-                hit = Some(m.va.0.max(va));
+                hit = Some((m.va.0.max(va), why));
             }
         });
         hit
@@ -111,8 +119,8 @@ impl<A: Arch> Episode<A> {
         let mut want = self.check(va, len);
         let has_runs = (0..A::LEVELS).any(|h| A::cont_entries(h) != 0);
         if want.is_ok() && (A::BREAK_BEFORE_MAKE || has_runs) && !bbm {
-            if let Some(at) = self.live_refusal(va, len, prot) {
-                want = Err(Error::BreakBeforeMake(VirtAddr(at)));
+            if let Some((at, why)) = self.live_refusal(va, len, prot) {
+                want = Err(Error::BreakBeforeMake(VirtAddr(at), why));
             }
         }
         let need = want.is_ok().then(|| self.split_need(op));
@@ -142,5 +150,25 @@ impl<A: Arch> Episode<A> {
                 .protect(s, e, prot, &|r| reprotect::<A>(r, prot));
         }
         self.after(&[(va, len)], got)
+    }
+}
+
+/// The model's reason for a change of the leaf `old` to `new` at `height`
+/// that needs break-before-make: a change of the contiguous hint, of the
+/// output address, of the memory type, or non-global to global (the
+/// rules `BbmReason` names, in that order).
+pub(super) fn bbm_reason_of<A: Arch>(old: u64, new: u64, height: u32) -> BbmReason {
+    let (p, q) = (A::leaf_prot(old, height), A::leaf_prot(new, height));
+    let (a, b) = (A::decode(old, height), A::decode(new, height));
+    if !matches!((a, b), (Decoded::Leaf(_), Decoded::Leaf(_))) {
+        BbmReason::BlockSplit
+    } else if A::is_cont(old, height) != A::is_cont(new, height) {
+        BbmReason::ContiguousRun
+    } else if a != b {
+        BbmReason::OutputAddress
+    } else if p.mem() == q.mem() && !p.global() && q.global() {
+        BbmReason::NonGlobalToGlobal
+    } else {
+        BbmReason::MemoryType
     }
 }

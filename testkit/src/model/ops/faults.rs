@@ -45,7 +45,8 @@ impl<A: Arch> Episode<A> {
                 new
             };
             if A::BREAK_BEFORE_MAKE && !A::change_is_safe(raw, change_of(raw), h) {
-                Err(Error::BreakBeforeMake(VirtAddr(va)))
+                let why = super::copy_live::bbm_reason_of::<A>(raw, change_of(raw), h);
+                Err(Error::BreakBeforeMake(VirtAddr(va), why))
             } else {
                 // A change of the write permission is made to the one leaf
                 // (a folded run is unfolded first, Linux
