@@ -16,15 +16,15 @@ use pgtable_core::{AddressSpace, LeafEntry, MapOptions, PhysAddr, Prot, VirtAddr
 mod faults;
 mod gather;
 mod harvest;
-mod replace;
 mod protnone;
+mod replace;
 mod unmap_with;
 
 pub use faults::*;
 pub use gather::*;
 pub use harvest::*;
-pub use replace::*;
 pub use protnone::*;
+pub use replace::*;
 pub use unmap_with::*;
 
 /// A 4 KiB page.
