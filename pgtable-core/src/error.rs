@@ -85,6 +85,13 @@ pub enum Error {
     /// leaf, e.g. [`ptep_set_access_flags`](crate::AddressSpace::ptep_set_access_flags),
     /// or on one occupied PTE, [`replace_pte`](crate::AddressSpace::replace_pte)).
     NotMapped(VirtAddr),
+    /// The leaf at this address is a [`Prot::NONE`](crate::Prot::NONE)
+    /// mapping, whose rights only
+    /// [`change_protection`](crate::AddressSpace::change_protection) gives
+    /// back: [`ptep_set_access_flags`](crate::AddressSpace::ptep_set_access_flags)
+    /// does not relax it (a fault on such a page is Linux's
+    /// `do_numa_page`, not an access-flag fault).
+    ProtNone(VirtAddr),
 }
 
 impl fmt::Display for Error {
@@ -115,6 +122,7 @@ impl fmt::Display for Error {
             }
             Error::BlockMapped(a) => write!(f, "a block maps {a}, not a page"),
             Error::NotMapped(a) => write!(f, "nothing is mapped at {a}"),
+            Error::ProtNone(a) => write!(f, "the mapping at {a} is PROT_NONE"),
         }
     }
 }

@@ -163,6 +163,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ///
     /// [`Error::OutOfRange`] outside the address space,
     /// [`Error::NotMapped`] when no present leaf covers `va`,
+    /// [`Error::ProtNone`] when it is a [`Prot::NONE`] leaf (its rights
+    /// come back through `change_protection` only),
     /// [`Error::BreakBeforeMake`] when the arch cannot make the change in
     /// place. On error nothing was changed.
     pub fn ptep_set_access_flags(
@@ -177,6 +179,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // Relaxed: the kind of entry and its permissions do not change
         // under us (the hardware sets accessed/dirty state only).
         let raw = slot.load(Relaxed);
+        if matches!(A::decode(raw, h), Decoded::Leaf(_)) && A::is_protnone(raw, h) {
+            return Err(Error::ProtNone(va));
+        }
         if matches!(A::decode(raw, h), Decoded::Leaf(_))
             && A::is_cont(raw, h)
             && flags.contains(FaultFlags::WRITE)

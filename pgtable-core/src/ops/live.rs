@@ -164,6 +164,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         opts: LiveOptions,
     ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
+        // Compared with what the leaves report (`Prot::NONE` drops the
+        // rest), so a change to an equal protection is no change.
+        let prot = prot.normalized();
         // The unfold of a run is break-before-make for the whole run,
         // whether or not the arch requires it elsewhere (RISC-V).
         let has_runs = (0..A::LEVELS).any(|h| A::cont_entries(h) != 0);

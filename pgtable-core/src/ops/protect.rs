@@ -142,7 +142,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// table frame stays allocated.
     pub fn change_protection(&mut self, va: VirtAddr, len: u64, prot: Prot) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
-        self.change_prot_with(end, va, prot, Self::protect_change)
+        // As the leaves report it, so an equal protection is no change.
+        self.change_prot_with(end, va, prot.normalized(), Self::protect_change)
     }
 
     /// The phases both `change_protection` and `change_protection_live`

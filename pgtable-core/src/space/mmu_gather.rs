@@ -170,9 +170,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> MmuGather<'_, A, M, T> {
         f: impl FnMut(crate::Removed<A>),
     ) -> Result<(), Error> {
         let trust_settled = self.tlb.is_empty();
-        let mut z = crate::ops::unmap::Report::new(f, trust_settled);
-        self.space
-            .unmap_into(va, len, &mut z, &mut self.tlb, &mut self.q)
+        self.unmap_reporting(va, len, crate::ops::unmap::Report::new(f, trust_settled))
     }
 
     /// Linux `zap_page_range`: [`unmap_with`](Self::unmap_with) that keeps
@@ -197,7 +195,22 @@ impl<A: Arch, M: Mmu, T: TableAlloc> MmuGather<'_, A, M, T> {
         f: impl FnMut(crate::Removed<A>),
     ) -> Result<(), Error> {
         let trust_settled = self.tlb.is_empty();
-        let mut z = crate::ops::unmap::Report::keeping(f, trust_settled);
+        self.unmap_reporting(
+            va,
+            len,
+            crate::ops::unmap::Report::keeping(f, trust_settled),
+        )
+    }
+
+    /// The unmap of [`unmap_with`](Self::unmap_with) and
+    /// [`zap_page_range`](Self::zap_page_range) into this gather, reporting
+    /// through `z`.
+    fn unmap_reporting<F: FnMut(crate::Removed<A>)>(
+        &mut self,
+        va: VirtAddr,
+        len: u64,
+        mut z: crate::ops::unmap::Report<F>,
+    ) -> Result<(), Error> {
         self.space
             .unmap_into(va, len, &mut z, &mut self.tlb, &mut self.q)
     }
@@ -256,6 +269,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> MmuGather<'_, A, M, T> {
     /// As [`AddressSpace::change_protection`]; on error nothing was
     /// changed.
     pub fn change_protection(&mut self, va: VirtAddr, len: u64, prot: Prot) -> Result<(), Error> {
+        // As the leaves report it (see `AddressSpace::change_protection`).
+        let prot = prot.normalized();
         let s = &mut *self.space;
         let end = s.check_range(va, len)?;
         let top = A::LEVELS - 1;

@@ -140,6 +140,10 @@ macro_rules! block_prot_wrapper {
                 A::is_cont(raw, height)
             }
             #[inline]
+            fn is_protnone(raw: u64, height: u32) -> bool {
+                A::is_protnone(raw, height)
+            }
+            #[inline]
             fn mkold(raw: u64, height: u32) -> u64 {
                 A::mkold(raw, height)
             }

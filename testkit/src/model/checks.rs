@@ -312,6 +312,9 @@ impl<A: Arch> Episode<A> {
                 (Some(_), Ok(_)) => "store",
             },
         );
+        // A `Prot::NONE` mapping faults as if nothing were mapped (the
+        // entry is not valid for the hardware).
+        let m = m.filter(|(_, prot)| !prot.protnone());
         let ok = match (m, write, got) {
             (
                 None,

@@ -180,6 +180,8 @@ impl Model {
     /// (the format's `modify_prot`: arm64 makes writable kernel leaves
     /// dirty).
     pub fn protect(&mut self, s: u64, e: u64, prot: Prot, ad: &dyn Fn(&Run) -> (bool, bool)) {
+        // What a mapping of `prot` reports (`Prot::NONE` drops the rest).
+        let prot = prot.normalized();
         self.update(s, e, |r| {
             if r.prot == prot {
                 return r;

@@ -277,6 +277,16 @@ pub(super) struct State {
     pub(super) stats: SimStats,
 }
 
+/// Whether the hardware walker uses `raw` at some height: a table, or a
+/// leaf that is not [`Prot::NONE`](crate::Prot::NONE).
+fn walker_valid<A: Arch>(raw: u64) -> bool {
+    (0..A::LEVELS).any(|h| match A::decode(raw, h) {
+        Decoded::Table(_) => h > 0,
+        Decoded::Leaf(_) => !A::is_protnone(raw, h),
+        _ => false,
+    })
+}
+
 /// A leaf found by a walk.
 pub(super) struct Leaf<'a> {
     pub(super) raw: u64,
@@ -976,7 +986,13 @@ impl State {
             self.check_mixed::<A>(addr, new);
         }
         self.last_write.insert(addr & !0xfff, self.epoch);
-        if A::NEEDS_WALKER_BARRIER && !self.visible_at_once::<A>(addr, old, new) {
+        // A write between two values the walker cannot use (empty,
+        // software or `Prot::NONE` entries) needs no barrier: whichever it
+        // reads, it faults, and no TLB holds either (Linux arm64
+        // `__set_pte` issues none for an entry that is not valid).
+        let walker_cares =
+            self.pending.contains_key(&addr) || walker_valid::<A>(old) || walker_valid::<A>(new);
+        if A::NEEDS_WALKER_BARRIER && walker_cares && !self.visible_at_once::<A>(addr, old, new) {
             // The walker keeps seeing the oldest value not yet ordered.
             self.pending
                 .entry(slot as *const Slot as u64)

@@ -157,7 +157,7 @@ pub(super) fn new_run<A: Arch>(pages: u64, pa: u64, prot: Prot) -> Run {
     Run {
         pages,
         ppn: pa >> 12,
-        prot,
+        prot: prot.normalized(),
         young,
         dirty,
     }
@@ -429,7 +429,7 @@ impl<A: Arch> Episode<A> {
             }
             Op::Protect { va, len, prot, .. } | Op::Live { va, len, prot, .. } => {
                 oracle::split_need::<A>(&self.cur.space, va, len, &|raw, h| {
-                    A::leaf_prot(raw, h) != prot
+                    A::leaf_prot(raw, h) != prot.normalized()
                 })
             }
             _ => unreachable!(),

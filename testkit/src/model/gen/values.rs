@@ -8,12 +8,17 @@ use super::super::reference::Model;
 use super::{Gen, G1, K4, K64, M2, M32, REGION};
 
 impl Gen {
-    /// A protection: any combination of the flags, mostly normal memory.
+    /// A protection: any combination of the flags, mostly normal memory;
+    /// now and then [`Prot::NONE`] (Linux `mprotect(PROT_NONE)`), as a
+    /// mapping of it reports itself ([`Prot::normalized`]).
     pub fn prot(&mut self) -> Prot {
         let mut bits = Prot::from_bits_truncate(self.rng.below(8) as u8)
             & (Prot::WRITE | Prot::EXEC | Prot::USER);
         if self.rng.chance(25) {
             bits |= Prot::GLOBAL;
+        }
+        if self.rng.chance(8) {
+            bits = Prot::NONE;
         }
         let mem = match self.rng.below(10) {
             0 => MemType::Device,

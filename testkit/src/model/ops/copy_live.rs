@@ -82,7 +82,7 @@ impl<A: Arch> Episode<A> {
         let end = u128::from(va) + u128::from(len);
         let mut hit = None;
         let _ = self.cur.space.walk(VirtAddr(va), len, |m| {
-            if hit.is_some() || m.prot == prot {
+            if hit.is_some() || m.prot == prot.normalized() {
                 return;
             }
             let h = m.height;
@@ -102,7 +102,10 @@ impl<A: Arch> Episode<A> {
             } else {
                 bbm_reason_of::<A>(m.entry, new, h)
             };
-            if run_part || (A::BREAK_BEFORE_MAKE && (!whole || unsafe_change)) {
+            // A `Prot::NONE` block is invalid for the hardware: split in
+            // place (nothing can be cached from it).
+            let split = !whole && !A::is_protnone(m.entry, h);
+            if run_part || (A::BREAK_BEFORE_MAKE && (split || unsafe_change)) {
                 hit = Some((m.va.0.max(va), why));
             }
         });

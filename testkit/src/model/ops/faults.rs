@@ -25,6 +25,9 @@ impl<A: Arch> Episode<A> {
         let mut change = None;
         let want = if !self.contains(va) {
             Err(Error::OutOfRange(VirtAddr(va)))
+        } else if self.cur.model.page(vpn).is_some_and(|r| r.prot.protnone()) {
+            // Not an access-flag fault (Linux `do_numa_page`).
+            Err(Error::ProtNone(VirtAddr(va)))
         } else if let Some(r) = self.cur.model.page(vpn) {
             let Some(t) = self.cur.space.translate(VirtAddr(va)) else {
                 return fail(
