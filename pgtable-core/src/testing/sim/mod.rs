@@ -446,8 +446,8 @@ pub struct MixedSizes {
 ///   may return any one entry's address and attributes). Permissions may
 ///   differ while the run is cached (RJQQTC: each lookup returns one
 ///   entry's, as a stale TLB entry would; Linux `contpte_wrprotect_ptes`
-///   changes a whole run entry by entry), and `0` entries (cleared, to be
-///   flushed) are tolerated;
+///   changes a whole run entry by entry), and entries the walker cannot use
+///   (`0`, cleared to be flushed, or made `Prot::NONE`) are tolerated;
 /// - by [`SimMachine::check`] after the operation, which also reports a
 ///   run whose entries still disagree in permissions, or hold a `0`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -1035,8 +1035,8 @@ impl State {
 
     /// The entry at `addr` was written: if some CPU's TLB holds a folded
     /// run read from it, the run's entries must still agree as the rules
-    /// for a cached run ask (see [`ContConflict`]): every entry that is not
-    /// `0` a valid leaf with the hint, mapping its part of the cached run's
+    /// for a cached run ask (see [`ContConflict`]): every entry the walker can
+    /// use (not `0`, a software or a `Prot::NONE` entry) a leaf with the hint, mapping its part of the cached run's
     /// output range, with its memory type. Permissions may differ until
     /// the flush (Arm ARM rule RJQQTC).
     fn check_cached_run<A: Arch>(&mut self, addr: u64) {
@@ -1071,7 +1071,10 @@ impl State {
                     let at = PhysAddr(base_pa.0 + u64::from(j) * step);
                     // The entry's index in its table, from its address.
                     let ix = ((c.slot + 8 * u64::from(j)) & 0xfff) as usize / 8;
-                    let ok = r == 0
+                    // An entry the walker cannot use (empty, software or
+                    // `Prot::NONE`: not valid for the hardware) is
+                    // ignored by it, whatever its other bits.
+                    let ok = !walker_valid::<A>(r)
                         || (leaf_pa::<A>(r, h, ix) == Some(at)
                             && A::is_cont(r, h)
                             && (run_mem_may_differ::<A>() || A::leaf_prot(r, h).mem() == mem));
