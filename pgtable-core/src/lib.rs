@@ -12,7 +12,7 @@
 //! allocator is the whole API; its operations have Linux's names:
 //! [`map`], [`unmap`], [`change_protection`], [`move_page_tables`],
 //! [`translate`] and [`walk`], software (swap) entries
-//! ([`set_swap_entry`]; [`replace_pte`] swaps a page out or in, or
+//! ([`install_pte`] with `NewPte::Swap`; [`replace_pte`] swaps a page out or in, or
 //! replaces it by its copy-on-write copy, in place) and fork's copy-on-write copy
 //! ([`copy_page_range`]). The options of each are plain values at the
 //! root ([`MapOptions`], [`MoveOptions`], [`LiveOptions`], [`ClearRefs`],
@@ -84,7 +84,6 @@
 //! [`move_page_tables`]: AddressSpace::move_page_tables
 //! [`translate`]: AddressSpace::translate
 //! [`walk`]: AddressSpace::walk
-//! [`set_swap_entry`]: AddressSpace::set_swap_entry
 //! [`replace_pte`]: AddressSpace::replace_pte
 //! [`copy_page_range`]: AddressSpace::copy_page_range
 //! [`unmap_with`]: AddressSpace::unmap_with

@@ -27,8 +27,8 @@
 //!   [`ptep_set_access_flags`](AddressSpace::ptep_set_access_flags),
 //!   [`ptep_get`](AddressSpace::ptep_get),
 //!   [`test_and_clear_young`](AddressSpace::test_and_clear_young),
-//!   software entries ([`set_swap_entry`](AddressSpace::set_swap_entry),
-//!   [`replace_pte`](AddressSpace::replace_pte) with a [`NewPte`]: a
+//!   software entries ([`install_pte`](AddressSpace::install_pte) with
+//!   [`NewPte::Swap`], [`replace_pte`](AddressSpace::replace_pte) with a [`NewPte`]: a
 //!   present page or a software entry replaced in place, for reclaim,
 //!   copy-on-write and swap-in);
 //! - read: [`translate`](AddressSpace::translate),

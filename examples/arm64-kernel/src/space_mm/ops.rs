@@ -4,6 +4,7 @@
 // As in space.rs: failures carry their message inline.
 #![allow(clippy::result_large_err)]
 
+use pgtable_core::contract::NewPte;
 use super::*;
 
 pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
@@ -27,7 +28,7 @@ pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     let parent = at(ps, 0)?;
     parent
         .space
-        .copy_page_range(&mut child.space, VirtAddr(SHARED_VA), 4096, CopyMode::Cow)
+        .copy_page_range(&mut child.space, VirtAddr(SHARED_VA), 4096, CopyMode::Cow, |_| {})
         .map_err(|e| Why::new(format_args!("copy_page_range: {e}")))?;
     let stack = cx.frames.take(0)?;
     map(&mut child.space, STACK_VA, stack)?;
@@ -70,7 +71,7 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
     map(&mut p.space, SRC, f0)?;
     map(&mut p.space, SRC + 0x2000, f2)?;
     p.space
-        .set_swap_entry(VirtAddr(SRC + 0x1000), SWP)
+        .install_pte(VirtAddr(SRC + 0x1000), NewPte::Swap(SWP))
         .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
     ps[0] = Some(p);
     let p = at(ps, 0)?;
@@ -337,7 +338,7 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
         map(&mut p.space, BASE + 4096 * i as u64, *f)?;
     }
     p.space
-        .set_swap_entry(VirtAddr(SWP_VA), SWP)
+        .install_pte(VirtAddr(SWP_VA), NewPte::Swap(SWP))
         .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
     // A 2 MiB block of pool memory (past the frames the cases take).
     let blk_pa = (pool.0 + (2 << 20)).next_multiple_of(2 << 20);

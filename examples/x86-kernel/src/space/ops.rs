@@ -98,12 +98,7 @@ fn fork_cow_write_faults<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
             t.cr2,
             t.rax
         );
-        if let Err(e) = parent.space.copy_page_range(
-            &mut child.space,
-            VirtAddr(COW_VA),
-            PAGE_SIZE,
-            CopyMode::Cow,
-        ) {
+        if let Err(e) = parent.space.copy_page_range(&mut child.space, VirtAddr(COW_VA), PAGE_SIZE, CopyMode::Cow, |_| {}) {
             bail!("copy_page_range: {e}");
         }
         for (who, s) in [("parent", &parent.space), ("child", &child.space)] {
@@ -153,7 +148,7 @@ fn swap_entry_survives_move<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> 
         map_page(&mut u.space, SWAP_OLD, f, Prot::USER | Prot::WRITE)?;
         let s = &mut u.space;
         for (va, v) in [(SWAP_OLD + p(3), V1), (SWAP_OLD + p(5), V2)] {
-            if let Err(e) = s.set_swap_entry(VirtAddr(va), v) {
+            if let Err(e) = s.install_pte(VirtAddr(va), NewPte::Swap(v)) {
                 bail!("set_swap_entry {va:#x}: {e}");
             }
         }
@@ -375,7 +370,7 @@ fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         for i in 0..4 {
             map_page(&mut u.space, p(i), frame(60 + i), Prot::USER | Prot::WRITE)?;
         }
-        if let Err(e) = u.space.set_swap_entry(VirtAddr(p(5)), SWAP) {
+        if let Err(e) = u.space.install_pte(VirtAddr(p(5)), NewPte::Swap(SWAP)) {
             bail!("set_swap_entry: {e}");
         }
         let fresh: [u64; 3] = core::array::from_fn(|i| {
