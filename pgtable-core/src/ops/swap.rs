@@ -16,9 +16,15 @@
 //!   this crate has no writable migration entries to downgrade);
 //! - [`unmap`](AddressSpace::unmap) clears them (Linux `zap_pte_range`
 //!   frees the swap slot, which is the caller's business here);
-//! - [`copy_page_range`](AddressSpace::copy_page_range) copies them;
+//! - [`copy_page_range`](AddressSpace::copy_page_range) copies them, and
+//!   reports each to its caller (who takes a reference on the swap slot,
+//!   Linux `swap_duplicate`);
+//! - [`exit_mmap`](AddressSpace::exit_mmap) reports and clears them with
+//!   everything else;
 //! - [`translate`](AddressSpace::translate) and
 //!   [`walk`](AddressSpace::walk) do not report them: they map nothing.
+//!   [`Inspector::entries`](crate::contract::Inspector::entries) walks a
+//!   range reporting them too.
 //!
 //! One is put into an empty PTE with
 //! [`install_pte`](AddressSpace::install_pte) and
