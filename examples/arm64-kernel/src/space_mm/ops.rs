@@ -4,8 +4,8 @@
 // As in space.rs: failures carry their message inline.
 #![allow(clippy::result_large_err)]
 
-use pgtable_core::contract::NewPte;
 use super::*;
+use pgtable_core::contract::NewPte;
 
 pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     const DATA: u64 = 0xc0de_0000_0042;
@@ -28,7 +28,13 @@ pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     let parent = at(ps, 0)?;
     parent
         .space
-        .copy_page_range(&mut child.space, VirtAddr(SHARED_VA), 4096, CopyMode::Cow, |_| {})
+        .copy_page_range(
+            &mut child.space,
+            VirtAddr(SHARED_VA),
+            4096,
+            CopyMode::Cow,
+            |_| {},
+        )
         .map_err(|e| Why::new(format_args!("copy_page_range: {e}")))?;
     let stack = cx.frames.take(0)?;
     map(&mut child.space, STACK_VA, stack)?;

@@ -188,7 +188,13 @@ fn cow_replace<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
     set_word_at(f, 0, DATA);
     with_users::<A, 2>(kernel, |_, [parent, child]| {
         map_page(&mut parent.space, COW_VA, f, USER_RW)?;
-        if let Err(e) = parent.space.copy_page_range(&mut child.space, VirtAddr(COW_VA), PAGE_SIZE, CopyMode::Cow, |_| {}) {
+        if let Err(e) = parent.space.copy_page_range(
+            &mut child.space,
+            VirtAddr(COW_VA),
+            PAGE_SIZE,
+            CopyMode::Cow,
+            |_| {},
+        ) {
             bail!("copy_page_range: {e}");
         }
         let mut sw = Switcher::new(12)?;

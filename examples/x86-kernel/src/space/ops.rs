@@ -98,7 +98,13 @@ fn fork_cow_write_faults<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
             t.cr2,
             t.rax
         );
-        if let Err(e) = parent.space.copy_page_range(&mut child.space, VirtAddr(COW_VA), PAGE_SIZE, CopyMode::Cow, |_| {}) {
+        if let Err(e) = parent.space.copy_page_range(
+            &mut child.space,
+            VirtAddr(COW_VA),
+            PAGE_SIZE,
+            CopyMode::Cow,
+            |_| {},
+        ) {
             bail!("copy_page_range: {e}");
         }
         for (who, s) in [("parent", &parent.space), ("child", &child.space)] {
