@@ -78,7 +78,7 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
     map(&mut p.space, SRC + 0x2000, f2)?;
     p.space
         .install_pte(VirtAddr(SRC + 0x1000), NewPte::Swap(SWP))
-        .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
+        .map_err(|e| Why::new(format_args!("install_pte (software entry): {e}")))?;
     ps[0] = Some(p);
     let p = at(ps, 0)?;
     cx.switch(p)?;
@@ -345,7 +345,7 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
     }
     p.space
         .install_pte(VirtAddr(SWP_VA), NewPte::Swap(SWP))
-        .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
+        .map_err(|e| Why::new(format_args!("install_pte (software entry): {e}")))?;
     // A 2 MiB block of pool memory (past the frames the cases take).
     let blk_pa = (pool.0 + (2 << 20)).next_multiple_of(2 << 20);
     ensure!(

@@ -155,7 +155,7 @@ fn swap_entry_survives_move<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> 
         let s = &mut u.space;
         for (va, v) in [(SWAP_OLD + p(3), V1), (SWAP_OLD + p(5), V2)] {
             if let Err(e) = s.install_pte(VirtAddr(va), NewPte::Swap(v)) {
-                bail!("set_swap_entry {va:#x}: {e}");
+                bail!("install_pte (software entry) {va:#x}: {e}");
             }
         }
         let mut sw = Switcher::new(12)?;
@@ -377,7 +377,7 @@ fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
             map_page(&mut u.space, p(i), frame(60 + i), Prot::USER | Prot::WRITE)?;
         }
         if let Err(e) = u.space.install_pte(VirtAddr(p(5)), NewPte::Swap(SWAP)) {
-            bail!("set_swap_entry: {e}");
+            bail!("install_pte (software entry): {e}");
         }
         let fresh: [u64; 3] = core::array::from_fn(|i| {
             u.space
