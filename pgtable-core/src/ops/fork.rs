@@ -12,6 +12,9 @@
 //!    are never created);
 //! 2. **reserve** both counts, each from its own space's allocator;
 //! 3. **copy**, which can no longer fail, then the source's one TLB flush.
+//!    Each entry written into the destination is reported to the caller
+//!    as it is written (in address order; the cursor walks the source in
+//!    order), so an error in phases 1 and 2 reports nothing.
 //!
 //! A copy-on-write copy ([`CopyMode::Cow`], Linux `is_cow_mapping`)
 //! write-protects every writable leaf of the source in place, with a
@@ -91,8 +94,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `dst` gets tables only where the range maps something. `self` is
     /// flushed once at the end, if anything was write-protected or split
     /// (and a block split in place once more at once, before its pages are
-    /// write-protected: Intel SDM Vol. 3A 4.10.2.3); `dst` needs no flush. The child's leaves are old, and with
-    /// [`CopyMode::Shared`] clean (Linux `copy_present_pte`).
+    /// write-protected: Intel SDM Vol. 3A 4.10.2.3); `dst` needs no flush.
+    /// The child's leaves are old, and with [`CopyMode::Shared`] clean
+    /// (Linux `copy_present_pte`).
+    ///
+    /// A block the range covers only in part is split in the source first
+    /// (as Linux splits a huge page at a VMA boundary), so that only the
+    /// range is write-protected. Global leaves may be copied: `dst` then
+    /// flushes with `flush_tlb_all` too.
     ///
     /// # Report
     ///
@@ -107,12 +116,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// (Linux `copy_nonpresent_pte`: `swap_duplicate`). A block the range
     /// covers in part is reported as the smaller leaves it was split into.
     /// The reports are made during the copy phase, which cannot fail: on
-    /// error nothing was reported. `|_| {}` ignores them.
-    ///
-    /// A block the range covers only in part is split in the source first
-    /// (as Linux splits a huge page at a VMA boundary), so that only the
-    /// range is write-protected. Global leaves may be copied: `dst` then
-    /// flushes with `flush_tlb_all` too.
+    /// error nothing was reported. `|_| {}` ignores them. They come before
+    /// the source's TLB flush: a store the parent makes through a stale
+    /// writable translation until this call returns marks the parent's
+    /// entry dirty (never lost, see above), not the reported copy.
     ///
     /// # Errors
     ///
