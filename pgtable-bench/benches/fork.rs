@@ -74,7 +74,8 @@ fn bench(c: &mut Criterion) {
         // does what it says, same frame and protection, and the child's
         // leaf is old (Linux `copy_present_pte`: `pte_mkold`).
         let mut child = space();
-        src.copy_page_range(&mut child, VA, G1, mode).unwrap();
+        src.copy_page_range(&mut child, VA, G1, mode, |_| {})
+            .unwrap();
         let p = src.translate(VA.add(5 * PAGE_SIZE)).unwrap();
         let k = child.translate(VA.add(5 * PAGE_SIZE)).unwrap();
         assert_eq!((p.pa, p.prot), (k.pa, k.prot));
@@ -88,7 +89,8 @@ fn bench(c: &mut Criterion) {
                     src.change_protection(VA, G1, Prot::READ_WRITE).unwrap();
                     child.unmap(VA, G1).unwrap();
                     let t0 = Instant::now();
-                    src.copy_page_range(&mut child, VA, G1, mode).unwrap();
+                    src.copy_page_range(&mut child, VA, G1, mode, |_| {})
+                        .unwrap();
                     t += t0.elapsed();
                 }
                 t

@@ -41,6 +41,7 @@
 // criterion's macros generate undocumented public functions.
 #![allow(missing_docs)]
 
+use pgtable_core::contract::NewPte;
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -197,8 +198,10 @@ fn report_and_fault(c: &mut Criterion) {
             for i in 1..N + 1 {
                 s.install_pte(
                     VirtAddr(r + i * PAGE),
-                    PhysAddr(PA + i * PAGE),
-                    Prot::READ_WRITE,
+                    NewPte::Page {
+                        pa: PhysAddr(PA + i * PAGE),
+                        prot: Prot::READ_WRITE,
+                    },
                 )
                 .unwrap();
             }
@@ -287,7 +290,7 @@ fn fork(c: &mut Criterion) {
         // Check once: the child translates like the parent.
         let mut child = space(user);
         parent
-            .copy_page_range(&mut child, VirtAddr(VA), G1, mode)
+            .copy_page_range(&mut child, VirtAddr(VA), G1, mode, |_| {})
             .unwrap();
         let t = child.translate(VirtAddr(VA + G1 - 4096)).unwrap();
         assert_eq!(t.pa, PhysAddr(PA + G1 - 4096));
@@ -300,7 +303,7 @@ fn fork(c: &mut Criterion) {
                     parent.change_protection(VirtAddr(VA), G1, user).unwrap();
                     let t0 = clock::now();
                     parent
-                        .copy_page_range(&mut child, VirtAddr(VA), G1, mode)
+                        .copy_page_range(&mut child, VirtAddr(VA), G1, mode, |_| {})
                         .unwrap();
                     t += clock::now() - t0;
                     child.unmap(VirtAddr(VA), G1).unwrap();

@@ -17,6 +17,7 @@
 //! `pte` subjects) count one entry per call: their figure is per call.
 use pgtable_arm64::Arm64;
 use pgtable_bench::harness::{Pgtable, Subject, G1, PA, PAGE, VA, VA2};
+use pgtable_core::contract::NewPte;
 use pgtable_core::{variants, CopyMode, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86_64;
 use std::hint::black_box;
@@ -104,7 +105,7 @@ fn ops<A: pgtable_core::contract::Arch + 'static>(op: &str) -> u64 {
                 measured(&mut || {
                     parent
                         .s
-                        .copy_page_range(&mut child.s, VirtAddr(VA), G1, mode)
+                        .copy_page_range(&mut child.s, VirtAddr(VA), G1, mode, |_| {})
                         .unwrap();
                 });
                 child.s.unmap(VirtAddr(VA), G1).unwrap();
@@ -132,8 +133,10 @@ fn ops<A: pgtable_core::contract::Arch + 'static>(op: &str) -> u64 {
                         for i in 1..N + 1 {
                             p.s.install_pte(
                                 VirtAddr(r + i * PAGE),
-                                PhysAddr(PA + i * PAGE),
-                                Prot::READ_WRITE,
+                                NewPte::Page {
+                                    pa: PhysAddr(PA + i * PAGE),
+                                    prot: Prot::READ_WRITE,
+                                },
                             )
                             .unwrap();
                         }

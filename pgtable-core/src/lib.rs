@@ -12,9 +12,11 @@
 //! allocator is the whole API; its operations have Linux's names:
 //! [`map`], [`unmap`], [`change_protection`], [`move_page_tables`],
 //! [`translate`] and [`walk`], software (swap) entries
-//! ([`set_swap_entry`]; [`replace_pte`] swaps a page out or in, or
-//! replaces it by its copy-on-write copy, in place) and fork's copy-on-write copy
-//! ([`copy_page_range`]). The options of each are plain values at the
+//! ([`install_pte`] with `NewPte::Swap`; [`replace_pte`] swaps a page out or in, or
+//! replaces it by its copy-on-write copy, in place), fork's copy-on-write copy
+//! ([`copy_page_range`], which reports each entry it copies) and a process
+//! exit's teardown ([`exit_mmap`]: every page and software entry reported,
+//! one flush, every table freed). The options of each are plain values at the
 //! root ([`MapOptions`], [`MoveOptions`], [`LiveOptions`], [`ClearRefs`],
 //! [`FaultFlags`], [`CopyMode`]); every error is an [`Error`] that left
 //! the tables unchanged (a refused live change says why:
@@ -84,13 +86,13 @@
 //! [`move_page_tables`]: AddressSpace::move_page_tables
 //! [`translate`]: AddressSpace::translate
 //! [`walk`]: AddressSpace::walk
-//! [`set_swap_entry`]: AddressSpace::set_swap_entry
 //! [`replace_pte`]: AddressSpace::replace_pte
 //! [`copy_page_range`]: AddressSpace::copy_page_range
 //! [`unmap_with`]: AddressSpace::unmap_with
 //! [`clear_refs`]: AddressSpace::clear_refs
 //! [`test_and_clear_young`]: AddressSpace::test_and_clear_young
 //! [`install_pte`]: AddressSpace::install_pte
+//! [`exit_mmap`]: AddressSpace::exit_mmap
 //! [`ptep_set_access_flags`]: AddressSpace::ptep_set_access_flags
 //! [`ptep_get`]: AddressSpace::ptep_get
 #![no_std]

@@ -187,13 +187,13 @@ fn ops<A: Arch>() -> Vec<Op<A>> {
             |s, x, va| done(s.move_page_tables(x.mapped, va, PAGE, MoveOptions::DEFAULT)),
         ),
         op("copy_page_range (source)", Page, false, |s, x, va| {
-            done(s.copy_page_range(&mut x.twin, va, PAGE, CopyMode::Cow))
+            done(s.copy_page_range(&mut x.twin, va, PAGE, CopyMode::Cow, |_| {}))
         }),
         op("copy_page_range (destination)", Empty, false, |s, x, va| {
-            done(x.source.copy_page_range(s, va, PAGE, CopyMode::Cow))
+            done(x.source.copy_page_range(s, va, PAGE, CopyMode::Cow, |_| {}))
         }),
-        op("set_swap_entry", Empty, false, |s, _, va| {
-            done(s.set_swap_entry(va, SWAP_VALUE))
+        op("install_pte (software entry)", Empty, false, |s, _, va| {
+            done(s.install_pte(va, NewPte::Swap(SWAP_VALUE)))
         }),
         op("swap_entry", Swap, true, |s, _, va| {
             found(s.ptep_get(va).and_then(|e| e.swap_value()))
@@ -209,7 +209,13 @@ fn ops<A: Arch>() -> Vec<Op<A>> {
             done(s.replace_pte(va, NewPte::Swap(SWAP_VALUE)))
         }),
         op("install_pte", Empty, false, |s, _, va| {
-            done(s.install_pte(va, PA, Prot::READ_ONLY))
+            done(s.install_pte(
+                va,
+                NewPte::Page {
+                    pa: PA,
+                    prot: Prot::READ_ONLY,
+                },
+            ))
         }),
         op("ptep_get", Page, true, |s, _, va| found(s.ptep_get(va))),
         op("test_and_clear_young", Page, false, |s, _, va| {
@@ -393,7 +399,7 @@ fn put<A: Arch>(s: &mut Space<A>, va: u64, fill: Fill) {
             }
         }
         Fill::Swap => {
-            let _ = s.set_swap_entry(va, SWAP_VALUE);
+            let _ = s.install_pte(va, NewPte::Swap(SWAP_VALUE));
         }
         Fill::Empty => {}
     }

@@ -516,7 +516,7 @@ fn contpte_fork_of_part_of_a_run_gives_the_child_no_partial_run() {
     s.map(VA, PA, 2 * RUN, user_rw(), MapOptions::PAGES)
         .unwrap();
     touch(&m, VA, 2 * RUN);
-    s.copy_page_range(&mut child, VA.add(8 * PAGE), RUN, CopyMode::Cow)
+    s.copy_page_range(&mut child, VA.add(8 * PAGE), RUN, CopyMode::Cow, |_| {})
         .unwrap();
     m.check().unwrap();
     for k in 8..24 {
@@ -537,7 +537,7 @@ fn contpte_fork_of_part_of_a_run_gives_the_child_no_partial_run() {
         MapOptions::PAGES,
     )
     .unwrap();
-    s.copy_page_range(&mut child2, VA.add(4 * RUN), RUN, CopyMode::Cow)
+    s.copy_page_range(&mut child2, VA.add(4 * RUN), RUN, CopyMode::Cow, |_| {})
         .unwrap();
     m.check().unwrap();
     assert!(hints(&s, VA.add(4 * RUN), RUN, 0).iter().all(|&c| c));
@@ -656,13 +656,13 @@ fn contpte_swap_entry_never_replaces_part_of_a_run() {
     let before = ptes(&s, VA, RUN);
     // A software entry goes only where nothing is mapped: never into a run.
     assert_eq!(
-        s.set_swap_entry(VA.add(3 * PAGE), 7),
+        s.install_pte(VA.add(3 * PAGE), NewPte::Swap(7)),
         Err(Error::AlreadyMapped(VA.add(3 * PAGE)))
     );
     assert_eq!(ptes(&s, VA, RUN), before);
     // After unmapping one page (which unfolds the run) it may.
     s.unmap(VA.add(3 * PAGE), PAGE).unwrap();
-    s.set_swap_entry(VA.add(3 * PAGE), 7).unwrap();
+    s.install_pte(VA.add(3 * PAGE), NewPte::Swap(7)).unwrap();
     assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
     m.check().unwrap();
 }
@@ -693,7 +693,7 @@ fn contpte_write_fault_on_a_cow_run_makes_only_that_page_writable() {
     let mut child = AddressSpace::new(m2.mmu(), m2.alloc()).unwrap();
     s.map(VA, PA, 2 * RUN, user_rw(), MapOptions::PAGES)
         .unwrap();
-    s.copy_page_range(&mut child, VA, 2 * RUN, CopyMode::Cow)
+    s.copy_page_range(&mut child, VA, 2 * RUN, CopyMode::Cow, |_| {})
         .unwrap();
     let child_before = (0..32)
         .map(|k| child.inspect().entry(VA.add(k * PAGE), 0))
@@ -914,7 +914,7 @@ fn contpte_unmap_with_of_a_block_run_reports_the_run_state() {
     m.check().unwrap();
 }
 
-/// The single-entry installs (`install_pte`, `set_swap_entry`, and
+/// The single-entry installs (`install_pte` of a page or a software entry, and
 /// `replace_pte` of a software entry) only fill an entry that is none or a
 /// software entry, which a folded run never holds: on a page of a run
 /// `install_pte` refuses and changes nothing; in the hole that a partial
@@ -926,20 +926,32 @@ fn contpte_single_entry_installs_never_change_a_folded_run() {
     let before = ptes(&s, VA, RUN);
     let at = VA.add(6 * PAGE);
     assert_eq!(
-        s.install_pte(at, PhysAddr(0x9000_0000), user_rw()),
+        s.install_pte(
+            at,
+            NewPte::Page {
+                pa: PhysAddr(0x9000_0000),
+                prot: user_rw()
+            }
+        ),
         Err(Error::AlreadyMapped(at))
     );
     assert_eq!(ptes(&s, VA, RUN), before);
     s.unmap(at, PAGE).unwrap();
-    s.set_swap_entry(at, 3).unwrap();
+    s.install_pte(at, NewPte::Swap(3)).unwrap();
     let back = NewPte::Page {
         pa: PhysAddr(PA.0 + 6 * PAGE),
         prot: user_rw(),
     };
     assert_eq!(s.replace_pte(at, back).unwrap().swap_value(), Some(3));
     s.unmap(at, PAGE).unwrap();
-    s.install_pte(at, PhysAddr(PA.0 + 6 * PAGE), user_rw())
-        .unwrap();
+    s.install_pte(
+        at,
+        NewPte::Page {
+            pa: PhysAddr(PA.0 + 6 * PAGE),
+            prot: user_rw(),
+        },
+    )
+    .unwrap();
     assert!(hints(&s, VA, RUN, 0).iter().all(|&c| !c));
     m.check().unwrap();
 }
@@ -953,12 +965,24 @@ fn contpte_a_software_entry_with_the_hint_bit_set_is_not_a_run() {
     let (m, mut s) = machine();
     // Value bit 40 is descriptor bit 52, the contiguous hint of a leaf.
     let value = (1u64 << 40) | 5;
-    s.set_swap_entry(VA, value).unwrap();
-    s.install_pte(VA.add(2 * PAGE), PhysAddr(PA.0 + 2 * PAGE), user_rw())
-        .unwrap();
+    s.install_pte(VA, NewPte::Swap(value)).unwrap();
+    s.install_pte(
+        VA.add(2 * PAGE),
+        NewPte::Page {
+            pa: PhysAddr(PA.0 + 2 * PAGE),
+            prot: user_rw(),
+        },
+    )
+    .unwrap();
     // A store elsewhere in the run's range would dirty a real run.
-    s.install_pte(VA.add(5 * PAGE), PhysAddr(PA.0 + 5 * PAGE), user_rw())
-        .unwrap();
+    s.install_pte(
+        VA.add(5 * PAGE),
+        NewPte::Page {
+            pa: PhysAddr(PA.0 + 5 * PAGE),
+            prot: user_rw(),
+        },
+    )
+    .unwrap();
     m.write_u64(VA.add(5 * PAGE), 1).unwrap();
     let mut got = Vec::new();
     s.unmap_with(VA, RUN, |r| {

@@ -5,6 +5,7 @@
 //! format's root blocks and software entries.
 
 use pgtable_arm64::{Arm64, Arm64Va39};
+use pgtable_core::contract::NewPte;
 use pgtable_core::contract::{Arch, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
 use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VaRange, VirtAddr};
@@ -148,7 +149,7 @@ fn ptdump_arm64_va39_root_blocks_and_software_entries() {
     )
     .expect("map");
     for (i, v) in (0u64..).zip([5, 6, 7]) {
-        s.set_swap_entry(VirtAddr(3 * G1 + i * K4), v)
+        s.install_pte(VirtAddr(3 * G1 + i * K4), NewPte::Swap(v))
             .expect("swap entry");
     }
     assert_eq!(

@@ -27,8 +27,8 @@
 //!   [`ptep_set_access_flags`](AddressSpace::ptep_set_access_flags),
 //!   [`ptep_get`](AddressSpace::ptep_get),
 //!   [`test_and_clear_young`](AddressSpace::test_and_clear_young),
-//!   software entries ([`set_swap_entry`](AddressSpace::set_swap_entry),
-//!   [`replace_pte`](AddressSpace::replace_pte) with a [`NewPte`]: a
+//!   software entries ([`install_pte`](AddressSpace::install_pte) with
+//!   [`NewPte::Swap`], [`replace_pte`](AddressSpace::replace_pte) with a [`NewPte`]: a
 //!   present page or a software entry replaced in place, for reclaim,
 //!   copy-on-write and swap-in);
 //! - read: [`translate`](AddressSpace::translate),
@@ -157,6 +157,54 @@ impl<A: Arch, M: Mmu, T: TableAlloc> fmt::Debug for Inspector<'_, A, M, T> {
 }
 
 impl<'a, A: Arch, M: Mmu, T: TableAlloc> Inspector<'a, A, M, T> {
+    /// [`walk`](AddressSpace::walk) including software entries: calls `f`
+    /// for every non-zero entry that the walk down `[va, va + len)` meets
+    /// at the bottom of its path, in address order, as a
+    /// [`LeafEntry`](crate::LeafEntry): each present leaf (a page, or a
+    /// block of its [`size`](crate::LeafEntry::size); for a folded
+    /// contiguous run with the run's accessed/dirty state, as `walk`
+    /// reports it) and each software entry
+    /// ([`swap_value`](crate::LeafEntry::swap_value); Linux
+    /// `is_swap_pte`), so a caller can take a reference on every page and
+    /// every swap slot of a range (as fork does in Linux
+    /// `copy_nonpresent_pte`: `swap_duplicate`) or check that none is
+    /// left. Read-only: nothing is changed, nothing flushed.
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::contract::{Arena, NewPte, NoopMmu};
+    /// use pgtable_core::test_format::TestFormat;
+    ///
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let va = VirtAddr(1 << 30);
+    /// space.map(va, PhysAddr(0x8000_0000), 4096, Prot::READ_WRITE, MapOptions::PAGES).unwrap();
+    /// space.install_pte(VirtAddr(va.0 + 4096), NewPte::Swap(3)).unwrap();
+    /// let mut seen = Vec::new();
+    /// space.inspect().entries(va, 2 << 12, |e| seen.push((e.pa(), e.swap_value()))).unwrap();
+    /// assert_eq!(seen, [(Some(PhysAddr(0x8000_0000)), None), (None, Some(3))]);
+    /// // `walk` reports the page only.
+    /// let mut n = 0;
+    /// space.walk(va, 2 << 12, |_| n += 1).unwrap();
+    /// assert_eq!(n, 1);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As `walk`: misaligned or zero length, or a range outside the
+    /// address space.
+    pub fn entries(
+        &self,
+        va: VirtAddr,
+        len: u64,
+        mut f: impl FnMut(crate::LeafEntry<A>),
+    ) -> Result<(), crate::Error> {
+        self.space.visit(va, len, true, |va, height, raw, _| {
+            f(crate::LeafEntry::new(va, height, raw));
+        })
+    }
+
     /// The raw value of the entry at `height` on the path to `va` (Linux
     /// `ptep_get` / `pmdp_get` / `pudp_get`), if the tables down to that
     /// height exist; `None` also for an address outside the address space

@@ -6,11 +6,11 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use crate::contract::level::{index, shift, size};
+use crate::contract::NewPte;
 use crate::space::aspace::{bbm_reason, needs_bbm, FreeQueue};
 use crate::space::walker::Next;
 use crate::{
-    AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
-    PAGE_SIZE,
+    AddressSpace, Arch, Decoded, Error, Mmu, Prot, Slot, TableAlloc, TlbGather, VirtAddr, PAGE_SIZE,
 };
 
 bitflags::bitflags! {
@@ -65,9 +65,44 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::OutOfRange`] / [`Error::PhysOutOfRange`],
     /// [`Error::AlreadyMapped`] when a page, a block or a non-present
     /// entry is already there, [`Error::OutOfMemory`] when a missing table
-    /// cannot be allocated. On error nothing was changed and no table
-    /// frame stays allocated.
-    pub fn install_pte(&mut self, va: VirtAddr, pa: PhysAddr, prot: Prot) -> Result<(), Error> {
+    /// cannot be allocated, and for [`NewPte::Swap`]
+    /// [`Error::SwapValueTooWide`] when the value does not fit (always, for
+    /// a format without software entries). On error nothing was changed
+    /// and no table frame stays allocated.
+    ///
+    /// # Software entries
+    ///
+    /// With [`NewPte::Swap`] it puts a software entry into the empty PTE
+    /// of `va` instead (Linux `set_pte_at(mm, addr, pte,
+    /// swp_entry_to_pte(entry))`, e.g. a swap entry restored or a
+    /// migration entry set up), allocating the missing tables the same
+    /// way; no barrier is needed for the entry itself, which the hardware
+    /// never reads. As for a page, the PTE must be none: a page, a block
+    /// or a software entry already there is [`Error::AlreadyMapped`]
+    /// (replace either in place with
+    /// [`replace_pte`](Self::replace_pte), which returns what it
+    /// replaced).
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] {
+    /// use pgtable_core::{AddressSpace, Error, PhysAddr, Prot, VirtAddr};
+    /// use pgtable_core::contract::{Arena, NewPte, NoopMmu};
+    /// use pgtable_core::test_format::TestFormat;
+    ///
+    /// let mut space = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
+    /// let (va, pa) = (VirtAddr(1 << 30), PhysAddr(0x8000_0000));
+    /// space.install_pte(va, NewPte::Page { pa, prot: Prot::READ_WRITE }).unwrap();
+    /// let next = VirtAddr(va.0 + 4096);
+    /// space.install_pte(next, NewPte::Swap(42)).unwrap();
+    /// assert_eq!(space.ptep_get(next).unwrap().swap_value(), Some(42));
+    /// assert_eq!(space.install_pte(next, NewPte::Swap(7)), Err(Error::AlreadyMapped(next)));
+    /// # }
+    /// ```
+    pub fn install_pte(&mut self, va: VirtAddr, new: NewPte) -> Result<(), Error> {
+        let (pa, prot) = match new {
+            NewPte::Page { pa, prot } => (pa, prot),
+            NewPte::Swap(value) => return self.install_swap(va, value),
+        };
         if !va.is_aligned(PAGE_SIZE) {
             return Err(Error::MisalignedVirt(va));
         }

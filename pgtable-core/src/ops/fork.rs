@@ -12,6 +12,9 @@
 //!    are never created);
 //! 2. **reserve** both counts, each from its own space's allocator;
 //! 3. **copy**, which can no longer fail, then the source's one TLB flush.
+//!    Each entry written into the destination is reported to the caller
+//!    as it is written (in address order; the cursor walks the source in
+//!    order), so an error in phases 1 and 2 reports nothing.
 //!
 //! A copy-on-write copy ([`CopyMode::Cow`], Linux `is_cow_mapping`)
 //! write-protects every writable leaf of the source in place, with a
@@ -58,7 +61,8 @@ use crate::contract::level::entry_end;
 use crate::space::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation};
 use crate::space::walker::{split_parts, Next, Span, TableRef, MAX_LEVELS};
 use crate::{
-    generic, AddressSpace, Arch, Decoded, Error, Mmu, Prot, Slot, TableAlloc, TlbGather, VirtAddr,
+    generic, AddressSpace, Arch, Decoded, Error, LeafEntry, Mmu, Prot, Slot, TableAlloc, TlbGather,
+    VirtAddr,
 };
 
 /// How [`AddressSpace::copy_page_range`] treats writable leaves.
@@ -90,13 +94,32 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `dst` gets tables only where the range maps something. `self` is
     /// flushed once at the end, if anything was write-protected or split
     /// (and a block split in place once more at once, before its pages are
-    /// write-protected: Intel SDM Vol. 3A 4.10.2.3); `dst` needs no flush. The child's leaves are old, and with
-    /// [`CopyMode::Shared`] clean (Linux `copy_present_pte`).
+    /// write-protected: Intel SDM Vol. 3A 4.10.2.3); `dst` needs no flush.
+    /// The child's leaves are old, and with [`CopyMode::Shared`] clean
+    /// (Linux `copy_present_pte`).
     ///
     /// A block the range covers only in part is split in the source first
     /// (as Linux splits a huge page at a VMA boundary), so that only the
     /// range is write-protected. Global leaves may be copied: `dst` then
     /// flushes with `flush_tlb_all` too.
+    ///
+    /// # Report
+    ///
+    /// `report` is called once for each entry copied into `dst`, in
+    /// address order, with the entry as `dst` now holds it: each present
+    /// leaf (a page, or a block of its [`size`](LeafEntry::size); old,
+    /// write-protected by a COW copy, clean when shared) and each software
+    /// entry ([`LeafEntry::swap_value`]). That is what fork needs to take
+    /// its references without walking the child afterwards: a reference
+    /// on each page (Linux `copy_present_pte` takes one with
+    /// `folio_try_dup_anon_rmap_pte` / `folio_get`) and on each swap slot
+    /// (Linux `copy_nonpresent_pte`: `swap_duplicate`). A block the range
+    /// covers in part is reported as the smaller leaves it was split into.
+    /// The reports are made during the copy phase, which cannot fail: on
+    /// error nothing was reported. `|_| {}` ignores them. They come before
+    /// the source's TLB flush: a store the parent makes through a stale
+    /// writable translation until this call returns marks the parent's
+    /// entry dirty (never lost, see above), not the reported copy.
     ///
     /// # Errors
     ///
@@ -104,7 +127,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::AlreadyMapped`] (with the first such address) when
     /// anything, a software entry included, is in the range in `dst`, or
     /// [`Error::OutOfMemory`] from either space's allocator. On error
-    /// neither space was changed and no table frame is kept.
+    /// neither space was changed, no table frame is kept and nothing was
+    /// reported.
     ///
     /// # Example
     ///
@@ -118,7 +142,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// let mut child = AddressSpace::<TestFormat, _, _>::new(NoopMmu, Arena::new()).unwrap();
     /// let va = VirtAddr(1 << 30);
     /// parent.map(va, PhysAddr(0x8000_0000), 4 << 20, Prot::READ_WRITE, MapOptions::BLOCKS).unwrap();
-    /// parent.copy_page_range(&mut child, va, 4 << 20, CopyMode::Cow).unwrap();
+    /// let mut frames = Vec::new();
+    /// parent
+    ///     .copy_page_range(&mut child, va, 4 << 20, CopyMode::Cow, |e| frames.push(e.pa()))
+    ///     .unwrap();
+    /// // Two 2 MiB blocks copied: one reference to take on each.
+    /// assert_eq!(frames, [Some(PhysAddr(0x8000_0000)), Some(PhysAddr(0x8020_0000))]);
     /// let (p, c) = (parent.translate(va).unwrap(), child.translate(va).unwrap());
     /// assert_eq!(p.pa, c.pa);
     /// assert!(!p.prot.writable() && !c.prot.writable());
@@ -130,6 +159,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         va: VirtAddr,
         len: u64,
         mode: CopyMode,
+        report: impl FnMut(LeafEntry<A>),
     ) -> Result<(), Error> {
         // Phase 1: check, read-only.
         let end = self.check_range(va, len)?;
@@ -163,6 +193,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             dst_stash,
             gather: TlbGather::new(),
             cow: mode == CopyMode::Cow,
+            report,
         };
         self.copy_walk(&mut c, va.0, end);
         let Copier {
@@ -262,7 +293,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// (populate publishes its contents first), after its own barrier.
     fn copy_walk<'a, M2: Mmu, T2: TableAlloc>(
         &'a self,
-        c: &mut Copier<'a, A, M2, T2>,
+        c: &mut Copier<'a, A, M2, T2, impl FnMut(LeafEntry<A>)>,
         va: u64,
         end: u64,
     ) {
@@ -298,7 +329,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &'a self,
         span: Span<'a>,
         dt: TableRef<'a>,
-        c: &mut Copier<'a, A, M2, T2>,
+        c: &mut Copier<'a, A, M2, T2, impl FnMut(LeafEntry<A>)>,
         wrote: &mut bool,
     ) -> Option<Descend<'a>> {
         let Span {
@@ -318,6 +349,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 (raw, Next::Leaf(_)) if covers(va, next, h) => {
                     let leaf = self.copy_leaf(slot, raw, VirtAddr(va), h, c);
                     *wrote |= c.write(dt.slot(i), leaf);
+                    (c.report)(LeafEntry::new(va, h, leaf));
                     None
                 }
                 // Split in the source, then copied through the table the
@@ -333,6 +365,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // one there): copied whole.
                 (raw, Next::Invalid) if covers(va, next, h) => {
                     *wrote |= c.write(dt.slot(i), raw);
+                    (c.report)(LeafEntry::new(va, h, raw));
                     None
                 }
                 // Covered in part: it cannot be split; not copied.
@@ -358,12 +391,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &self,
         span: Span<'_>,
         dt: TableRef<'_>,
-        c: &mut Copier<'_, A, M2, T2>,
+        c: &mut Copier<'_, A, M2, T2, impl FnMut(LeafEntry<A>)>,
     ) -> bool {
         let Span { to, va, .. } = span;
         // Read once, not per entry through `c` (the entry stores may alias
         // it as far as the compiler knows).
         let (dst, cow) = (c.dst, c.cow);
+        let report = &mut c.report;
         // Empty entries up to the first one to copy are skipped here, so
         // the copy loop needs no "wrote anything" state of its own (it
         // would take a register the loop needs for its decisions).
@@ -400,13 +434,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if raw == 0 {
                 continue;
             }
+            let v = va + k as u64 * crate::PAGE_SIZE;
             let pte = match A::decode(raw, 0) {
                 Decoded::Leaf(pa) if cow => {
                     let attrs = raw ^ pa.0 >> A::OA_SHIFT;
                     if attrs != memo.0 {
                         memo = (attrs, Wp::decide::<A>(raw, 0));
                     }
-                    let v = va + k as u64 * crate::PAGE_SIZE;
                     let (pte, protected) = self.cow_pte(s, raw, memo.1, v);
                     if protected {
                         wp = (wp.0.min(k), k);
@@ -420,6 +454,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 _ => raw,
             };
             A::set_pte_nosync(&dst.mmu, d, pte);
+            report(LeafEntry::new(v, 0, pte));
             copied += 1;
         }
         if wp.0 != usize::MAX {
@@ -460,7 +495,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         raw: u64,
         va: VirtAddr,
         h: u32,
-        c: &mut Copier<'_, A, M2, T2>,
+        c: &mut Copier<'_, A, M2, T2, impl FnMut(LeafEntry<A>)>,
     ) -> u64 {
         if !c.cow {
             A::mkclean(A::mkold(raw, h), h)
@@ -571,15 +606,17 @@ fn ro(p: Prot) -> Prot {
 
 /// The state of one copy that its steps share: the destination, both
 /// reservations, the source's gather.
-struct Copier<'d, A: Arch, M: Mmu, T: TableAlloc> {
+struct Copier<'d, A: Arch, M: Mmu, T: TableAlloc, F> {
     dst: &'d AddressSpace<A, M, T>,
     src_stash: Reservation,
     dst_stash: Reservation,
     gather: TlbGather,
     cow: bool,
+    /// The caller's report of each entry copied.
+    report: F,
 }
 
-impl<'d, A: Arch, M: Mmu, T: TableAlloc> Copier<'d, A, M, T> {
+impl<'d, A: Arch, M: Mmu, T: TableAlloc, F: FnMut(LeafEntry<A>)> Copier<'d, A, M, T, F> {
     /// Writes `raw` into `dst`'s empty `slot`; returns `true` (the table
     /// was written).
     #[inline]

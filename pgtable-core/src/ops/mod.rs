@@ -1,5 +1,5 @@
 //! The operations, each written once against the contract on the walker:
-//! map, unmap (and its reporting form), protection changes (and the live
+//! map, unmap (and its reporting form, and the teardown of a whole space), protection changes (and the live
 //! form), translate and walk, fork's copy, software entries, replacing one
 //! PTE in place, accessed/dirty
 //! harvesting, the fault-time single-entry operations, contiguous runs and
@@ -7,6 +7,7 @@
 
 pub(crate) mod contpte;
 pub(crate) mod entry;
+pub(crate) mod exit;
 pub(crate) mod fault;
 pub(crate) mod fork;
 pub(crate) mod harvest;

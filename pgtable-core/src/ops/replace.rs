@@ -100,8 +100,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`Error::SwapValueTooWide`] for a value that does not fit a
     /// software entry, [`Error::NotMapped`] when the PTE of `va` is empty
     /// or its table missing (nothing to replace: use
-    /// [`install_pte`](Self::install_pte) or
-    /// [`set_swap_entry`](Self::set_swap_entry)), and
+    /// [`install_pte`](Self::install_pte), for a page or a software
+    /// entry), and
     /// [`Error::BlockMapped`] when a block maps `va` (a huge page is split
     /// or unmapped first; this call allocates no table). On error nothing
     /// was changed.

@@ -16,9 +16,19 @@
 //!   this crate has no writable migration entries to downgrade);
 //! - [`unmap`](AddressSpace::unmap) clears them (Linux `zap_pte_range`
 //!   frees the swap slot, which is the caller's business here);
-//! - [`copy_page_range`](AddressSpace::copy_page_range) copies them;
+//! - [`copy_page_range`](AddressSpace::copy_page_range) copies them, and
+//!   reports each to its caller (who takes a reference on the swap slot,
+//!   Linux `swap_duplicate`);
+//! - [`exit_mmap`](AddressSpace::exit_mmap) reports and clears them with
+//!   everything else;
 //! - [`translate`](AddressSpace::translate) and
 //!   [`walk`](AddressSpace::walk) do not report them: they map nothing.
+//!   [`Inspector::entries`](crate::contract::Inspector::entries) walks a
+//!   range reporting them too.
+//!
+//! One is put into an empty PTE with
+//! [`install_pte`](AddressSpace::install_pte) and
+//! [`NewPte::Swap`](crate::contract::NewPte::Swap).
 //!
 //! Software entries live at the PTE level only: the operations here never
 //! put one higher up. A present page becomes one, and one becomes a page
@@ -33,26 +43,14 @@ use crate::space::walker::Next;
 use crate::{AddressSpace, Arch, Error, Mmu, TableAlloc, VirtAddr, PAGE_SIZE};
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
-    /// Puts a software entry carrying `value` into the PTE of `va` (Linux
-    /// `set_pte_at(mm, addr, pte, swp_entry_to_pte(entry))` when
-    /// `try_to_unmap_one` swaps a page out), allocating the missing tables
-    /// on the way.
-    ///
-    /// The rule: the PTE must be none or already a software entry (which is
-    /// replaced; the hardware never reads either, so no TLB maintenance is
-    /// needed). Anything present there, a page or a block covering `va`,
-    /// is replaced with [`replace_pte`](Self::replace_pte) instead: this
-    /// operation never takes a translation away.
-    ///
-    /// # Errors
-    ///
-    /// A misaligned or out-of-range `va`, [`Error::SwapValueTooWide`] when
-    /// `value` does not fit (always, for a format without software
-    /// entries), [`Error::AlreadyMapped`] when a leaf maps `va` or a value
-    /// the walker ignores but that is not a software entry of this format
-    /// sits on its path, or [`Error::OutOfMemory`]. On error nothing was
-    /// changed and no table frame is kept.
-    pub fn set_swap_entry(&mut self, va: VirtAddr, value: u64) -> Result<(), Error> {
+    /// [`install_pte`](Self::install_pte) of a software entry carrying
+    /// `value` (Linux `set_pte_at(mm, addr, pte, swp_entry_to_pte(entry))`):
+    /// the PTE must be none; allocates the missing tables on the way.
+    /// Not present before and after, so no TLB maintenance. On error
+    /// nothing was changed and no table frame is kept.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn install_swap(&mut self, va: VirtAddr, value: u64) -> Result<(), Error> {
         self.check_range(va, PAGE_SIZE)?;
         let entry = A::swp_entry(value).ok_or(Error::SwapValueTooWide(value))?;
         // Check: walk down, counting the missing tables.
@@ -61,7 +59,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let need = loop {
             if h == 0 {
                 let raw = t.load(index(va.0, 0));
-                if raw != 0 && A::swp_value(raw).is_none() {
+                if raw != 0 {
                     return Err(Error::AlreadyMapped(va));
                 }
                 break 0;

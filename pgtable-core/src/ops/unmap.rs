@@ -154,7 +154,7 @@ impl<F> Report<F> {
 
     /// A report that reads the PTE tables it unlinks whole after the
     /// flush ([`AddressSpace::report_deferred`]).
-    fn deferring(f: F) -> Self {
+    pub(crate) fn deferring(f: F) -> Self {
         Report {
             f,
             trust_settled: true,
@@ -268,7 +268,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Reports the entries of the PTE tables `z` deferred, now that the
     /// flush is done, and frees those tables.
-    fn report_deferred<F: FnMut(Removed<A>)>(&mut self, z: &mut Report<F>) {
+    pub(crate) fn report_deferred<F: FnMut(Removed<A>)>(&mut self, z: &mut Report<F>) {
         let Some(d) = z.deferred.take() else {
             return;
         };

@@ -82,14 +82,48 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Calls `f` for every leaf that maps part of `[va, va + len)`, in
     /// address order, with its address, size, raw entry and protection.
     ///
+    /// Software entries (swap and migration entries) map nothing and are
+    /// not reported. To see them too, e.g. to take a reference on every
+    /// swap slot of a range, walk with
+    /// [`inspect().entries`](crate::contract::Inspector::entries), which
+    /// reports every present leaf and every software entry as a
+    /// [`LeafEntry`](crate::LeafEntry).
+    ///
     /// # Errors
     ///
     /// Misaligned or zero length, or a range outside the address space.
     pub fn walk(&self, va: VirtAddr, len: u64, mut f: impl FnMut(Mapping)) -> Result<(), Error> {
+        self.visit(va, len, false, |va, height, entry, pa| {
+            if let Some(pa) = pa {
+                f(Mapping {
+                    va: VirtAddr(va),
+                    pa,
+                    size: size(height),
+                    height,
+                    entry,
+                    prot: A::leaf_prot(entry, height),
+                });
+            }
+        })
+    }
+
+    /// The walk of [`walk`](Self::walk) and of
+    /// [`Inspector::entries`](crate::contract::Inspector::entries): calls
+    /// `f` in address order with the first address, height, raw entry
+    /// (for a folded run, with the run's accessed/dirty state) and frame
+    /// of each present leaf meeting `[va, va + len)`, and with `swaps`
+    /// also of each other non-zero entry (no frame).
+    pub(crate) fn visit(
+        &self,
+        va: VirtAddr,
+        len: u64,
+        swaps: bool,
+        mut f: impl FnMut(u64, u32, u64, Option<PhysAddr>),
+    ) -> Result<(), Error> {
         let end = self.check_range(va, len)?;
         let mut cur = self.cursor(va.0, end);
         while let Some(span) = cur.span() {
-            match self.walk_span(span, &mut f) {
+            match self.walk_span(span, swaps, &mut f) {
                 Some((child, va)) => cur.descend(child, va),
                 None => {
                     cur.advance(span.next);
@@ -99,13 +133,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         Ok(())
     }
 
-    /// Reports the leaves of `span` up to its first table entry, and
+    /// Reports the entries of `span` up to its first table entry, and
     /// returns that entry's table and first address (`None`: the span is
     /// done).
     fn walk_span<'a>(
         &'a self,
         span: Span<'a>,
-        f: &mut impl FnMut(Mapping),
+        swaps: bool,
+        f: &mut impl FnMut(u64, u32, u64, Option<PhysAddr>),
     ) -> Option<(TableRef<'a>, u64)> {
         let Span {
             table: t,
@@ -119,14 +154,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut run_ad = (usize::MAX, false, false);
         for i in span.from..span.to {
             let next = entry_end(va, height, end);
+            let first = va & !(size(height) - 1);
             match self.read(t, i, height) {
                 (_, Next::Table(c)) => return Some((c, va)),
-                (raw, Next::Leaf(pa)) => f(Mapping {
-                    va: VirtAddr(va & !(size(height) - 1)),
-                    pa,
-                    size: size(height),
-                    height,
-                    entry: if A::is_cont(raw, height) {
+                (raw, Next::Leaf(pa)) => {
+                    let entry = if A::is_cont(raw, height) {
                         let first = i & !(A::cont_entries(height) as usize - 1);
                         if run_ad.0 != first {
                             let run = contpte::run_slots::<A>(t.table(), i, height);
@@ -136,9 +168,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         contpte::with_ad::<A>(raw, height, run_ad.1, run_ad.2)
                     } else {
                         raw
-                    },
-                    prot: A::leaf_prot(raw, height),
-                }),
+                    };
+                    f(first, height, entry, Some(pa));
+                }
+                (raw, Next::Invalid) if swaps => f(first, height, raw, None),
                 _ => {}
             }
             va = next;

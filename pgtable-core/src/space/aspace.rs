@@ -1182,6 +1182,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {
             );
             return;
         }
+        self.free_tables();
+    }
+}
+
+impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
+    /// Frees every table of the (inactive) space: those below the root
+    /// entries of its range, and the root.
+    pub(crate) fn free_tables(&mut self) {
+        debug_assert!(!self.active);
         let mut q = FreeQueue::new();
         // Only the root entries of our range: on x86 a user space's root
         // also links the kernel half's tables, which are not ours.
@@ -1194,9 +1203,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {
             }
         }
         self.queue_free(&mut q, self.root);
-        // SAFETY: the address space is inactive, so by the contract of
-        // `deactivate` (or because it was never installed) no CPU can
-        // reach its tables.
+        // SAFETY: the address space is inactive (our caller checked), so
+        // by the contract of `deactivate` (or because it was never
+        // installed) no CPU can reach its tables.
         unsafe { self.free_queued(q) };
     }
 }

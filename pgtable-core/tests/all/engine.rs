@@ -558,7 +558,7 @@ fn a_range_past_the_top_of_an_upper_half_space_is_named_by_its_start() {
         r("ptdump_range", s.ptdump().range(va, len).map(|_| ()));
         r(
             "copy_page_range",
-            s.copy_page_range(&mut other, va, len, CopyMode::Cow),
+            s.copy_page_range(&mut other, va, len, CopyMode::Cow, |_| {}),
         );
         let below = VirtAddr(top.0 - M2);
         r(

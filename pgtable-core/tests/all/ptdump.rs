@@ -5,6 +5,7 @@
 #![cfg(feature = "alloc")]
 
 use core::fmt::{self, Write};
+use pgtable_core::contract::NewPte;
 
 use pgtable_core::contract::{Arena, NoopMmu};
 use pgtable_core::test_format::TestFormat;
@@ -196,7 +197,7 @@ fn ptdump_shows_software_entries_with_their_values() {
     let mut s = space::<4>();
     let va = 0x40_0000;
     for (i, v) in (0u64..).zip([0x10, 0x11, 0x12, 0x20]) {
-        s.set_swap_entry(VirtAddr(va + i * K4), v)
+        s.install_pte(VirtAddr(va + i * K4), NewPte::Swap(v))
             .expect("swap entry");
     }
     // A leaf right after them is its own range.
@@ -415,7 +416,7 @@ impl<const N: usize> Write for FixedBuf<N> {
 fn ptdump_formats_into_a_fixed_buffer() {
     let mut s = space::<4>();
     map(&mut s, G1, G1, 2 * M2, Prot::READ_WRITE, MapOptions::BLOCKS);
-    s.set_swap_entry(VirtAddr(G1 + 2 * M2), 0x7)
+    s.install_pte(VirtAddr(G1 + 2 * M2), NewPte::Swap(0x7))
         .expect("swap entry");
     let mut out = FixedBuf::<256>::new();
     write!(out, "{}", s.ptdump()).expect("fits");

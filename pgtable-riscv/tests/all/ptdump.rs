@@ -3,6 +3,7 @@
 //! writable leaves clean until the hart sets D, G, Svpbmt memory types, a
 //! gigapage in the Sv39 root, the upper half and software entries.
 
+use pgtable_core::contract::NewPte;
 use pgtable_core::contract::{Arch, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
 use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VaRange, VirtAddr};
@@ -96,7 +97,7 @@ fn ptdump_sv57_upper_half_and_software_entries() {
     )
     .expect("map");
     for (i, v) in (0u64..).zip([0x100, 0x101]) {
-        s.set_swap_entry(VirtAddr(base + M2 + i * K4), v)
+        s.install_pte(VirtAddr(base + M2 + i * K4), NewPte::Swap(v))
             .expect("swap entry");
     }
     let got = lines(&s);

@@ -3,6 +3,7 @@
 //! leaves neither until the processor sets them, G, PAT memory types, the
 //! upper half of 4- and 5-level paging, 1 GiB pages and software entries.
 
+use pgtable_core::contract::NewPte;
 use pgtable_core::contract::{Arch, Arena, NoopMmu};
 use pgtable_core::sim::{Installed, SimMachine};
 use pgtable_core::{AddressSpace, MapOptions, MemType, PhysAddr, Prot, VaRange, VirtAddr};
@@ -114,7 +115,7 @@ fn ptdump_x86_la57_upper_half_and_software_entries() {
     )
     .expect("map");
     for (i, v) in (0u64..).zip([0x100, 0x101]) {
-        s.set_swap_entry(VirtAddr(base + M2 + i * K4), v)
+        s.install_pte(VirtAddr(base + M2 + i * K4), NewPte::Swap(v))
             .expect("swap entry");
     }
     assert_eq!(

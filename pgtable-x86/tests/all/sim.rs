@@ -387,7 +387,7 @@ fn partial_change_of_a_cached_block(op: &str) {
         "protect" => s.change_protection(page, 0x1000, user_ro()).unwrap(),
         _ => {
             let mut child = AddressSpace::<X86_64, _, _>::new(m.mmu(), m.alloc()).unwrap();
-            s.copy_page_range(&mut child, page, 0x1000, CopyMode::Cow)
+            s.copy_page_range(&mut child, page, 0x1000, CopyMode::Cow, |_| {})
                 .unwrap();
             assert!(!child.translate(page).unwrap().prot.writable());
         }

@@ -9,7 +9,7 @@
 //! both installed), and applies [`EPISODE_OPS`] random operations to one
 //! of them (`Op::Switch` changes which): `map` (folded contiguous runs
 //! and `no_contiguous()` maps), `unmap`, `unmap_with`, `change_protection`,
-//! `change_protection_live`, `move_page_tables`, `set_swap_entry`,
+//! `change_protection_live`, `move_page_tables`, `install_pte` (pages and software entries),
 //! `replace_pte`, `install_pte`, `ptep_set_access_flags`, `ptep_get`,
 //! `test_and_clear_young`, `clear_refs`, `copy_page_range` into the other
 //! space, and gathers of several `unmap` / `unmap_with` /

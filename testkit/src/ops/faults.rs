@@ -1,5 +1,6 @@
 //! The fault-time operations: `install_pte` and `ptep_set_access_flags`.
 
+use pgtable_core::contract::NewPte;
 use std::sync::atomic::Ordering::Relaxed;
 
 use pgtable_core::contract::Arch;
@@ -14,8 +15,14 @@ pub fn install_pte_allocates_only_missing_tables<A: Arch>() {
     let (m, mut s) = setup::<A>();
     let live = m.alloc().live();
     s.stats().reset();
-    s.install_pte(VirtAddr(VA + 3 * K4), PhysAddr(PA), URW)
-        .unwrap();
+    s.install_pte(
+        VirtAddr(VA + 3 * K4),
+        NewPte::Page {
+            pa: PhysAddr(PA),
+            prot: URW,
+        },
+    )
+    .unwrap();
     m.check().unwrap();
     assert_eq!(m.alloc().live(), live + (A::LEVELS as usize - 1));
     assert_eq!(s.stats().flushes(), 0);
@@ -25,8 +32,14 @@ pub fn install_pte_allocates_only_missing_tables<A: Arch>() {
         PhysAddr(PA + 9)
     );
     s.stats().reset();
-    s.install_pte(VirtAddr(VA + 4 * K4), PhysAddr(PA + K4), URW)
-        .unwrap();
+    s.install_pte(
+        VirtAddr(VA + 4 * K4),
+        NewPte::Page {
+            pa: PhysAddr(PA + K4),
+            prot: URW,
+        },
+    )
+    .unwrap();
     m.check().unwrap();
     assert_eq!(m.alloc().live(), live + (A::LEVELS as usize - 1));
     assert_eq!(s.stats().flushes(), 0);
@@ -59,23 +72,47 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
     assert!(s.ptep_get(VirtAddr(VA + 2 * K4)).is_none());
     for v in [VA, VA + K4] {
         assert_eq!(
-            s.install_pte(VirtAddr(v), PhysAddr(PA), URW),
+            s.install_pte(
+                VirtAddr(v),
+                NewPte::Page {
+                    pa: PhysAddr(PA),
+                    prot: URW
+                }
+            ),
             Err(Error::AlreadyMapped(VirtAddr(v)))
         );
     }
     assert_eq!(
-        s.install_pte(VirtAddr(VA + 5), PhysAddr(PA), URW),
+        s.install_pte(
+            VirtAddr(VA + 5),
+            NewPte::Page {
+                pa: PhysAddr(PA),
+                prot: URW
+            }
+        ),
         Err(Error::MisalignedVirt(VirtAddr(VA + 5)))
     );
     assert_eq!(
-        s.install_pte(VirtAddr(VA + 2 * K4), PhysAddr(PA + 5), URW),
+        s.install_pte(
+            VirtAddr(VA + 2 * K4),
+            NewPte::Page {
+                pa: PhysAddr(PA + 5),
+                prot: URW
+            }
+        ),
         Err(Error::MisalignedPhys(PhysAddr(PA + 5)))
     );
     assert_eq!(snapshot(&s, VA, 4 * K4), before);
     if A::leaf_allowed(1) {
         map(&mut s, M2, M2, URW, MapOptions::PMD_BLOCKS);
         assert_eq!(
-            s.install_pte(VirtAddr(VA + M2 + K4), PhysAddr(PA), URW),
+            s.install_pte(
+                VirtAddr(VA + M2 + K4),
+                NewPte::Page {
+                    pa: PhysAddr(PA),
+                    prot: URW
+                }
+            ),
             Err(Error::AlreadyMapped(VirtAddr(VA + M2 + K4)))
         );
     }
@@ -84,7 +121,13 @@ pub fn install_pte_errors_change_nothing<A: Arch>() {
     let far = VirtAddr(VA + (1 << (A::VA_BITS - 2)));
     let tables = s.inspect().count_tables();
     m.alloc().fail_after(Some(1));
-    let e = s.install_pte(far, PhysAddr(PA), URW);
+    let e = s.install_pte(
+        far,
+        NewPte::Page {
+            pa: PhysAddr(PA),
+            prot: URW,
+        },
+    );
     m.alloc().fail_after(None);
     assert_eq!(e, Err(Error::OutOfMemory));
     assert_eq!(m.alloc().live(), live);

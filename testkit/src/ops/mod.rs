@@ -1,6 +1,6 @@
 //! The kernel-facing single-entry and batched operations on the simulated
 //! machine, written once for any format: caller-owned flush batching
-//! (`MmuGather`), `unmap_with` reports, accessed/dirty harvesting, the
+//! (`MmuGather`), `unmap_with` reports, `exit_mmap`, `Inspector::entries`, accessed/dirty harvesting, the
 //! fault-time operations, `replace_pte` and `zap_page_range`, and
 //! `Prot::NONE` mappings. The integration tests of pgtable-core
 //! and of each arch crate instantiate every case per format with
@@ -13,6 +13,8 @@ use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{AddressSpace, LeafEntry, MapOptions, PhysAddr, Prot, VirtAddr};
 
+mod entries;
+mod exit;
 mod faults;
 mod gather;
 mod harvest;
@@ -20,6 +22,8 @@ mod protnone;
 mod replace;
 mod unmap_with;
 
+pub use entries::*;
+pub use exit::*;
 pub use faults::*;
 pub use gather::*;
 pub use harvest::*;
@@ -126,6 +130,22 @@ macro_rules! ops_tests {
         mod $m {
             type A = super::$a;
 
+            #[test]
+            fn exit_mmap_reports_everything_and_frees_every_table() {
+                $crate::ops::exit_mmap_reports_everything_and_frees_every_table::<A>();
+            }
+            #[test]
+            fn entries_report_leaves_and_software_entries() {
+                $crate::ops::entries_report_leaves_and_software_entries::<A>();
+            }
+            #[test]
+            fn exit_mmap_of_an_empty_space() {
+                $crate::ops::exit_mmap_of_an_empty_space::<A>();
+            }
+            #[test]
+            fn exit_mmap_of_a_user_space_leaves_the_kernel_half() {
+                $crate::ops::exit_mmap_of_a_user_space_leaves_the_kernel_half::<A>();
+            }
             #[test]
             fn unmap_with_reports_each_removed_entry() {
                 $crate::ops::unmap_with_reports_each_removed_entry::<A>();

@@ -222,7 +222,7 @@ pub fn prot_none_survives_fork_and_move<A: Arch>() {
     s.change_protection(VirtAddr(VA), 2 * K4, Prot::NONE)
         .unwrap();
     let mut child = AddressSpace::<A, _, _>::new(m.mmu(), m.alloc()).unwrap();
-    s.copy_page_range(&mut child, VirtAddr(VA), 2 * K4, CopyMode::Cow)
+    s.copy_page_range(&mut child, VirtAddr(VA), 2 * K4, CopyMode::Cow, |_| {})
         .unwrap();
     let e = child.ptep_get(VirtAddr(VA + K4)).unwrap();
     assert_eq!(

@@ -36,7 +36,7 @@ fn ad<A: Arch>(s: &Space<A>, va: VirtAddr) -> (bool, bool) {
 /// returned carries its frame and final accessed/dirty state, no table is
 /// freed or allocated, and the simulator finds no stale translation.
 /// Swap-in then works under the same allocator. The old sequence (unmap,
-/// then `set_swap_entry`) frees the table and cannot get it back.
+/// then `install_pte` of `NewPte::Swap`) frees the table and cannot get it back.
 pub fn replace_pte_reclaims_a_full_table_without_allocating<A: Arch>() {
     let (m, mut s) = setup::<A>();
     map(&mut s, 0, M2, URW, MapOptions::PAGES.no_contiguous());
@@ -76,7 +76,10 @@ pub fn replace_pte_reclaims_a_full_table_without_allocating<A: Arch>() {
     s.unmap_with(VirtAddr(VA), M2, |r| old.push(r)).unwrap();
     assert_eq!(old.len(), 512);
     assert!(m.live_tables() < tables);
-    assert_eq!(s.set_swap_entry(VirtAddr(VA), 1), Err(Error::OutOfMemory));
+    assert_eq!(
+        s.install_pte(VirtAddr(VA), NewPte::Swap(1)),
+        Err(Error::OutOfMemory)
+    );
     m.fail_after(None);
     m.check().unwrap();
 }
@@ -318,7 +321,14 @@ pub fn zap_page_range_keeps_the_tables_for_a_refill<A: Arch>() {
     m.fail_after(Some(0));
     for i in 0..1024 {
         let va = VirtAddr(VA + i * K4);
-        s.install_pte(va, PhysAddr(NEW_PA + i * K4), URW).unwrap();
+        s.install_pte(
+            va,
+            NewPte::Page {
+                pa: PhysAddr(NEW_PA + i * K4),
+                prot: URW,
+            },
+        )
+        .unwrap();
     }
     m.fail_after(None);
     m.check().unwrap();

@@ -2,12 +2,13 @@
 //! covered in part, failures that change neither space, and the dirty
 //! state the hardware sets during the copy.
 
+use pgtable_core::contract::NewPte;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 use pgtable_core::contract::{AccessFault, Arch};
 use pgtable_core::sim::SimFaultKind;
-use pgtable_core::{CopyMode, Error, MapOptions, Mapping, PhysAddr, Prot, VirtAddr};
+use pgtable_core::{CopyMode, Error, LeafEntry, MapOptions, Mapping, PhysAddr, Prot, VirtAddr};
 
 use super::{
     expect_swp, flushes, listing, machine, no_leak, populate, snapshot, Space, G1, K4, M2, PA, RO,
@@ -48,6 +49,44 @@ fn fork_source<A: Arch>(s: &mut Space<A>) -> Vec<(u64, u64)> {
     swp
 }
 
+/// Checks the reports of a fork into `child` of `[va, va + len)`: in
+/// address order, exactly one per entry the child now holds there (its
+/// present leaves as a walk finds them, and its software entries, `swp`
+/// at offsets from `base`), each the entry as the child holds it.
+fn check_reports<A: Arch>(
+    got: &[LeafEntry<A>],
+    child: &Space<A>,
+    (va, len): (u64, u64),
+    base: u64,
+    swp: &[(u64, u64)],
+) {
+    assert!(
+        got.windows(2).all(|w| w[0].va() < w[1].va()),
+        "reports out of address order"
+    );
+    for e in got {
+        let held = child.inspect().entry(e.va(), e.height());
+        assert_eq!(held, Some(e.raw()), "report at {:?}", e.va());
+    }
+    let present: Vec<_> = got
+        .iter()
+        .filter(|e| e.is_present())
+        .map(|e| (e.va(), e.pa().unwrap(), e.size()))
+        .collect();
+    let walked: Vec<_> = listing(child, va, len)
+        .iter()
+        .map(|m| (m.va, m.pa, m.size))
+        .collect();
+    assert_eq!(present, walked, "present leaves reported");
+    let sw: Vec<_> = got
+        .iter()
+        .filter_map(|e| e.swap_value().map(|v| (e.va().0 - base, v)))
+        .collect();
+    assert_eq!(sw, swp, "software entries reported");
+    let others = got.len() - present.len() - sw.len();
+    assert_eq!(others, 0, "reports of neither kind");
+}
+
 /// A COW fork write-protects both sides, keeps translations equal, copies
 /// blocks as blocks and software entries, flushes the source once and
 /// creates no empty table.
@@ -62,8 +101,21 @@ pub fn fork_cow<A: Arch>() {
     let (va, len) = (G1, 2 * G1);
     let before = listing(&src, va, len);
     let f0 = (flushes(&m), flushes(&cm));
-    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
-        .unwrap();
+    let mut got = Vec::new();
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow, |e| {
+        got.push(e)
+    })
+    .unwrap();
+    check_reports(&got, &child, (va, len), G1, &swp);
+    // As copied: write-protected and old, the dirty state kept.
+    for e in got.iter().filter(|e| e.is_present()) {
+        assert!(!e.prot().unwrap().writable() && !e.young(), "{:?}", e.va());
+    }
+    assert!(got.iter().any(|e| e.dirty()), "a dirty page reported dirty");
+    assert!(
+        got.iter().any(|e| e.height() == 1),
+        "a block reported whole"
+    );
     assert_eq!(flushes(&m) - f0.0, 1, "the source flushes exactly once");
     assert_eq!(flushes(&cm) - f0.1, 0, "the child needs no flush");
     m.check().expect("source machine check");
@@ -144,8 +196,17 @@ pub fn fork_shared<A: Arch>() {
     m.write_u64(VirtAddr(G1 + 5 * K4), 7).unwrap();
     let before = listing(&src, G1, 2 * G1);
     let f0 = flushes(&m);
-    src.copy_page_range(&mut child, VirtAddr(G1), 2 * G1, CopyMode::Shared)
-        .unwrap();
+    let mut got = Vec::new();
+    src.copy_page_range(&mut child, VirtAddr(G1), 2 * G1, CopyMode::Shared, |e| {
+        got.push(e)
+    })
+    .unwrap();
+    check_reports(&got, &child, (G1, 2 * G1), G1, &swp);
+    // As copied: old and clean, still writable.
+    for e in got.iter().filter(|e| e.is_present()) {
+        assert!(!e.young() && !e.dirty(), "{:?}", e.va());
+    }
+    assert!(got.iter().any(|e| e.prot().is_some_and(|p| p.writable())));
     assert_eq!(flushes(&m), f0);
     assert_eq!(listing(&src, G1, 2 * G1), before);
     // The child's leaves are old and clean (the source keeps the dirty
@@ -187,8 +248,14 @@ pub fn fork_partial_blocks<A: Arch>() {
         .map(VirtAddr(G1), PhysAddr(PA), K4, RW, MapOptions::PAGES)
         .unwrap();
     let (va, len) = (G1 + 3 * K4, M2);
-    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
-        .unwrap();
+    let mut got = Vec::new();
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow, |e| {
+        got.push(e)
+    })
+    .unwrap();
+    // The part of each block in the range, as the pages it was split into.
+    check_reports(&got, &child, (va, len), G1, &[]);
+    assert_eq!(got.len() as u64, len / K4);
     for off in [0, 2 * K4, M2 + 3 * K4, M2 + 20 * K4] {
         let t = src.translate(VirtAddr(G1 + off)).unwrap();
         assert!(t.prot.writable(), "outside, {off:#x}");
@@ -220,7 +287,7 @@ pub fn fork_partial_blocks<A: Arch>() {
         src.stats().tables_allocated(),
         child.stats().tables_allocated(),
     );
-    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow, |_| {})
         .unwrap();
     // Source: the 1 GiB block into a PMD table, the two partly covered
     // 2 MiB blocks into PTE tables; the child the same, plus its path.
@@ -281,7 +348,7 @@ pub fn fork_fails_unchanged<A: Arch>() {
         src.stats().tables_allocated(),
         child.stats().tables_allocated(),
     );
-    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow, |_| {})
         .unwrap();
     let src_need = src.stats().tables_allocated() - a0;
     let dst_need = child.stats().tables_allocated() - b0;
@@ -300,7 +367,11 @@ pub fn fork_fails_unchanged<A: Arch>() {
             } else {
                 cm.fail_after(Some(k));
             }
-            let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow);
+            let mut reported = 0;
+            let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow, |_| {
+                reported += 1
+            });
+            assert_eq!(reported, 0, "reported on error");
             m.fail_after(None);
             cm.fail_after(None);
             assert_eq!(r, Err(Error::OutOfMemory), "side {side}, k = {k}");
@@ -323,7 +394,7 @@ pub fn fork_fails_unchanged<A: Arch>() {
     let (m, mut src, cm, mut child) = build();
     m.fail_after(Some(src_need));
     cm.fail_after(Some(dst_need));
-    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow)
+    src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow, |_| {})
         .unwrap();
     m.fail_after(None);
     cm.fail_after(None);
@@ -335,13 +406,17 @@ pub fn fork_fails_unchanged<A: Arch>() {
                 .map(VirtAddr(at), PhysAddr(PA), K4, RO, MapOptions::PAGES)
                 .unwrap();
         } else {
-            child.set_swap_entry(VirtAddr(at), 5).unwrap();
+            child.install_pte(VirtAddr(at), NewPte::Swap(5)).unwrap();
         }
         let (sb, cb) = (
             snapshot(&src, G1, 2 * G1, &probes),
             snapshot(&child, G1, 2 * G1, &probes),
         );
-        let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow);
+        let mut reported = 0;
+        let r = src.copy_page_range(&mut child, VirtAddr(va), len, CopyMode::Cow, |_| {
+            reported += 1
+        });
+        assert_eq!(reported, 0, "reported on error");
         assert_eq!(r, Err(Error::AlreadyMapped(VirtAddr(at))), "{what}");
         assert_eq!(snapshot(&src, G1, 2 * G1, &probes), sb);
         assert_eq!(snapshot(&child, G1, 2 * G1, &probes), cb);
@@ -371,7 +446,7 @@ pub fn fork_race_keeps_dirty<A: Arch + Send>(rounds: usize) {
         while m.stats().tlb_misses < 64 {
             std::thread::yield_now();
         }
-        src.copy_page_range(&mut child, va, PAGES * K4, CopyMode::Cow)
+        src.copy_page_range(&mut child, va, PAGES * K4, CopyMode::Cow, |_| {})
             .unwrap();
         // Relaxed: join orders the rest.
         stop.store(true, Relaxed);
@@ -453,7 +528,7 @@ pub fn fork_direct_race<A: Arch>(rounds: usize) -> (u64, u64) {
             });
             // Release: the agent starts now.
             go.store(1, Release);
-            src.copy_page_range(&mut *child, va, PAGES * K4, CopyMode::Cow)
+            src.copy_page_range(&mut *child, va, PAGES * K4, CopyMode::Cow, |_| {})
                 .unwrap();
             agent.join().unwrap()
         });

@@ -106,7 +106,7 @@ pub fn encoding<A: Arch>() {
 
 // ----- installing, reading, swapping in -----
 
-/// `set_swap_entry`, `ptep_get` and swap-in (`replace_pte` of a software
+/// `install_pte` of software entries, `ptep_get` and swap-in (`replace_pte` of a software
 /// entry) of software entries.
 pub fn install_read_and_swap_in<A: Arch>() {
     let (m, mut s) = machine::<A>();
@@ -115,12 +115,15 @@ pub fn install_read_and_swap_in<A: Arch>() {
     let need = A::LEVELS as u64 - 1;
     for k in 0..need {
         m.fail_after(Some(k));
-        assert_eq!(s.set_swap_entry(va, 0x77), Err(Error::OutOfMemory));
+        assert_eq!(
+            s.install_pte(va, NewPte::Swap(0x77)),
+            Err(Error::OutOfMemory)
+        );
         m.fail_after(None);
         assert_eq!(s.inspect().count_tables(), 1, "k = {k}");
         no_leak(&m, &s);
     }
-    s.set_swap_entry(va, 0x77).unwrap();
+    s.install_pte(va, NewPte::Swap(0x77)).unwrap();
     assert_eq!(s.inspect().count_tables() as u64, 1 + need);
     assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), Some(0x77));
     assert_eq!(s.ptep_get(va.add(K4)).and_then(|e| e.swap_value()), None);
@@ -137,12 +140,19 @@ pub fn install_read_and_swap_in<A: Arch>() {
         s.map(va, PhysAddr(PA), K4, RW, MapOptions::PAGES),
         Err(Error::AlreadyMapped(va))
     );
-    // Replaced by another software entry; too wide a value is refused.
-    s.set_swap_entry(va, 0x78).unwrap();
+    // Occupied for install_pte too (replace_pte replaces it, returning
+    // the old value); too wide a value is refused.
+    assert_eq!(
+        s.install_pte(va, NewPte::Swap(0x78)),
+        Err(Error::AlreadyMapped(va))
+    );
+    assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), Some(0x77));
+    let old = s.replace_pte(va, NewPte::Swap(0x78)).unwrap();
+    assert_eq!(old.swap_value(), Some(0x77));
     assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), Some(0x78));
     let wide = 1u64 << A::SWP_VALUE_BITS;
     assert_eq!(
-        s.set_swap_entry(va, wide),
+        s.install_pte(va, NewPte::Swap(wide)),
         Err(Error::SwapValueTooWide(wide))
     );
     assert_eq!(s.ptep_get(va).and_then(|e| e.swap_value()), Some(0x78));
@@ -150,13 +160,16 @@ pub fn install_read_and_swap_in<A: Arch>() {
     let page = va.add(K4);
     s.map(page, PhysAddr(PA), K4, RW, MapOptions::PAGES)
         .unwrap();
-    assert_eq!(s.set_swap_entry(page, 1), Err(Error::AlreadyMapped(page)));
+    assert_eq!(
+        s.install_pte(page, NewPte::Swap(1)),
+        Err(Error::AlreadyMapped(page))
+    );
     let block = VirtAddr(5 * G1);
     s.map(block, PhysAddr(PA), M2, RW, MapOptions::BLOCKS)
         .unwrap();
     let inside = block.add(9 * K4);
     assert_eq!(
-        s.set_swap_entry(inside, 1),
+        s.install_pte(inside, NewPte::Swap(1)),
         Err(Error::AlreadyMapped(inside))
     );
     assert_eq!(s.translate(inside).unwrap().pa, PhysAddr(PA + 9 * K4));
@@ -197,7 +210,7 @@ fn populate<A: Arch>(s: &mut Space<A>, base: u64, len: u64) -> Vec<(u64, u64)> {
     for i in 0..len / K4 {
         let va = VirtAddr(base + i * K4);
         if i % 7 == 3 || i < 4 {
-            s.set_swap_entry(va, i + 1).unwrap();
+            s.install_pte(va, NewPte::Swap(i + 1)).unwrap();
             swp.push((i * K4, i + 1));
         } else if i % 5 == 0 {
             s.map(va, PhysAddr(PA + i * K4), K4, RW, MapOptions::PAGES)
@@ -288,7 +301,7 @@ pub fn moves_keep_them<A: Arch>() {
         let mut swp = Vec::new();
         for i in 0..len.min(M2) / K4 {
             if i % 3 == 0 {
-                s.set_swap_entry(VirtAddr(old + i * K4), 0x1000 + i)
+                s.install_pte(VirtAddr(old + i * K4), NewPte::Swap(0x1000 + i))
                     .unwrap();
                 swp.push((i * K4, 0x1000 + i));
             }

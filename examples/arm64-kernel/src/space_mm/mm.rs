@@ -152,7 +152,13 @@ pub(super) fn cow_replace(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     let mut child = cx.new_proc()?;
     at(ps, 0)?
         .space
-        .copy_page_range(&mut child.space, VirtAddr(SHARED_VA), 4096, CopyMode::Cow)
+        .copy_page_range(
+            &mut child.space,
+            VirtAddr(SHARED_VA),
+            4096,
+            CopyMode::Cow,
+            |_| {},
+        )
         .map_err(|e| Why::new(format_args!("copy_page_range: {e}")))?;
     ps[1] = Some(child);
     let child = at(ps, 1)?;

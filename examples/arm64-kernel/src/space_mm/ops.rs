@@ -5,6 +5,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::*;
+use pgtable_core::contract::NewPte;
 
 pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     const DATA: u64 = 0xc0de_0000_0042;
@@ -27,7 +28,13 @@ pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     let parent = at(ps, 0)?;
     parent
         .space
-        .copy_page_range(&mut child.space, VirtAddr(SHARED_VA), 4096, CopyMode::Cow)
+        .copy_page_range(
+            &mut child.space,
+            VirtAddr(SHARED_VA),
+            4096,
+            CopyMode::Cow,
+            |_| {},
+        )
         .map_err(|e| Why::new(format_args!("copy_page_range: {e}")))?;
     let stack = cx.frames.take(0)?;
     map(&mut child.space, STACK_VA, stack)?;
@@ -70,8 +77,8 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
     map(&mut p.space, SRC, f0)?;
     map(&mut p.space, SRC + 0x2000, f2)?;
     p.space
-        .set_swap_entry(VirtAddr(SRC + 0x1000), SWP)
-        .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
+        .install_pte(VirtAddr(SRC + 0x1000), NewPte::Swap(SWP))
+        .map_err(|e| Why::new(format_args!("install_pte (software entry): {e}")))?;
     ps[0] = Some(p);
     let p = at(ps, 0)?;
     cx.switch(p)?;
@@ -337,8 +344,8 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
         map(&mut p.space, BASE + 4096 * i as u64, *f)?;
     }
     p.space
-        .set_swap_entry(VirtAddr(SWP_VA), SWP)
-        .map_err(|e| Why::new(format_args!("set_swap_entry: {e}")))?;
+        .install_pte(VirtAddr(SWP_VA), NewPte::Swap(SWP))
+        .map_err(|e| Why::new(format_args!("install_pte (software entry): {e}")))?;
     // A 2 MiB block of pool memory (past the frames the cases take).
     let blk_pa = (pool.0 + (2 << 20)).next_multiple_of(2 << 20);
     ensure!(

@@ -193,6 +193,7 @@ fn cow_replace<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
             VirtAddr(COW_VA),
             PAGE_SIZE,
             CopyMode::Cow,
+            |_| {},
         ) {
             bail!("copy_page_range: {e}");
         }

@@ -103,6 +103,7 @@ fn fork_cow_write_faults<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
             VirtAddr(COW_VA),
             PAGE_SIZE,
             CopyMode::Cow,
+            |_| {},
         ) {
             bail!("copy_page_range: {e}");
         }
@@ -153,8 +154,8 @@ fn swap_entry_survives_move<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> 
         map_page(&mut u.space, SWAP_OLD, f, Prot::USER | Prot::WRITE)?;
         let s = &mut u.space;
         for (va, v) in [(SWAP_OLD + p(3), V1), (SWAP_OLD + p(5), V2)] {
-            if let Err(e) = s.set_swap_entry(VirtAddr(va), v) {
-                bail!("set_swap_entry {va:#x}: {e}");
+            if let Err(e) = s.install_pte(VirtAddr(va), NewPte::Swap(v)) {
+                bail!("install_pte (software entry) {va:#x}: {e}");
             }
         }
         let mut sw = Switcher::new(12)?;
@@ -375,8 +376,8 @@ fn unmap_reports<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         for i in 0..4 {
             map_page(&mut u.space, p(i), frame(60 + i), Prot::USER | Prot::WRITE)?;
         }
-        if let Err(e) = u.space.set_swap_entry(VirtAddr(p(5)), SWAP) {
-            bail!("set_swap_entry: {e}");
+        if let Err(e) = u.space.install_pte(VirtAddr(p(5)), NewPte::Swap(SWAP)) {
+            bail!("install_pte (software entry): {e}");
         }
         let fresh: [u64; 3] = core::array::from_fn(|i| {
             u.space

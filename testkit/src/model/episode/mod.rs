@@ -330,26 +330,24 @@ impl<A: Arch> Episode<A> {
         }
     }
 
-    /// What `set_swap_entry` must return: the page's range, the value's
-    /// width, then whether something present is there.
+    /// What `install_pte` of a software entry must return: the page's
+    /// range, the value's width, then whether anything (a page or a
+    /// software entry) is there.
     fn swap_expected(&self, va: u64, value: u64) -> Result<(), Error> {
         self.check(va, 4096)?;
         let bits = A::SWP_VALUE_BITS;
         if bits == 0 || (bits < 64 && value >> bits != 0) {
             return Err(Error::SwapValueTooWide(value));
         }
-        match self.cur.model.lookup(va >> 12) {
-            Some(_) => Err(Error::AlreadyMapped(VirtAddr(va))),
-            None => Ok(()),
+        if self.cur.model.lookup(va >> 12).is_some() || self.cur.model.swp(va >> 12).is_some() {
+            return Err(Error::AlreadyMapped(VirtAddr(va)));
         }
+        Ok(())
     }
 
-    /// The tables `set_swap_entry` at `va` takes: none over a software
-    /// entry, else those a one-page map there would.
+    /// The tables `install_pte` of a software entry at `va` takes: those a
+    /// one-page map there would.
     pub(super) fn swap_need(&self, va: u64) -> u64 {
-        if self.cur.model.swp(va >> 12).is_some() {
-            return 0;
-        }
         oracle::map_need::<A>(&self.cur.space, va, 4096, 0, MapOptions::PAGES, 1).tables
     }
 

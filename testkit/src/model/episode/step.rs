@@ -159,7 +159,9 @@ impl<A: Arch> Episode<A> {
                         want = Err(Error::OutOfMemory);
                     }
                 }
-                let f = |s: &mut Space<A>, _: &mut Space<A>| s.set_swap_entry(VirtAddr(va), value);
+                let f = |s: &mut Space<A>, _: &mut Space<A>| {
+                    s.install_pte(VirtAddr(va), NewPte::Swap(value))
+                };
                 let got = self.run_checked(
                     op,
                     k,

@@ -71,7 +71,7 @@ pub enum Op {
     },
     /// A kernel load (`write == None`) or store of a `u64` through the MMU.
     Touch { va: u64, write: Option<u64> },
-    /// `set_swap_entry`: a software entry carrying `value` at `va`.
+    /// `install_pte` of `NewPte::Swap`: a software entry carrying `value` at `va`.
     Swap {
         va: u64,
         value: u64,

@@ -80,7 +80,7 @@ impl fmt::Display for Op {
                 )
             }
             Op::Swap { va, value, .. } => {
-                write!(f, "space.set_swap_entry(VirtAddr({va:#x}), {value:#x})")
+                write!(f, "space.install_pte(VirtAddr({va:#x}), NewPte::Swap({value:#x}))")
             }
             Op::Replace {
                 va, swap: Some(v), ..
@@ -124,12 +124,12 @@ impl fmt::Display for Op {
             ),
             Op::Install { va, pa, prot, .. } => write!(
                 f,
-                "space.install_pte(VirtAddr({va:#x}), PhysAddr({pa:#x}), {})",
+                "space.install_pte(VirtAddr({va:#x}), NewPte::Page {{ pa: PhysAddr({pa:#x}), prot: {} }})",
                 ProtSrc(prot)
             ),
             Op::Copy { va, len, cow, .. } => write!(
                 f,
-                "space.copy_page_range(&mut other, VirtAddr({va:#x}), {len:#x}, CopyMode::{})",
+                "space.copy_page_range(&mut other, VirtAddr({va:#x}), {len:#x}, CopyMode::{}, |_| {{}})",
                 if cow { "Cow" } else { "Shared" }
             ),
             Op::Live {

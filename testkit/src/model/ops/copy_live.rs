@@ -27,7 +27,9 @@ impl<A: Arch> Episode<A> {
             }
         });
         let mode = if cow { CopyMode::Cow } else { CopyMode::Shared };
-        let f = |s: &mut Space<A>, d: &mut Space<A>| s.copy_page_range(d, VirtAddr(va), len, mode);
+        let f = |s: &mut Space<A>, d: &mut Space<A>| {
+            s.copy_page_range(d, VirtAddr(va), len, mode, |_| {})
+        };
         let exp = Expected {
             name: "copy",
             want,

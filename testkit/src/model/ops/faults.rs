@@ -1,5 +1,6 @@
 //! `ptep_set_access_flags` and `install_pte`: the fault-time operations.
 
+use pgtable_core::contract::NewPte;
 use std::cell::Cell;
 
 use pgtable_core::contract::Arch;
@@ -130,8 +131,15 @@ impl<A: Arch> Episode<A> {
                 want = Err(Error::OutOfMemory);
             }
         }
-        let f =
-            |s: &mut Space<A>, _: &mut Space<A>| s.install_pte(VirtAddr(va), PhysAddr(pa), prot);
+        let f = |s: &mut Space<A>, _: &mut Space<A>| {
+            s.install_pte(
+                VirtAddr(va),
+                NewPte::Page {
+                    pa: PhysAddr(pa),
+                    prot,
+                },
+            )
+        };
         let exp = Expected {
             name: "install_pte",
             want,
