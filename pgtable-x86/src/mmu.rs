@@ -54,6 +54,8 @@ const _: () = assert!(
 
 /// `pcid` of an untagged [`X86Mmu`].
 const UNTAGGED: u32 = u32::MAX;
+/// `pcid` of an unassigned [`X86Mmu`] ([`X86Mmu::unassigned`]).
+const UNASSIGNED: u32 = u32::MAX - 1;
 
 /// The MMU of the executing x86-64 CPU.
 ///
@@ -81,13 +83,14 @@ const UNTAGGED: u32 = u32::MAX;
 /// more address spaces than PCIDs, pair it with
 /// `pgtable_core::asid::Pcid12Allocator`:
 ///
+/// make each user space's handle with [`X86Mmu::unassigned`] and switch
+/// with `AsidAllocator::switch_mm` (`TaggedMmu`: `set_tag` is
+/// [`set_pcid`](X86Mmu::set_pcid), `local_flush_all`
+/// [`flush_all_pcids`](X86Mmu::flush_all_pcids)):
+///
 /// ```text
-/// let sw = pcids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
-/// if sw.flush_local {
-///     space.mmu().flush_all_pcids();
-/// }
-/// space.mmu().set_pcid(Pcid::new(sw.asid)?);
-/// unsafe { space.install() };
+/// // under the allocator's lock, interrupts off:
+/// let sw = unsafe { pcids.switch_mm(cpu, &mut ctx, &mut space) }?;
 /// ```
 #[derive(Debug)]
 #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
@@ -163,12 +166,35 @@ impl X86Mmu {
         m
     }
 
+    /// A handle for a user address space that has no PCID yet and gets
+    /// one at its first `AsidAllocator::switch_mm` (`TaggedMmu`): its
+    /// flushes do nothing until then, since no TLB entry can come from
+    /// tables that were never installed; installing it directly makes it
+    /// untagged (PCID 0, flushing). Otherwise as
+    /// [`with_pcid`](Self::with_pcid).
+    ///
+    /// # Safety
+    ///
+    /// As for [`with_pcid`](Self::with_pcid).
+    pub unsafe fn unassigned(this_cpu: fn() -> &'static PcidCpu) -> X86Mmu {
+        // SAFETY: our caller's promise, which is `with_pcid`'s.
+        let m = unsafe { X86Mmu::with_pcid(Pcid::ZERO, this_cpu) };
+        m.pcid.store(UNASSIGNED, Relaxed);
+        m
+    }
+
+    /// Whether the handle is unassigned (never tagged nor installed).
+    fn is_unassigned(&self) -> bool {
+        // Relaxed: see `pcid`.
+        self.pcid.load(Relaxed) == UNASSIGNED
+    }
+
     /// The PCID, for a tagged handle.
     pub fn pcid(&self) -> Option<Pcid> {
         // Relaxed: the handle's own value; a switch that changes it is
         // serialised by the caller's allocator lock.
         match self.pcid.load(Relaxed) {
-            UNTAGGED => None,
+            UNTAGGED | UNASSIGNED => None,
             p => Pcid::new(p as u16).ok(),
         }
     }
@@ -483,6 +509,10 @@ unsafe impl Mmu for X86Mmu {
     /// them have completed when they execute. Their `asm!` blocks have no
     /// `nomem`, so the compiler does not move stores across them either.
     fn flush_tlb_range(&self, range: TlbRange) {
+        if self.is_unassigned() {
+            // Never installed: nothing cached (see `TaggedMmu`).
+            return;
+        }
         if self.kernel {
             return self.flush_kernel(FlushKind::Range(range));
         }
@@ -497,6 +527,9 @@ unsafe impl Mmu for X86Mmu {
     }
 
     fn flush_tlb_mm(&self) {
+        if self.is_unassigned() {
+            return;
+        }
         if self.kernel {
             return self.flush_kernel(FlushKind::Mm);
         }
@@ -511,6 +544,11 @@ unsafe impl Mmu for X86Mmu {
     /// with the root, the PCID and the no-flush bit, unless this CPU owes
     /// the PCID a flush ([`PcidCpu::take_stale`]), then without it.
     unsafe fn install_root(&self, root: PhysAddr) {
+        // An unassigned handle installed directly becomes untagged, before
+        // any entry of it can exist. Relaxed: see `pcid`.
+        let _ = self
+            .pcid
+            .compare_exchange(UNASSIGNED, UNTAGGED, Relaxed, Relaxed);
         let frame = PhysFrame::containing_address(x86_64::PhysAddr::new_truncate(root.0));
         match (self.pcid(), self.this_cpu) {
             (Some(p), Some(cpu)) => {
@@ -529,5 +567,35 @@ unsafe impl Mmu for X86Mmu {
             // of the active paging mode that maps what the CPU uses next.
             _ => unsafe { Cr3::write_raw(frame, 0) },
         }
+    }
+}
+
+// SAFETY: `set_tag` stores the PCID that every later flush plans with and
+// `install_root` loads into CR3 (on a handle with per-CPU state, whose
+// constructor vouched for CR4.PCIDE); `local_flush_all` is
+// `flush_all_pcids` (INVPCID type 3 or a CR4.PGE toggle, serializing, and
+// it forgets the deferred flushes it covers); an unassigned handle skips
+// its flushes only while it was never installed.
+#[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
+unsafe impl pgtable_core::contract::TaggedMmu for X86Mmu {
+    fn tag(&self) -> Option<u16> {
+        self.pcid().map(Pcid::get)
+    }
+
+    /// Refuses a value above 4095 and an untagged handle
+    /// ([`X86Mmu::new`]), which has no per-CPU state for deferred flushes.
+    fn set_tag(&self, tag: u16) -> Result<(), pgtable_core::asid::AsidError> {
+        let bad = pgtable_core::asid::AsidError::Tag(tag);
+        let pcid = Pcid::new(tag).map_err(|_| bad)?;
+        if self.this_cpu.is_none() {
+            return Err(bad);
+        }
+        self.set_pcid(pcid);
+        Ok(())
+    }
+
+    /// [`X86Mmu::flush_all_pcids`].
+    fn local_flush_all(&self) {
+        self.flush_all_pcids()
     }
 }

@@ -6,7 +6,7 @@
 
 use pgtable_testkit::{asid_switch, miri_scaled};
 
-use asid_switch::run;
+use asid_switch::{check_format, run, Glue};
 use pgtable_core::test_format::TestFormat;
 
 type T4 = TestFormat<4>;
@@ -14,7 +14,7 @@ type T4 = TestFormat<4>;
 #[test]
 fn forty_spaces_share_fifteen_asids_without_a_stale_translation() {
     for seed in [1, 2, 3, 0x5eed] {
-        let c = run::<T4>(seed, miri_scaled(3000), true).unwrap();
+        let c = run::<T4>(seed, miri_scaled(3000), Glue::SwitchMm).unwrap();
         println!("seed {seed}: {c:?}");
         assert!(c.rollovers >= miri_scaled(10), "seed {seed}: {c:?}");
         // One CPU: one local flush per roll-over, and nothing else flushes
@@ -28,7 +28,25 @@ fn forty_spaces_share_fifteen_asids_without_a_stale_translation() {
 
 #[test]
 fn skipping_the_rollover_flush_is_caught() {
-    let err = run::<T4>(1, miri_scaled(3000), false).unwrap_err();
+    let err = run::<T4>(1, miri_scaled(3000), Glue::SkipRolloverFlush).unwrap_err();
     println!("{err}");
     assert!(err.contains("reads") || err.contains("stale"), "{err}");
+}
+
+#[test]
+fn installing_before_the_new_asid_is_caught() {
+    let err = run::<T4>(1, miri_scaled(3000), Glue::InstallBeforeTag).unwrap_err();
+    assert!(err.contains("reads") || err.contains("stale"), "{err}");
+}
+
+#[test]
+fn a_space_that_never_ran_flushes_nothing_before_its_first_switch_mm() {
+    assert_eq!(asid_switch::unassigned_space::<T4>(), Ok(0));
+}
+
+#[test]
+fn switch_mm_is_right_on_the_test_formats() {
+    check_format::<T4>(&[7], miri_scaled(2000)).unwrap();
+    check_format::<TestFormat<3>>(&[7], miri_scaled(2000)).unwrap();
+    check_format::<TestFormat<5>>(&[7], miri_scaled(2000)).unwrap();
 }
