@@ -153,3 +153,27 @@ pub const fn kernel_mmu() -> Mmu {
 pub const fn lower_mmu() -> Mmu {
     Mmu(Arm64Mmu::new().installing_into(VaRange::Lower))
 }
+
+/// The MMU of a user space switched by `AsidAllocator::switch_mm`: no ASID
+/// until its first switch (`Arm64Mmu::unassigned`), TTBR0_EL1.
+pub const fn unassigned_mmu() -> Mmu {
+    Mmu(Arm64Mmu::unassigned())
+}
+
+// SAFETY: forwarded to `Arm64Mmu`, which upholds the contract;
+// `local_flush_all` is its `local_flush_tlb_all`, counted.
+unsafe impl pgtable_core::contract::TaggedMmu for Mmu {
+    #[inline]
+    fn tag(&self) -> Option<u16> {
+        self.0.tag()
+    }
+
+    #[inline]
+    fn set_tag(&self, tag: u16) -> Result<(), pgtable_core::asid::AsidError> {
+        self.0.set_tag(tag)
+    }
+
+    fn local_flush_all(&self) {
+        local_flush();
+    }
+}
