@@ -284,8 +284,9 @@ impl Arm64Mmu {
         self.asid.store(u32::from(asid.get()), Relaxed);
     }
 
-    /// Whether the handle is unassigned (never tagged nor installed).
-    fn is_unassigned(&self) -> bool {
+    /// Whether the handle is unassigned ([`Arm64Mmu::unassigned`], not yet
+    /// tagged nor installed): its flushes do nothing.
+    pub fn is_unassigned(&self) -> bool {
         // Relaxed: see `Clone`.
         self.asid.load(Relaxed) == UNASSIGNED
     }

@@ -183,8 +183,9 @@ impl X86Mmu {
         m
     }
 
-    /// Whether the handle is unassigned (never tagged nor installed).
-    fn is_unassigned(&self) -> bool {
+    /// Whether the handle is unassigned ([`X86Mmu::unassigned`], not yet
+    /// tagged nor installed): its flushes do nothing.
+    pub fn is_unassigned(&self) -> bool {
         // Relaxed: see `pcid`.
         self.pcid.load(Relaxed) == UNASSIGNED
     }

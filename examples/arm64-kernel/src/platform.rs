@@ -97,6 +97,11 @@ unsafe impl MmuOps for Mmu {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
+        if self.0.is_unassigned() {
+            // Not counted: `Arm64Mmu` issues nothing for a space that
+            // never ran.
+            return self.0.flush_tlb_range(range);
+        }
         match flush_plan(range, has_tlb_range()) {
             FlushPlan::All => count(&FLUSH_ALL),
             _ => count(&FLUSH_RANGE),
@@ -110,6 +115,9 @@ unsafe impl MmuOps for Mmu {
     }
 
     fn flush_tlb_mm(&self) {
+        if self.0.is_unassigned() {
+            return self.0.flush_tlb_mm();
+        }
         match self.0.asid() {
             Some(_) => count(&FLUSH_ASID),
             None => count(&FLUSH_ALL),
