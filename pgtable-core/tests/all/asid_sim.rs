@@ -50,3 +50,37 @@ fn switch_mm_is_right_on_the_test_formats() {
     check_format::<TestFormat<3>>(&[7], miri_scaled(2000)).unwrap();
     check_format::<TestFormat<5>>(&[7], miri_scaled(2000)).unwrap();
 }
+
+#[test]
+fn an_unassigned_handle_installed_directly_becomes_untagged_and_flushes() {
+    use pgtable_core::contract::{Mmu, TaggedMmu};
+    use pgtable_core::sim::SimMachine;
+    use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
+    let m = SimMachine::<T4>::new();
+    let mut s = AddressSpace::<T4, _, _>::new(m.mmu_unassigned(), m.alloc()).unwrap();
+    let va = VirtAddr(0x40_0000);
+    let (a, b) = (PhysAddr(0x8000_0000), PhysAddr(0x8000_1000));
+    m.phys_write_u64(a, 1);
+    m.phys_write_u64(b, 2);
+    s.map(va, a, 4096, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    // SAFETY: simulated.
+    unsafe { s.install() };
+    assert_eq!(s.mmu().tag(), None);
+    assert_eq!(m.asid(), 0);
+    assert_eq!(m.read_u64(va), Ok(1)); // cached now
+    let flushes = m.stats().flush_range;
+    s.unmap(va, 4096).unwrap();
+    assert_eq!(
+        m.stats().flush_range,
+        flushes + 1,
+        "the unmap flushed nothing"
+    );
+    s.map(va, b, 4096, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    assert_eq!(m.read_u64(va), Ok(2));
+    m.check().unwrap();
+    m.mmu().flush_tlb_all();
+    // SAFETY: simulated; nothing is cached any more.
+    unsafe { s.deactivate() };
+}

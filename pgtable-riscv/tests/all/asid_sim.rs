@@ -5,7 +5,7 @@
 use pgtable_testkit::{asid_switch, miri_scaled};
 
 use asid_switch::{check_format, run, Glue};
-use pgtable_riscv::{Sv39, Sv48};
+use pgtable_riscv::{Sv39, Sv48, Sv57};
 
 #[test]
 fn forty_spaces_share_fifteen_asids_with_the_riscv_formats() {
@@ -30,4 +30,5 @@ fn skipping_the_rollover_flush_is_caught_with_the_riscv_format() {
 fn switch_mm_is_right_on_every_riscv_format() {
     check_format::<Sv48>(&[3], miri_scaled(2000)).unwrap();
     check_format::<Sv39>(&[3], miri_scaled(2000)).unwrap();
+    check_format::<Sv57>(&[3], miri_scaled(2000)).unwrap();
 }
