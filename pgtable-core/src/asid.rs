@@ -41,7 +41,7 @@
 //! # What the caller does on a switch
 //!
 //! With an MMU handle that implements
-//! [`TaggedMmu`](crate::contract::TaggedMmu), all of it:
+//! [`TaggedMmu`], all of it:
 //! [`AsidAllocator::switch_mm`] (and [`exit_mm`] when a space exits). By
 //! hand, with the allocator alone:
 //!
