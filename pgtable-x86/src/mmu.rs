@@ -151,13 +151,18 @@ impl X86Mmu {
     /// used when CPUID reports it. `this_cpu` returns the executing CPU's
     /// [`PcidCpu`] (one per CPU, for the deferred flushes).
     ///
+    /// On a CPU with CR4.PCIDE = 0 (no [`enable_pcids`], or a CPU without
+    /// PCIDs) the handle installs and flushes as an untagged one: PCIDE is
+    /// read at every install and flush, since with PCIDE = 0 the PCID bits
+    /// of CR3 would mean PWT/PCD and its no-flush bit is reserved (#GP).
+    ///
     /// # Safety
     ///
-    /// CR4.PCIDE is 1 on every CPU that installs this handle's root or
-    /// runs its flushes ([`enable_pcids`]): with PCIDE = 0 the PCID bits of
-    /// CR3 would mean PWT/PCD and the no-flush bit is reserved (#GP).
     /// `this_cpu` returns the executing CPU's state, always the same one
-    /// for a CPU.
+    /// for a CPU (a flush deferred into another CPU's state would be lost).
+    /// CR4.PCIDE is not turned on on a CPU while this handle's root is
+    /// installed there (the entries cached under PCID 0 would then escape
+    /// its flushes; [`enable_pcids`] runs before any tagged install).
     pub unsafe fn with_pcid(pcid: Pcid, this_cpu: fn() -> &'static PcidCpu) -> X86Mmu {
         // SAFETY: `has_invpcid` is what CPUID reports.
         let mut m = unsafe { X86Mmu::with_features(cpu_has_invpcid()) };
@@ -181,6 +186,12 @@ impl X86Mmu {
         let m = unsafe { X86Mmu::with_pcid(Pcid::ZERO, this_cpu) };
         m.pcid.store(UNASSIGNED, Relaxed);
         m
+    }
+
+    /// The PCID the hardware uses for this handle now: its PCID if
+    /// CR4.PCIDE = 1 on this CPU, otherwise none (untagged).
+    fn live_pcid(&self) -> Option<Pcid> {
+        self.pcid().filter(|_| Cr4::read().contains(Cr4Flags::PCID))
     }
 
     /// Whether the handle is unassigned ([`X86Mmu::unassigned`], not yet
@@ -517,7 +528,7 @@ unsafe impl Mmu for X86Mmu {
         if self.kernel {
             return self.flush_kernel(FlushKind::Range(range));
         }
-        match self.pcid() {
+        match self.live_pcid() {
             None => self.execute(self.plan(range)),
             Some(_) => self.flush_tagged(FlushKind::Range(range)),
         }
@@ -534,13 +545,13 @@ unsafe impl Mmu for X86Mmu {
         if self.kernel {
             return self.flush_kernel(FlushKind::Mm);
         }
-        match self.pcid() {
+        match self.live_pcid() {
             None => self.execute(full_flush_plan(self.has_invpcid, false)),
             Some(_) => self.flush_tagged(FlushKind::Mm),
         }
     }
 
-    /// Untagged: MOV to CR3 with the root and PCID 0 / PWT = PCD = 0,
+    /// Untagged (or CR4.PCIDE = 0): MOV to CR3 with the root and PCID 0 / PWT = PCD = 0,
     /// which flushes the non-global entries of PCID 0. Tagged: MOV to CR3
     /// with the root, the PCID and the no-flush bit, unless this CPU owes
     /// the PCID a flush ([`PcidCpu::take_stale`]), then without it.
@@ -551,11 +562,11 @@ unsafe impl Mmu for X86Mmu {
             .pcid
             .compare_exchange(UNASSIGNED, UNTAGGED, Relaxed, Relaxed);
         let frame = PhysFrame::containing_address(x86_64::PhysAddr::new_truncate(root.0));
-        match (self.pcid(), self.this_cpu) {
+        match (self.live_pcid(), self.this_cpu) {
             (Some(p), Some(cpu)) => {
                 if cpu().take_stale(p) {
-                    // SAFETY: as below; CR4.PCIDE = 1 (the contract of
-                    // `with_pcid`). The write flushes the PCID's entries.
+                    // SAFETY: as below; CR4.PCIDE = 1 (`live_pcid` read
+                    // it). The write flushes the PCID's entries.
                     unsafe { Cr3::write_pcid(frame, x86_pcid(p)) };
                 } else {
                     // SAFETY: as below; CR4.PCIDE = 1. The PCID's cached
@@ -572,8 +583,9 @@ unsafe impl Mmu for X86Mmu {
 }
 
 // SAFETY: `set_tag` stores the PCID that every later flush plans with and
-// `install_root` loads into CR3 (on a handle with per-CPU state, whose
-// constructor vouched for CR4.PCIDE); `local_flush_all` is
+// `install_root` loads into CR3 (on a handle with per-CPU state; with
+// CR4.PCIDE = 0 both act untagged, flushing PCID 0 at every install, which
+// is as strong); `local_flush_all` is
 // `flush_all_pcids` (INVPCID type 3 or a CR4.PGE toggle, serializing, and
 // it forgets the deferred flushes it covers); an unassigned handle skips
 // its flushes only while it was never installed.

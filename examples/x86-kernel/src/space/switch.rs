@@ -11,9 +11,11 @@
 //! invalidate every PCID first ([`X86Mmu::flush_all_pcids`]), then the
 //! root is loaded with the PCID and the no-flush bit, unless the PCID owes
 //! a flush ([`PcidCpu::take_stale`], a flush of the space deferred while
-//! it was not current). A space exits with `pgtable_core::asid::exit_mm`. Without PCIDs every switch is a plain MOV to CR3, which
-//! drops every non-global translation; the allocator still runs (for the
-//! roll-over counts) but its numbers are not installed.
+//! it was not current). A space exits with `pgtable_core::asid::exit_mm`.
+//! Without PCIDs the same handles and `switch_mm` run, and the handles
+//! install and flush untagged (CR4.PCIDE = 0): every switch is a plain
+//! MOV to CR3, which drops every non-global translation; the allocator's
+//! numbers are kept by the handles but not loaded.
 //!
 //! [`COUNTS`] keeps what the switches did, for [`print_counts`].
 
@@ -145,7 +147,7 @@ pub fn print_counts() {
     );
     println!(
         "    {:<52}{:>8}",
-        "local flushes of every PCID (roll-overs, PCIDs only)",
+        "local flushes of every PCID (roll-overs)",
         g(&c.local_flushes)
     );
     println!(
@@ -170,17 +172,14 @@ pub struct User<A: Arch> {
 }
 
 impl<A: Arch> User<A> {
-    /// A new user space sharing `kernel`'s kernel half; with PCIDs its
-    /// handle is unassigned until its first switch gives it a PCID (its
-    /// flushes before that do nothing: it never ran).
+    /// A new user space sharing `kernel`'s kernel half; its handle is
+    /// unassigned until its first switch gives it a PCID (its flushes
+    /// before that do nothing: it never ran).
     pub fn new(kernel: &AddressSpace<A, X86Mmu, Frames>) -> Result<User<A>, Why> {
-        let mmu = if pcids() {
-            // SAFETY: CR4.PCIDE = 1 on the only CPU (`init`); `this_cpu`
-            // returns its state.
-            unsafe { X86Mmu::unassigned(this_cpu) }
-        } else {
-            X86Mmu::new()
-        };
+        // SAFETY: `this_cpu` returns the only CPU's state; CR4.PCIDE was
+        // set (or not) by `init`, before any user space existed. Without
+        // PCIDs the handle installs and flushes untagged.
+        let mmu = unsafe { X86Mmu::unassigned(this_cpu) };
         // SAFETY: the kernel's space lives until the machine exits
         // (`run_on` never drops it); every user space is retired before.
         match unsafe { AddressSpace::new_user(kernel, mmu, Frames) } {
@@ -250,20 +249,6 @@ impl Switcher {
     /// Installs `u` (Linux `switch_mm`): with PCIDs, its PCID from the
     /// allocator, after the local flush a roll-over asks for.
     pub fn switch_user<A: Arch>(&mut self, u: &mut User<A>) -> Result<(), Why> {
-        if !pcids() {
-            // No PCIDs: the allocator runs for the roll-over counts, its
-            // numbers are not installed, and the MOV to CR3 drops every
-            // non-global translation anyway.
-            if let Err(e) = self.pcids.switch_to(0, &mut u.ctx) {
-                return Err(Why::new(format_args!("switch_to: {e}")));
-            }
-            self.count_rollovers();
-            add(&COUNTS.plain, 1);
-            // SAFETY: `u` maps the kernel half (shared) and its own pages;
-            // the kernel runs only in the upper half.
-            unsafe { u.space.install() };
-            return Ok(());
-        }
         // The install flushes the PCID if it owes a flush: known for a
         // space that keeps its PCID (a new PCID owes none: the roll-over
         // flush forgot every owed flush). For the counts only.
@@ -289,7 +274,16 @@ impl Switcher {
             u.space.mmu().tag(),
             sw.asid
         );
-        add(if owed { &COUNTS.tagged_flush } else { &COUNTS.tagged_keep }, 1);
+        let count = if !pcids() {
+            // No PCIDs: the handle took the number, but the install was a
+            // plain MOV to CR3, which drops every non-global translation.
+            &COUNTS.plain
+        } else if owed {
+            &COUNTS.tagged_flush
+        } else {
+            &COUNTS.tagged_keep
+        };
+        add(count, 1);
         Ok(())
     }
 
