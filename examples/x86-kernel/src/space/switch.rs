@@ -191,9 +191,10 @@ impl<A: Arch> User<A> {
         }
     }
 
-    /// The PCID the space's handle holds (`None`: untagged).
+    /// The PCID the space runs under (`None`: not switched to yet, or
+    /// PCIDs off, when the handle's PCID is not loaded into CR3).
     pub fn pcid(&self) -> Option<Pcid> {
-        self.space.mmu().pcid()
+        self.space.mmu().pcid().filter(|_| pcids())
     }
 
     /// Frees the space. The kernel's space must be installed (not this
