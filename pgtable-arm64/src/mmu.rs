@@ -87,6 +87,8 @@ pub fn local_flush_tlb_all() {
 
 /// `asid` of an untagged [`Arm64Mmu`].
 const UNTAGGED: u32 = u32::MAX;
+/// `asid` of an unassigned [`Arm64Mmu`] ([`Arm64Mmu::unassigned`]).
+const UNASSIGNED: u32 = u32::MAX - 1;
 
 /// The arm64 [`Mmu`]: real barriers and inner-shareable TLB maintenance.
 ///
@@ -103,17 +105,16 @@ const UNTAGGED: u32 = u32::MAX;
 /// uses ASID 0 for everything and flushes the whole TLB when it installs
 /// a root.
 ///
-/// With more address spaces than ASIDs, give each a
-/// `pgtable_core::asid::AsidContext` and switch with an
-/// `AsidAllocator` sized by [`asid_bits`]:
+/// With more address spaces than ASIDs, make each user space's handle
+/// with [`Arm64Mmu::unassigned`], give the space a
+/// `pgtable_core::asid::AsidContext` and switch with
+/// `AsidAllocator::switch_mm` of an allocator sized by [`asid_bits`]
+/// (`TaggedMmu`: `set_tag` checks the ASID against [`asid_bits`],
+/// `local_flush_all` is [`local_flush_tlb_all`]):
 ///
 /// ```text
-/// let sw = asids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
-/// if sw.flush_local {
-///     local_flush_tlb_all();
-/// }
-/// space.mmu().set_asid(Asid::new(sw.asid, asid_bits())?);
-/// unsafe { space.install() };
+/// // under the allocator's lock, interrupts off:
+/// let sw = unsafe { asids.switch_mm(cpu, &mut ctx, &mut space) }?;
 /// ```
 #[derive(Debug)]
 pub struct Arm64Mmu {
@@ -147,6 +148,19 @@ impl Arm64Mmu {
         Arm64Mmu {
             asid: AtomicU32::new(UNTAGGED),
             half: VaRange::Both,
+            local: false,
+        }
+    }
+
+    /// An MMU for a user address space that has no ASID yet and gets one
+    /// at its first `AsidAllocator::switch_mm` (`TaggedMmu`): its flushes
+    /// do nothing until then, since no TLB entry can come from tables that
+    /// were never installed; installing it directly makes it untagged.
+    /// Otherwise as [`with_asid16`](Self::with_asid16) (TTBR0_EL1).
+    pub const fn unassigned() -> Arm64Mmu {
+        Arm64Mmu {
+            asid: AtomicU32::new(UNASSIGNED),
+            half: VaRange::Lower,
             local: false,
         }
     }
@@ -254,7 +268,7 @@ impl Arm64Mmu {
     pub fn asid(&self) -> Option<Asid> {
         // Relaxed: see `Clone`.
         match self.asid.load(Relaxed) {
-            UNTAGGED => None,
+            UNTAGGED | UNASSIGNED => None,
             // Stored from an `Asid`: any 16-bit value is one.
             a => Asid::new(a as u16, AsidBits::Bits16).ok(),
         }
@@ -268,6 +282,13 @@ impl Arm64Mmu {
     pub fn set_asid(&self, asid: Asid) {
         // Relaxed: see `Clone`.
         self.asid.store(u32::from(asid.get()), Relaxed);
+    }
+
+    /// Whether the handle is unassigned ([`Arm64Mmu::unassigned`], not yet
+    /// tagged nor installed): its flushes do nothing.
+    pub fn is_unassigned(&self) -> bool {
+        // Relaxed: see `Clone`.
+        self.asid.load(Relaxed) == UNASSIGNED
     }
 
     /// The ASID operand value (0 for an untagged handle).
@@ -336,6 +357,30 @@ impl Arm64Mmu {
     }
 }
 
+// SAFETY: `set_tag` stores the ASID that every later flush names and
+// `install_root` writes to TTBR0_EL1; `local_flush_all` is `tlbi vmalle1`
+// waited for with `dsb nsh; isb`; an unassigned handle skips its flushes
+// only while it was never installed (`install_root` makes it untagged).
+unsafe impl pgtable_core::contract::TaggedMmu for Arm64Mmu {
+    fn tag(&self) -> Option<u16> {
+        self.asid().map(Asid::get)
+    }
+
+    /// Refuses an ASID wider than [`asid_bits`] (TCR_EL1.AS): the CPU
+    /// would drop its upper bits and two spaces would share an ASID.
+    fn set_tag(&self, tag: u16) -> Result<(), pgtable_core::asid::AsidError> {
+        let asid =
+            Asid::new(tag, asid_bits()).map_err(|_| pgtable_core::asid::AsidError::Tag(tag))?;
+        self.set_asid(asid);
+        Ok(())
+    }
+
+    /// [`local_flush_tlb_all`].
+    fn local_flush_all(&self) {
+        local_flush_tlb_all()
+    }
+}
+
 impl Default for Arm64Mmu {
     fn default() -> Self {
         Arm64Mmu::new()
@@ -366,6 +411,10 @@ unsafe impl Mmu for Arm64Mmu {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
+        if self.is_unassigned() {
+            // Never installed: nothing cached (see `TaggedMmu`).
+            return;
+        }
         // Local handles have no non-broadcast range TLBIs here.
         let plan = flush_plan(range, has_tlb_range() && !self.local);
         // Entry writes reach every walker the TLBIs reach before them.
@@ -408,6 +457,9 @@ unsafe impl Mmu for Arm64Mmu {
     }
 
     fn flush_tlb_mm(&self) {
+        if self.is_unassigned() {
+            return;
+        }
         // As in `flush_tlb_range`.
         self.pre_tlbi();
         self.tlbi_mm();
@@ -420,6 +472,11 @@ unsafe impl Mmu for Arm64Mmu {
     /// and the local flush it reports). Untagged: the whole TLB is
     /// flushed, since every root shares ASID 0.
     unsafe fn install_root(&self, root: PhysAddr) {
+        // An unassigned handle installed directly becomes untagged, before
+        // any entry of it can exist. Relaxed: see `Clone`.
+        let _ = self
+            .asid
+            .compare_exchange(UNASSIGNED, UNTAGGED, Relaxed, Relaxed);
         // The tables are complete in memory before a walk can start there.
         dsb(ISHST);
         let asid = self.asid();

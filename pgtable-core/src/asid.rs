@@ -40,6 +40,11 @@
 //!
 //! # What the caller does on a switch
 //!
+//! With an MMU handle that implements
+//! [`TaggedMmu`], all of it:
+//! [`AsidAllocator::switch_mm`] (and [`exit_mm`] when a space exits). By
+//! hand, with the allocator alone:
+//!
 //! ```
 //! use pgtable_core::asid::{AsidAllocator, AsidContext};
 //!
@@ -62,6 +67,9 @@
 //! ```
 
 use core::fmt;
+
+use crate::contract::{Arch, TableAlloc, TaggedMmu};
+use crate::AddressSpace;
 
 /// An address space's ASID and the generation it belongs to (Linux
 /// `mm->context.id`): `generation | asid`, the generation counted in units
@@ -120,6 +128,10 @@ pub enum AsidError {
     },
     /// The CPU number is not below the allocator's CPU count.
     Cpu(usize),
+    /// The MMU handle cannot take this ASID ([`TaggedMmu::set_tag`]): it
+    /// is wider than the hardware's ASIDs or PCIDs (an allocator wider
+    /// than the CPU), or the handle cannot be tagged at all.
+    Tag(u16),
 }
 
 impl fmt::Display for AsidError {
@@ -130,11 +142,37 @@ impl fmt::Display for AsidError {
                 write!(f, "{bits}-bit ASIDs are too few for {cpus} CPUs")
             }
             AsidError::Cpu(c) => write!(f, "CPU {c} is out of range"),
+            AsidError::Tag(t) => write!(f, "the MMU handle cannot take ASID {t}"),
         }
     }
 }
 
 impl core::error::Error for AsidError {}
+
+/// The exit of an address space switched by
+/// [`AsidAllocator::switch_mm`] (Linux `exit_mmap`'s `flush_tlb_mm`, then
+/// `deactivate_mm`): invalidates its tag's entries on every CPU
+/// ([`Mmu::flush_tlb_mm`](crate::contract::Mmu::flush_tlb_mm)), then
+/// marks it no longer installed
+/// ([`AddressSpace::deactivate`]), so that dropping it frees its tables.
+///
+/// The order matters: a CPU that ran the space keeps its translations under
+/// the tag after switching away (that is the point of tags), and they point
+/// into its tables and pages; only once they are gone may the tables be
+/// freed. The space's ASID itself is not released: it stays taken until
+/// the next roll-over (as in Linux), whose local flushes drop whatever is
+/// left. A space that never ran (unassigned handle) flushes nothing.
+///
+/// # Safety
+///
+/// No CPU runs the space any more: every CPU that installed it has since
+/// installed another root.
+pub unsafe fn exit_mm<A: Arch, M: TaggedMmu, T: TableAlloc>(space: &mut AddressSpace<A, M, T>) {
+    space.mmu().flush_tlb_mm();
+    // SAFETY: no CPU runs the space (our caller's promise) and the flush
+    // above removed every TLB entry made from its tables under its tag.
+    unsafe { space.deactivate() };
+}
 
 /// A global ASID allocator for `CPUS` CPUs with a bitmap of `WORDS` 64-bit
 /// words (at most `64 * WORDS` ASIDs): Linux arm64's algorithm (see the
@@ -256,6 +294,66 @@ impl<const WORDS: usize, const CPUS: usize> AsidAllocator<WORDS, CPUS> {
             flush_local,
             changed: old & self.mask() != ctx.0 & self.mask(),
         })
+    }
+
+    /// Switches `cpu`, the executing CPU, to `space` (Linux `switch_mm`:
+    /// arm64 `check_and_switch_context` + `cpu_switch_mm`, x86
+    /// `switch_mm_irqs_off`), `ctx` being the space's context:
+    ///
+    /// 1. [`switch_to`](Self::switch_to) picks the space's ASID;
+    /// 2. if a roll-over happened since this CPU's last switch, the local
+    ///    flush of every ASID ([`TaggedMmu::local_flush_all`]) runs now,
+    ///    *before* the new tag is loaded: from the moment the root register
+    ///    holds the new ASID (arm64 TTBR0_EL1 write + `isb`; x86 MOV to CR3
+    ///    with the no-flush bit) the CPU may use, even speculatively, any
+    ///    entry of that ASID left from the previous generation, which
+    ///    belonged to another space. It also runs before anything can fail,
+    ///    so an error never loses it;
+    /// 3. the space's MMU handle takes the ASID ([`TaggedMmu::set_tag`]) if
+    ///    it does not hold it already (its first switch, or its first since
+    ///    a roll-over gave it another number);
+    /// 4. the root is installed with the tag and without a flush
+    ///    ([`AddressSpace::install`]).
+    ///
+    /// A space that is switched to only through here has an unassigned
+    /// handle until its first switch (see [`TaggedMmu`]). When it exits:
+    /// switch every CPU that ran it to another space, then
+    /// [`exit_mm`].
+    ///
+    /// # Errors
+    ///
+    /// [`AsidError::Cpu`] (nothing changed) or [`AsidError::Tag`] (the
+    /// allocator is wider than the MMU: the flush of step 2 has been done,
+    /// the space is not installed).
+    ///
+    /// # Safety
+    ///
+    /// As for [`AddressSpace::install`]: the tables map what the CPU uses
+    /// next. And: `cpu` is the executing CPU's number; `ctx` is this
+    /// space's own context, only ever handed to this allocator; every
+    /// space tagged on this CPU since its TLB last held another
+    /// allocator's ASIDs was switched through this allocator.
+    pub unsafe fn switch_mm<A: Arch, M: TaggedMmu, T: TableAlloc>(
+        &mut self,
+        cpu: usize,
+        ctx: &mut AsidContext,
+        space: &mut AddressSpace<A, M, T>,
+    ) -> Result<Switch, AsidError> {
+        let sw = self.switch_to(cpu, ctx)?;
+        if sw.flush_local {
+            space.mmu().local_flush_all();
+        }
+        if space.mmu().tag() != Some(sw.asid) {
+            space.mmu().set_tag(sw.asid)?;
+        }
+        // SAFETY: the tables map what the CPU needs (our caller's
+        // promise); the allocator gave `sw.asid` to this space alone in
+        // its generation, and entries of earlier generations were flushed
+        // from this CPU above (or at an earlier switch, when the roll-over
+        // came before it), so the TLB holds no other space's translations
+        // under the tag.
+        unsafe { space.install() };
+        Ok(sw)
     }
 
     /// A context of the current generation for a space whose context was

@@ -54,6 +54,8 @@ const _: () = assert!(
 
 /// `pcid` of an untagged [`X86Mmu`].
 const UNTAGGED: u32 = u32::MAX;
+/// `pcid` of an unassigned [`X86Mmu`] ([`X86Mmu::unassigned`]).
+const UNASSIGNED: u32 = u32::MAX - 1;
 
 /// The MMU of the executing x86-64 CPU.
 ///
@@ -81,13 +83,14 @@ const UNTAGGED: u32 = u32::MAX;
 /// more address spaces than PCIDs, pair it with
 /// `pgtable_core::asid::Pcid12Allocator`:
 ///
+/// make each user space's handle with [`X86Mmu::unassigned`] and switch
+/// with `AsidAllocator::switch_mm` (`TaggedMmu`: `set_tag` is
+/// [`set_pcid`](X86Mmu::set_pcid), `local_flush_all`
+/// [`flush_all_pcids`](X86Mmu::flush_all_pcids)):
+///
 /// ```text
-/// let sw = pcids.switch_to(cpu, &mut ctx)?; // under the allocator's lock
-/// if sw.flush_local {
-///     space.mmu().flush_all_pcids();
-/// }
-/// space.mmu().set_pcid(Pcid::new(sw.asid)?);
-/// unsafe { space.install() };
+/// // under the allocator's lock, interrupts off:
+/// let sw = unsafe { pcids.switch_mm(cpu, &mut ctx, &mut space) }?;
 /// ```
 #[derive(Debug)]
 #[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
@@ -148,13 +151,18 @@ impl X86Mmu {
     /// used when CPUID reports it. `this_cpu` returns the executing CPU's
     /// [`PcidCpu`] (one per CPU, for the deferred flushes).
     ///
+    /// On a CPU with CR4.PCIDE = 0 (no [`enable_pcids`], or a CPU without
+    /// PCIDs) the handle installs and flushes as an untagged one: PCIDE is
+    /// read at every install and flush, since with PCIDE = 0 the PCID bits
+    /// of CR3 would mean PWT/PCD and its no-flush bit is reserved (#GP).
+    ///
     /// # Safety
     ///
-    /// CR4.PCIDE is 1 on every CPU that installs this handle's root or
-    /// runs its flushes ([`enable_pcids`]): with PCIDE = 0 the PCID bits of
-    /// CR3 would mean PWT/PCD and the no-flush bit is reserved (#GP).
     /// `this_cpu` returns the executing CPU's state, always the same one
-    /// for a CPU.
+    /// for a CPU (a flush deferred into another CPU's state would be lost).
+    /// CR4.PCIDE is not turned on on a CPU while this handle's root is
+    /// installed there (the entries cached under PCID 0 would then escape
+    /// its flushes; [`enable_pcids`] runs before any tagged install).
     pub unsafe fn with_pcid(pcid: Pcid, this_cpu: fn() -> &'static PcidCpu) -> X86Mmu {
         // SAFETY: `has_invpcid` is what CPUID reports.
         let mut m = unsafe { X86Mmu::with_features(cpu_has_invpcid()) };
@@ -163,12 +171,42 @@ impl X86Mmu {
         m
     }
 
+    /// A handle for a user address space that has no PCID yet and gets
+    /// one at its first `AsidAllocator::switch_mm` (`TaggedMmu`): its
+    /// flushes do nothing until then, since no TLB entry can come from
+    /// tables that were never installed; installing it directly makes it
+    /// untagged (PCID 0, flushing). Otherwise as
+    /// [`with_pcid`](Self::with_pcid).
+    ///
+    /// # Safety
+    ///
+    /// As for [`with_pcid`](Self::with_pcid).
+    pub unsafe fn unassigned(this_cpu: fn() -> &'static PcidCpu) -> X86Mmu {
+        // SAFETY: our caller's promise, which is `with_pcid`'s.
+        let m = unsafe { X86Mmu::with_pcid(Pcid::ZERO, this_cpu) };
+        m.pcid.store(UNASSIGNED, Relaxed);
+        m
+    }
+
+    /// The PCID the hardware uses for this handle now: its PCID if
+    /// CR4.PCIDE = 1 on this CPU, otherwise none (untagged).
+    fn live_pcid(&self) -> Option<Pcid> {
+        self.pcid().filter(|_| Cr4::read().contains(Cr4Flags::PCID))
+    }
+
+    /// Whether the handle is unassigned ([`X86Mmu::unassigned`], not yet
+    /// tagged nor installed): its flushes do nothing.
+    pub fn is_unassigned(&self) -> bool {
+        // Relaxed: see `pcid`.
+        self.pcid.load(Relaxed) == UNASSIGNED
+    }
+
     /// The PCID, for a tagged handle.
     pub fn pcid(&self) -> Option<Pcid> {
         // Relaxed: the handle's own value; a switch that changes it is
         // serialised by the caller's allocator lock.
         match self.pcid.load(Relaxed) {
-            UNTAGGED => None,
+            UNTAGGED | UNASSIGNED => None,
             p => Pcid::new(p as u16).ok(),
         }
     }
@@ -483,10 +521,14 @@ unsafe impl Mmu for X86Mmu {
     /// them have completed when they execute. Their `asm!` blocks have no
     /// `nomem`, so the compiler does not move stores across them either.
     fn flush_tlb_range(&self, range: TlbRange) {
+        if self.is_unassigned() {
+            // Never installed: nothing cached (see `TaggedMmu`).
+            return;
+        }
         if self.kernel {
             return self.flush_kernel(FlushKind::Range(range));
         }
-        match self.pcid() {
+        match self.live_pcid() {
             None => self.execute(self.plan(range)),
             Some(_) => self.flush_tagged(FlushKind::Range(range)),
         }
@@ -497,26 +539,34 @@ unsafe impl Mmu for X86Mmu {
     }
 
     fn flush_tlb_mm(&self) {
+        if self.is_unassigned() {
+            return;
+        }
         if self.kernel {
             return self.flush_kernel(FlushKind::Mm);
         }
-        match self.pcid() {
+        match self.live_pcid() {
             None => self.execute(full_flush_plan(self.has_invpcid, false)),
             Some(_) => self.flush_tagged(FlushKind::Mm),
         }
     }
 
-    /// Untagged: MOV to CR3 with the root and PCID 0 / PWT = PCD = 0,
+    /// Untagged (or CR4.PCIDE = 0): MOV to CR3 with the root and PCID 0 / PWT = PCD = 0,
     /// which flushes the non-global entries of PCID 0. Tagged: MOV to CR3
     /// with the root, the PCID and the no-flush bit, unless this CPU owes
     /// the PCID a flush ([`PcidCpu::take_stale`]), then without it.
     unsafe fn install_root(&self, root: PhysAddr) {
+        // An unassigned handle installed directly becomes untagged, before
+        // any entry of it can exist. Relaxed: see `pcid`.
+        let _ = self
+            .pcid
+            .compare_exchange(UNASSIGNED, UNTAGGED, Relaxed, Relaxed);
         let frame = PhysFrame::containing_address(x86_64::PhysAddr::new_truncate(root.0));
-        match (self.pcid(), self.this_cpu) {
+        match (self.live_pcid(), self.this_cpu) {
             (Some(p), Some(cpu)) => {
                 if cpu().take_stale(p) {
-                    // SAFETY: as below; CR4.PCIDE = 1 (the contract of
-                    // `with_pcid`). The write flushes the PCID's entries.
+                    // SAFETY: as below; CR4.PCIDE = 1 (`live_pcid` read
+                    // it). The write flushes the PCID's entries.
                     unsafe { Cr3::write_pcid(frame, x86_pcid(p)) };
                 } else {
                     // SAFETY: as below; CR4.PCIDE = 1. The PCID's cached
@@ -529,5 +579,36 @@ unsafe impl Mmu for X86Mmu {
             // of the active paging mode that maps what the CPU uses next.
             _ => unsafe { Cr3::write_raw(frame, 0) },
         }
+    }
+}
+
+// SAFETY: `set_tag` stores the PCID that every later flush plans with and
+// `install_root` loads into CR3 (on a handle with per-CPU state; with
+// CR4.PCIDE = 0 both act untagged, flushing PCID 0 at every install, which
+// is as strong); `local_flush_all` is
+// `flush_all_pcids` (INVPCID type 3 or a CR4.PGE toggle, serializing, and
+// it forgets the deferred flushes it covers); an unassigned handle skips
+// its flushes only while it was never installed.
+#[cfg_attr(docsrs, doc(cfg(all(target_arch = "x86_64", target_os = "none"))))]
+unsafe impl pgtable_core::contract::TaggedMmu for X86Mmu {
+    fn tag(&self) -> Option<u16> {
+        self.pcid().map(Pcid::get)
+    }
+
+    /// Refuses a value above 4095 and an untagged handle
+    /// ([`X86Mmu::new`]), which has no per-CPU state for deferred flushes.
+    fn set_tag(&self, tag: u16) -> Result<(), pgtable_core::asid::AsidError> {
+        let bad = pgtable_core::asid::AsidError::Tag(tag);
+        let pcid = Pcid::new(tag).map_err(|_| bad)?;
+        if self.this_cpu.is_none() {
+            return Err(bad);
+        }
+        self.set_pcid(pcid);
+        Ok(())
+    }
+
+    /// [`X86Mmu::flush_all_pcids`].
+    fn local_flush_all(&self) {
+        self.flush_all_pcids()
     }
 }

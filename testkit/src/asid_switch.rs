@@ -6,9 +6,14 @@
 //! to the current space's frame (no translation of another space survives)
 //! and the simulator's check must be clean. Run by the tests of pgtable-core
 //! and of the arch crates with ASIDs.
+//!
+//! The spaces start with unassigned MMU handles and are switched by
+//! `AsidAllocator::switch_mm` ([`Glue::SwitchMm`]); the other [`Glue`]s
+//! are the hand-written sequences `switch_mm` replaces, each with one step
+//! wrong, that the run must catch.
 
-use pgtable_core::asid::{AsidAllocator, AsidContext};
-use pgtable_core::contract::{Arch, Mmu};
+use pgtable_core::asid::{exit_mm, AsidAllocator, AsidContext};
+use pgtable_core::contract::{Arch, TaggedMmu};
 use pgtable_core::sim::{SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 
@@ -55,15 +60,55 @@ pub struct Counts {
     pub machine_full_flushes: u64,
 }
 
+/// How a switch is made.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Glue {
+    /// `AsidAllocator::switch_mm`.
+    SwitchMm,
+    /// By hand, without the local flush a roll-over asks for.
+    SkipRolloverFlush,
+    /// By hand, installing the root before the handle takes its new ASID
+    /// (so the root runs under the ASID the space had before the
+    /// roll-over, which another space may own now).
+    InstallBeforeTag,
+}
+
+/// One switch of `s` on CPU 0 made as `glue` says.
+fn switch<A: Arch>(
+    asids: &mut AsidAllocator<1, 1>,
+    ctx: &mut AsidContext,
+    s: &mut Space<A>,
+    glue: Glue,
+) -> Result<pgtable_core::asid::Switch, String> {
+    if glue == Glue::SwitchMm {
+        // SAFETY: simulated; CPU 0 is the only CPU and `ctx` is the space's.
+        return unsafe { asids.switch_mm(0, ctx, s) }.map_err(|e| e.to_string());
+    }
+    let sw = asids.switch_to(0, ctx).map_err(|e| e.to_string())?;
+    if sw.flush_local && glue != Glue::SkipRolloverFlush {
+        s.mmu().local_flush_all();
+    }
+    if glue == Glue::InstallBeforeTag {
+        // SAFETY: simulated.
+        unsafe { s.install() };
+    }
+    s.mmu().set_tag(sw.asid).map_err(|e| e.to_string())?;
+    if glue != Glue::InstallBeforeTag {
+        // SAFETY: simulated.
+        unsafe { s.install() };
+    }
+    Ok(sw)
+}
+
 /// Runs `switches` switches of [`SPACES`] address spaces of format `A` on
-/// 4-bit ASIDs; `honour_flush: false` skips the local flush a roll-over
-/// asks for (the bug the run must catch).
-pub fn run<A: Arch>(seed: u64, switches: u64, honour_flush: bool) -> Result<Counts, String> {
+/// 4-bit ASIDs, made as `glue` says (every [`Glue`] but
+/// [`Glue::SwitchMm`] is a bug the run must catch).
+pub fn run<A: Arch>(seed: u64, switches: u64, glue: Glue) -> Result<Counts, String> {
     let m = SimMachine::<A>::new();
     let mut asids = AsidAllocator::<1, 1>::new(4).map_err(|e| e.to_string())?;
     let mut spaces: Vec<(Space<A>, AsidContext, u64)> = (0..SPACES)
         .map(|i| {
-            let mut s = Space::new(m.mmu_with_asid(0), m.alloc()).unwrap();
+            let mut s = Space::new(m.mmu_unassigned(), m.alloc()).unwrap();
             s.map(VA, frame(i, 0), K4, Prot::READ_WRITE, MapOptions::PAGES)
                 .unwrap();
             let global = Prot::WRITE | Prot::GLOBAL;
@@ -80,17 +125,10 @@ pub fn run<A: Arch>(seed: u64, switches: u64, honour_flush: bool) -> Result<Coun
         for step in 0..switches {
             let i = rng.below(SPACES);
             let (s, ctx, version) = &mut spaces[i];
-            let sw = asids.switch_to(0, ctx).map_err(|e| e.to_string())?;
+            let sw = switch(&mut asids, ctx, s, glue)?;
             if sw.flush_local {
                 c.local_flushes += 1;
-                if honour_flush {
-                    // The local flush of every ASID (arm64 `tlbi vmalle1`).
-                    s.mmu().flush_tlb_all();
-                }
             }
-            s.mmu().set_asid(sw.asid);
-            // SAFETY: simulated.
-            unsafe { s.install() };
             current = Some(i);
             c.switches += 1;
             let want = ((i as u64) << 8) | *version;
@@ -126,10 +164,88 @@ pub fn run<A: Arch>(seed: u64, switches: u64, honour_flush: bool) -> Result<Coun
     })();
     c.rollovers = asids.rollovers();
     c.machine_full_flushes = m.stats().flush_all;
-    m.mmu().flush_tlb_all();
+    // Switch away from the last space (to an untagged empty root), then
+    // let every space exit.
+    let mut idle = Space::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: simulated.
+    unsafe { idle.install() };
     for (mut s, _, _) in spaces {
-        // SAFETY: simulated, and nothing is cached any more.
-        unsafe { s.deactivate() };
+        // SAFETY: simulated, and no CPU runs `s` any more.
+        unsafe { exit_mm(&mut s) };
     }
-    result.map(|()| c)
+    // SAFETY: simulated; nothing else will be installed.
+    unsafe { idle.deactivate() };
+    let stale = m.check().map_err(|e| format!("after exit_mm: {e}"));
+    result.and(stale).map(|()| c)
+}
+
+/// An address space that never ran, on an unassigned handle: mapping,
+/// remapping and unmapping flush nothing, and the first `switch_mm` sees
+/// only its own translation. Returns the flushes the machine saw before the
+/// switch (0 expected) or the first discrepancy.
+pub fn unassigned_space<A: Arch>() -> Result<u64, String> {
+    let m = SimMachine::<A>::new();
+    let mut asids = AsidAllocator::<1, 1>::new(4).map_err(|e| e.to_string())?;
+    let mut s = Space::<A>::new(m.mmu_unassigned(), m.alloc()).map_err(|e| e.to_string())?;
+    if s.mmu().tag().is_some() {
+        return Err("a new handle has a tag".into());
+    }
+    let e = |e: pgtable_core::Error| e.to_string();
+    for v in 0..3 {
+        s.map(VA, frame(0, v), K4, Prot::READ_WRITE, MapOptions::PAGES)
+            .map_err(e)?;
+        m.phys_write_u64(frame(0, v), 0x100 | v);
+        s.unmap(VA, K4).map_err(e)?;
+    }
+    s.map(VA, frame(0, 1), K4, Prot::READ_WRITE, MapOptions::PAGES)
+        .map_err(e)?;
+    let before = m.stats().flush_range + m.stats().flush_all;
+    let mut ctx = AsidContext::NEW;
+    // SAFETY: simulated; CPU 0 is the only CPU.
+    let sw = unsafe { asids.switch_mm(0, &mut ctx, &mut s) }.map_err(|e| e.to_string())?;
+    if s.mmu().tag() != Some(sw.asid) || m.asid() != sw.asid {
+        return Err(format!("switch_mm did not tag the space with {}", sw.asid));
+    }
+    match m.read_u64(VA) {
+        Ok(0x101) => {}
+        got => return Err(format!("the space reads {got:?}")),
+    }
+    m.check().map_err(|e| e.to_string())?;
+    let mut idle = Space::new(m.mmu(), m.alloc()).unwrap();
+    // SAFETY: simulated.
+    unsafe { idle.install() };
+    // SAFETY: simulated; `s` is not installed any more.
+    unsafe { exit_mm(&mut s) };
+    // SAFETY: simulated.
+    unsafe { idle.deactivate() };
+    m.check().map_err(|e| e.to_string())?;
+    Ok(before)
+}
+
+/// Everything above for format `A`, as one check: runs of
+/// [`Glue::SwitchMm`] for `seeds` with `switches` switches each must be
+/// clean, roll over at least 10 times, flush once per roll-over and far
+/// less often than they switch; both broken glues must be caught; a space
+/// that never ran must flush nothing. Returns the first failure.
+pub fn check_format<A: Arch>(seeds: &[u64], switches: u64) -> Result<(), String> {
+    for &seed in seeds {
+        let c = run::<A>(seed, switches, Glue::SwitchMm)?;
+        let ok = c.rollovers >= 10.min(switches / 100)
+            && c.local_flushes == c.rollovers
+            && c.machine_full_flushes == c.local_flushes
+            && c.local_flushes * 5 < c.switches;
+        if !ok {
+            return Err(format!("seed {seed}: {c:?}"));
+        }
+    }
+    for glue in [Glue::SkipRolloverFlush, Glue::InstallBeforeTag] {
+        match run::<A>(1, switches, glue) {
+            Err(e) if e.contains("reads") || e.contains("stale") => {}
+            other => return Err(format!("{glue:?} not caught: {other:?}")),
+        }
+    }
+    match unassigned_space::<A>()? {
+        0 => Ok(()),
+        n => Err(format!("a space that never ran flushed {n} times")),
+    }
 }

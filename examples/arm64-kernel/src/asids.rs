@@ -1,7 +1,8 @@
 //! Switching user address spaces in TTBR0_EL1 by ASID (Linux arm64
 //! `check_and_switch_context` followed by `cpu_switch_mm`).
 //!
-//! Each user space ([`Proc`]) carries an [`AsidContext`]; a switch asks
+//! Each user space ([`Proc`]) carries an [`AsidContext`] and an MMU handle
+//! that starts unassigned; a switch is `AsidAllocator::switch_mm`: it asks
 //! the allocator for the space's ASID, issues the local TLB flush it asks
 //! for after a roll-over (and no other), tags the space's MMU handle with
 //! the ASID and installs its root: one TTBR0_EL1 write with root and
@@ -82,6 +83,17 @@ impl<const WORDS: usize> Switcher<WORDS> {
     /// through this one (two allocators hand out the same numbers: switch
     /// from one to the other only across a full flush).
     pub unsafe fn switch(&mut self, p: &mut Proc) -> Result<u16, Why> {
+        self.switches += 1;
+        if !SABOTAGE {
+            // SAFETY: the space maps only user memory (our caller's
+            // promise) and the kernel runs on TTBR1_EL1; CPU 0 is the only
+            // CPU that switches user spaces; `p.ctx` is `p`'s own and only
+            // this allocator sees it, and no other allocator's ASIDs are in
+            // the TLB (our caller's promise).
+            let sw = unsafe { self.asids.switch_mm(0, &mut p.ctx, &mut p.space) }
+                .map_err(|e| Why::new(format_args!("switch_mm: {e}")))?;
+            return Ok(sw.asid);
+        }
         let sw = self
             .asids
             .switch_to(0, &mut p.ctx)
@@ -102,7 +114,6 @@ impl<const WORDS: usize> Switcher<WORDS> {
         // flush (above) removed the previous generation's entries, so the
         // TLB holds no other space's translations under it.
         unsafe { p.space.install() };
-        self.switches += 1;
         Ok(sw.asid)
     }
 }

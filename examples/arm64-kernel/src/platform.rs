@@ -97,6 +97,11 @@ unsafe impl MmuOps for Mmu {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
+        if self.0.is_unassigned() {
+            // Not counted: `Arm64Mmu` issues nothing for a space that
+            // never ran.
+            return self.0.flush_tlb_range(range);
+        }
         match flush_plan(range, has_tlb_range()) {
             FlushPlan::All => count(&FLUSH_ALL),
             _ => count(&FLUSH_RANGE),
@@ -110,6 +115,9 @@ unsafe impl MmuOps for Mmu {
     }
 
     fn flush_tlb_mm(&self) {
+        if self.0.is_unassigned() {
+            return self.0.flush_tlb_mm();
+        }
         match self.0.asid() {
             Some(_) => count(&FLUSH_ASID),
             None => count(&FLUSH_ALL),
@@ -152,4 +160,28 @@ pub const fn kernel_mmu() -> Mmu {
 /// so installing one never touches the kernel's upper half.
 pub const fn lower_mmu() -> Mmu {
     Mmu(Arm64Mmu::new().installing_into(VaRange::Lower))
+}
+
+/// The MMU of a user space switched by `AsidAllocator::switch_mm`: no ASID
+/// until its first switch (`Arm64Mmu::unassigned`), TTBR0_EL1.
+pub const fn unassigned_mmu() -> Mmu {
+    Mmu(Arm64Mmu::unassigned())
+}
+
+// SAFETY: forwarded to `Arm64Mmu`, which upholds the contract;
+// `local_flush_all` is its `local_flush_tlb_all`, counted.
+unsafe impl pgtable_core::contract::TaggedMmu for Mmu {
+    #[inline]
+    fn tag(&self) -> Option<u16> {
+        self.0.tag()
+    }
+
+    #[inline]
+    fn set_tag(&self, tag: u16) -> Result<(), pgtable_core::asid::AsidError> {
+        self.0.set_tag(tag)
+    }
+
+    fn local_flush_all(&self) {
+        local_flush();
+    }
 }

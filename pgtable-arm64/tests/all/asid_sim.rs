@@ -4,24 +4,30 @@
 
 use pgtable_testkit::{asid_switch, miri_scaled};
 
-use asid_switch::run;
+use asid_switch::{check_format, run, Glue};
 use pgtable_arm64::{Arm64, Arm64Va39};
 
 #[test]
 fn forty_spaces_share_fifteen_asids_with_the_arm64_formats() {
     for seed in [1, 2] {
-        let c = run::<Arm64>(seed, miri_scaled(2000), true).unwrap();
+        let c = run::<Arm64>(seed, miri_scaled(2000), Glue::SwitchMm).unwrap();
         assert!(c.rollovers >= miri_scaled(10), "seed {seed}: {c:?}");
         assert_eq!(c.local_flushes, c.rollovers, "seed {seed}");
         assert_eq!(c.machine_full_flushes, c.local_flushes, "seed {seed}");
         assert!(c.local_flushes * 5 < c.switches, "seed {seed}: {c:?}");
-        let c = run::<Arm64Va39>(seed, miri_scaled(2000), true).unwrap();
+        let c = run::<Arm64Va39>(seed, miri_scaled(2000), Glue::SwitchMm).unwrap();
         assert!(c.rollovers >= miri_scaled(10), "seed {seed}: {c:?}");
     }
 }
 
 #[test]
 fn skipping_the_rollover_flush_is_caught_with_the_arm64_format() {
-    let err = run::<Arm64>(1, miri_scaled(2000), false).unwrap_err();
+    let err = run::<Arm64>(1, miri_scaled(2000), Glue::SkipRolloverFlush).unwrap_err();
     assert!(err.contains("reads") || err.contains("stale"), "{err}");
+}
+
+#[test]
+fn switch_mm_is_right_on_every_arm64_format() {
+    check_format::<Arm64>(&[3], miri_scaled(2000)).unwrap();
+    check_format::<Arm64Va39>(&[3], miri_scaled(2000)).unwrap();
 }

@@ -155,6 +155,88 @@ pub unsafe trait Mmu {
     }
 }
 
+/// An MMU handle whose address space's TLB entries carry a tag: an ASID
+/// (arm64, Arm ARM D8.14 "Address space identifiers"; RISC-V `satp.ASID`)
+/// or a PCID (x86, Intel SDM Vol. 3A §4.10.1). The one contract that
+/// [`AsidAllocator::switch_mm`](crate::asid::AsidAllocator::switch_mm)
+/// (Linux `switch_mm`) drives on every architecture.
+///
+/// A handle is in one of three states:
+///
+/// - **unassigned** ([`tag`](TaggedMmu::tag) is `None`): made for an
+///   address space that has not run yet, before its first `switch_mm`.
+///   Its flushes ([`Mmu::flush_tlb_range`], [`Mmu::flush_tlb_mm`]) do
+///   nothing: the space's root was never installed, so no walker has read
+///   its tables and no TLB or walk-cache entry can have been filled from
+///   them, under any tag. (Its leaves that are global are the kernel's,
+///   flushed by the kernel's MMU, and [`Mmu::flush_tlb_all`] still drops
+///   everything.) Installing an unassigned handle directly
+///   ([`AddressSpace::install`](crate::AddressSpace::install)) makes it
+///   untagged, so that the no-op flushes never meet entries of it;
+/// - **tagged** (`tag` is `Some`): installs keep the other tags' entries
+///   (no flush), flushes name the tag;
+/// - **untagged** (an implementation's plain constructor, not this
+///   trait's business): tag 0, every install flushes.
+///
+/// # Safety
+///
+/// [`switch_mm`](crate::asid::AsidAllocator::switch_mm) frees nobody's
+/// frames, but it relies on these to keep other address spaces'
+/// translations out of the one it installs, so they are promises:
+///
+/// - after [`set_tag`](TaggedMmu::set_tag)`(t)` returns `Ok`, the handle's
+///   flushes invalidate the entries tagged `t` (and the global ones a
+///   range names), and its next [`Mmu::install_root`] makes `t` the
+///   current tag of the executing CPU;
+/// - [`local_flush_all`](TaggedMmu::local_flush_all) returns only once the
+///   executing CPU's TLB holds no non-global entry of any tag (and no
+///   walk-cache entry), including deferred flushes' targets;
+/// - an unassigned handle's flushes may do nothing only because, as above,
+///   it has never been installed.
+pub unsafe trait TaggedMmu: Mmu {
+    /// The tag this handle flushes by and installs with; `None` while
+    /// unassigned (and on an untagged handle).
+    fn tag(&self) -> Option<u16>;
+
+    /// Gives the handle tag `tag` (an allocator's
+    /// [`Switch::asid`](crate::asid::Switch::asid)): its flushes name it
+    /// from now on and its next install loads it. The caller makes sure no
+    /// CPU runs the address space under its old tag while the tag changes
+    /// (an allocator changes a space's tag only after a roll-over).
+    ///
+    /// # Errors
+    ///
+    /// [`AsidError::Tag`](crate::asid::AsidError::Tag), handle unchanged,
+    /// if the handle cannot take `tag`: wider than the hardware's ASIDs or
+    /// PCIDs, or a handle that cannot be tagged at all.
+    fn set_tag(&self, tag: u16) -> Result<(), crate::asid::AsidError>;
+
+    /// Invalidates the non-global TLB entries of every tag, and the walk
+    /// caches, on the executing CPU only (Linux `local_flush_tlb_all`;
+    /// arm64 `tlbi vmalle1` + `dsb nsh`; x86 INVPCID type 3 or a CR4.PGE
+    /// toggle; RISC-V `sfence.vma` with `x0, x0`): the flush an
+    /// allocator's roll-over asks for
+    /// ([`Switch::flush_local`](crate::asid::Switch::flush_local)). It may
+    /// drop global entries too. Not a shootdown.
+    fn local_flush_all(&self);
+}
+
+// SAFETY: forwarded to `M`, which upholds the contract.
+unsafe impl<M: TaggedMmu> TaggedMmu for &M {
+    #[inline]
+    fn tag(&self) -> Option<u16> {
+        (**self).tag()
+    }
+    #[inline]
+    fn set_tag(&self, tag: u16) -> Result<(), crate::asid::AsidError> {
+        (**self).set_tag(tag)
+    }
+    #[inline]
+    fn local_flush_all(&self) {
+        (**self).local_flush_all()
+    }
+}
+
 /// An MMU that does nothing: for tables that are not live and for measuring
 /// the algorithms alone.
 #[derive(Clone, Copy, Debug, Default)]

@@ -121,7 +121,7 @@ pub use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 pub use crate::contract::arch::Arch;
 pub use crate::contract::format::{Access, AccessFault, Decoded, Format};
 pub use crate::contract::level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
-pub use crate::contract::mmu::{Mmu, NoopMmu, TlbRange};
+pub use crate::contract::mmu::{Mmu, NoopMmu, TaggedMmu, TlbRange};
 #[cfg(feature = "alloc")]
 pub use crate::contract::table::Arena;
 pub use crate::contract::table::{Slot, Table, TableAlloc};

@@ -481,8 +481,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         &self.mmu.stats
     }
 
-    /// Installs this address space's root on the MMU (Linux `switch_mm`)
-    /// and marks it active: until [`deactivate`](Self::deactivate), dropping
+    /// Installs this address space's root on the MMU (Linux `switch_mm`;
+    /// with ASIDs or PCIDs, switch through
+    /// [`AsidAllocator::switch_mm`](crate::asid::AsidAllocator::switch_mm),
+    /// which calls this) and marks it active: until [`deactivate`](Self::deactivate), dropping
     /// it leaks its tables instead of freeing them under a CPU that may
     /// still walk them.
     ///

@@ -3,6 +3,7 @@
 //! shootdowns and PCIDs, the translation regimes, and the cases
 //! pgtable-testkit shares with the other crates, on the simulated machine.
 
+mod asid_sim;
 mod aspace;
 mod conformance;
 mod encoding;

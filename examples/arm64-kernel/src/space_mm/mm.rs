@@ -220,3 +220,73 @@ pub(super) fn cow_replace(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     println!("  copy-on-write fault in the child: frame {f:#x} replaced by its copy {copy:#x} with one page flush; the parent still shares {f:#x}, read-only");
     Ok(())
 }
+
+/// Spaces switched only by `AsidAllocator::switch_mm` (through
+/// [`Switcher::switch`] of the small, 3-bit allocator), with unassigned
+/// MMU handles until their first switch.
+pub(super) fn switch_mm(cx: &mut Ctx, ps: &mut [Option<Proc>; ROLLOVER_SPACES]) -> R {
+    use pgtable_core::contract::TaggedMmu;
+    let f0 = FlushCounts::now();
+    let mut frames = [0u64; ROLLOVER_SPACES];
+    for (i, f) in frames.iter_mut().enumerate() {
+        let (mut p, pa) = cx.proc_with_frame(marker(i))?;
+        ensure!(p.space.mmu().tag().is_none(), "a new space has an ASID");
+        if i == 0 {
+            // A space that never ran: its unmap flushes nothing.
+            p.space
+                .unmap(VirtAddr(SHARED_VA), 4096)
+                .map_err(|e| Why::new(format_args!("unmap: {e}")))?;
+            map(&mut p.space, SHARED_VA, pa)?;
+        }
+        ps[i] = Some(p);
+        *f = pa;
+    }
+    let d = FlushCounts::now().since(f0);
+    ensure!(
+        d.range == 0 && d.asid == 0 && d.local == 0,
+        "spaces that never ran flushed: {} range, {} by ASID, {} local",
+        d.range,
+        d.asid,
+        d.local
+    );
+    // As in the roll-over case: the TLB holds no entry of a nonzero ASID
+    // now (the previous case ended with the test space's full flush).
+    let f0 = FlushCounts::now();
+    let r0 = cx.small.rollovers();
+    let mut remaps = 0;
+    for round in 0..4u64 {
+        for i in 0..ROLLOVER_SPACES {
+            let p = at(ps, i)?;
+            // SAFETY: as in `Ctx::switch`, and see above; the install of the
+            // test space at the end of the case flushes the TLB.
+            let a = unsafe { cx.small.switch(p) }?;
+            ensure!(p.space.mmu().tag() == Some(a), "space {i} is not tagged {a}");
+            load_is("after switch_mm", SHARED_VA, word(frames[i], 0))?;
+            store_ok("after switch_mm", SHARED_VA + 8, round << 32 | i as u64)?;
+            // Now and then a space that is not current moves its page to a
+            // fresh frame (a flush by its ASID, perhaps an old one).
+            if round == 1 && i % 3 == 0 && remaps < 3 {
+                let t = (i + 5) % ROLLOVER_SPACES;
+                let q = at(ps, t)?;
+                let pa = cx.frames.take(marker(t) | 0xff)?;
+                q.space
+                    .unmap(VirtAddr(SHARED_VA), 4096)
+                    .map_err(|e| Why::new(format_args!("unmap: {e}")))?;
+                map(&mut q.space, SHARED_VA, pa)?;
+                frames[t] = pa;
+                remaps += 1;
+            }
+        }
+    }
+    let rollovers = cx.small.rollovers() - r0;
+    let d = FlushCounts::now().since(f0);
+    ensure!(remaps == 3, "{remaps} remaps");
+    ensure!(rollovers >= 2, "{rollovers} roll-overs");
+    ensure!(
+        d.local == rollovers && d.all == 0,
+        "{rollovers} roll-overs but {} local and {} full flushes",
+        d.local,
+        d.all
+    );
+    Ok(())
+}

@@ -41,6 +41,12 @@
 //!   with one page flush, the child's next load reads the copy (no stale
 //!   translation) and its store goes through, the parent still shares the
 //!   frame read-only;
+//! - `mm_switch_mm`: spaces with unassigned MMU handles (no ASID, and a
+//!   remap before their first switch flushes nothing) switched only by
+//!   `AsidAllocator::switch_mm` on a 3-bit allocator: every switch reads
+//!   the space's own frame, a space remapped while another ran reads its
+//!   new frame (no stale translation), one local flush per roll-over and
+//!   no other full flush;
 //! - `space_asid_spaces_free_their_tables`: every table frame came back.
 //!
 //! The cases on switching are in `switching.rs`, the `mm_` cases in
@@ -71,7 +77,7 @@ mod switching;
 use crate::asids::{Proc, Switcher};
 use crate::kmap::{Image, KernelSpace, DATA, RODATA};
 use crate::memory::{self, phys_to_virt, KernelTables, PAGE_OFFSET};
-use crate::platform::{lower_mmu, Arm64, FlushCounts};
+use crate::platform::{unassigned_mmu, Arm64, FlushCounts};
 use crate::println;
 use crate::probe::{self, esr_class, is_translation_fault, EC_DABT_CUR, EC_DABT_LOWER, EC_SVC64};
 use crate::space::{
@@ -147,7 +153,7 @@ struct Ctx<'a> {
     main: Switcher<WORDS16>,
     /// A deliberately small one, for the roll-over case.
     small: Switcher<1>,
-    rows: [Row; 12],
+    rows: [Row; 13],
     nrows: usize,
 }
 
@@ -174,7 +180,7 @@ impl Ctx<'_> {
     /// [`USER_CODE`].
     fn new_proc(&mut self) -> Result<Proc, Why> {
         // SAFETY: the kernel space lives until the run ends.
-        let mut space = unsafe { KernelSpace::new_user(self.kernel, lower_mmu(), KernelTables) }
+        let mut space = unsafe { KernelSpace::new_user(self.kernel, unassigned_mmu(), KernelTables) }
             .map_err(|e| Why::new(format_args!("new_user: {e}")))?;
         space
             .map(
@@ -338,7 +344,7 @@ pub fn cases(
         layout,
         main,
         small,
-        rows: [Row::default(); 12],
+        rows: [Row::default(); 13],
         nrows: 0,
     };
     println!(
@@ -387,7 +393,8 @@ pub fn cases(
     });
     cx.run(t, "mm_cow_replace", mm::cow_replace);
     cx.run(t, "mm_prot_none", ops::prot_none);
-    let small_name = "space_no_stale_after_asid_rollover";
+    cx.run(t, "mm_switch_mm", mm::switch_mm);
+    let small_names = ["space_no_stale_after_asid_rollover", "mm_switch_mm"];
     println!();
     println!("ASID switches and TLB flushes per case (flushes: range / by ASID / all / local after a roll-over)");
     println!(
@@ -398,7 +405,7 @@ pub fn cases(
     for r in &cx.rows[..cx.nrows] {
         let bits = if r.switches == 0 {
             0
-        } else if r.name == small_name {
+        } else if small_names.contains(&r.name) {
             cx.small.bits()
         } else {
             cx.main.bits()

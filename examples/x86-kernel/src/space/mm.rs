@@ -10,14 +10,22 @@
 //!   the child's PTE goes from the shared read-only frame to its copy with
 //!   one page flush, the child's next load reads the copy (no stale
 //!   translation) and its store goes through, the parent still shares the
-//!   frame read-only.
+//!   frame read-only;
+//! - `mm_switch_mm`: user spaces with unassigned MMU handles (no PCID, and
+//!   an unmap and remap before their first switch) switched only by
+//!   `AsidAllocator::switch_mm` on a 3-bit allocator: every switch reads
+//!   the space's own frame, a space remapped while another ran reads its
+//!   new frame (no stale translation), the handle holds the allocator's
+//!   PCID, one local flush per roll-over. Without PCIDs (the CPU has
+//!   none) the same `switch_mm` calls install with plain CR3 writes, said
+//!   so.
 
-use pgtable_core::contract::{Arch, NewPte, PAGE_SIZE};
+use pgtable_core::contract::{Arch, NewPte, TaggedMmu, PAGE_SIZE};
 use pgtable_core::{AddressSpace, CopyMode, MapOptions, PhysAddr, Prot, VirtAddr};
 use pgtable_x86::X86Mmu;
 
-use super::multi::{frame, load_faults, loads, map_page};
-use super::switch::{with_users, Switcher};
+use super::multi::{frame, load_faults, loads, map_page, set_word};
+use super::switch::{pcids, with_users, Switcher, COUNTS};
 use super::{store_faults, Tally, Why};
 use crate::mem::{phys_to_virt, Frames, POOL_START};
 use crate::println;
@@ -42,6 +50,75 @@ pub fn run<A: Arch>(kernel: &mut Kernel<A>, t: &mut Tally) {
         reclaim_full_table_no_alloc(kernel),
     );
     t.case("mm_cow_replace", cow_replace(kernel));
+    t.case("mm_switch_mm", switch_mm(kernel));
+}
+
+/// Spaces switched only by `switch_mm` (through [`Switcher::switch_user`]
+/// of a 3-bit allocator), unassigned until their first switch.
+fn switch_mm<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
+    const N: usize = 10;
+    const ROUNDS: u64 = 4;
+    /// Where the spaces map their page (220 GiB).
+    const VA: u64 = 0x37_0000_0000;
+    let marker = |i: u64| 0x5357_4d4d_0000_0000 | i;
+    for i in 0..N as u64 + 3 {
+        set_word(frame(100 + i), marker(i));
+    }
+    with_users::<A, N>(kernel, |kernel, users| {
+        let mut frames = [0u64; N];
+        for (i, u) in users.iter_mut().enumerate() {
+            ensure!(u.space.mmu().tag().is_none(), "a new space has a PCID");
+            frames[i] = frame(100 + i as u64);
+            map_page(&mut u.space, VA, frames[i], USER_RW)?;
+        }
+        // A space that never ran unmaps and remaps its page (its flush
+        // does nothing: no TLB entry can come from its tables yet); its
+        // first switch must read the frame.
+        if let Err(e) = users[0].space.unmap(VirtAddr(VA), PAGE_SIZE) {
+            bail!("unmap: {e}");
+        }
+        map_page(&mut users[0].space, VA, frames[0], USER_RW)?;
+        let mut sw = Switcher::new(3)?;
+        let l0 = COUNTS.local_flushes.load(core::sync::atomic::Ordering::Relaxed);
+        let mut remaps = 0u64;
+        for round in 0..ROUNDS {
+            for i in 0..N {
+                sw.switch_user(&mut users[i])?;
+                let what = Why::new(format_args!("space {i} (round {round})"));
+                loads(what.as_str(), VA, super::multi::word(frames[i]))?;
+                // `switch_mm` tagged the handle (loaded into CR3 only with
+                // PCIDs on).
+                ensure!(
+                    users[i].space.mmu().tag().is_some(),
+                    "space {i} runs without a PCID"
+                );
+                // A space that is not current moves its page to another
+                // frame (an unmap flush by its PCID, maybe an old one).
+                if round == 1 && i % 3 == 0 && remaps < 3 {
+                    let t = (i + 5) % N;
+                    let pa = frame(100 + N as u64 + remaps);
+                    if let Err(e) = users[t].space.unmap(VirtAddr(VA), PAGE_SIZE) {
+                        bail!("unmap: {e}");
+                    }
+                    map_page(&mut users[t].space, VA, pa, USER_RW)?;
+                    frames[t] = pa;
+                    remaps += 1;
+                }
+            }
+        }
+        let r = sw.rollovers();
+        let local = COUNTS.local_flushes.load(core::sync::atomic::Ordering::Relaxed) - l0;
+        sw.switch_kernel(kernel);
+        load_faults("the kernel's space", VA)?;
+        ensure!(r >= 2, "{r} roll-overs for {N} spaces on 7 PCIDs");
+        ensure!(local == r, "{r} roll-overs but {local} local flushes");
+        println!(
+            "  switch_mm: {N} spaces, 3-bit PCIDs, {} switches, {r} roll-overs, {local} local flushes, {remaps} remaps of spaces not current; every switch read its own frame{}",
+            N as u64 * ROUNDS,
+            if pcids() { "" } else { " (no PCID: switch_mm's installs were plain CR3 writes)" }
+        );
+        Ok(())
+    })
 }
 
 /// Word `i` of the frame at `pa`.

@@ -3,24 +3,26 @@
 //! ([`AddressSpace::new_user`]).
 //!
 //! With PCIDs (CPUID.01H:ECX.PCID\[bit 17\], turned on at boot by
-//! [`init`]), each user space's MMU handle is tagged
-//! ([`X86Mmu::with_pcid`]) and every switch asks a
-//! [`Pcid12Allocator`] for its PCID (Linux `switch_mm_irqs_off` and
-//! `choose_new_asid`; here the arm64 generation algorithm of
-//! `pgtable_core::asid`): a roll-over makes this CPU invalidate every PCID
-//! first ([`X86Mmu::flush_all_pcids`]), then the root is loaded with the
-//! PCID and the no-flush bit, unless the PCID owes a flush
-//! ([`PcidCpu::take_stale`], a flush of the space deferred while it was
-//! not current). Without PCIDs every switch is a plain MOV to CR3, which
-//! drops every non-global translation; the allocator still runs (for the
-//! roll-over counts) but its numbers are not installed.
+//! [`init`]), each user space's MMU handle starts unassigned
+//! ([`X86Mmu::unassigned`]: no PCID until its first switch, and no flush
+//! before it) and every switch is `Pcid12Allocator::switch_mm` (Linux
+//! `switch_mm_irqs_off` and `choose_new_asid`; here the arm64 generation
+//! algorithm of `pgtable_core::asid`): a roll-over makes this CPU
+//! invalidate every PCID first ([`X86Mmu::flush_all_pcids`]), then the
+//! root is loaded with the PCID and the no-flush bit, unless the PCID owes
+//! a flush ([`PcidCpu::take_stale`], a flush of the space deferred while
+//! it was not current). A space exits with `pgtable_core::asid::exit_mm`.
+//! Without PCIDs the same handles and `switch_mm` run, and the handles
+//! install and flush untagged (CR4.PCIDE = 0): every switch is a plain
+//! MOV to CR3, which drops every non-global translation; the allocator's
+//! numbers are kept by the handles but not loaded.
 //!
 //! [`COUNTS`] keeps what the switches did, for [`print_counts`].
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use pgtable_core::asid::{AsidContext, Pcid12Allocator};
-use pgtable_core::contract::Arch;
+use pgtable_core::asid::{exit_mm, AsidContext, Pcid12Allocator};
+use pgtable_core::contract::{Arch, TaggedMmu};
 use pgtable_core::AddressSpace;
 use pgtable_x86::{cpu_has_pcid, enable_pcids, Pcid, PcidCpu, X86Mmu};
 
@@ -145,7 +147,7 @@ pub fn print_counts() {
     );
     println!(
         "    {:<52}{:>8}",
-        "local flushes of every PCID (roll-overs, PCIDs only)",
+        "local flushes of every PCID (roll-overs)",
         g(&c.local_flushes)
     );
     println!(
@@ -170,17 +172,14 @@ pub struct User<A: Arch> {
 }
 
 impl<A: Arch> User<A> {
-    /// A new user space sharing `kernel`'s kernel half; tagged when PCIDs
-    /// are on (with PCID 0 until its first switch gives it one: a flush
-    /// before that reaches PCID 0, the kernel's, which is harmless).
+    /// A new user space sharing `kernel`'s kernel half; its handle is
+    /// unassigned until its first switch gives it a PCID (its flushes
+    /// before that do nothing: it never ran).
     pub fn new(kernel: &AddressSpace<A, X86Mmu, Frames>) -> Result<User<A>, Why> {
-        let mmu = if pcids() {
-            // SAFETY: CR4.PCIDE = 1 on the only CPU (`init`); `this_cpu`
-            // returns its state.
-            unsafe { X86Mmu::with_pcid(Pcid::ZERO, this_cpu) }
-        } else {
-            X86Mmu::new()
-        };
+        // SAFETY: `this_cpu` returns the only CPU's state; CR4.PCIDE was
+        // set (or not) by `init`, before any user space existed. Without
+        // PCIDs the handle installs and flushes untagged.
+        let mmu = unsafe { X86Mmu::unassigned(this_cpu) };
         // SAFETY: the kernel's space lives until the machine exits
         // (`run_on` never drops it); every user space is retired before.
         match unsafe { AddressSpace::new_user(kernel, mmu, Frames) } {
@@ -192,28 +191,25 @@ impl<A: Arch> User<A> {
         }
     }
 
-    /// The PCID the space's handle holds (`None`: untagged).
+    /// The PCID the space runs under (`None`: not switched to yet, or
+    /// PCIDs off, when the handle's PCID is not loaded into CR3).
     pub fn pcid(&self) -> Option<Pcid> {
-        self.space.mmu().pcid()
+        self.space.mmu().pcid().filter(|_| pcids())
     }
 
     /// Frees the space. The kernel's space must be installed (not this
     /// one).
     pub fn retire(mut self) {
-        if self.pcid().is_some() {
-            // Its PCID may still tag translations and paging-structure
-            // cache entries on this CPU: drop every PCID's (INVPCID type 3
-            // or a CR4.PGE toggle) before its tables are freed.
-            self.space.mmu().flush_all_pcids();
-        }
         let st = self.space.stats();
         add(&COUNTS.flush_range, st.flush_range());
         add(&COUNTS.flush_all, st.flush_all());
         // SAFETY: the only CPU runs on the kernel's root (our caller's
-        // promise); that MOV to CR3 dropped PCID 0's entries, and this
-        // space's own PCID (if any) was flushed above. Without PCIDs the
-        // space ran under PCID 0 too.
-        unsafe { self.space.deactivate() };
+        // promise). `exit_mm` flushes the space's PCID (INVPCID type 1,
+        // or, without INVPCID, a flush owed at that PCID's next load,
+        // which no CPU can use before) before its tables may be freed;
+        // without PCIDs the space ran under PCID 0, which the kernel
+        // root's MOV to CR3 flushed.
+        unsafe { exit_mm(&mut self.space) };
     }
 }
 
@@ -254,41 +250,49 @@ impl Switcher {
     /// Installs `u` (Linux `switch_mm`): with PCIDs, its PCID from the
     /// allocator, after the local flush a roll-over asks for.
     pub fn switch_user<A: Arch>(&mut self, u: &mut User<A>) -> Result<(), Why> {
-        let sw = match self.pcids.switch_to(0, &mut u.ctx) {
+        // The install flushes the PCID if it owes a flush: known for a
+        // space that keeps its PCID (a new PCID owes none: the roll-over
+        // flush forgot every owed flush). For the counts only.
+        let kept = self.pcids.is_current(u.ctx).then(|| self.pcids.asid_of(u.ctx));
+        let owed = kept
+            .and_then(|p| Pcid::new(p).ok())
+            .is_some_and(|p| this_cpu().is_stale(p));
+        // SAFETY: `u` maps the kernel half (shared) and its own pages, and
+        // the kernel runs only in the upper half; CPU 0 is the only CPU;
+        // `u.ctx` is `u`'s and only this allocator sees it, and the TLB
+        // holds no other allocator's PCIDs (`new` flushed them all).
+        let sw = match unsafe { self.pcids.switch_mm(0, &mut u.ctx, &mut u.space) } {
             Ok(sw) => sw,
-            Err(e) => return Err(Why::new(format_args!("switch_to: {e}"))),
+            Err(e) => return Err(Why::new(format_args!("switch_mm: {e}"))),
         };
+        self.count_rollovers();
+        if sw.flush_local {
+            add(&COUNTS.local_flushes, 1);
+        }
+        ensure!(
+            u.space.mmu().tag() == Some(sw.asid),
+            "switch_mm left the space's handle at PCID {:?}, not {}",
+            u.space.mmu().tag(),
+            sw.asid
+        );
+        let count = if !pcids() {
+            // No PCIDs: the handle took the number, but the install was a
+            // plain MOV to CR3, which drops every non-global translation.
+            &COUNTS.plain
+        } else if owed {
+            &COUNTS.tagged_flush
+        } else {
+            &COUNTS.tagged_keep
+        };
+        add(count, 1);
+        Ok(())
+    }
+
+    /// Adds the allocator's new roll-overs to [`COUNTS`].
+    fn count_rollovers(&mut self) {
         let r = self.pcids.rollovers();
         add(&COUNTS.rollovers, r - self.seen_rollovers);
         self.seen_rollovers = r;
-        if u.pcid().is_none() {
-            // No PCIDs: the allocator's numbers are not installed, and the
-            // MOV to CR3 drops every non-global translation anyway.
-            add(&COUNTS.plain, 1);
-            // SAFETY: `u` maps the kernel half (shared) and its own pages;
-            // the kernel runs only in the upper half.
-            unsafe { u.space.install() };
-            return Ok(());
-        }
-        if sw.flush_local {
-            u.space.mmu().flush_all_pcids();
-            add(&COUNTS.local_flushes, 1);
-        }
-        let pcid = match Pcid::new(sw.asid) {
-            Ok(p) => p,
-            Err(e) => return Err(Why::new(format_args!("PCID {}: {e:?}", sw.asid))),
-        };
-        u.space.mmu().set_pcid(pcid);
-        if this_cpu().is_stale(pcid) {
-            add(&COUNTS.tagged_flush, 1);
-        } else {
-            add(&COUNTS.tagged_keep, 1);
-        }
-        // SAFETY: as above; CR4.PCIDE = 1 and the handle now holds the
-        // PCID the allocator gave, whose stale entries were flushed (the
-        // roll-over's local flush) or are flushed by this install.
-        unsafe { u.space.install() };
-        Ok(())
     }
 
     /// Installs the kernel's own space (untagged: PCID 0, flushing it).

@@ -276,6 +276,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use crate::contract::TaggedMmu;
 use crate::{
     Access, AccessFault, AddressSpace, Arch, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbRange,
     VaRange, VirtAddr,
@@ -792,6 +793,18 @@ impl<A: Arch> SimMachine<A> {
         }
     }
 
+    /// The MMU handle of an address space that has not run yet and will be
+    /// switched to by [`AsidAllocator::switch_mm`](crate::asid::AsidAllocator::switch_mm):
+    /// no ASID yet ([`TaggedMmu::tag`] is `None`), so its flushes do
+    /// nothing (see [`TaggedMmu`] for why that is right); `switch_mm`
+    /// gives it one. Installing it directly makes it untagged. Otherwise
+    /// as [`mmu_with_asid`](Self::mmu_with_asid) (lower half).
+    pub fn mmu_unassigned(&self) -> SimMmu<A> {
+        let m = self.mmu_with_asid(0);
+        m.asid.store(UNASSIGNED, Ordering::Relaxed);
+        m
+    }
+
     /// The ASID of the installed root (0 after installing an untagged
     /// MMU's root).
     pub fn asid(&self) -> u16 {
@@ -1155,6 +1168,8 @@ const USER_WRITE: Access = Access {
 
 /// The `asid` of an untagged [`SimMmu`].
 const UNTAGGED: u32 = u32::MAX;
+/// The `asid` of an unassigned [`SimMmu`] ([`SimMachine::mmu_unassigned`]).
+const UNASSIGNED: u32 = u32::MAX - 1;
 
 /// The [`Mmu`] of a [`SimMachine`].
 pub struct SimMmu<A: Arch> {
@@ -1294,7 +1309,7 @@ impl<A: Arch> SimMmu<A> {
     pub fn asid(&self) -> Option<u16> {
         // Relaxed: see `Clone`.
         match self.asid.load(Ordering::Relaxed) {
-            UNTAGGED => None,
+            UNTAGGED | UNASSIGNED => None,
             a => Some(a as u16),
         }
     }
@@ -1343,6 +1358,35 @@ impl<A: Arch> SimMmu<A> {
     fn tag(&self) -> u32 {
         self.asid().map_or(0, u32::from)
     }
+
+    /// Whether this handle is unassigned (made by
+    /// [`SimMachine::mmu_unassigned`], never tagged nor installed).
+    fn unassigned(&self) -> bool {
+        // Relaxed: see `Clone`.
+        self.asid.load(Ordering::Relaxed) == UNASSIGNED
+    }
+}
+
+// SAFETY: `set_tag` is `set_asid`, after which flushes and installs use the
+// ASID; `local_flush_all` empties the executing CPU's TLB (and its deferred
+// flushes); an unassigned handle's flushes are skipped only while it was
+// never installed (`install_root` makes it untagged).
+unsafe impl<A: Arch> TaggedMmu for SimMmu<A> {
+    fn tag(&self) -> Option<u16> {
+        self.asid()
+    }
+
+    /// Any 16-bit ASID: the simulator has no width limit.
+    fn set_tag(&self, tag: u16) -> Result<(), crate::asid::AsidError> {
+        self.set_asid(tag);
+        Ok(())
+    }
+
+    fn local_flush_all(&self) {
+        let mut s = self.state();
+        let me = s.sel;
+        s.flush_all(me, false);
+    }
 }
 
 // SAFETY: a broadcast handle's flushes act on every simulated CPU's TLB at
@@ -1361,6 +1405,9 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
     }
 
     fn flush_tlb_range(&self, range: TlbRange) {
+        if self.unassigned() {
+            return;
+        }
         let mut s = self.state();
         let me = s.sel;
         s.flush_range::<A>(range, self.tag(), me, self.broadcast);
@@ -1373,12 +1420,21 @@ unsafe impl<A: Arch> Mmu for SimMmu<A> {
     }
 
     fn flush_tlb_mm(&self) {
+        if self.unassigned() {
+            return;
+        }
         let mut s = self.state();
         let me = s.sel;
         s.flush_mm(self.tag(), me, self.broadcast);
     }
 
     unsafe fn install_root(&self, root: PhysAddr) {
+        // An unassigned handle installed directly becomes untagged, so its
+        // flushes stop being no-ops before any entry of it exists.
+        // Relaxed: see `Clone`.
+        let _ =
+            self.asid
+                .compare_exchange(UNASSIGNED, UNTAGGED, Ordering::Relaxed, Ordering::Relaxed);
         let mut s = self.state();
         let me = s.sel;
         match self.half {
