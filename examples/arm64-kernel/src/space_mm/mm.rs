@@ -260,7 +260,10 @@ pub(super) fn switch_mm(cx: &mut Ctx, ps: &mut [Option<Proc>; ROLLOVER_SPACES]) 
             // SAFETY: as in `Ctx::switch`, and see above; the install of the
             // test space at the end of the case flushes the TLB.
             let a = unsafe { cx.small.switch(p) }?;
-            ensure!(p.space.mmu().tag() == Some(a), "space {i} is not tagged {a}");
+            ensure!(
+                p.space.mmu().tag() == Some(a),
+                "space {i} is not tagged {a}"
+            );
             load_is("after switch_mm", SHARED_VA, word(frames[i], 0))?;
             store_ok("after switch_mm", SHARED_VA + 8, round << 32 | i as u64)?;
             // Now and then a space that is not current moves its page to a

@@ -180,8 +180,9 @@ impl Ctx<'_> {
     /// [`USER_CODE`].
     fn new_proc(&mut self) -> Result<Proc, Why> {
         // SAFETY: the kernel space lives until the run ends.
-        let mut space = unsafe { KernelSpace::new_user(self.kernel, unassigned_mmu(), KernelTables) }
-            .map_err(|e| Why::new(format_args!("new_user: {e}")))?;
+        let mut space =
+            unsafe { KernelSpace::new_user(self.kernel, unassigned_mmu(), KernelTables) }
+                .map_err(|e| Why::new(format_args!("new_user: {e}")))?;
         space
             .map(
                 VirtAddr(USER_CODE),

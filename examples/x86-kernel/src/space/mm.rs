@@ -79,7 +79,9 @@ fn switch_mm<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
         }
         map_page(&mut users[0].space, VA, frames[0], USER_RW)?;
         let mut sw = Switcher::new(3)?;
-        let l0 = COUNTS.local_flushes.load(core::sync::atomic::Ordering::Relaxed);
+        let l0 = COUNTS
+            .local_flushes
+            .load(core::sync::atomic::Ordering::Relaxed);
         let mut remaps = 0u64;
         for round in 0..ROUNDS {
             for i in 0..N {
@@ -107,7 +109,10 @@ fn switch_mm<A: Arch>(kernel: &mut Kernel<A>) -> Result<(), Why> {
             }
         }
         let r = sw.rollovers();
-        let local = COUNTS.local_flushes.load(core::sync::atomic::Ordering::Relaxed) - l0;
+        let local = COUNTS
+            .local_flushes
+            .load(core::sync::atomic::Ordering::Relaxed)
+            - l0;
         sw.switch_kernel(kernel);
         load_faults("the kernel's space", VA)?;
         ensure!(r >= 2, "{r} roll-overs for {N} spaces on 7 PCIDs");

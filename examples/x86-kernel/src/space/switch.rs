@@ -253,7 +253,10 @@ impl Switcher {
         // The install flushes the PCID if it owes a flush: known for a
         // space that keeps its PCID (a new PCID owes none: the roll-over
         // flush forgot every owed flush). For the counts only.
-        let kept = self.pcids.is_current(u.ctx).then(|| self.pcids.asid_of(u.ctx));
+        let kept = self
+            .pcids
+            .is_current(u.ctx)
+            .then(|| self.pcids.asid_of(u.ctx));
         let owed = kept
             .and_then(|p| Pcid::new(p).ok())
             .is_some_and(|p| this_cpu().is_stale(p));
