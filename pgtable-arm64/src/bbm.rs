@@ -31,7 +31,8 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::contract::{Arch, BbmReason, Mmu, Slot, TlbRange, LEVEL_BITS, PAGE_SHIFT};
+use crate::bits::LEVEL_BITS;
+use pgtable_core::contract::{Arch, BbmReason, Mmu, Slot, TlbRange, PAGE_SHIFT};
 use pgtable_core::{Error, LiveOptions, VirtAddr};
 
 use crate::bits::{

@@ -149,3 +149,7 @@ const_assert_eq!((GP | DBM | CONT | PXN | UXN | SW_MASK) & OA_MASK, 0);
 const_assert_eq!(OA_MASK.count_ones(), 36);
 const_assert!(SW_DIRTY & SW_MASK != 0);
 const_assert!(PROT_NONE & SW_MASK != 0 && PROT_NONE != SW_DIRTY);
+
+/// Address bits one level translates with 4 KiB pages: 512 eight-byte
+/// entries per table.
+pub(crate) const LEVEL_BITS: u32 = 9;

@@ -11,7 +11,8 @@
 
 use core::fmt;
 
-use pgtable_core::contract::{Decoded, Format, Level, LEVEL_BITS, PAGE_SIZE};
+use crate::bits::LEVEL_BITS;
+use pgtable_core::contract::{Decoded, Format, Level, PAGE_SIZE};
 use pgtable_core::{PhysAddr, Prot};
 
 use crate::bits::{AF, OA_MASK, VALID};

@@ -38,10 +38,10 @@
 //! entries ([`Format::swp_entry`], Linux's swap and migration entries) use
 //! the layout of [`bits`](crate::bits#software-entries).
 
+use crate::bits::LEVEL_BITS;
 use bit_field::BitField;
 use pgtable_core::contract::{
-    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs, LEVEL_BITS,
-    PAGE_SHIFT,
+    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs, PAGE_SHIFT,
 };
 use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 use static_assertions::{assert_eq_align, assert_eq_size};

@@ -2,9 +2,11 @@
 
 use core::fmt;
 
-/// log2 of the base page size (4 KiB granule on both arm64 and x86_64).
+/// log2 of the 4 KiB page: the only page of x86-64 and RISC-V and the
+/// smallest of arm64. Code generic over the format uses its own page size,
+/// [`level::page_size`](crate::contract::level::page_size).
 pub const PAGE_SHIFT: u32 = 12;
-/// The base page size in bytes.
+/// The 4 KiB page in bytes (see [`PAGE_SHIFT`]).
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 
 /// A virtual address.

@@ -92,6 +92,19 @@ pub enum Error {
     /// does not relax it (a fault on such a page is Linux's
     /// `do_numa_page`, not an access-flag fault).
     ProtNone(VirtAddr),
+    /// The allocator's table frames are not the format's pages
+    /// ([`TableAlloc::frame_shift`] differs from
+    /// [`Format::PAGE_SHIFT`]): e.g. a 4 KiB-frame allocator given to an
+    /// address space of arm64 16 KiB pages.
+    ///
+    /// [`TableAlloc::frame_shift`]: crate::contract::TableAlloc::frame_shift
+    /// [`Format::PAGE_SHIFT`]: crate::contract::Format::PAGE_SHIFT
+    FrameSize {
+        /// log2 of the allocator's frame size.
+        frame_shift: u32,
+        /// log2 of the format's page size.
+        page_shift: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -123,6 +136,15 @@ impl fmt::Display for Error {
             Error::BlockMapped(a) => write!(f, "a block maps {a}, not a page"),
             Error::NotMapped(a) => write!(f, "nothing is mapped at {a}"),
             Error::ProtNone(a) => write!(f, "the mapping at {a} is PROT_NONE"),
+            Error::FrameSize {
+                frame_shift,
+                page_shift,
+            } => write!(
+                f,
+                "table frames of {} KiB, but pages of {} KiB",
+                (1u64 << frame_shift) >> 10,
+                (1u64 << page_shift) >> 10
+            ),
         }
     }
 }

@@ -163,6 +163,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> fmt::Display for PtDump<'_, A, M, T> {
         let mut out = Printer {
             f,
             levels: A::LEVELS,
+            size: size::<A>,
             markers: self.markers,
             next_marker: 0,
             run: None,
@@ -198,13 +199,15 @@ struct Run {
     start: u64,
     count: u64,
     height: u32,
+    /// Bytes one entry at `height` maps.
+    size: u64,
     kind: Kind,
 }
 
 impl Run {
     /// The exclusive end of the range (2^64 for the top of the space).
     fn end(&self) -> u128 {
-        self.start as u128 + self.count as u128 * size(self.height) as u128
+        self.start as u128 + self.count as u128 * self.size as u128
     }
 
     /// Adds the entry at `va` to the range if it continues it.
@@ -212,7 +215,7 @@ impl Run {
         if height != self.height || va as u128 != self.end() {
             return false;
         }
-        let step = size(height);
+        let step = self.size;
         let next = match (self.kind, kind) {
             (
                 Kind::Leaf {
@@ -253,6 +256,8 @@ struct Printer<'f, 'g, 'm> {
     f: &'f mut fmt::Formatter<'g>,
     /// The format's number of levels, for the level names.
     levels: u32,
+    /// The format's entry size at a height (`level::size`).
+    size: fn(u32) -> u64,
     markers: &'m [(VirtAddr, &'m str)],
     next_marker: usize,
     run: Option<Run>,
@@ -319,7 +324,7 @@ impl Printer<'_, '_, '_> {
     fn span<'a, A: Arch, M: Mmu, T: TableAlloc>(
         &mut self,
         space: &'a AddressSpace<A, M, T>,
-        span: Span<'a>,
+        span: Span<'a, A>,
     ) -> Result<Option<(TableRef<'a>, u64)>, fmt::Error> {
         let Span {
             table: t,
@@ -329,13 +334,13 @@ impl Printer<'_, '_, '_> {
             ..
         } = span;
         for i in span.from..span.to {
-            let next = entry_end(va, height, end);
+            let next = entry_end::<A>(va, height, end);
             let kind = match space.read(t, i, height) {
                 (_, Next::None) => None,
                 (_, Next::Table(c)) => return Ok(Some((c, va))),
                 (raw, Next::Leaf(pa)) => Some(Kind::Leaf {
                     // A range form may start inside a block.
-                    pa: pa.0 + (va & (size(height) - 1)),
+                    pa: pa.0 + (va & (size::<A>(height) - 1)),
                     prot: A::leaf_prot(raw, height),
                     young: A::is_young(raw),
                     dirty: A::is_dirty(raw),
@@ -364,7 +369,7 @@ impl Printer<'_, '_, '_> {
             self.next_marker += 1;
         }
         let len = next.wrapping_sub(va);
-        if len != size(height) {
+        if len != (self.size)(height) {
             // A part of a block, cut by the range form: printed on its own.
             self.flush()?;
             return self.line(va, len as u128, 1, height, kind);
@@ -379,6 +384,7 @@ impl Printer<'_, '_, '_> {
             start: va,
             count: 1,
             height,
+            size: (self.size)(height),
             kind,
         });
         Ok(())
@@ -405,7 +411,7 @@ impl Printer<'_, '_, '_> {
             Human(len),
             count,
             level_name(Level::at_height(height, self.levels)),
-            Human(size(height) as u128),
+            Human((self.size)(height) as u128),
         )?;
         match kind {
             Kind::Leaf {

@@ -118,3 +118,7 @@ const_assert!(PPN_MASK & (RESERVED | PBMT_MASK | N) == 0);
 const_assert!(V | RWX | U | G | A | D | RSW | PPN_MASK | RESERVED | PBMT_MASK | N == u64::MAX);
 // The PPN field holds exactly the 56-bit physical address space.
 const_assert!(pa_of(u64::MAX) == ((1 << PA_BITS) - 1) & !0xfff);
+
+/// Address bits one level translates with 4 KiB pages: 512 eight-byte
+/// entries per table.
+pub(crate) const LEVEL_BITS: u32 = 9;

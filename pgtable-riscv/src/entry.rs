@@ -9,7 +9,8 @@
 
 use core::fmt;
 
-use pgtable_core::contract::{Decoded, Format, Level, LEVEL_BITS, PAGE_SHIFT};
+use crate::bits::LEVEL_BITS;
+use pgtable_core::contract::{Decoded, Format, Level, PAGE_SHIFT};
 use pgtable_core::{MemType, PhysAddr, Prot};
 
 use crate::bits::{self, N, NAPOT_64K_PPN, R, V, W};

@@ -127,8 +127,9 @@
 //! break-before-make rule), which is how a whole-run change goes, entry by
 //! entry.
 
+use crate::bits::LEVEL_BITS;
 use pgtable_core::contract::{
-    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, LEVEL_BITS, PAGE_SHIFT,
+    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, PAGE_SHIFT,
 };
 use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 

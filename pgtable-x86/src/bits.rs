@@ -180,3 +180,7 @@ const_assert!(PKEY_MASK & (ADDR_MASK | SW_LEAF | XD) == 0);
 const_assert!(SW_LEAF & (ADDR_MASK | P | RW | US | PWT | PCD | A | D | PS | G) == 0);
 const_assert!(RSVD_1G & RSVD_2M == RSVD_2M);
 const_assert_eq!(reserved_high(MAX_PHYS_BITS), 0);
+
+/// Address bits one level translates with 4 KiB pages: 512 eight-byte
+/// entries per table.
+pub(crate) const LEVEL_BITS: u32 = 9;

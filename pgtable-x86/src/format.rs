@@ -94,10 +94,11 @@
 //! used speculatively, and inverted small values point at the top of the
 //! physical address space, where no cacheable memory is.
 
+use crate::bits::LEVEL_BITS;
 use bit_field::BitField;
 use pgtable_core::contract::{
-    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs, LEVEL_BITS,
-    PAGE_SHIFT, PAGE_SIZE,
+    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs, PAGE_SHIFT,
+    PAGE_SIZE,
 };
 use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 

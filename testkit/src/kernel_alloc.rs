@@ -35,11 +35,7 @@ pub struct KernelTables {
 impl KernelTables {
     /// `frames` frames of RAM from `RAM_BASE` on, all free.
     pub fn new(frames: usize) -> KernelTables {
-        let ram: Vec<Table> = (0..frames)
-            .map(|_| Table {
-                entries: [const { core::sync::atomic::AtomicU64::new(0) }; 512],
-            })
-            .collect();
+        let ram: Vec<Table> = (0..frames).map(|_| Table::zeroed()).collect();
         let direct_map = Box::into_raw(ram.into_boxed_slice()).cast::<Table>();
         KernelTables {
             direct_map,

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::contract::{Arch, Decoded, NewPte, TableAlloc};
+use pgtable_core::contract::{level, Arch, Decoded, NewPte, Slot, TableAlloc};
 use pgtable_core::{
     sim::{SimAlloc, SimMachine, SimMmu},
     MoveOptions,
@@ -353,12 +353,15 @@ fn fingerprint<A: Arch>(spaces: &[&Space<A>]) -> Vec<(u64, u64)> {
             return;
         }
         // SAFETY: the root or a table reached from it: a live frame of
-        // the space's allocator, and the shared borrow keeps every
-        // operation away while the reference lives.
-        let t = unsafe { s.alloc().phys_to_virt(pa).as_ref() };
+        // the space's allocator of `entries::<A>()` entries, and the shared
+        // borrow keeps every operation away while the slice lives.
+        let t = unsafe {
+            let first = s.alloc().phys_to_virt(pa).cast::<Slot>();
+            std::slice::from_raw_parts(first.as_ptr(), level::entries::<A>())
+        };
         let mut hash = 0xcbf2_9ce4_8422_2325u64;
         let mut tables = Vec::new();
-        for (i, e) in t.entries.iter().enumerate() {
+        for (i, e) in t.iter().enumerate() {
             // Relaxed: no operation runs, and nothing walks the tables.
             let raw = e.load(Relaxed);
             hash = (hash ^ raw ^ i as u64).wrapping_mul(0x0100_0000_01b3);

@@ -280,7 +280,7 @@ pub enum AccessFault {
 ///
 /// - `decode(table_entry(pa, h), h) == Decoded::Table(pa)` and
 ///   `decode(table_entry_attrs(pa, h, a), h) == Decoded::Table(pa)` for
-///   `h > 0`, every [`TableAttrs`] `a` and every 4 KiB-aligned `pa` below
+///   `h > 0`, every [`TableAttrs`] `a` and every page-aligned `pa` below
 ///   `1 << PA_BITS` (the algorithms link only such frames);
 /// - `decode(raw, h)` returns `Decoded::Table` for no other value that the
 ///   algorithms or the hardware put into an entry: never at height 0, never
@@ -307,7 +307,7 @@ pub enum AccessFault {
 pub unsafe trait Format: Sized + 'static {
     /// Short human name, e.g. `"arm64-4K-48bit"`.
     const NAME: &'static str;
-    /// Number of translation levels (3, 4 or 5).
+    /// Number of translation levels (2 to 5).
     const LEVELS: u32;
     /// Output-address bits the format can encode.
     const PA_BITS: u32;
@@ -320,8 +320,18 @@ pub unsafe trait Format: Sized + 'static {
     /// linear in its address (see the rules above).
     const OA_SHIFT: u32 = 0;
 
-    /// Bits of virtual address translated: `12 + 9 * LEVELS`.
-    const VA_BITS: u32 = crate::contract::level::shift(Self::LEVELS);
+    /// log2 of the page size, which is also the size of a table frame:
+    /// 12 (4 KiB, the default and the only size of x86-64 and RISC-V), 14
+    /// (16 KiB) or 16 (64 KiB), arm64's granules. Every level below the top
+    /// translates `PAGE_SHIFT - 3` bits; see [`level`](crate::contract::level).
+    const PAGE_SHIFT: u32 = 12;
+
+    /// Bits of virtual address one half translates (per TTBR on arm64):
+    /// by default as many as full tables translate, `PAGE_SHIFT +
+    /// (PAGE_SHIFT - 3) * LEVELS`. Fewer leave the root partly used (Linux
+    /// `PTRS_PER_PGD`: arm64 16 KiB pages with 48 bits have a root of 2
+    /// entries).
+    const VA_BITS: u32 = Self::PAGE_SHIFT + (Self::PAGE_SHIFT - 3) * Self::LEVELS;
 
     /// Whether a leaf (block or page) may sit at `height`. Height 0 always can.
     fn leaf_allowed(height: u32) -> bool;

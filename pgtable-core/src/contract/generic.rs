@@ -110,7 +110,7 @@ pub fn pmdp_modify_prot_start<A: Arch, M: Mmu>(
     height: u32,
 ) -> u64 {
     let old = A::pmdp_huge_get_and_clear(mmu, slot);
-    mmu.flush_tlb_range(TlbRange::leaf(va, height));
+    mmu.flush_tlb_range(TlbRange::leaf::<A>(va, height));
     old
 }
 

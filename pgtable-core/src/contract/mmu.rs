@@ -28,12 +28,12 @@ pub struct TlbRange {
 impl TlbRange {
     /// The range of the one leaf at `height` that maps `va`.
     #[inline]
-    pub(crate) fn leaf(va: VirtAddr, height: u32) -> TlbRange {
-        let start = va.align_down(size(height));
+    pub(crate) fn leaf<F: crate::Format>(va: VirtAddr, height: u32) -> TlbRange {
+        let start = va.align_down(size::<F>(height));
         TlbRange {
             start,
-            end: start.add(size(height)),
-            stride_shift: shift(height),
+            end: start.add(size::<F>(height)),
+            stride_shift: shift::<F>(height),
             last_level: true,
         }
     }

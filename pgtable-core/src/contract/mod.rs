@@ -113,14 +113,14 @@ use crate::{AddressSpace, VirtAddr};
 
 pub(crate) mod arch;
 pub(crate) mod format;
-pub(crate) mod level;
+pub mod level;
 pub(crate) mod mmu;
 pub(crate) mod table;
 
 pub use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 pub use crate::contract::arch::Arch;
 pub use crate::contract::format::{Access, AccessFault, Decoded, Format};
-pub use crate::contract::level::{Level, ENTRIES_PER_TABLE, LEVEL_BITS};
+pub use crate::contract::level::Level;
 pub use crate::contract::mmu::{Mmu, NoopMmu, TaggedMmu, TlbRange};
 #[cfg(feature = "alloc")]
 pub use crate::contract::table::Arena;

@@ -58,14 +58,14 @@ use core::sync::atomic::Ordering::Relaxed;
 use crate::contract::level::{entry_end, index, shift};
 use crate::space::walker::{Next, Span, TableRef};
 use crate::{
-    AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, PhysAddr, Slot, Table, TableAlloc,
-    TlbRange, VirtAddr,
+    AddressSpace, Arch, Decoded, Format, MapOptions, Mmu, PhysAddr, Slot, TableAlloc, TlbRange,
+    VirtAddr,
 };
 
 /// Size in bytes of one run at `height`, or `0` where the format has none.
 #[inline]
 pub(crate) fn run_size<A: Format>(height: u32) -> u64 {
-    u64::from(A::cont_entries(height)) << shift(height)
+    u64::from(A::cont_entries(height)) << shift::<A>(height)
 }
 
 /// The folded part of a map of `[va, end)` to `pa` within one table at
@@ -97,10 +97,10 @@ pub(crate) fn fold_span<A: Format>(
 
 /// The `N` slots of the run at `height` that holds entry `i` of `t`.
 #[inline]
-pub(crate) fn run_slots<A: Format>(t: &Table, i: usize, height: u32) -> &[Slot] {
+pub(crate) fn run_slots<A: Format>(t: &[Slot], i: usize, height: u32) -> &[Slot] {
     let n = A::cont_entries(height) as usize;
     let first = i & !(n - 1);
-    &t.entries[first..first + n]
+    &t[first..first + n]
 }
 
 /// The OR of the accessed and dirty states over the folded run `slots`:
@@ -150,11 +150,11 @@ pub(crate) fn with_ad<A: Format>(raw: u64, height: u32, young: bool, dirty: bool
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// The table at `height` on the path to `va`, if it exists.
-    pub(crate) fn table_on_path(&self, va: u64, height: u32) -> Option<&Table> {
+    pub(crate) fn table_on_path(&self, va: u64, height: u32) -> Option<&[Slot]> {
         if self.check_va(VirtAddr(va)).is_err() || height >= A::LEVELS {
             return None;
         }
-        Some(self.table_for(va, height)?.table())
+        Some(self.table_for(va, height)?.all())
     }
 
     /// The folded run holding the leaf at `height` on the path to `va`:
@@ -166,9 +166,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return None;
         }
         let t = self.table_on_path(va, height)?;
-        let i = index(va, height);
+        let i = index::<A>(va, height);
         // Relaxed: we hold the address space exclusively.
-        let raw = t.entries[i].load(Relaxed);
+        let raw = t[i].load(Relaxed);
         if !matches!(A::decode(raw, height), Decoded::Leaf(_)) || !A::is_cont(raw, height) {
             return None;
         }
@@ -291,7 +291,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             } else {
                 // The span starts and ends on run boundaries.
                 for i in (sp.from..sp.to).step_by(n) {
-                    let base = sp.va.wrapping_add(((i - sp.from) as u64) << shift(height));
+                    let base = sp
+                        .va
+                        .wrapping_add(((i - sp.from) as u64) << shift::<A>(height));
                     did |= s.unfold_at(sp.table, i, height, base);
                 }
             }
@@ -301,13 +303,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 
     /// The first table entry of `sp`: its table and first address.
-    fn first_table<'a>(&'a self, sp: Span<'a>) -> Option<(TableRef<'a>, u64)> {
+    fn first_table<'a>(&'a self, sp: Span<'a, A>) -> Option<(TableRef<'a>, u64)> {
         let mut va = sp.va;
         for i in sp.from..sp.to {
             if let Next::Table(c) = self.read(sp.table, i, sp.height).1 {
                 return Some((c, va));
             }
-            va = entry_end(va, sp.height, sp.next);
+            va = entry_end::<A>(va, sp.height, sp.next);
         }
         None
     }
@@ -318,7 +320,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if !is_folded::<A>(t.load(i), height) {
             return false;
         }
-        self.unfold_run(run_slots::<A>(t.table(), i, height), base, height);
+        self.unfold_run(run_slots::<A>(t.all(), i, height), base, height);
         true
     }
 
@@ -399,14 +401,14 @@ pub(crate) fn break_run<A: Arch, M: Mmu>(
     }
     // One flush for the run, before any entry is made again (the flush
     // orders the clears before the invalidation: the `Mmu` rules).
-    let run = (slots.len() as u64) << shift(height);
+    let run = (slots.len() as u64) << shift::<A>(height);
     mmu.flush_tlb_range(TlbRange {
         start: VirtAddr(base),
         end: VirtAddr(base.wrapping_add(run)),
-        stride_shift: shift(height),
+        stride_shift: shift::<A>(height),
         last_level: true,
     });
-    let first = index(base, height);
+    let first = index::<A>(base, height);
     for (k, (o, s)) in old.iter().zip(slots).enumerate() {
         // Only leaves are made again (a folded run holds nothing else; an
         // entry that was not a leaf goes back as it was).

@@ -74,7 +74,7 @@ impl<A: Format> LeafEntry<A> {
     /// page or block).
     #[inline]
     pub fn va(&self) -> VirtAddr {
-        VirtAddr(self.va & !(size(self.height) - 1))
+        VirtAddr(self.va & !(size::<A>(self.height) - 1))
     }
 
     /// The height of the table the entry was in (0: a page; 1: a PMD
@@ -87,7 +87,7 @@ impl<A: Format> LeafEntry<A> {
     /// The bytes the entry covers: 4 KiB, 2 MiB or 1 GiB.
     #[inline]
     pub fn size(&self) -> u64 {
-        size(self.height)
+        size::<A>(self.height)
     }
 
     /// The raw entry.
@@ -110,7 +110,7 @@ impl<A: Format> LeafEntry<A> {
     /// The physical address of the page or block, if present.
     #[inline]
     pub fn pa(&self) -> Option<PhysAddr> {
-        crate::ops::contpte::leaf_pa::<A>(self.raw, self.height, index(self.va, self.height))
+        crate::ops::contpte::leaf_pa::<A>(self.raw, self.height, index::<A>(self.va, self.height))
     }
 
     /// The protection it granted, if present.

@@ -5,13 +5,11 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::{index, shift, size};
+use crate::contract::level::{index, page_size, shift, size};
 use crate::contract::NewPte;
 use crate::space::aspace::{bbm_reason, needs_bbm, FreeQueue};
 use crate::space::walker::Next;
-use crate::{
-    AddressSpace, Arch, Decoded, Error, Mmu, Prot, Slot, TableAlloc, TlbGather, VirtAddr, PAGE_SIZE,
-};
+use crate::{AddressSpace, Arch, Decoded, Error, Mmu, Prot, Slot, TableAlloc, TlbGather, VirtAddr};
 
 bitflags::bitflags! {
     /// What [`AddressSpace::ptep_set_access_flags`] sets in a leaf besides
@@ -103,14 +101,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             NewPte::Page { pa, prot } => (pa, prot),
             NewPte::Swap(value) => return self.install_swap(va, value),
         };
-        if !va.is_aligned(PAGE_SIZE) {
+        if !va.is_aligned(page_size::<A>()) {
             return Err(Error::MisalignedVirt(va));
         }
         // One page: its range check is its address's.
         self.check_va(va)?;
-        Self::check_phys(pa, PAGE_SIZE)?;
+        Self::check_phys(pa, page_size::<A>())?;
         let entry = A::leaf(pa, prot, 0);
-        let i = index(va.0, 0);
+        let i = index::<A>(va.0, 0);
         // The short path when every table exists: the dependent loads of
         // the walk, then the one store.
         match self.table_for(va.0, 0) {
@@ -139,7 +137,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut height = A::LEVELS - 1;
         // Check: how far the tables reach.
         loop {
-            match self.read(t, index(va.0, height), height).1 {
+            match self.read(t, index::<A>(va.0, height), height).1 {
                 Next::Table(c) if height > 0 => t = c,
                 Next::None => break,
                 _ => return Err(Error::AlreadyMapped(va)),
@@ -153,13 +151,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Never short: the reservation counted `height` tables.
             t = self.take_table(&mut res);
             if let Some(c) = t {
-                let slot = parent.slot(index(va.0, h));
+                let slot = parent.slot(index::<A>(va.0, h));
                 A::populate_attrs(&self.mmu, slot, c.pa(), h, self.table_attrs);
             }
             h -= 1;
         }
         if let Some(pte) = t {
-            A::set_pte_nosync(&self.mmu, pte.slot(index(va.0, 0)), entry);
+            A::set_pte_nosync(&self.mmu, pte.slot(index::<A>(va.0, 0)), entry);
         }
         self.settle(res)
     }
@@ -246,9 +244,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let (slots, base) = match A::is_cont(slot.load(Relaxed), h) {
             true => match self.folded_run(va.0, h) {
                 Some((run, base)) => (run, base),
-                None => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
+                None => (core::slice::from_ref(slot), va.0 & !(size::<A>(h) - 1)),
             },
-            false => (core::slice::from_ref(slot), va.0 & !(size(h) - 1)),
+            false => (core::slice::from_ref(slot), va.0 & !(size::<A>(h) - 1)),
         };
         // Checked before anything is written: the entries of a run share
         // their attributes, so the first decides.
@@ -267,12 +265,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if written == 0 {
             return Ok(false);
         }
-        let span = (slots.len() as u64) << shift(h);
+        let span = (slots.len() as u64) << shift::<A>(h);
         self.mmu.stats.add_entries_written(written);
         self.table_done();
         if flush {
             let mut gather = TlbGather::new();
-            gather.add_range(VirtAddr(base), span, h);
+            gather.add_range::<A>(VirtAddr(base), span, h);
             self.finish(gather, FreeQueue::new());
         }
         Ok(true)

@@ -57,7 +57,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::entry_end;
+use crate::contract::level::{entry_end, page_size};
 use crate::space::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation};
 use crate::space::walker::{split_parts, Next, Span, TableRef, MAX_LEVELS};
 use crate::{
@@ -245,7 +245,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     fn need_span<'a, M2: Mmu, T2: TableAlloc>(
         &'a self,
         dst: &'a AddressSpace<A, M2, T2>,
-        span: Span<'a>,
+        span: Span<'a, A>,
         dt: Option<TableRef<'a>>,
         need: &mut usize,
     ) -> Option<(TableRef<'a>, u64, Option<TableRef<'a>>)> {
@@ -260,9 +260,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return None;
         }
         for i in span.from..span.to {
-            let next = entry_end(va, h, end);
+            let next = entry_end::<A>(va, h, end);
             match self.read(t, i, h).1 {
-                Next::Leaf(_) if !covers(va, next, h) => {
+                Next::Leaf(_) if !covers::<A>(va, next, h) => {
                     // Split in the source: its part in the range is copied
                     // as leaves of the next size down.
                     let dc = dst_child(dst, dt, i, h);
@@ -327,7 +327,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// span is done).
     fn copy_span<'a, M2: Mmu, T2: TableAlloc>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         dt: TableRef<'a>,
         c: &mut Copier<'a, A, M2, T2, impl FnMut(LeafEntry<A>)>,
         wrote: &mut bool,
@@ -340,13 +340,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             ..
         } = span;
         for i in span.from..span.to {
-            let next = entry_end(va, h, end);
+            let next = entry_end::<A>(va, h, end);
             let slot = st.slot(i);
             // A leaf is re-read atomically by the write-protect.
             let sub = match self.read(st, i, h) {
                 (_, Next::None) => None,
                 (_, Next::Table(sc)) => Some(sc),
-                (raw, Next::Leaf(_)) if covers(va, next, h) => {
+                (raw, Next::Leaf(_)) if covers::<A>(va, next, h) => {
                     let leaf = self.copy_leaf(slot, raw, VirtAddr(va), h, c);
                     *wrote |= c.write(dt.slot(i), leaf);
                     (c.report)(LeafEntry::new(va, h, leaf));
@@ -363,7 +363,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     }),
                 // A software entry above the PTE level (only `slot` puts
                 // one there): copied whole.
-                (raw, Next::Invalid) if covers(va, next, h) => {
+                (raw, Next::Invalid) if covers::<A>(va, next, h) => {
                     *wrote |= c.write(dt.slot(i), raw);
                     (c.report)(LeafEntry::new(va, h, raw));
                     None
@@ -389,7 +389,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `dt`.
     fn copy_ptes<M2: Mmu, T2: TableAlloc>(
         &self,
-        span: Span<'_>,
+        span: Span<'_, A>,
         dt: TableRef<'_>,
         c: &mut Copier<'_, A, M2, T2, impl FnMut(LeafEntry<A>)>,
     ) -> bool {
@@ -411,7 +411,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return false;
         };
         let from = span.from + skip;
-        let va = va + skip as u64 * crate::PAGE_SIZE;
+        let va = va + skip as u64 * page_size::<A>();
         let mut copied = 0u64;
         // What to do with a leaf depends only on its attribute word
         // (`Format` rules), so it is decided once per distinct word
@@ -434,7 +434,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             if raw == 0 {
                 continue;
             }
-            let v = va + k as u64 * crate::PAGE_SIZE;
+            let v = va + k as u64 * page_size::<A>();
             let pte = match A::decode(raw, 0) {
                 Decoded::Leaf(pa) if cow => {
                     let attrs = raw ^ pa.0 >> A::OA_SHIFT;
@@ -458,9 +458,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             copied += 1;
         }
         if wp.0 != usize::MAX {
-            let first = va + wp.0 as u64 * crate::PAGE_SIZE;
-            let len = (wp.1 - wp.0 + 1) as u64 * crate::PAGE_SIZE;
-            c.gather.add_range(VirtAddr(first), len, 0);
+            let first = va + wp.0 as u64 * page_size::<A>();
+            let len = (wp.1 - wp.0 + 1) as u64 * page_size::<A>();
+            c.gather.add_range::<A>(VirtAddr(first), len, 0);
         }
         dst.mmu.stats.add_entries_written(copied);
         true
@@ -501,7 +501,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             A::mkclean(A::mkold(raw, h), h)
         } else if A::leaf_prot(raw, h).writable() {
             let new = self.wrprotect(slot, raw, va, h);
-            c.gather.add_leaf(va, h);
+            c.gather.add_leaf::<A>(va, h);
             A::mkold(new, h)
         } else {
             A::mkold(raw, h)
@@ -706,7 +706,7 @@ fn split_copy_need<A: Arch, M: Mmu, T: TableAlloc>(
 ) -> usize {
     let Some(dt) = dt else {
         // A new table, and one below each entry covered in part.
-        return split_parts(va, end, h);
+        return split_parts::<A>(va, end, h);
     };
     let mut need = 0;
     let mut cur = dst.cursor_under(dt, h, va, end);
@@ -726,7 +726,7 @@ fn split_copy_need<A: Arch, M: Mmu, T: TableAlloc>(
 /// its first address (`None`: the span is done).
 fn split_copy_span<'a, A: Arch, M: Mmu, T: TableAlloc>(
     dst: &'a AddressSpace<A, M, T>,
-    sp: Span<'a>,
+    sp: Span<'a, A>,
     need: &mut usize,
 ) -> Option<(TableRef<'a>, u64)> {
     let h = sp.height;
@@ -736,7 +736,7 @@ fn split_copy_span<'a, A: Arch, M: Mmu, T: TableAlloc>(
     for (i, va, next) in sp.partial() {
         match dst.read(sp.table, i, h).1 {
             Next::Table(c) => return Some((c, va)),
-            _ => *need += 1 + split_parts(va, next, h - 1),
+            _ => *need += 1 + split_parts::<A>(va, next, h - 1),
         }
     }
     None

@@ -124,7 +124,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     self.mmu.stats.add_entries_written(changed);
                     self.table_done();
                     let mut gather = TlbGather::new();
-                    gather.add_range(VirtAddr(base), contpte::run_size::<A>(h), h);
+                    gather.add_range::<A>(VirtAddr(base), contpte::run_size::<A>(h), h);
                     self.finish(gather, FreeQueue::new());
                 }
                 return Ok(young);
@@ -136,7 +136,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if changed {
             self.table_done();
             let mut gather = TlbGather::new();
-            gather.add_leaf(va, h);
+            gather.add_leaf::<A>(va, h);
             self.finish(gather, FreeQueue::new());
         }
         Ok(A::is_young(old))
@@ -227,7 +227,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// first address (`None`: the span is done).
     fn harvest_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         what: ClearRefs,
         gather: &mut TlbGather,
         f: &mut impl FnMut(LeafEntry<A>),
@@ -242,7 +242,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         } = span;
         let mut i = span.from;
         while i < span.to {
-            let next = entry_end(va, height, end);
+            let next = entry_end::<A>(va, height, end);
             // The clear re-reads the value in its compare-exchange.
             match self.read(t, i, height) {
                 (_, Next::Table(c)) => return Some((c, va)),
@@ -252,7 +252,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     if ch > 0 {
                         *changed += ch;
                         let run = contpte::run_size::<A>(height);
-                        gather.add_range(VirtAddr(va & !(run - 1)), run, height);
+                        gather.add_range::<A>(VirtAddr(va & !(run - 1)), run, height);
                     }
                     va = stop;
                     i = (i | (A::cont_entries(height) as usize - 1)) + 1;
@@ -264,7 +264,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         let leaf = LeafEntry::new(va, height, old);
                         if ch {
                             *changed += 1;
-                            gather.add_leaf(leaf.va(), height);
+                            gather.add_leaf::<A>(leaf.va(), height);
                         }
                         f(leaf);
                     }
@@ -284,7 +284,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// or of the span) and how many entries changed.
     fn harvest_run(
         &self,
-        span: Span<'_>,
+        span: Span<'_, A>,
         i: usize,
         va: u64,
         what: ClearRefs,
@@ -307,7 +307,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 height,
                 contpte::with_ad::<A>(now, height, young, dirty),
             ));
-            v = entry_end(v, height, end);
+            v = entry_end::<A>(v, height, end);
         }
         (v, ch)
     }

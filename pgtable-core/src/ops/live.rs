@@ -208,7 +208,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// decide this.
     fn live_bbm_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         prot: Prot,
     ) -> Result<Option<(TableRef<'a>, u64)>, (VirtAddr, BbmReason)> {
         let Span {
@@ -219,12 +219,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             ..
         } = span;
         for i in span.from..span.to {
-            let next = entry_end(va, height, end);
+            let next = entry_end::<A>(va, height, end);
             match self.read(t, i, height) {
                 (_, Next::Table(c)) => return Ok(Some((c, va))),
                 (raw, Next::Leaf(_)) if A::leaf_prot(raw, height) == prot => {}
                 (raw, Next::Leaf(_)) => {
-                    let whole = height == 0 || covers(va, next, height);
+                    let whole = height == 0 || covers::<A>(va, next, height);
                     // A split replaces the block by a table (a size
                     // change), then changes the children.
                     let split = !whole
@@ -287,7 +287,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// hardware update.
     fn live_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         prot: Prot,
         stash: &mut Reservation,
         gather: &mut TlbGather,
@@ -301,8 +301,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             ..
         } = span;
         loop {
-            let next = entry_end(va, height, end);
-            let i = index(va, height);
+            let next = entry_end::<A>(va, height, end);
+            let i = index::<A>(va, height);
             let slot = t.slot(i);
             match self.read(t, i, height) {
                 (_, Next::Table(c)) => return Some((c, va)),
@@ -316,7 +316,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // two disagree in memory type while valid.
                     let c = A::cont_entries(height) as usize;
                     let at = i & !(c - 1);
-                    let span = c as u64 * crate::contract::level::size(height);
+                    let span = c as u64 * crate::contract::level::size::<A>(height);
                     let base = va & !(span - 1);
                     crate::ops::contpte::break_run::<A, _>(
                         &self.mmu,
@@ -326,7 +326,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         |o, _, _, _| A::modify_prot(o, prot, height),
                     );
                     self.mmu.stats.add_entries_written(c as u64);
-                    gather.add_range(VirtAddr(base), span, height);
+                    gather.add_range::<A>(VirtAddr(base), span, height);
                     *wrote = true;
                     va = base.wrapping_add(span);
                     if va == end {
@@ -334,7 +334,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     }
                     continue;
                 }
-                (raw, Next::Leaf(_)) if height > 0 && !covers(va, next, height) => {
+                (raw, Next::Leaf(_)) if height > 0 && !covers::<A>(va, next, height) => {
                     // Descended through the table the split linked. (No
                     // table: the count was short, see `take`; the block
                     // keeps its protection.)
@@ -345,7 +345,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
                 (raw, Next::Leaf(_)) => {
                     self.live_set(slot, raw, VirtAddr(va), height, prot);
-                    gather.add_leaf(VirtAddr(va), height);
+                    gather.add_leaf::<A>(VirtAddr(va), height);
                     *wrote = true;
                 }
                 _ => {}

@@ -9,14 +9,11 @@
 //!    walker barrier (Linux "arm64: mm: Batch dsb and isb when populating pgtables"), or none
 //!    until the end of a lazy-MMU scope.
 
-use crate::contract::level::{entry_end, index, shift, size};
+use crate::contract::level::{entries, entry_end, index, page_size, shift, size};
 use crate::ops::contpte;
 use crate::space::aspace::{covers, first_used, Reservation};
 use crate::space::walker::{Next, Span, TableRef, MAX_LEVELS};
-use crate::{
-    AddressSpace, Arch, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr,
-    ENTRIES_PER_TABLE, PAGE_SIZE,
-};
+use crate::{AddressSpace, Arch, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr};
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// Maps `[va, va + len)` to `[pa, pa + len)` with `prot`.
@@ -104,7 +101,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// and its first address (`Ok(None)`: the span is done).
     fn check_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         plan: &MapPlan,
         need: &mut usize,
     ) -> Result<Option<(TableRef<'a>, u64)>, Error> {
@@ -119,9 +116,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if height == 0 || all_leaves::<A>(height, va, end, plan.pa(va), opts) {
             // Every entry becomes a leaf (a page, or a block of the fast
             // path): they must all be free.
-            if let Some(at) = first_used(t.table(), height, va, end) {
-                let next = entry_end(at.0, height, end);
-                let kind = self.read(t, index(at.0, height), height).1;
+            if let Some(at) = first_used::<A>(t.all(), height, va, end) {
+                let next = entry_end::<A>(at.0, height, end);
+                let kind = self.read(t, index::<A>(at.0, height), height).1;
                 return Err(Error::AlreadyMapped(
                     self.first_mapped_at(kind, height, at.0, next),
                 ));
@@ -129,7 +126,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Ok(None);
         }
         for i in span.from..span.to {
-            let next = entry_end(va, height, end);
+            let next = entry_end::<A>(va, height, end);
             let (raw, kind) = self.read(t, i, height);
             if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
                 if raw != 0 {
@@ -207,7 +204,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// first address and whether it is new (`None`: the span is done).
     fn map_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         plan: &MapPlan,
         stash: &mut Reservation,
         wrote: &mut bool,
@@ -233,8 +230,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // The blocks of `[lo, lo + folded)` are written with the hint.
         let (lo, folded) = contpte::fold_span::<A>(height, va, end, plan.pa(va), opts);
         loop {
-            let next = entry_end(va, height, end);
-            let i = index(va, height);
+            let next = entry_end::<A>(va, height, end);
+            let i = index::<A>(va, height);
             let slot = t.slot(i);
             if use_leaf::<A>(height, va, next, plan.pa(va), opts) {
                 let mut leaf = A::leaf(PhysAddr(plan.pa(va)), plan.prot, height);
@@ -279,17 +276,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let opts = plan.opts;
         let mut pa = plan.pa(va);
         let template = A::leaf_template(plan.prot, 0);
-        let i = index(va, 0);
-        let n = (end.wrapping_sub(va) / PAGE_SIZE) as usize;
+        let i = index::<A>(va, 0);
+        let n = (end.wrapping_sub(va) / page_size::<A>()) as usize;
         let (lo, folded) = contpte::fold_span::<A>(0, va, end, pa, opts);
-        let head = (lo.wrapping_sub(va) / PAGE_SIZE) as usize;
-        let mid = (folded / PAGE_SIZE) as usize;
+        let head = (lo.wrapping_sub(va) / page_size::<A>()) as usize;
+        let mid = (folded / page_size::<A>()) as usize;
         let spans = [
             (i, i + head, false),
             (i + head, i + head + mid, true),
             (i + head + mid, i + n, false),
         ];
-        let entries = &t.table().entries;
+        let entries = t.all();
         if opts.is_barrier_per_entry() {
             for (a, b, folded) in spans {
                 for e in &entries[a..b] {
@@ -298,19 +295,25 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                         leaf = A::mk_cont(leaf, 0);
                     }
                     A::set_pte_at(&self.mmu, VirtAddr(va), e, leaf);
-                    pa += PAGE_SIZE;
+                    pa += page_size::<A>();
                     // Wrapping: past the last page of the 64-bit space
                     // the address is 2^64, and it is not used again.
-                    va = va.wrapping_add(PAGE_SIZE);
+                    va = va.wrapping_add(page_size::<A>());
                 }
             }
         } else {
             // Three plain loops (one per span), each the tight
             // template-OR-address store loop.
             let (h, m) = (spans[0].1, spans[1].1);
-            pa = fill::<A, _>(&self.mmu, &entries[i..h], template, pa, PAGE_SIZE);
+            pa = fill::<A, _>(&self.mmu, &entries[i..h], template, pa, page_size::<A>());
             pa = fill_cont::<A, _>(&self.mmu, &entries[h..m], template, pa, 0);
-            fill::<A, _>(&self.mmu, &entries[m..i + n], template, pa, PAGE_SIZE);
+            fill::<A, _>(
+                &self.mmu,
+                &entries[m..i + n],
+                template,
+                pa,
+                page_size::<A>(),
+            );
         }
         self.mmu.stats.add_entries_written(n as u64);
     }
@@ -321,13 +324,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut pa = plan.pa(va);
         let (lo, folded) = contpte::fold_span::<A>(height, va, end, pa, plan.opts);
         let template = A::leaf_template(plan.prot, height);
-        let i = index(va, height);
-        let n = (end.wrapping_sub(va) >> shift(height)) as usize;
-        let head = (lo.wrapping_sub(va) >> shift(height)) as usize;
-        let mid = (folded >> shift(height)) as usize;
+        let i = index::<A>(va, height);
+        let n = (end.wrapping_sub(va) >> shift::<A>(height)) as usize;
+        let head = (lo.wrapping_sub(va) >> shift::<A>(height)) as usize;
+        let mid = (folded >> shift::<A>(height)) as usize;
         let (h, m) = (i + head, i + head + mid);
-        let step = size(height);
-        let entries = &t.table().entries;
+        let step = size::<A>(height);
+        let entries = t.all();
         pa = fill::<A, _>(&self.mmu, &entries[i..h], template, pa, step);
         pa = fill_cont::<A, _>(&self.mmu, &entries[h..m], template, pa, height);
         fill::<A, _>(&self.mmu, &entries[m..i + n], template, pa, step);
@@ -387,11 +390,11 @@ fn hole_need<A: Arch>(height: u32, va: u64, end: u64, plan: &MapPlan) -> usize {
             1 + hole_need::<A>(height - 1, v, next, plan)
         }
     };
-    let first_end = entry_end(va, height, end);
+    let first_end = entry_end::<A>(va, height, end);
     let mut need = entry(va, first_end);
     if first_end != end {
-        let last = end.wrapping_sub(1) & !(size(height) - 1);
-        let whole = (last.wrapping_sub(first_end) >> shift(height)) as usize;
+        let last = end.wrapping_sub(1) & !(size::<A>(height) - 1);
+        let whole = (last.wrapping_sub(first_end) >> shift::<A>(height)) as usize;
         need += entry(last, end) + whole * whole_need::<A>(height, plan);
     }
     need
@@ -406,7 +409,7 @@ fn whole_need<A: Arch>(height: u32, plan: &MapPlan) -> usize {
         need = if whole_leaf::<A>(h, plan) {
             0
         } else {
-            1 + ENTRIES_PER_TABLE * need
+            1 + entries::<A>() * need
         };
     }
     need
@@ -416,7 +419,7 @@ fn whole_need<A: Arch>(height: u32, plan: &MapPlan) -> usize {
 /// mapped by a leaf: what [`use_leaf`] says for every aligned entry.
 #[inline]
 fn whole_leaf<A: Arch>(height: u32, plan: &MapPlan) -> bool {
-    plan.opts.allows(height) && A::leaf_allowed(height) && plan.off & (size(height) - 1) == 0
+    plan.opts.allows(height) && A::leaf_allowed(height) && plan.off & (size::<A>(height) - 1) == 0
 }
 
 /// [`fill`] for whole folded runs at `height`: each entry is the run's
@@ -433,7 +436,7 @@ fn fill_cont<A: Arch, M: Mmu>(
 ) -> u64 {
     for e in entries {
         A::set_pte_nosync(mmu, e, A::mk_cont(template | pa >> A::OA_SHIFT, height));
-        pa = pa.wrapping_add(size(height));
+        pa = pa.wrapping_add(size::<A>(height));
     }
     pa
 }
@@ -442,7 +445,7 @@ fn fill_cont<A: Arch, M: Mmu>(
 /// leaf: blocks allowed, and VA, PA and length aligned to the block size.
 #[inline]
 fn all_leaves<A: Arch>(height: u32, va: u64, end: u64, pa: u64, opts: MapOptions) -> bool {
-    let mask = size(height) - 1;
+    let mask = size::<A>(height) - 1;
     opts.allows(height)
         && A::leaf_allowed(height)
         && (va | pa | end.wrapping_sub(va)) & mask == 0
@@ -455,12 +458,15 @@ fn use_leaf<A: Arch>(height: u32, va: u64, next: u64, pa: u64, opts: MapOptions)
     height == 0
         || (opts.allows(height)
             && A::leaf_allowed(height)
-            && covers(va, next, height)
-            && pa & (size(height) - 1) == 0)
+            && covers::<A>(va, next, height)
+            && pa & (size::<A>(height) - 1) == 0)
 }
 
 #[cfg(test)]
 mod tests {
+    /// The 4 KiB, 4-level geometry the cases below are written for.
+    type A = crate::testing::test_format::TestFormat<4>;
+
     use super::*;
     use crate::testing::test_format::TestFormat;
 
@@ -474,7 +480,7 @@ mod tests {
         }
         let (mut need, mut v) = (0, va);
         loop {
-            let next = entry_end(v, height, end);
+            let next = entry_end::<A>(v, height, end);
             if !use_leaf::<F>(height, v, next, plan.pa(v), plan.opts) {
                 need += 1 + need_by_entry(height - 1, v, next, plan);
             }

@@ -73,13 +73,13 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::{entry_end, size};
+use crate::contract::level::{entry_end, page_size, size};
 use crate::ops::contpte;
 use crate::space::aspace::{break_entry, covers, needs_bbm, FreeQueue, Reservation, TableSpan};
 use crate::space::walker::{Next, Span, TableRef};
 use crate::{
     AddressSpace, Arch, Decoded, Error, Mmu, PhysAddr, Prot, Slot, TableAlloc, TlbGather, TlbRange,
-    VirtAddr, PAGE_SIZE,
+    VirtAddr,
 };
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -219,7 +219,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// address (`None`: the span is done).
     fn protect_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         c: &mut Change<'_>,
         changed: &mut u64,
     ) -> Option<(TableRef<'a>, u64)> {
@@ -233,7 +233,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let prot = c.prot;
         let mut i = span.from;
         while i < span.to {
-            let next = entry_end(va, height, end);
+            let next = entry_end::<A>(va, height, end);
             let slot = t.slot(i);
             // A racing hardware update is picked up by the atomic start
             // below.
@@ -248,12 +248,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     let n = A::cont_entries(height) as usize;
                     self.protect_block_run(t, i, va, height, c);
                     *changed += n as u64;
-                    let run = n as u64 * size(height);
+                    let run = n as u64 * size::<A>(height);
                     va = (va & !(run - 1)).wrapping_add(run);
                     i = (i & !(n - 1)) + n;
                     continue;
                 }
-                (raw, Next::Leaf(_)) if covers(va, next, height) => {
+                (raw, Next::Leaf(_)) if covers::<A>(va, next, height) => {
                     self.protect_block(slot, raw, VirtAddr(va), height, c);
                     *changed += 1;
                 }
@@ -292,7 +292,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         };
         let new = A::modify_prot(old, c.prot, height);
         A::pmdp_modify_prot_commit(&lazy, va, slot, height, new);
-        c.gather.add_leaf(va, height);
+        c.gather.add_leaf::<A>(va, height);
     }
 
     /// Changes the whole folded run of blocks at `height` that holds entry
@@ -307,15 +307,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     ) {
         let n = A::cont_entries(height) as usize;
         let at = i & !(n - 1);
-        let run = n as u64 * size(height);
+        let run = n as u64 * size::<A>(height);
         let base = va & !(run - 1);
         let lazy = LazyBarrier::new(&self.mmu);
         break_run_prot::<A, _>(&lazy, t.slots(at, at + n), base, height, c.prot);
-        c.gather.add_range(VirtAddr(base), run, height);
+        c.gather.add_range::<A>(VirtAddr(base), run, height);
     }
 
     /// The PTE loop (Linux `change_pte_range`) over `span`.
-    fn protect_ptes(&self, span: Span<'_>, prot: Prot, gather: &mut TlbGather) {
+    fn protect_ptes(&self, span: Span<'_, A>, prot: Prot, gather: &mut TlbGather) {
         let lazy = LazyBarrier::new(&self.mmu);
         let Span { from: i, va, .. } = span;
         let n = span.to - i;
@@ -359,7 +359,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     continue;
                 }
                 PteAction::Transaction(delta) => {
-                    let v = VirtAddr(va + k as u64 * PAGE_SIZE);
+                    let v = VirtAddr(va + k as u64 * page_size::<A>());
                     let old = A::ptep_modify_prot_start(&lazy, v, slot);
                     // The entry as loaded: the change decided for its
                     // attribute word; changed by the hardware since (its
@@ -376,7 +376,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // were unfolded first): all its entries at once.
                     let c = A::cont_entries(0) as usize;
                     let at = ((i + k) & !(c - 1)) - i;
-                    let v = va + at as u64 * PAGE_SIZE;
+                    let v = va + at as u64 * page_size::<A>();
                     break_run_prot::<A, _>(&lazy, &entries[at..at + c], v, 0, prot);
                     done.add(at, c);
                     k = at + c;
@@ -384,7 +384,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 }
                 PteAction::BreakBeforeMake => {
                     // See the module docs.
-                    let v = VirtAddr(va + k as u64 * PAGE_SIZE);
+                    let v = VirtAddr(va + k as u64 * page_size::<A>());
                     commit_pte::<A, _>(&lazy, slot, v, prot, true);
                 }
             }
@@ -401,9 +401,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if done.written == 0 {
             return;
         }
-        gather.add_range(
-            VirtAddr(va + done.first as u64 * PAGE_SIZE),
-            (done.last + 1 - done.first) as u64 * PAGE_SIZE,
+        gather.add_range::<A>(
+            VirtAddr(va + done.first as u64 * page_size::<A>()),
+            (done.last + 1 - done.first) as u64 * page_size::<A>(),
             0,
         );
         self.mmu.stats.add_entries_written(done.written);

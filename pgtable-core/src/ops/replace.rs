@@ -5,13 +5,12 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::index;
+use crate::contract::level::{index, page_size};
 use crate::ops::contpte;
 use crate::space::aspace::{break_entry, FreeQueue};
 use crate::space::walker::Next;
 use crate::{
     AddressSpace, Arch, Error, LeafEntry, Mmu, PhysAddr, Prot, TableAlloc, TlbGather, VirtAddr,
-    PAGE_SIZE,
 };
 
 /// The entry [`AddressSpace::replace_pte`] writes into a PTE.
@@ -123,10 +122,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         new: NewPte,
         pending: &mut TlbGather,
     ) -> Result<LeafEntry<A>, Error> {
-        self.check_range(va, PAGE_SIZE)?;
+        self.check_range(va, page_size::<A>())?;
         let raw_new = match new {
             NewPte::Page { pa, prot } => {
-                Self::check_phys(pa, PAGE_SIZE)?;
+                Self::check_phys(pa, page_size::<A>())?;
                 A::leaf(pa, prot, 0)
             }
             NewPte::Swap(v) => A::swp_entry(v).ok_or(Error::SwapValueTooWide(v))?,
@@ -140,7 +139,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // Checked above: the PTE table exists (and unfolding keeps it).
             return Err(Error::NotMapped(va));
         };
-        let slot = pte.slot(index(va.0, 0));
+        let slot = pte.slot(index::<A>(va.0, 0));
         let new_present = matches!(new, NewPte::Page { .. });
         let old = match (present, new_present) {
             // The break of break-before-make, flushed at once: the new
@@ -150,14 +149,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // new entry is not valid, so its flush may wait for `pending`.
             (true, false) => {
                 let old = A::ptep_get_and_clear(&self.mmu, slot);
-                pending.add_leaf(va, 0);
+                pending.add_leaf::<A>(va, 0);
                 old
             }
             // Relaxed: we hold the space; a software entry is never written
             // by the hardware.
             (false, _) => slot.load(Relaxed),
         };
-        if new_present && !present && pending.overlaps(va.0, PAGE_SIZE) {
+        if new_present && !present && pending.overlaps(va.0, page_size::<A>()) {
             // A gathered replace of this page is not flushed yet: the old
             // frame may still be cached, so it goes before the new one is
             // written (break-before-make across the two calls).
@@ -177,7 +176,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         loop {
-            let (raw, next) = self.read(t, index(va.0, h), h);
+            let (raw, next) = self.read(t, index::<A>(va.0, h), h);
             match next {
                 Next::Table(c) if h > 0 => t = c,
                 Next::Leaf(_) if h == 0 => return Ok(raw),

@@ -38,9 +38,9 @@
 //! [`Format::swp_value`]: crate::Format::swp_value
 //! [`Format::SWP_VALUE_BITS`]: crate::Format::SWP_VALUE_BITS
 
-use crate::contract::level::index;
+use crate::contract::level::{index, page_size};
 use crate::space::walker::Next;
-use crate::{AddressSpace, Arch, Error, Mmu, TableAlloc, VirtAddr, PAGE_SIZE};
+use crate::{AddressSpace, Arch, Error, Mmu, TableAlloc, VirtAddr};
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`install_pte`](Self::install_pte) of a software entry carrying
@@ -51,20 +51,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     #[cold]
     #[inline(never)]
     pub(crate) fn install_swap(&mut self, va: VirtAddr, value: u64) -> Result<(), Error> {
-        self.check_range(va, PAGE_SIZE)?;
+        self.check_range(va, page_size::<A>())?;
         let entry = A::swp_entry(value).ok_or(Error::SwapValueTooWide(value))?;
         // Check: walk down, counting the missing tables.
         let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         let need = loop {
             if h == 0 {
-                let raw = t.load(index(va.0, 0));
+                let raw = t.load(index::<A>(va.0, 0));
                 if raw != 0 {
                     return Err(Error::AlreadyMapped(va));
                 }
                 break 0;
             }
-            match self.read(t, index(va.0, h), h).1 {
+            match self.read(t, index::<A>(va.0, h), h).1 {
                 Next::Table(c) => t = c,
                 Next::None => break h as usize,
                 Next::Leaf(_) | Next::Invalid => return Err(Error::AlreadyMapped(va)),
@@ -78,14 +78,14 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut h = A::LEVELS - 1;
         let mut linked = false;
         let short = loop {
-            let slot = t.slot(index(va.0, h));
+            let slot = t.slot(index::<A>(va.0, h));
             if h == 0 {
                 // Not present before and after: no TLB holds either.
                 A::set_pte_nosync(&self.mmu, slot, entry);
                 self.mmu.stats.add_entries_written(1);
                 break false;
             }
-            match self.read(t, index(va.0, h), h).1 {
+            match self.read(t, index::<A>(va.0, h), h).1 {
                 Next::Table(c) => t = c,
                 _ => {
                     // Checked none above. (No table: the count was short,

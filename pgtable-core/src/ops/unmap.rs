@@ -26,7 +26,7 @@ use crate::ops::contpte;
 use crate::space::aspace::{covers, Block, FreeQueue, Reservation};
 use crate::space::walker::{Next, Span, TableRef, MAX_LEVELS};
 use crate::{
-    AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Slot, Table, TableAlloc,
+    AddressSpace, Arch, Decoded, Error, Format, Mmu, PhysAddr, Removed, Slot, TableAlloc,
     TlbGather, VirtAddr,
 };
 
@@ -279,16 +279,16 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // no walker reaches it and nothing but this loop reads it.
             let t = unsafe { self.owned_frame(pa) };
             // Relaxed: private to this thread (see above).
-            head = t.entries[0].load(Relaxed);
-            let va = t.entries[1].load(Relaxed);
+            head = t[0].load(Relaxed);
+            let va = t[1].load(Relaxed);
             let runs = A::cont_entries(0) as usize;
             let mut k = 2;
-            while k < t.entries.len() {
-                let raw = t.entries[k].load(Relaxed);
+            while k < t.len() {
+                let raw = t[k].load(Relaxed);
                 if runs != 0 && k % runs == 0 && contpte::is_folded::<A>(raw, 0) {
                     // A folded run: every page reported with the run's
                     // accessed/dirty state (Linux `contpte_ptep_get`).
-                    let run = &t.entries[k..k + runs];
+                    let run = &t[k..k + runs];
                     let (young, dirty) = contpte::gather_ad::<A>(run);
                     for (j, e) in run.iter().enumerate() {
                         let raw = e.load(Relaxed);
@@ -296,13 +296,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                             continue;
                         }
                         let raw = contpte::with_ad::<A>(raw, 0, young, dirty);
-                        (z.f)(Removed::new(va + (((k + j) as u64) << shift(0)), 0, raw));
+                        (z.f)(Removed::new(
+                            va + (((k + j) as u64) << shift::<A>(0)),
+                            0,
+                            raw,
+                        ));
                     }
                     k += runs;
                     continue;
                 }
                 if raw != 0 {
-                    (z.f)(Removed::new(va + ((k as u64) << shift(0)), 0, raw));
+                    (z.f)(Removed::new(va + ((k as u64) << shift::<A>(0)), 0, raw));
                 }
                 k += 1;
             }
@@ -329,13 +333,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let t = unsafe { self.owned_frame(pa) };
         let runs = A::cont_entries(0) as usize;
         // Relaxed: exclusive access; the swaps below re-read exactly.
-        if height == 0 && runs != 0 && contpte::is_folded::<A>(t.entries[0].load(Relaxed), 0) {
+        if height == 0 && runs != 0 && contpte::is_folded::<A>(t[0].load(Relaxed), 0) {
             // The first run is folded: it is taken and reported whole now,
             // with its accessed/dirty state ORed over the run (entries 0
             // and 1 become the link below).
             let mut old = [0u64; contpte::MAX_RUN];
             let (mut young, mut dirty) = (false, false);
-            for (o, slot) in old.iter_mut().zip(&t.entries[..runs]) {
+            for (o, slot) in old.iter_mut().zip(&t[..runs]) {
                 // Until the flush the hardware may still write it.
                 *o = A::ptep_get_and_clear(&self.mmu, slot);
                 young |= A::is_young(*o);
@@ -344,18 +348,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             for (k, &o) in old[..runs].iter().enumerate() {
                 if o != 0 {
                     let raw = contpte::with_ad::<A>(o, 0, young, dirty);
-                    z.removed(va + ((k as u64) << shift(0)), 0, raw);
+                    z.removed(va + ((k as u64) << shift::<A>(0)), 0, raw);
                 }
             }
         }
         if height == 0 {
-            for k in 0..2 {
-                let slot = &t.entries[k];
+            for (k, slot) in t[..2].iter().enumerate() {
                 // Relaxed: exclusive access; the swap re-reads exactly.
                 if slot.load(Relaxed) != 0 {
                     // Until the flush the hardware may still write it.
                     let old = A::ptep_get_and_clear(&self.mmu, slot);
-                    z.removed(va + ((k as u64) << shift(0)), 0, old);
+                    z.removed(va + ((k as u64) << shift::<A>(0)), 0, old);
                 }
             }
             if let Some(d) = z.deferred() {
@@ -363,17 +366,17 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // have their low 12 bits clear, so a walker that still
                 // uses a cached pointer to the table reads them as
                 // invalid entries.
-                t.entries[0].store(d.head, Relaxed);
-                t.entries[1].store(va, Relaxed);
+                t[0].store(d.head, Relaxed);
+                t[1].store(va, Relaxed);
                 d.head = pa.0;
                 d.count += 1;
             }
             return;
         }
-        for (i, slot) in t.entries.iter().enumerate() {
+        for (i, slot) in t.iter().enumerate() {
             // Relaxed: exclusive access; leaves are taken atomically.
             let raw = slot.load(Relaxed);
-            let eva = va + ((i as u64) << shift(height));
+            let eva = va + ((i as u64) << shift::<A>(height));
             match A::decode(raw, height) {
                 Decoded::None => {}
                 Decoded::Table(c) => self.defer_subtree(q, c, height - 1, eva, z),
@@ -414,7 +417,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         for (k, &o) in old[..slots.len()].iter().enumerate() {
             if o != 0 {
                 let raw = contpte::with_ad::<A>(o, height, young, dirty);
-                z.removed(base + ((k as u64) << shift(height)), height, raw);
+                z.removed(base + ((k as u64) << shift::<A>(height)), height, raw);
             }
         }
     }
@@ -480,7 +483,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     A::set_pte_nosync(&self.mmu, l.link(), 0);
                     tables[d + 1].written += 1;
                     cx.gather
-                        .add_tables(VirtAddr(l.va), l.next.wrapping_sub(l.va));
+                        .add_tables::<A>(VirtAddr(l.va), l.next.wrapping_sub(l.va));
                     self.queue_free_subtree(cx.q, l.table.pa(), d as u32);
                 }
             }
@@ -493,7 +496,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// the span is done).
     fn unmap_span<'a, Z: Zap<A>>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         cx: &mut Zapping<'_, Z>,
         acc: &mut Cleared,
     ) -> Option<(TableRef<'a>, u64, bool)> {
@@ -505,11 +508,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             ..
         } = span;
         if Z::REPORT && height == 0 {
-            self.zap_ptes(t.table(), va, end, cx.gather, cx.z);
+            self.zap_ptes(t.all(), va, end, cx.gather, cx.z);
             return None;
         }
         loop {
-            let next = entry_end(va, height, end);
+            let next = entry_end::<A>(va, height, end);
             match self.unmap_entry(t, height, va, next, cx) {
                 Step::Cleared(n, invalid) => {
                     acc.written += n;
@@ -534,7 +537,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         next: u64,
         cx: &mut Zapping<'_, Z>,
     ) -> Step<'a> {
-        let i = index(va, height);
+        let i = index::<A>(va, height);
         let slot = t.slot(i);
         // Without a report, a hardware A/D update racing the clear below
         // is discarded on purpose (a report takes the entry atomically).
@@ -556,12 +559,12 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // then read as none).
                 let run = contpte::run_size::<A>(height);
                 debug_assert_eq!(va & (run - 1), 0, "a folded run covered in part");
-                let slots = contpte::run_slots::<A>(t.table(), i, height);
+                let slots = contpte::run_slots::<A>(t.all(), i, height);
                 self.zap_block_run(slots, va, height, cx.z);
-                cx.gather.add_range(VirtAddr(va), run, height);
+                cx.gather.add_range::<A>(VirtAddr(va), run, height);
                 Step::Cleared(slots.len() as u64, false)
             }
-            Next::Leaf(_) if height == 0 || covers(va, next, height) => {
+            Next::Leaf(_) if height == 0 || covers::<A>(va, next, height) => {
                 let z = &mut *cx.z;
                 let old = if Z::REPORT && !(z.trust_settled() && A::is_settled(raw, height)) {
                     // The exact final value, A/D included.
@@ -570,7 +573,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     A::set_pte_nosync(&self.mmu, slot, 0);
                     raw
                 };
-                cx.gather.add_leaf(VirtAddr(va), height);
+                cx.gather.add_leaf::<A>(VirtAddr(va), height);
                 z.removed(va, height, old);
                 Step::Cleared(1, false)
             }
@@ -612,10 +615,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // visits the entries of a table it unlinks whole (and so always
         // finds it empty afterwards).
         let keep = self.pinned(height, va) || cx.z.keeps_tables();
-        let whole = covers(va, next, height) && !keep;
+        let whole = covers::<A>(va, next, height) && !keep;
         if whole && (!Z::REPORT || cx.z.deferred().is_some()) {
             A::set_pte_nosync(&self.mmu, slot, 0);
-            cx.gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
+            cx.gather
+                .add_tables::<A>(VirtAddr(va), next.wrapping_sub(va));
             if Z::REPORT {
                 self.defer_subtree(cx.q, c.pa(), height - 1, va, cx.z);
             } else {
@@ -637,13 +641,20 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// reported from it: the report loop then holds no atomic access and
     /// no condition, so the compiler can keep the caller's accumulators in
     /// registers instead of reloading them around every entry.
-    fn zap_ptes<Z: Zap<A>>(&self, t: &Table, va: u64, end: u64, gather: &mut TlbGather, z: &mut Z) {
+    fn zap_ptes<Z: Zap<A>>(
+        &self,
+        t: &[Slot],
+        va: u64,
+        end: u64,
+        gather: &mut TlbGather,
+        z: &mut Z,
+    ) {
         const CHUNK: usize = 64;
         // A table that stays linked is cleared entry by entry.
-        let whole = covers(va, end, 1) && !z.keeps_tables();
+        let whole = covers::<A>(va, end, 1) && !z.keeps_tables();
         let trust = z.trust_settled();
-        let i = index(va, 0);
-        let n = (end.wrapping_sub(va) >> shift(0)) as usize;
+        let i = index::<A>(va, 0);
+        let n = (end.wrapping_sub(va) >> shift::<A>(0)) as usize;
         let mut written = 0u64;
         // The removed entries of a chunk (0 where there was none).
         let mut old = [0u64; CHUNK];
@@ -653,8 +664,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut off = 0;
         while off < n {
             let len = (n - off).min(CHUNK - (i + off) % CHUNK);
-            let chunk = &t.entries[i + off..i + off + len];
-            let base = va + ((off as u64) << shift(0));
+            let chunk = &t[i + off..i + off + len];
+            let base = va + ((off as u64) << shift::<A>(0));
             off += len;
             let mut full = true;
             // The OR of the entries: whether any has the contiguous hint.
@@ -688,18 +699,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let chunk_old = &old[..chunk.len()];
             if full {
                 for (k, &raw) in chunk_old.iter().enumerate() {
-                    z.removed(base + ((k as u64) << shift(0)), 0, raw);
+                    z.removed(base + ((k as u64) << shift::<A>(0)), 0, raw);
                 }
             } else {
                 for (k, &raw) in chunk_old.iter().enumerate() {
                     if raw != 0 {
-                        z.removed(base + ((k as u64) << shift(0)), 0, raw);
+                        z.removed(base + ((k as u64) << shift::<A>(0)), 0, raw);
                     }
                 }
             }
         }
         if written > 0 || whole {
-            gather.add_range(VirtAddr(va), end.wrapping_sub(va), 0);
+            gather.add_range::<A>(VirtAddr(va), end.wrapping_sub(va), 0);
         }
         self.mmu.stats.add_entries_written(written);
     }

@@ -55,18 +55,18 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut h = A::LEVELS - 1;
         let mut t = self.root_table();
         loop {
-            match self.read(t, index(va.0, h), h) {
+            match self.read(t, index::<A>(va.0, h), h) {
                 (_, Next::Table(c)) => t = c,
                 (raw, Next::Leaf(pa)) => {
                     let raw = if A::is_cont(raw, h) {
-                        let run = contpte::run_slots::<A>(t.table(), index(va.0, h), h);
+                        let run = contpte::run_slots::<A>(t.all(), index::<A>(va.0, h), h);
                         let (young, dirty) = contpte::gather_ad::<A>(run);
                         contpte::with_ad::<A>(raw, h, young, dirty)
                     } else {
                         raw
                     };
                     return Some(Translation {
-                        pa: PhysAddr(pa.0 + (va.0 & (size(h) - 1))),
+                        pa: PhysAddr(pa.0 + (va.0 & (size::<A>(h) - 1))),
                         level: Level::at_height(h, A::LEVELS),
                         height: h,
                         entry: raw,
@@ -98,7 +98,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 f(Mapping {
                     va: VirtAddr(va),
                     pa,
-                    size: size(height),
+                    size: size::<A>(height),
                     height,
                     entry,
                     prot: A::leaf_prot(entry, height),
@@ -138,7 +138,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// done).
     fn walk_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
         swaps: bool,
         f: &mut impl FnMut(u64, u32, u64, Option<PhysAddr>),
     ) -> Option<(TableRef<'a>, u64)> {
@@ -153,15 +153,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // its first entry, young, dirty).
         let mut run_ad = (usize::MAX, false, false);
         for i in span.from..span.to {
-            let next = entry_end(va, height, end);
-            let first = va & !(size(height) - 1);
+            let next = entry_end::<A>(va, height, end);
+            let first = va & !(size::<A>(height) - 1);
             match self.read(t, i, height) {
                 (_, Next::Table(c)) => return Some((c, va)),
                 (raw, Next::Leaf(pa)) => {
                     let entry = if A::is_cont(raw, height) {
                         let first = i & !(A::cont_entries(height) as usize - 1);
                         if run_ad.0 != first {
-                            let run = contpte::run_slots::<A>(t.table(), i, height);
+                            let run = contpte::run_slots::<A>(t.all(), i, height);
                             let (young, dirty) = contpte::gather_ad::<A>(run);
                             run_ad = (first, young, dirty);
                         }

@@ -7,13 +7,13 @@ use core::marker::PhantomData;
 use core::mem::ManuallyDrop;
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::{entry_end, index, shift, size};
+use crate::contract::level::{entries, entry_end, index, page_size, shift, size};
 use crate::contract::Inspector;
 use crate::space::half::VaWindow;
 use crate::space::walker::{split_parts, Next, Span, TableRef};
 use crate::{
-    Arch, BbmReason, Decoded, Error, Mmu, PhysAddr, Slot, Stats, Table, TableAlloc, TableAttrs,
-    TlbGather, TlbRange, VaRange, VirtAddr, PAGE_SIZE,
+    Arch, BbmReason, Decoded, Error, Format, Mmu, PhysAddr, Slot, Stats, TableAlloc, TableAttrs,
+    TlbGather, TlbRange, VaRange, VirtAddr,
 };
 
 /// What [`AddressSpace::map`] may use besides 4 KiB pages.
@@ -190,13 +190,14 @@ unsafe impl<M: Mmu> Mmu for Counted<M> {
 /// `pa` must be a live table frame of `alloc`, and the returned reference
 /// must not be used after that frame is freed.
 #[inline]
-pub(crate) unsafe fn table_at<'t, T: TableAlloc>(alloc: &T, pa: PhysAddr) -> &'t Table {
-    // SAFETY: the caller guarantees the frame is a live frame of `alloc`,
-    // which is what `phys_to_virt` asks; `TableAlloc` guarantees the
-    // pointer is valid for reads and atomic writes while the frame lives,
-    // and a `Table` is nothing but atomics, so shared references to it may
-    // coexist with the walker's and other threads' atomic accesses.
-    unsafe { alloc.phys_to_virt(pa).as_ref() }
+pub(crate) unsafe fn table_at<'t, T: TableAlloc>(alloc: &T, pa: PhysAddr, n: usize) -> &'t [Slot] {
+    // SAFETY: the caller guarantees the frame is a live frame of `alloc`
+    // of at least `n` entries, which is what `phys_to_virt` asks;
+    // `TableAlloc` guarantees the pointer is valid for reads and atomic
+    // writes of the whole frame while it lives, and a frame is nothing but
+    // atomics, so shared references to them may coexist with the walker's
+    // and other threads' atomic accesses.
+    unsafe { core::slice::from_raw_parts(alloc.phys_to_virt(pa).as_ptr().cast::<Slot>(), n) }
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -210,9 +211,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `pa` is a frame of `self.alloc` that is not freed while the
     /// reference is used.
     #[inline]
-    pub(crate) unsafe fn owned_frame(&self, pa: PhysAddr) -> &Table {
-        // SAFETY: a live frame of our allocator (the caller's guarantee).
-        unsafe { table_at(&self.alloc, pa) }
+    pub(crate) unsafe fn owned_frame(&self, pa: PhysAddr) -> &[Slot] {
+        // SAFETY: a live frame of our allocator (the caller's guarantee),
+        // of a page of `A`'s size (checked when the space is made).
+        unsafe { table_at(&self.alloc, pa, entries::<A>()) }
     }
 }
 
@@ -340,8 +342,15 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`VaRange::Lower`] one an MMU writing TTBR0_EL1 only);
     /// [`Error::OutOfMemory`].
     pub fn new_in(range: VaRange, mmu: M, mut alloc: T) -> Result<Self, Error> {
-        const { assert!(A::LEVELS >= 3 && A::LEVELS <= 5) };
-        const { assert!(A::VA_BITS <= 64) };
+        // The geometry `A` declares must be one the walks support.
+        const { assert!(crate::contract::level::check::<A>()) };
+        // A table is one page: the allocator's frames must be `A`'s pages.
+        if alloc.frame_shift() != A::PAGE_SHIFT {
+            return Err(Error::FrameSize {
+                frame_shift: alloc.frame_shift(),
+                page_shift: A::PAGE_SHIFT,
+            });
+        }
         if A::SEPARATE_HALVES && range != VaRange::Both {
             match mmu.installs_into() {
                 Some(half) if half != range => {
@@ -561,7 +570,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if self.check_va(va).is_err() || height >= A::LEVELS {
             return None;
         }
-        Some(self.table_for(va.0, height)?.slot(index(va.0, height)))
+        Some(self.table_for(va.0, height)?.slot(index::<A>(va.0, height)))
     }
 
     /// The tables linked below the root entries `first..=last` (the root
@@ -569,8 +578,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// their parent's entries, not visited.
     pub(crate) fn count_below_root(&self, first: usize, last: usize) -> usize {
         let top = A::LEVELS - 1;
-        let va = (first as u64) << shift(top);
-        let end = (last as u64 + 1) << shift(top);
+        let va = (first as u64) << shift::<A>(top);
+        let end = (last as u64 + 1) << shift::<A>(top);
         let mut n = 0;
         let mut cur = self.cursor_under(self.root_table(), top, va, end);
         while let Some(sp) = cur.span() {
@@ -587,7 +596,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// [`count_below_root`](Self::count_below_root) over `sp`, counting
     /// into `n`, up to the first table above the PTE level: that table and
     /// its first address (`None`: the span is done).
-    fn count_span<'a>(&'a self, sp: Span<'a>, n: &mut usize) -> Option<(TableRef<'a>, u64)> {
+    fn count_span<'a>(&'a self, sp: Span<'a, A>, n: &mut usize) -> Option<(TableRef<'a>, u64)> {
         let h = sp.height;
         let mut va = sp.va;
         for i in sp.from..sp.to {
@@ -597,7 +606,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     return Some((c, va));
                 }
             }
-            va = entry_end(va, h, sp.next);
+            va = entry_end::<A>(va, h, sp.next);
         }
         None
     }
@@ -652,10 +661,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if len == 0 {
             return Err(Error::ZeroLength);
         }
-        if !va.is_aligned(PAGE_SIZE) {
+        if !va.is_aligned(page_size::<A>()) {
             return Err(Error::MisalignedVirt(va));
         }
-        if len % PAGE_SIZE != 0 {
+        if len % page_size::<A>() != 0 {
             return Err(Error::MisalignedLength(len));
         }
         Ok(())
@@ -663,7 +672,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
     /// Checks that a physical range is page aligned and encodable.
     pub(crate) fn check_phys(pa: PhysAddr, len: u64) -> Result<(), Error> {
-        if !pa.is_aligned(PAGE_SIZE) {
+        if !pa.is_aligned(page_size::<A>()) {
             return Err(Error::MisalignedPhys(pa));
         }
         match pa.0.checked_add(len) {
@@ -685,7 +694,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // frame only for such addresses; a frame the format cannot
                 // link must never be linked.
                 Some(pa)
-                    if pa.0 % PAGE_SIZE != 0 || (A::PA_BITS < 64 && pa.0 >> A::PA_BITS != 0) =>
+                    if pa.0 % page_size::<A>() != 0
+                        || (A::PA_BITS < 64 && pa.0 >> A::PA_BITS != 0) =>
                 {
                     // SAFETY: just allocated, never linked.
                     unsafe { self.alloc.free_table(pa) };
@@ -696,7 +706,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                     // SAFETY: freshly allocated frame of ours.
                     let t = unsafe { self.owned_frame(pa) };
                     // Relaxed: the frame is private to this thread.
-                    t.entries[0].store(stash.head, Relaxed);
+                    t[0].store(stash.head, Relaxed);
                     stash.head = pa.0;
                     stash.count += 1;
                 }
@@ -742,7 +752,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // SAFETY: stash frames are live frames of ours, not yet linked.
         let t = unsafe { self.owned_frame(pa) };
         // Relaxed: the frame is private to this thread until linked.
-        stash.head = t.entries[0].swap(0, Relaxed);
+        stash.head = t[0].swap(0, Relaxed);
         stash.count -= 1;
         Some(pa)
     }
@@ -790,7 +800,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // with the low 12 bits clear, by the `Format` rules).
         let t = unsafe { self.owned_frame(pa) };
         // Relaxed: only this thread follows the link.
-        t.entries[0].store(q.heads[h], Relaxed);
+        t[0].store(q.heads[h], Relaxed);
         q.heads[h] = pa.0;
         q.nodes[h] += 1;
     }
@@ -806,7 +816,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // Entry 0 is about to hold the link: its subtree goes on its own.
         // Relaxed: the subtree is unlinked; the hardware may still set
         // accessed bits in it, which never change an entry's kind.
-        if let Decoded::Table(c) = A::decode(t.entries[0].load(Relaxed), height) {
+        if let Decoded::Table(c) = A::decode(t[0].load(Relaxed), height) {
             self.queue_free_subtree(q, c, height - 1);
         }
         q.count += 1 + self.count_subtree(pa, 1, height);
@@ -819,7 +829,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         // SAFETY: a table of an unlinked subtree of ours.
         let t = unsafe { self.owned_frame(pa) };
         let mut n = 0;
-        for e in &t.entries[from..] {
+        for e in &t[from..] {
             // Relaxed: as in `queue_free_subtree`.
             if let Decoded::Table(c) = A::decode(e.load(Relaxed), height) {
                 n += 1;
@@ -846,7 +856,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // reference ends before anything is freed.
             let t = unsafe { self.owned_frame(pa) };
             // Relaxed: as in `queue_free_subtree`.
-            let next = t.entries[i..].iter().enumerate().find_map(|(k, e)| {
+            let next = t[i..].iter().enumerate().find_map(|(k, e)| {
                 match A::decode(e.load(Relaxed), height) {
                     Decoded::Table(c) => Some((i + k, c)),
                     _ => None,
@@ -897,7 +907,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // SAFETY: queued frames are ours and unlinked.
                 let t = unsafe { self.owned_frame(pa) };
                 // Relaxed: private to this thread now.
-                q.heads[h] = t.entries[0].load(Relaxed);
+                q.heads[h] = t[0].load(Relaxed);
                 q.nodes[h] -= 1;
                 if h > 0 {
                     // SAFETY: the subtree below the queued table is as
@@ -947,8 +957,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let new = A::table_entry_attrs(child, height, self.table_attrs);
         let fill = |raw: u64| {
             let first = A::split_leaf(raw, height);
-            let step = size(height - 1);
-            for (i, e) in ct.slots(0, crate::ENTRIES_PER_TABLE).iter().enumerate() {
+            let step = size::<A>(height - 1);
+            for (i, e) in ct.slots(0, entries::<A>()).iter().enumerate() {
                 // Relaxed: the table is not reachable yet; the link below
                 // is ordered after these stores by the barrier.
                 e.store(first + ((i as u64 * step) >> A::OA_SHIFT), Relaxed);
@@ -970,8 +980,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             // from it in size and attributes, which the Intel SDM (Vol. 3A
             // 4.10.2.3) leaves undefined. Flush what is pending first (the
             // gather stays open).
-            let block = va.0 & !(size(height) - 1);
-            if gather.overlaps(block, size(height)) {
+            let block = va.0 & !(size::<A>(height) - 1);
+            if gather.overlaps(block, size::<A>(height)) {
                 let mut pending = core::mem::take(gather);
                 if self.may_hold_global {
                     pending.global_changed();
@@ -997,11 +1007,11 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 self.mmu.entry_written(slot, cur);
             }
             self.table_done();
-            gather.add_leaf(va, height);
+            gather.add_leaf::<A>(va, height);
         }
         self.mmu
             .stats
-            .add_entries_written(crate::ENTRIES_PER_TABLE as u64 + 1);
+            .add_entries_written(entries::<A>() as u64 + 1);
         Some(child)
     }
 
@@ -1066,7 +1076,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// and its first address (`None`: the span is done).
     fn split_check_span<'a>(
         &'a self,
-        sp: Span<'a>,
+        sp: Span<'a, A>,
         needs_split: &impl Fn(u64, u32) -> bool,
         need: &mut usize,
     ) -> Option<(TableRef<'a>, u64)> {
@@ -1090,7 +1100,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// range `[va, end)` needs, splits of partly covered children included.
     #[inline]
     pub(crate) fn split_need(va: u64, end: u64, height: u32) -> usize {
-        1 + split_parts(va, end, height - 1)
+        1 + split_parts::<A>(va, end, height - 1)
     }
 }
 
@@ -1138,7 +1148,7 @@ pub(crate) fn break_entry<A: Arch, M: Mmu>(mmu: &M, slot: &Slot, va: VirtAddr, h
     } else {
         A::pmdp_huge_get_and_clear(mmu, slot)
     };
-    mmu.flush_tlb_range(TlbRange::leaf(va, height));
+    mmu.flush_tlb_range(TlbRange::leaf::<A>(va, height));
     old
 }
 
@@ -1146,22 +1156,23 @@ pub(crate) fn break_entry<A: Arch, M: Mmu>(mmu: &M, slot: &Slot, va: VirtAddr, h
 /// `height`, is not none. The range lies inside the table and is aligned to
 /// its entry size.
 #[inline]
-pub(crate) fn first_used(t: &Table, height: u32, va: u64, end: u64) -> Option<VirtAddr> {
-    let i = index(va, height);
-    let n = (end.wrapping_sub(va) >> shift(height)) as usize;
+pub(crate) fn first_used<A: Format>(
+    t: &[Slot],
+    height: u32,
+    va: u64,
+    end: u64,
+) -> Option<VirtAddr> {
+    let i = index::<A>(va, height);
+    let n = (end.wrapping_sub(va) >> shift::<A>(height)) as usize;
     // Relaxed: we hold the address space exclusively.
-    let k = t.entries[i..i + n]
-        .iter()
-        .position(|e| e.load(Relaxed) != 0)?;
-    Some(VirtAddr(va + ((k as u64) << shift(height))))
+    let k = t[i..i + n].iter().position(|e| e.load(Relaxed) != 0)?;
+    Some(VirtAddr(va + ((k as u64) << shift::<A>(height))))
 }
-
-impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {}
 
 /// Whether `[va, next)` is exactly one whole entry at `height`.
 #[inline]
-pub(crate) fn covers(va: u64, next: u64, height: u32) -> bool {
-    va & (size(height) - 1) == 0 && next.wrapping_sub(va) == size(height)
+pub(crate) fn covers<A: Format>(va: u64, next: u64, height: u32) -> bool {
+    va & (size::<A>(height) - 1) == 0 && next.wrapping_sub(va) == size::<A>(height)
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc> Drop for AddressSpace<A, M, T> {

@@ -1,7 +1,7 @@
 //! Batching of TLB maintenance (Linux `struct mmu_gather`).
 
 use crate::contract::level::shift;
-use crate::{Arch, Mmu, TlbRange, VirtAddr};
+use crate::{Arch, Format, Mmu, TlbRange, VirtAddr};
 
 /// Collects the translations an operation invalidated and flushes them once.
 ///
@@ -52,17 +52,17 @@ impl TlbGather {
 
     /// A leaf at `height` covering `va` was removed or changed.
     #[inline]
-    pub fn add_leaf(&mut self, va: VirtAddr, height: u32) {
-        let s = shift(height);
+    pub fn add_leaf<A: Format>(&mut self, va: VirtAddr, height: u32) {
+        let s = shift::<A>(height);
         let start = va.0 >> s << s;
         self.add(start, start + ((1u64 << s) - 1), s, true);
     }
 
     /// `[start, start + len)` held leaves of height `height` that changed.
     #[inline]
-    pub fn add_range(&mut self, start: VirtAddr, len: u64, height: u32) {
+    pub fn add_range<A: Format>(&mut self, start: VirtAddr, len: u64, height: u32) {
         debug_assert!(len > 0);
-        self.add(start.0, start.0 + (len - 1), shift(height), true);
+        self.add(start.0, start.0 + (len - 1), shift::<A>(height), true);
     }
 
     /// Table entries covering `[start, start + len)` were removed: cached
@@ -72,10 +72,10 @@ impl TlbGather {
     /// paging-structure caches), so the range need not grow to the table's
     /// whole span.
     #[inline]
-    pub fn add_tables(&mut self, start: VirtAddr, len: u64) {
+    pub fn add_tables<A: Format>(&mut self, start: VirtAddr, len: u64) {
         debug_assert!(len > 0);
-        // The leaves below may be as small as 4 KiB.
-        self.add(start.0, start.0 + (len - 1), shift(0), false);
+        // The leaves below may be as small as a page.
+        self.add(start.0, start.0 + (len - 1), shift::<A>(0), false);
     }
 
     /// Global leaves (not tagged with an ASID/PCID) may be among those
@@ -142,6 +142,9 @@ impl Drop for TlbGather {
 
 #[cfg(all(test, feature = "std"))]
 mod tests {
+    /// The 4 KiB, 4-level geometry the cases below are written for.
+    type A = crate::testing::test_format::TestFormat<4>;
+
     use std::panic::catch_unwind;
 
     use super::TlbGather;
@@ -154,7 +157,7 @@ mod tests {
     fn unflushed_tlb_gather_dropped_while_unwinding_does_not_abort() {
         let r = catch_unwind(|| {
             let mut gather = TlbGather::new();
-            gather.add_leaf(VirtAddr(0x1000), 0);
+            gather.add_leaf::<A>(VirtAddr(0x1000), 0);
             assert!(!gather.is_empty());
             panic!("an operation fails while its gather holds work");
         });

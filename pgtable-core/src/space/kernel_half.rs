@@ -2,7 +2,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::contract::level::shift;
+use crate::contract::level::{shift, top_entries};
 use crate::{AddressSpace, Arch, Decoded, Error, Mmu, TableAlloc, VaRange, VirtAddr};
 
 impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
@@ -123,9 +123,10 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             return Ok(());
         }
         let top = A::LEVELS - 1;
-        let root = self.root_table().table();
+        let root = self.root_table().all();
+        let upper = top_entries::<A>() / 2..top_entries::<A>();
         let mut need = 0;
-        for (i, e) in root.entries.iter().enumerate().skip(256) {
+        for (i, e) in root.iter().enumerate().take(upper.end).skip(upper.start) {
             // Relaxed: we hold the address space exclusively.
             match A::decode(e.load(Relaxed), top) {
                 Decoded::None => need += 1,
@@ -137,7 +138,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         }
         let mut stash = self.reserve(need)?;
         let attrs = crate::TableAttrs::KERNEL;
-        for e in &self.root_table().table().entries[256..] {
+        for e in &self.root_table().all()[upper] {
             // Relaxed: as above.
             if e.load(Relaxed) == 0 {
                 // Not short: counted above, and nothing changed since.
@@ -190,8 +191,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         s.table_attrs = crate::TableAttrs::USER;
         if !A::SEPARATE_HALVES {
             // The user root is not linked or installed anywhere yet.
-            let (k, u) = (kernel.root_table().table(), s.root_table().table());
-            for (d, e) in u.entries[256..].iter().zip(&k.entries[256..]) {
+            let (k, u) = (kernel.root_table().all(), s.root_table().all());
+            let upper = top_entries::<A>() / 2..top_entries::<A>();
+            for (d, e) in u[upper.clone()].iter().zip(&k[upper]) {
                 // Relaxed: the kernel's root entries of the upper half are
                 // pinned (never written again while it lives), and the new
                 // root is private until installed, which orders it.
@@ -209,8 +211,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     }
 }
 
-/// The first address of the upper-half root entry `i` (256–511).
+/// The first address of the upper-half root entry `i` (256–511 with a
+/// full root of 512).
 fn upper_va<A: Arch>(i: usize) -> u64 {
     let sign = !((1u64 << (A::VA_BITS - 1)) - 1);
-    sign | ((i as u64) << shift(A::LEVELS - 1))
+    sign | ((i as u64) << shift::<A>(A::LEVELS - 1))
 }

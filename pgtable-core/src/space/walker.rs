@@ -33,16 +33,18 @@
 //! block to be split, a hole to be filled) are not walked: what they
 //! would take is counted from the range's ends ([`split_parts`]).
 
-use crate::contract::level::{entry_end, index, size};
+use crate::contract::level::{entries, entry_end, index, size};
 use crate::space::aspace::{covers, first_used};
-use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc, VirtAddr};
+use core::marker::PhantomData;
+
+use crate::{AddressSpace, Arch, Decoded, Format, Mmu, PhysAddr, Slot, TableAlloc, VirtAddr};
 
 /// A table of the space that the current operation may read and write:
 /// the root, a table linked by a table entry of another `TableRef`, or a
 /// reserved frame not linked yet (see the module docs).
 #[derive(Clone, Copy)]
 pub(crate) struct TableRef<'a> {
-    table: &'a Table,
+    table: &'a [Slot],
     pa: PhysAddr,
 }
 
@@ -53,22 +55,22 @@ impl<'a> TableRef<'a> {
         self.pa
     }
 
-    /// The table itself.
+    /// All its entries.
     #[inline]
-    pub(crate) fn table(self) -> &'a Table {
+    pub(crate) fn all(self) -> &'a [Slot] {
         self.table
     }
 
     /// The entry `i`.
     #[inline]
     pub(crate) fn slot(self, i: usize) -> &'a Slot {
-        &self.table.entries[i]
+        &self.table[i]
     }
 
     /// The entries `from..to`.
     #[inline]
     pub(crate) fn slots(self, from: usize, to: usize) -> &'a [Slot] {
-        &self.table.entries[from..to]
+        &self.table[from..to]
     }
 
     /// The raw value of entry `i`.
@@ -82,7 +84,7 @@ impl<'a> TableRef<'a> {
     /// not by this load.
     #[inline]
     pub(crate) fn load(self, i: usize) -> u64 {
-        self.table.entries[i].load(core::sync::atomic::Ordering::Relaxed)
+        self.table[i].load(core::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -106,7 +108,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     pub(crate) fn root_table(&self) -> TableRef<'_> {
         // SAFETY: the root is a live table frame of `self.alloc` while the
         // space lives, and the reference borrows the space.
-        let table = unsafe { crate::space::aspace::table_at(&self.alloc, self.root) };
+        let table =
+            unsafe { crate::space::aspace::table_at(&self.alloc, self.root, entries::<A>()) };
         TableRef {
             table,
             pa: self.root,
@@ -128,7 +131,8 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 // entry links a table linked nowhere else); it stays live
                 // while the space is borrowed, as tables are unlinked and
                 // freed only through `&mut self`.
-                let table = unsafe { crate::space::aspace::table_at(&self.alloc, pa) };
+                let table =
+                    unsafe { crate::space::aspace::table_at(&self.alloc, pa, entries::<A>()) };
                 Next::Table(TableRef { table, pa })
             }
             Decoded::Table(_) | Decoded::Invalid => Next::Invalid,
@@ -181,7 +185,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         while h > height {
-            match self.read(t, index(va, h), h).1 {
+            match self.read(t, index::<A>(va, h), h).1 {
                 Next::Table(c) => t = c,
                 next => {
                     return Err(Stop {
@@ -205,7 +209,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         while h > height {
-            match self.read(t, index(va, h), h).1 {
+            match self.read(t, index::<A>(va, h), h).1 {
                 Next::Table(c) => t = c,
                 _ => return None,
             }
@@ -225,7 +229,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         let mut t = self.root_table();
         let mut h = A::LEVELS - 1;
         loop {
-            let i = index(va, h);
+            let i = index::<A>(va, h);
             match self.read(t, i, h) {
                 (_, Next::Table(c)) => t = c,
                 (_, Next::None) => return None,
@@ -250,7 +254,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         height: u32,
         va: u64,
         end: u64,
-    ) -> Cursor<'a> {
+    ) -> Cursor<'a, A> {
         let mut path = [None; MAX_LEVELS];
         path[height as usize] = Some(t);
         Cursor {
@@ -260,12 +264,13 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             end,
             height,
             top: height,
+            format: PhantomData,
         }
     }
 
     /// A cursor over `[va, end)` (checked by the caller), at the root.
     #[inline]
-    pub(crate) fn cursor(&self, va: u64, end: u64) -> Cursor<'_> {
+    pub(crate) fn cursor(&self, va: u64, end: u64) -> Cursor<'_, A> {
         let top = A::LEVELS - 1;
         let mut path = [None; MAX_LEVELS];
         path[top as usize] = Some(self.root_table());
@@ -276,6 +281,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             end,
             height: top,
             top,
+            format: PhantomData,
         }
     }
 }
@@ -296,7 +302,7 @@ pub(crate) const MAX_LEVELS: usize = 5;
 
 /// A position in `[start, end)` and the tables on the path to it (see the
 /// module docs).
-pub(crate) struct Cursor<'a> {
+pub(crate) struct Cursor<'a, A> {
     /// `path[h]`: the table at height `h` on the path; `Some` for every
     /// height from the cursor's up to the root.
     path: [Option<TableRef<'a>>; MAX_LEVELS],
@@ -307,54 +313,74 @@ pub(crate) struct Cursor<'a> {
     end: u64,
     height: u32,
     top: u32,
+    /// The format, whose geometry the cursor steps by.
+    format: PhantomData<fn() -> A>,
 }
 
 /// The entries `from..to` of `table`, a table at `height`, covering
 /// `[va, next)`: the first and the last may be covered in part.
-#[derive(Clone, Copy)]
-pub(crate) struct Span<'a> {
+pub(crate) struct Span<'a, A> {
     pub(crate) table: TableRef<'a>,
     pub(crate) from: usize,
     pub(crate) to: usize,
     pub(crate) va: u64,
     pub(crate) next: u64,
     pub(crate) height: u32,
+    pub(crate) format: PhantomData<fn() -> A>,
 }
 
-impl Span<'_> {
+// Not derived: a derive would ask `A: Copy`.
+impl<A> Clone for Span<'_, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Span<'_, A> {}
+
+impl<A: Format> Span<'_, A> {
     /// The entries of the span that it covers in part, each as its index
     /// and its part `[va, next)`: only the first and the last can be.
     #[inline]
     pub(crate) fn partial(&self) -> impl Iterator<Item = (usize, u64, u64)> {
         let h = self.height;
-        let first_end = entry_end(self.va, h, self.next);
-        let last = self.next.wrapping_sub(1) & !(size(h) - 1);
+        let first_end = entry_end::<A>(self.va, h, self.next);
+        let last = self.next.wrapping_sub(1) & !(size::<A>(h) - 1);
         let first = (self.from, self.va, first_end);
         let last = (first_end != self.next).then_some((self.to - 1, last, self.next));
         core::iter::once(first)
             .chain(last)
-            .filter(move |&(_, va, next)| !covers(va, next, h))
+            .filter(move |&(_, va, next)| !covers::<A>(va, next, h))
     }
 }
 
 /// A table the cursor has left ([`Cursor::left`]): the table at `height`,
 /// linked by entry `index` of `parent`, whose part `[va, next)` the walk
 /// covered.
-#[derive(Clone, Copy)]
-pub(crate) struct Left<'a> {
+pub(crate) struct Left<'a, A> {
     pub(crate) table: TableRef<'a>,
     pub(crate) height: u32,
     pub(crate) parent: TableRef<'a>,
     pub(crate) index: usize,
     pub(crate) va: u64,
     pub(crate) next: u64,
+    pub(crate) format: PhantomData<fn() -> A>,
 }
 
-impl<'a> Left<'a> {
+// Not derived: a derive would ask `A: Copy`.
+impl<A> Clone for Left<'_, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Left<'_, A> {}
+
+impl<'a, A: Format> Left<'a, A> {
     /// Whether the walk covered the table's whole range.
     #[inline]
     pub(crate) fn whole(&self) -> bool {
-        covers(self.va, self.next, self.height + 1)
+        covers::<A>(self.va, self.next, self.height + 1)
     }
 
     /// The parent's entry that links the table.
@@ -366,13 +392,10 @@ impl<'a> Left<'a> {
     /// Whether every entry of the table is none.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        self.table
-            .slots(0, crate::ENTRIES_PER_TABLE)
-            .iter()
-            .all(|e| {
-                // Relaxed: as in `TableRef::load`.
-                e.load(core::sync::atomic::Ordering::Relaxed) == 0
-            })
+        self.table.slots(0, entries::<A>()).iter().all(|e| {
+            // Relaxed: as in `TableRef::load`.
+            e.load(core::sync::atomic::Ordering::Relaxed) == 0
+        })
     }
 }
 
@@ -382,24 +405,24 @@ impl<'a> Left<'a> {
 /// it. Splitting a block around `[va, end)` down to pages takes one table
 /// for each of them below the block's own (only the two ends of a range
 /// can be covered in part, so nothing is walked).
-pub(crate) fn split_parts(va: u64, end: u64, height: u32) -> usize {
+pub(crate) fn split_parts<A: Format>(va: u64, end: u64, height: u32) -> usize {
     let mut n = 0;
     for h in 1..=height {
-        let first_end = entry_end(va, h, end);
-        n += usize::from(!covers(va, first_end, h));
+        let first_end = entry_end::<A>(va, h, end);
+        n += usize::from(!covers::<A>(va, first_end, h));
         if first_end != end {
-            n += usize::from(end & (size(h) - 1) != 0);
+            n += usize::from(end & (size::<A>(h) - 1) != 0);
         }
     }
     n
 }
 
-impl<'a> Cursor<'a> {
+impl<'a, A: Format> Cursor<'a, A> {
     /// The span at the cursor: the entries of the current table from the
     /// position up to the end of the table or of the range; `None` when
     /// the cursor has passed the end.
     #[inline]
-    pub(crate) fn span(&self) -> Option<Span<'a>> {
+    pub(crate) fn span(&self) -> Option<Span<'a, A>> {
         if self.height > self.top {
             return None;
         }
@@ -408,17 +431,18 @@ impl<'a> Cursor<'a> {
         let next = if h == self.top {
             self.end
         } else {
-            entry_end(self.va, h + 1, self.end)
+            entry_end::<A>(self.va, h + 1, self.end)
         };
         Some(Span {
             table,
-            from: index(self.va, h),
+            from: index::<A>(self.va, h),
             // The last entry is that of `next - 1` (wrapping: `next` is 0
             // at the top of the 64-bit space).
-            to: index(next.wrapping_sub(1), h) + 1,
+            to: index::<A>(next.wrapping_sub(1), h) + 1,
             va: self.va,
             next,
             height: h,
+            format: PhantomData,
         })
     }
 
@@ -438,7 +462,7 @@ impl<'a> Cursor<'a> {
     /// it; `None` for the cursor's top table, which it entered through no
     /// entry of its own.
     #[inline]
-    pub(crate) fn left(&self, height: u32) -> Option<Left<'a>> {
+    pub(crate) fn left(&self, height: u32) -> Option<Left<'a, A>> {
         if height >= self.top {
             return None;
         }
@@ -448,9 +472,10 @@ impl<'a> Cursor<'a> {
             table: self.path[h]?,
             height,
             parent: self.path[h + 1]?,
-            index: index(va, height + 1),
+            index: index::<A>(va, height + 1),
             va,
             next: self.va,
+            format: PhantomData,
         })
     }
 
@@ -470,7 +495,7 @@ impl<'a> Cursor<'a> {
         // A table at height `h` covers `size(h + 1)`: while `next` starts
         // a new table there, that table is done too.
         self.height += 1;
-        while self.height < self.top && next & (size(self.height + 1) - 1) == 0 {
+        while self.height < self.top && next & (size::<A>(self.height + 1) - 1) == 0 {
             self.height += 1;
         }
         from..self.height
@@ -512,7 +537,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
     /// `Ok(None)`: nothing mapped in the span.
     fn first_mapped_in_span<'a>(
         &'a self,
-        span: Span<'a>,
+        span: Span<'a, A>,
     ) -> Result<Option<(TableRef<'a>, u64)>, VirtAddr> {
         let Span {
             table: t,
@@ -523,7 +548,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         } = span;
         if height == 0 {
             // At the PTE level anything but none is mapped.
-            return match first_used(t.table(), 0, va, end) {
+            return match first_used::<A>(t.all(), 0, va, end) {
                 Some(hit) => Err(hit),
                 None => Ok(None),
             };
@@ -534,7 +559,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 Next::Table(c) => return Ok(Some((c, va))),
                 Next::Leaf(_) | Next::Invalid => return Err(VirtAddr(va)),
             }
-            va = entry_end(va, height, end);
+            va = entry_end::<A>(va, height, end);
         }
         Ok(None)
     }
@@ -542,6 +567,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
 
 #[cfg(test)]
 mod tests {
+    /// The 4 KiB, 4-level geometry the cases below are written for.
+    type A = crate::testing::test_format::TestFormat<4>;
+
     use super::*;
 
     /// What [`split_parts`] counts, entry by entry: each entry below
@@ -552,8 +580,8 @@ mod tests {
         }
         let (mut n, mut v) = (0, va);
         loop {
-            let next = entry_end(v, height, end);
-            if !covers(v, next, height) {
+            let next = entry_end::<A>(v, height, end);
+            if !covers::<A>(v, next, height) {
                 n += 1 + parts_by_entry(v, next, height - 1);
             }
             v = next;
@@ -566,13 +594,13 @@ mod tests {
     #[test]
     fn split_parts_counts_the_entries_covered_in_part_at_each_height() {
         // One page inside a 2 MiB entry inside a 1 GiB entry.
-        assert_eq!(split_parts(0x1000, 0x2000, 2), 2);
+        assert_eq!(split_parts::<A>(0x1000, 0x2000, 2), 2);
         // 2 MiB aligned: only the 1 GiB entry is covered in part.
-        assert_eq!(split_parts(0x20_0000, 0x60_0000, 2), 1);
+        assert_eq!(split_parts::<A>(0x20_0000, 0x60_0000, 2), 1);
         // Both ends inside two different 2 MiB entries.
-        assert_eq!(split_parts(0x1f_f000, 0x20_1000, 1), 2);
+        assert_eq!(split_parts::<A>(0x1f_f000, 0x20_1000, 1), 2);
         // The last pages of the 64-bit space (`end` wraps to 0).
-        assert_eq!(split_parts(u64::MAX - 0x1fff, 0, 2), 2);
+        assert_eq!(split_parts::<A>(u64::MAX - 0x1fff, 0, 2), 2);
         let starts = [0, 0x1000, 0x1f_f000, 0x20_0000, 0x3f_e000, 0x1234_5000];
         let lens = [0x1000, 0x3000, 0x20_0000, 0x20_1000, 0x40_0000, 0x3fe0_0000];
         for va in starts {
@@ -587,7 +615,7 @@ mod tests {
                         continue;
                     }
                     assert_eq!(
-                        split_parts(va, end, h),
+                        split_parts::<A>(va, end, h),
                         parts_by_entry(va, end, h),
                         "[{va:#x}, {end:#x}) at height {h}"
                     );

@@ -35,9 +35,13 @@
 
 use crate::{Access, AccessFault, Arch, Decoded, Format, MemType, PhysAddr, Prot, TableAttrs};
 
-/// The test format with `L` levels (default 4: 48-bit VA).
+/// The test format with `L` levels (default 4: 48-bit VA), pages of
+/// `1 << P` bytes (default 12: 4 KiB; 14 and 16 give arm64's 16 KiB and
+/// 64 KiB granules) and `VA` bits of virtual address (0, the default: as
+/// many as full tables translate; fewer leave the root partly used, as
+/// arm64 with 16 KiB pages and 48 bits does).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct TestFormat<const L: u32 = 4>;
+pub struct TestFormat<const L: u32 = 4, const P: u32 = 12, const VA: u32 = 0>;
 
 /// Valid bit.
 pub const VALID: u64 = 1 << 0;
@@ -111,10 +115,12 @@ fn prot_bits(prot: Prot) -> u64 {
 // so they decode as invalid at every height (their bit 10 is clear, so
 // never as a PROT_NONE leaf, which decodes as a leaf or invalid, never a
 // table). Every method is pure.
-unsafe impl<const L: u32> Format for TestFormat<L> {
+unsafe impl<const L: u32, const P: u32, const VA: u32> Format for TestFormat<L, P, VA> {
     const NAME: &'static str = "test";
     const LEVELS: u32 = L;
     const PA_BITS: u32 = 48;
+    const PAGE_SHIFT: u32 = P;
+    const VA_BITS: u32 = if VA == 0 { P + (P - 3) * L } else { VA };
 
     fn leaf_allowed(height: u32) -> bool {
         height <= 2
@@ -255,7 +261,7 @@ unsafe impl<const L: u32> Format for TestFormat<L> {
 }
 
 // SAFETY: every entry operation is the generic fallback.
-unsafe impl<const L: u32> Arch for TestFormat<L> {
+unsafe impl<const L: u32, const P: u32, const VA: u32> Arch for TestFormat<L, P, VA> {
     const HAVE_MOVE_PMD: bool = true;
     const HAVE_MOVE_PUD: bool = true;
     const TLB_FLUSH_CEILING: u64 = 33;

@@ -9,6 +9,7 @@ mod asid_sim;
 mod common;
 mod conformance;
 mod engine;
+mod geometry;
 mod kernel_alloc;
 mod kernel_half;
 mod moves;

@@ -27,9 +27,7 @@
 use std::cell::Cell;
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::contract::{
-    Arena, Decoded, Format, NoopMmu, Stats, TableAlloc, ENTRIES_PER_TABLE, PAGE_SIZE,
-};
+use pgtable_core::contract::{Arena, Decoded, Format, NoopMmu, Stats, TableAlloc, PAGE_SIZE};
 use pgtable_core::test_format::{TestFormat, ACCESSED, ADDR_MASK, DIRTY, TABLE_OR_PAGE};
 use pgtable_core::{
     variants, AddressSpace, Error, MapOptions, MoveOptions, PhysAddr, Prot, VirtAddr,
@@ -154,7 +152,7 @@ fn first_mapped(runs: &[Run], lo: u64, hi: u64) -> Option<u64> {
 /// Calls `f` with the index and value of every nonzero entry (most are
 /// zero: chunks of zeros are skipped with one slice comparison, a
 /// `memcmp`, which keeps the debug build fast).
-fn for_each_used(entries: &[u64; ENTRIES_PER_TABLE], mut f: impl FnMut(usize, u64)) {
+fn for_each_used(entries: &[u64; 512], mut f: impl FnMut(usize, u64)) {
     const CHUNK: usize = 32;
     for (c, chunk) in entries.chunks_exact(CHUNK).enumerate() {
         if chunk == [0u64; CHUNK] {
@@ -176,7 +174,7 @@ struct Copy {
     height: u32,
     /// The first address it maps (lower half only).
     va: u64,
-    entries: Box<[u64; ENTRIES_PER_TABLE]>,
+    entries: Box<[u64; 512]>,
 }
 
 /// Whether every table of `before` (from [`tables`]) still holds the same
@@ -194,9 +192,9 @@ fn unchanged<const L: u32>(s: &Space<L>, before: &[Copy]) -> bool {
             s.alloc()
                 .phys_to_virt(PhysAddr(t.pa))
                 .as_ref()
-                .entries
+                .entries()
                 .as_ptr()
-                .cast::<[u64; ENTRIES_PER_TABLE]>()
+                .cast::<[u64; 512]>()
                 .read()
         };
         now == *t.entries
@@ -215,8 +213,7 @@ fn tables<const L: u32>(s: &Space<L>) -> Vec<Copy> {
         // SAFETY: `AtomicU64` has the in-memory representation of `u64`,
         // and nothing writes the table meanwhile (`s` is borrowed). A plain
         // copy keeps the debug build fast.
-        let entries =
-            Box::new(unsafe { t.entries.as_ptr().cast::<[u64; ENTRIES_PER_TABLE]>().read() });
+        let entries = Box::new(unsafe { t.entries().as_ptr().cast::<[u64; 512]>().read() });
         if height > 0 {
             let size = 1u64 << (12 + 9 * height);
             for_each_used(&entries, |i, raw| {
@@ -399,7 +396,7 @@ fn build<const L: u32>(layout: &[Piece]) -> Space<L> {
                     1 => ACCESSED,
                     _ => ACCESSED | DIRTY,
                 };
-                tt.entries[i].fetch_or(bits, Relaxed);
+                tt.entries()[i].fetch_or(bits, Relaxed);
             }
         }
     }

@@ -18,7 +18,7 @@ use crate::common::test_format_variant;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use pgtable_core::contract::{AccessFault, Arch, Format, Mmu, Slot, TlbRange};
+use pgtable_core::contract::{AccessFault, Arch, Format, Mmu, Slot, TableAlloc, TlbRange};
 use pgtable_core::suite::{self, Config};
 use pgtable_core::test_format::{TestFormat, DIRTY};
 use pgtable_core::{
@@ -1499,5 +1499,46 @@ fn a_dropped_flush_after_prot_none_leaves_the_page_accessible_and_is_caught() {
     ));
     s.change_protection(VA, K4, Prot::READ_WRITE).unwrap();
     assert_eq!(m.read_u64(VA).unwrap(), 3);
+    m.check().unwrap();
+}
+
+/// With 16 KiB pages and 48 bits the root has 2 entries: the walker
+/// indexes it with VA bit 47 alone. A walk that indexes it with the 11
+/// bits a full table would use (the root index not cut to `VA_BITS`)
+/// links an upper-half table in an entry the hardware never reads: the
+/// simulator, which forms its own index, faults where the broken walk
+/// thinks the page is mapped.
+#[test]
+fn a_root_index_not_cut_to_the_va_bits_is_caught() {
+    type K16 = TestFormat<4, 14, 48>;
+    let m = SimMachine::<K16>::new();
+    let s = AddressSpace::<K16, _, _>::new_in(pgtable_core::VaRange::Upper, m.mmu(), m.alloc())
+        .unwrap();
+    // SAFETY: a simulated MMU.
+    let mut s = unsafe { Installed::new(s) };
+    let va = VirtAddr(0xffff_8000_0000_0000);
+    s.map(va, PA, 16 << 10, Prot::READ_WRITE, MapOptions::PAGES)
+        .unwrap();
+    m.write_u64(va, 5).unwrap();
+    // The correct walk linked root entry 1 (VA bit 47); the broken one
+    // would have used entry 0x7ff (VA bits 57..47 of a sign-extended
+    // address): move the link there, as it would have written it.
+    let root = s.root();
+    let entry = |i: usize| {
+        // SAFETY: the root frame of the live space (2048 entries of a
+        // 16 KiB frame); only this test writes it.
+        unsafe { &*m.alloc().phys_to_virt(root).cast::<Slot>().as_ptr().add(i) }
+    };
+    let link = entry(1).swap(0, Relaxed);
+    entry(0x7ff).store(link, Relaxed);
+    s.mmu().flush_tlb_all();
+    assert!(matches!(
+        m.read_u64(va).unwrap_err().kind,
+        SimFaultKind::Translation { .. }
+    ));
+    // Put back where the hardware reads it, the page is there again.
+    entry(1).store(entry(0x7ff).swap(0, Relaxed), Relaxed);
+    s.mmu().flush_tlb_all();
+    assert_eq!(m.read_u64(va).unwrap(), 5);
     m.check().unwrap();
 }

@@ -330,7 +330,7 @@ fn split_by_hand(children: impl Fn(u64) -> u64, flush_first: bool) -> Result<(),
     let slot = unsafe { s.inspect().slot(BLOCK_VA, 1) }.unwrap();
     let block = slot.load(Relaxed);
     let first = X86_64::split_leaf(block, 1);
-    for (i, e) in t.entries.iter().enumerate() {
+    for (i, e) in t.entries().iter().enumerate() {
         e.store(children(first + i as u64 * 0x1000), Relaxed);
     }
     mmu.publish_barrier();
@@ -340,7 +340,7 @@ fn split_by_hand(children: impl Fn(u64) -> u64, flush_first: bool) -> Result<(),
         mmu.flush_tlb_range(leaf(BLOCK_VA, 21));
     }
     // Page 1 read-only (R/W is bit 1).
-    let pte = &t.entries[1];
+    let pte = &t.entries()[1];
     let old = pte.load(Relaxed);
     pte.store(old & !2, Relaxed);
     mmu.entry_written(pte, old);

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use pgtable_core::contract::{Arch, Decoded, Table, TableAlloc};
+use pgtable_core::contract::{level, Arch, Decoded, Slot, TableAlloc};
 use pgtable_core::sim::{SimAlloc, SimMmu};
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr};
 
@@ -25,12 +25,15 @@ pub type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
 /// entries; none for a table of zeros, such as a pinned kernel table).
 pub type Snapshot = Vec<(u64, u32, Vec<u64>)>;
 
-fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &Table {
+fn table<A: Arch>(space: &Space<A>, pa: PhysAddr) -> &[Slot] {
     // SAFETY: `pa` is the root or a table reached from it, so a live frame
-    // of the space's allocator (the contract of `phys_to_virt`), and the
-    // shared borrow of the space keeps every operation (and so every free)
-    // away while the reference lives.
-    unsafe { space.alloc().phys_to_virt(pa).as_ref() }
+    // of the space's allocator of `entries::<A>()` entries (the contract of
+    // `phys_to_virt`), and the shared borrow of the space keeps every
+    // operation (and so every free) away while the slice lives.
+    unsafe {
+        let first = space.alloc().phys_to_virt(pa).cast::<Slot>();
+        core::slice::from_raw_parts(first.as_ptr(), level::entries::<A>())
+    }
 }
 
 /// Every table's entries reachable through the root entries of the
@@ -54,7 +57,7 @@ fn entries<A: Arch>(space: &Space<A>, pa: PhysAddr) -> Vec<u64> {
     let t = table(space, pa);
     // Relaxed: no operation runs; only the simulated walker, which this
     // test drives from the same thread, writes entries.
-    t.entries.iter().map(|e| e.load(Relaxed)).collect()
+    t.iter().map(|e| e.load(Relaxed)).collect()
 }
 
 fn snap<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, out: &mut Snapshot) {
@@ -166,7 +169,7 @@ fn swp_walk<A: Arch>(
         let n = next(va, h, end);
         // Relaxed: no operation runs; only the simulated walker, which this
         // test drives from the same thread, writes entries.
-        let raw = t.entries[index(va, h)].load(Relaxed);
+        let raw = t[index(va, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 0 => swp_walk::<A>(space, c, h - 1, va, n, out),
             Decoded::Invalid => {
@@ -250,7 +253,7 @@ impl<A: Arch> MapWalk<'_, A> {
             let whole = v % size(h) == 0 && n - v == size(h);
             // Relaxed: no operation runs; only the simulated walker, which this
             // test drives from the same thread, writes entries.
-            let raw = t.map_or(0, |t| t.entries[index(v, h)].load(Relaxed));
+            let raw = t.map_or(0, |t| t[index(v, h)].load(Relaxed));
             if self.opts.allows(h) && A::leaf_allowed(h) && whole && p % size(h) == 0 {
                 self.need.leaves += 1;
                 self.need.blocked |= raw != 0;
@@ -297,7 +300,7 @@ fn split_walk<A: Arch>(
         let whole = v % size(h) == 0 && n - v == size(h);
         // Relaxed: no operation runs; only the simulated walker, which this
         // test drives from the same thread, writes entries.
-        let raw = t.entries[index(v, h)].load(Relaxed);
+        let raw = t[index(v, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 1 => need += split_walk::<A>(space, h - 1, c, v, n, split),
             Decoded::Leaf(_) if h > 0 && !whole && split(raw, h) => need += block_need(h, v, n),

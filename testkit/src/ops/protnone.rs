@@ -3,7 +3,7 @@
 //! `translate` and `walk` still report the frame, and `change_protection`
 //! turns it back into an accessible mapping of the same frame.
 
-use pgtable_core::contract::{Access, Arch, Decoded, LEVEL_BITS, PAGE_SHIFT};
+use pgtable_core::contract::{level, Access, Arch, Decoded};
 use pgtable_core::sim::{SimFaultKind, SimMachine};
 use pgtable_core::{
     AddressSpace, CopyMode, Error, LiveOptions, MapOptions, MemType, MoveOptions, PhysAddr, Prot,
@@ -168,7 +168,7 @@ pub fn live_change_to_prot_none_and_back<A: Arch>() {
 /// `modify_prot` goes to `NONE` and back keeping the address.
 pub fn prot_none_encoding_is_a_leaf_and_never_a_software_entry<A: Arch>() {
     for h in (0..A::LEVELS).filter(|&h| A::leaf_allowed(h)) {
-        let pa = PhysAddr(1 << (PAGE_SHIFT + LEVEL_BITS * h));
+        let pa = PhysAddr(level::size::<A>(h));
         for p in [Prot::NONE, Prot::NONE | URW | Prot::EXEC | Prot::GLOBAL] {
             let raw = A::leaf(pa, p, h);
             assert_eq!(A::decode(raw, h), Decoded::Leaf(pa), "{p:?} h{h} {raw:#x}");

@@ -7,13 +7,10 @@ use core::sync::atomic::Ordering::Relaxed;
 use super::deferred::dest_meets_source;
 use super::plan::{At, Dest, EntryMove, PgtEntry, Step};
 use super::{Done, Mover, Pos, Range};
-use crate::contract::level::{entry_end, index, size};
+use crate::contract::level::{entries, entry_end, index, page_size, size};
 use crate::space::aspace::{covers, Block};
 use crate::space::walker::{Next, Span, TableRef};
-use crate::{
-    generic, Arch, Mmu, PhysAddr, Slot, TableAlloc, TlbGather, VirtAddr, ENTRIES_PER_TABLE,
-    PAGE_SIZE,
-};
+use crate::{generic, Arch, Mmu, PhysAddr, Slot, TableAlloc, TlbGather, VirtAddr};
 
 /// Destination tables written since the last walker barrier, by height.
 /// Leaving a table for another one at the same height issues the barrier
@@ -71,8 +68,8 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
     /// `free_empty` frees it without a scan.)
     fn single_freed_nothing(&self, first: EntryMove<'a>) -> bool {
         first.height == A::LEVELS - 1
-            || (first.count < ENTRIES_PER_TABLE
-                && (0..ENTRIES_PER_TABLE).any(|i| first.table.load(i) != 0))
+            || (first.count < entries::<A>()
+                && (0..entries::<A>()).any(|i| first.table.load(i) != 0))
     }
 
     /// The move loop: the cursor over the source range, from its start
@@ -104,7 +101,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
     /// The steps of `sp`, one per extent, up to the first table the move
     /// goes down into (that table and its first address; `None`: the span
     /// is done; `Err`: the reservation is short).
-    fn move_span(&mut self, sp: Span<'a>) -> Result<Option<(TableRef<'a>, u64)>, ()> {
+    fn move_span(&mut self, sp: Span<'a, A>) -> Result<Option<(TableRef<'a>, u64)>, ()> {
         let Range { old, new, len } = self.range;
         let end = old.wrapping_add(len);
         let mut va = sp.va;
@@ -134,7 +131,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
             Step::Skip(l) => l,
             Step::Entry(e) => {
                 self.move_pgt_entry(e, at);
-                e.len()
+                e.len::<A>()
             }
             Step::Split { height, slot, raw } => {
                 let block = Block {
@@ -148,14 +145,14 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
                 0
             }
             Step::Ptes { len, src, pmd } => {
-                if at.old & (size(1) - 1) == 0
-                    && at.rem >= size(1)
-                    && !dest_meets_source(at.new, self.range.old, self.range.len)
+                if at.old & (size::<A>(1) - 1) == 0
+                    && at.rem >= size::<A>(1)
+                    && !dest_meets_source::<A>(at.new, self.range.old, self.range.len)
                 {
                     // The whole PTE table moves: unlink it now and copy it
                     // after the flush (see `defer_ptes`).
                     self.defer_ptes(src, pmd, at);
-                    size(1)
+                    size::<A>(1)
                 } else {
                     self.move_ptes(src, at, len);
                     len
@@ -181,7 +178,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
             // publishes its zeroing first); the barrier of this table
             // covers the link.
             let c = self.space.take_table(&mut self.stash)?;
-            let slot = t.slot(index(new, h));
+            let slot = t.slot(index::<A>(new, h));
             A::populate_attrs(&self.space.mmu, slot, c.pa(), h, self.space.table_attrs);
             self.wrote(h, t);
             t = c;
@@ -248,7 +245,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
             },
         };
         let src = e.slots();
-        let j = index(at.new, height);
+        let j = index::<A>(at.new, height);
         // The run stays inside the destination table (see `run`).
         let dst = dt.slots(j, j + src.len());
         let mmu = &self.space.mmu;
@@ -275,17 +272,18 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
         self.space.mmu.stats.add_entries_written(src.len() as u64);
         if tables {
             // Walk caches of the old path must go, not only leaves.
-            self.gather.add_tables(VirtAddr(at.old), e.len());
+            self.gather.add_tables::<A>(VirtAddr(at.old), e.len::<A>());
         } else {
-            self.gather.add_range(VirtAddr(at.old), e.len(), height);
+            self.gather
+                .add_range::<A>(VirtAddr(at.old), e.len::<A>(), height);
         }
     }
 
     /// Linux `move_ptes`: moves the PTEs of the `len` bytes from `at`
     /// (inside the source PTE table `st`) to the destination.
     fn move_ptes(&mut self, st: TableRef<'a>, at: Pos, len: u64) {
-        let n = (len / PAGE_SIZE) as usize;
-        let i = index(at.old, 0);
+        let n = (len / page_size::<A>()) as usize;
+        let i = index::<A>(at.old, 0);
         let src = st.slots(i, i + n);
         // Relaxed: we hold the address space exclusively.
         let Some(first) = src.iter().position(|e| e.load(Relaxed) != 0) else {
@@ -297,7 +295,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
             return;
         };
         // Distinct entries from `src`: the ranges do not overlap.
-        let j = index(at.new, 0);
+        let j = index::<A>(at.new, 0);
         let dst = dt.slots(j, j + n);
         let mmu = &self.space.mmu;
         let mut moved = 0u64;
@@ -321,9 +319,9 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
         }
         self.wrote(0, dt);
         self.space.mmu.stats.add_entries_written(moved);
-        let start = at.old + first as u64 * PAGE_SIZE;
+        let start = at.old + first as u64 * page_size::<A>();
         self.gather
-            .add_range(VirtAddr(start), (n - first) as u64 * PAGE_SIZE, 0);
+            .add_range::<A>(VirtAddr(start), (n - first) as u64 * page_size::<A>(), 0);
     }
 
     /// After the move: unlinks and queues the source tables in
@@ -357,7 +355,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
     /// [`free_empty`](Self::free_empty) over `sp`: unlinks the tables it
     /// covers whole, up to the first table covered in part (or pinned):
     /// that table and its first address (`None`: the span is done).
-    fn free_span(&mut self, sp: Span<'a>) -> Option<(TableRef<'a>, u64)> {
+    fn free_span(&mut self, sp: Span<'a, A>) -> Option<(TableRef<'a>, u64)> {
         let Span {
             table: t,
             height,
@@ -369,9 +367,9 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
             return None;
         }
         for i in sp.from..sp.to {
-            let next = entry_end(va, height, end);
+            let next = entry_end::<A>(va, height, end);
             if let Next::Table(c) = self.space.read(t, i, height).1 {
-                if !covers(va, next, height) || self.space.pinned(height, va) {
+                if !covers::<A>(va, next, height) || self.space.pinned(height, va) {
                     return Some((c, va));
                 }
                 self.unlink(t.slot(i), va, next, c.pa(), height - 1);
@@ -386,7 +384,8 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
     fn unlink(&mut self, slot: &Slot, va: u64, next: u64, pa: PhysAddr, height: u32) {
         // A source-side clear; the flush orders it.
         generic::set_entry_nosync(&self.space.mmu, slot, 0);
-        self.gather.add_tables(VirtAddr(va), next.wrapping_sub(va));
+        self.gather
+            .add_tables::<A>(VirtAddr(va), next.wrapping_sub(va));
         self.space.queue_free_subtree(&mut self.q, pa, height);
     }
 }

@@ -5,11 +5,10 @@
 use core::sync::atomic::Ordering::Relaxed;
 
 use super::{Mover, Pos};
-use crate::contract::level::{index, size};
+use crate::contract::level::{entries, index, page_size, size};
 use crate::space::walker::TableRef;
-use crate::{
-    generic, Arch, Mmu, PhysAddr, Slot, TableAlloc, VirtAddr, ENTRIES_PER_TABLE, PAGE_SIZE,
-};
+use crate::Format;
+use crate::{generic, Arch, Mmu, PhysAddr, Slot, TableAlloc, VirtAddr};
 
 /// Source PTE tables unlinked whole during the move, to be copied after
 /// the flush: a list in address order. The first [`DEFER_HEAD`] entries of
@@ -38,8 +37,8 @@ const DEFER_HEAD: usize = 4;
 /// How many entries of a whole PTE table moving to `new` land in the first
 /// destination PTE table (all 512 when `new` is PMD aligned).
 #[inline]
-fn first_half(new: u64) -> usize {
-    ((size(1) - (new & (size(1) - 1))) / PAGE_SIZE) as usize
+fn first_half<A: Format>(new: u64) -> usize {
+    ((size::<A>(1) - (new & (size::<A>(1) - 1))) / page_size::<A>()) as usize
 }
 
 /// Whether the destination PTE tables of a whole source PTE table moving
@@ -49,11 +48,11 @@ fn first_half(new: u64) -> usize {
 /// copy would fill it, so that table moves entry by entry instead (only
 /// tables next to the ends of the source range can be affected).
 #[inline]
-pub(super) fn dest_meets_source(new: u64, old: u64, len: u64) -> bool {
-    let first = new & !(size(1) - 1);
+pub(super) fn dest_meets_source<A: Format>(new: u64, old: u64, len: u64) -> bool {
+    let first = new & !(size::<A>(1) - 1);
     // `[new, new + 2 MiB)` lies in the destination range, so this does
     // not wrap.
-    let last = (new + (size(1) - 1)) | (size(1) - 1);
+    let last = (new + (size::<A>(1) - 1)) | (size::<A>(1) - 1);
     first <= old.wrapping_add(len - 1) && old <= last
 }
 
@@ -86,19 +85,19 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
             return;
         };
         let mmu = &self.space.mmu;
-        let split = first_half(at.new);
+        let split = first_half::<A>(at.new);
         for (k, e) in t.slots(0, DEFER_HEAD).iter().enumerate() {
             // Relaxed: we hold the address space exclusively; the hardware
             // never makes a none entry valid.
             if e.load(Relaxed) == 0 {
                 continue;
             }
-            let va = at.new + k as u64 * PAGE_SIZE;
+            let va = at.new + k as u64 * page_size::<A>();
             // Its half holds an entry, so its table was taken.
             let Some(dt) = dts[usize::from(k >= split)] else {
                 continue;
             };
-            let d = dt.slot(index(va, 0));
+            let d = dt.slot(index::<A>(va, 0));
             // Atomic: the table is still live.
             let pte = A::ptep_get_and_clear(mmu, e);
             A::set_pte_nosync(mmu, d, pte);
@@ -109,7 +108,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
         }
         // Atomic, as `move_table_entry`; walk caches of the path must go.
         generic::get_and_clear(mmu, pmd);
-        self.gather.add_tables(VirtAddr(at.old), size(1));
+        self.gather.add_tables::<A>(VirtAddr(at.old), size::<A>(1));
         let pa = |d: Option<TableRef<'_>>| d.map_or(0, |d| d.pa().0);
         // Relaxed: only this thread follows the record; a walker reading
         // these slots sees invalid entries (low 12 bits clear).
@@ -131,13 +130,13 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
     /// PTE table `t` moving to `new` (see [`first_half`]), taken for each
     /// half that holds an entry; `None` when the reservation is short.
     fn defer_dests(&mut self, t: TableRef<'a>, new: u64) -> Option<[Option<TableRef<'a>>; 2]> {
-        let split = first_half(new);
+        let split = first_half::<A>(new);
         let mut dts = [None; 2];
-        for (dt, (lo, hi)) in dts.iter_mut().zip([(0, split), (split, ENTRIES_PER_TABLE)]) {
+        for (dt, (lo, hi)) in dts.iter_mut().zip([(0, split), (split, entries::<A>())]) {
             // Relaxed: we hold the address space exclusively; the hardware
             // never makes a none entry valid.
             if t.slots(lo, hi).iter().any(|e| e.load(Relaxed) != 0) {
-                let va = new + lo as u64 * PAGE_SIZE;
+                let va = new + lo as u64 * page_size::<A>();
                 *dt = Some(self.dest_table(va, 0)?);
             }
         }
@@ -159,11 +158,8 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
             let dts = [t.slot(2).load(Relaxed), t.slot(3).load(Relaxed)];
             // Entries that land in the first destination table, then the
             // rest (a misaligned destination spans two tables).
-            let split = first_half(new);
-            for (dt, (lo, hi)) in dts
-                .into_iter()
-                .zip([(0, split), (split, ENTRIES_PER_TABLE)])
-            {
+            let split = first_half::<A>(new);
+            for (dt, (lo, hi)) in dts.into_iter().zip([(0, split), (split, entries::<A>())]) {
                 // The first entries moved already.
                 let lo = lo.max(DEFER_HEAD);
                 if dt != 0 && lo < hi {
@@ -171,7 +167,11 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
                     // `TableRef` of the move) and linked it; nothing is
                     // freed before the copy.
                     let dt = unsafe { self.space.table_again(PhysAddr(dt)) };
-                    self.copy_half(t.slots(lo, hi), dt, new.wrapping_add(lo as u64 * PAGE_SIZE));
+                    self.copy_half(
+                        t.slots(lo, hi),
+                        dt,
+                        new.wrapping_add(lo as u64 * page_size::<A>()),
+                    );
                 }
             }
             self.space.queue_free(&mut self.q, t.pa());
@@ -192,7 +192,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Mover<'a, A, M, T> {
         let Some(first) = src.iter().position(|e| e.load(Relaxed) != 0) else {
             return;
         };
-        let j = index(va, 0);
+        let j = index::<A>(va, 0);
         let dst = dt.slots(j, j + src.len());
         let mmu = &self.space.mmu;
         let mut moved = 0u64;

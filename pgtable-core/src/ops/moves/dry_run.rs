@@ -13,10 +13,10 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use super::plan::Planner;
 use super::Range;
-use crate::contract::level::{entry_end, index, size};
+use crate::contract::level::{entry_end, index, page_size, size};
 use crate::space::aspace::covers;
 use crate::space::walker::{Next, Span, TableRef};
-use crate::{Arch, Mmu, TableAlloc, PAGE_SIZE};
+use crate::{Arch, Mmu, TableAlloc};
 
 /// The destination table last counted at each height (the destination
 /// side is walked in address order, so one per height suffices), the
@@ -52,7 +52,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
 
     /// The dry run over `sp` up to the first table it descends into (that
     /// table and its first address; `None`: the span is done).
-    fn dry_span(self, sp: Span<'a>, dry: &mut DryRun) -> Option<(TableRef<'a>, u64)> {
+    fn dry_span(self, sp: Span<'a, A>, dry: &mut DryRun) -> Option<(TableRef<'a>, u64)> {
         let Span {
             table: t,
             height: h,
@@ -63,14 +63,14 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
         if h == 0 {
             // Relaxed: we hold the address space exclusively.
             let present = |v: u64, n: usize| {
-                let i = index(v, 0);
+                let i = index::<A>(v, 0);
                 t.slots(i, i + n).iter().any(|e| e.load(Relaxed) != 0)
             };
             self.ptes_need(va, end, present, dry);
             return None;
         }
         for i in sp.from..sp.to {
-            let next = entry_end(va, h, end);
+            let next = entry_end::<A>(va, h, end);
             let whole = || self.whole_at(va, next, h, dry);
             match self.space.read(t, i, h).1 {
                 Next::None => {}
@@ -96,8 +96,8 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     #[inline]
     fn whole_at(self, va: u64, next: u64, height: u32, dry: &DryRun) -> bool {
         let new = va.wrapping_add(dry.delta);
-        covers(va, next, height)
-            && new & (size(height) - 1) == 0
+        covers::<A>(va, next, height)
+            && new & (size::<A>(height) - 1) == 0
             && self.whole_dest(true, new, height).is_some()
     }
 
@@ -114,7 +114,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
         }
         let mut v = va;
         while v != end {
-            let next = entry_end(v, h, end);
+            let next = entry_end::<A>(v, h, end);
             if self.whole_at(v, next, h, dry) {
                 self.dest_need(v, h, dry);
             } else {
@@ -132,9 +132,9 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
         let mut v = va;
         while v != end {
             let new = v.wrapping_add(dry.delta);
-            let room = size(1) - (new & (size(1) - 1));
+            let room = size::<A>(1) - (new & (size::<A>(1) - 1));
             let part = room.min(end.wrapping_sub(v));
-            if present(v, (part / PAGE_SIZE) as usize) {
+            if present(v, (part / page_size::<A>()) as usize) {
                 self.dest_need(v, 0, dry);
             }
             v = v.wrapping_add(part);
@@ -151,7 +151,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
         // The tables at heights `stop.height - 1 ..= height` are missing,
         // unless an earlier step of the dry run counted them.
         for k in (height..stop.height).rev() {
-            let span = new & !(size(k + 1) - 1);
+            let span = new & !(size::<A>(k + 1) - 1);
             if dry.alloc[k as usize] != Some(span) {
                 dry.alloc[k as usize] = Some(span);
                 dry.need += 1;

@@ -107,6 +107,7 @@ mod plan;
 
 use crate::contract::level::size;
 use crate::space::aspace::{FreeQueue, Reservation};
+use crate::Format;
 use crate::{AddressSpace, Arch, Error, Mmu, TableAlloc, TlbGather, VirtAddr};
 
 use apply::Owed;
@@ -276,10 +277,10 @@ impl Pos {
     /// Bytes to the nearer of the next boundaries of entries at `height`
     /// on both sides, at most `rem`.
     #[inline]
-    fn extent(self, height: u32) -> u64 {
-        let mask = size(height) - 1;
-        let a = size(height) - (self.old & mask);
-        let b = size(height) - (self.new & mask);
+    fn extent<A: Format>(self, height: u32) -> u64 {
+        let mask = size::<A>(height) - 1;
+        let a = size::<A>(height) - (self.old & mask);
+        let b = size::<A>(height) - (self.new & mask);
         a.min(b).min(self.rem)
     }
 }
@@ -470,7 +471,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
         free_below: bool,
     ) -> Result<(Option<KeptMove>, usize), Error> {
         if let Step::Entry(e) = self.plan(range.start()) {
-            if e.len() == range.len {
+            if e.len::<A>() == range.len {
                 let need = match e.dst {
                     Dest::Table(_) => 0,
                     Dest::Missing(m) => m as usize,
@@ -490,7 +491,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     /// [`MoveOptions::free_below`].
     fn realign(self, range: &mut Range, claimed_free: bool) -> Result<(), Error> {
         let Range { old, new, len } = *range;
-        let pmd = size(1);
+        let pmd = size::<A>(1);
         let off = old & (pmd - 1);
         if !self.fast.pmd || off == 0 || off != new & (pmd - 1) || len < pmd - off {
             return Ok(());

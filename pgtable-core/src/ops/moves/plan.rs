@@ -5,9 +5,10 @@
 //! (`AddressSpace::path_to`) for whole entries.
 
 use super::{Fast, Pos};
-use crate::contract::level::{entry_end, index, size};
+use crate::contract::level::{entries, entry_end, index, size};
 use crate::space::walker::{Next, Stop, TableRef};
-use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, TableAlloc, ENTRIES_PER_TABLE};
+use crate::Format;
+use crate::{AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, TableAlloc};
 
 /// Linux `enum pgt_entry`: the kinds of entries moved whole.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -99,8 +100,8 @@ impl<'a> EntryMove<'a> {
 
     /// Bytes the run covers.
     #[inline]
-    pub(super) fn len(&self) -> u64 {
-        self.count as u64 * size(self.height)
+    pub(super) fn len<A: Format>(&self) -> u64 {
+        self.count as u64 * size::<A>(self.height)
     }
 
     /// The step by address (see [`KeptMove`]).
@@ -189,16 +190,16 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     /// step per extent, Linux `move_ptes`).
     #[inline(always)]
     pub(super) fn plan_at(self, t: TableRef<'a>, h: u32, at: Pos) -> At<'a> {
-        let i = index(at.old, h);
+        let i = index::<A>(at.old, h);
         let (raw, next) = self.space.read(t, i, h);
-        let ext = at.extent(h);
-        let whole = ext == size(h);
+        let ext = at.extent::<A>(h);
+        let whole = ext == size::<A>(h);
         // Whole entries move as one when the destination entry is none
         // (it can hold an empty table, see `dest_lookup`); the walk that
         // checks it also finds where the entries go.
         At::Step(match next {
             Next::None => {
-                let end = entry_end(at.old, h, at.old.wrapping_add(at.rem));
+                let end = entry_end::<A>(at.old, h, at.old.wrapping_add(at.rem));
                 Step::Skip(end.wrapping_sub(at.old))
             }
             Next::Invalid => match self.whole_dest(whole, at.new, h) {
@@ -256,7 +257,7 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
     /// is not.
     fn dest_none(self, new: u64, height: u32) -> Option<Dest<'a>> {
         match self.dest_lookup(new, height) {
-            Ok(Dest::Table(t)) => (t.load(index(new, height)) == 0).then_some(Dest::Table(t)),
+            Ok(Dest::Table(t)) => (t.load(index::<A>(new, height)) == 0).then_some(Dest::Table(t)),
             Ok(missing) => Some(missing),
             Err(()) => None,
         }
@@ -293,10 +294,10 @@ impl<'a, A: Arch, M: Mmu, T: TableAlloc> Planner<'a, A, M, T> {
         tables: bool,
         dst: Dest<'a>,
     ) -> EntryMove<'a> {
-        let (i, j) = (index(at.old, height), index(at.new, height));
-        let max = (ENTRIES_PER_TABLE - i)
-            .min(ENTRIES_PER_TABLE - j)
-            .min((at.rem / size(height)) as usize);
+        let (i, j) = (index::<A>(at.old, height), index::<A>(at.new, height));
+        let max = (entries::<A>() - i)
+            .min(entries::<A>() - j)
+            .min((at.rem / size::<A>(height)) as usize);
         let mut k = 1;
         let dt = match dst {
             Dest::Table(d) => Some(d),

@@ -55,6 +55,10 @@ impl<T: TableAlloc> SimAllocFrom<T> {
 // stops before `inner` may reuse one (`release` comes first in
 // `free_table`).
 unsafe impl<T: TableAlloc> TableAlloc for SimAllocFrom<T> {
+    fn frame_shift(&self) -> u32 {
+        self.inner.frame_shift()
+    }
+
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = self.inner.alloc_table()?;
         // SAFETY: `pa` was just handed out by `inner` and is not freed.

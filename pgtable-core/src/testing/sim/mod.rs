@@ -268,6 +268,7 @@
 //! [`Decoded::Table`]: crate::Decoded::Table
 //! [`Decoded::Leaf`]: crate::Decoded::Leaf
 
+use crate::contract::level::page_size;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -701,7 +702,7 @@ impl<A: Arch> SimMachine<A> {
     pub fn with_cpus(n: usize) -> Self {
         SimMachine {
             shared: Arc::new(Shared {
-                state: Mutex::new(State::new(n)),
+                state: Mutex::new(State::new::<A>(n)),
             }),
             cpu: 0,
             _arch: PhantomData,
@@ -981,11 +982,11 @@ impl<A: Arch> SimMachine<A> {
         let m = self.clone();
         std::thread::spawn(move || {
             let mut r = AgentReport::default();
-            let pages = (len / crate::PAGE_SIZE).max(1);
+            let pages = (len / page_size::<A>()).max(1);
             let mut i = 0u64;
             // Relaxed: a stop request needs no ordering with the touches.
             while !stop.load(Ordering::Relaxed) {
-                let page = VirtAddr(va.0 + (i % pages) * crate::PAGE_SIZE);
+                let page = VirtAddr(va.0 + (i % pages) * page_size::<A>());
                 // Each page alternates load and store from one round to
                 // the next.
                 match m.hw_touch(page, (i + i / pages) % 2 == 1) {
@@ -1527,6 +1528,10 @@ impl SimAlloc {
 // contract, leaking frames still allocated when the machine goes) and are
 // tracked, not altered, by the machine; `phys_to_virt` is the arena's.
 unsafe impl TableAlloc for SimAlloc {
+    fn frame_shift(&self) -> u32 {
+        lock(&self.shared).arena.frame_shift()
+    }
+
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         lock(&self.shared).alloc_table()
     }

@@ -11,7 +11,6 @@ use std::vec::Vec;
 
 use super::state::{key_span, Set, State, GLOBAL};
 use super::{lock, Shared, SimMachine};
-use crate::contract::level::index;
 use crate::{Arch, Decoded, PhysAddr, Slot, VirtAddr};
 
 /// A hart's Svinval batch: what `SFENCE.W.INVAL` ordered and the
@@ -291,7 +290,7 @@ impl State {
         let mut tpa = root;
         loop {
             let t = self.table(tpa).ok()?;
-            let slot = &t.entries[index(va, h)];
+            let slot = &t[super::state::hw_index::<A>(va, h)];
             // Relaxed: the simulated walker needs single-copy atomicity.
             match A::decode(slot.load(std::sync::atomic::Ordering::Relaxed), h) {
                 Decoded::Table(c) if h > 0 => tpa = c,

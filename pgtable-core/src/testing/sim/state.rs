@@ -13,12 +13,28 @@ use super::{
     AdUpdate, BbmConflict, CheckError, ContConflict, MixedSizes, PendingWrite, SimFault,
     SimFaultKind, SimStats, StaleTlb, UnknownTable, UnknownTableKind, UnorderedLink,
 };
-use crate::contract::level::{index, size};
+use crate::contract::level::size;
 use crate::ops::contpte::leaf_pa;
 use crate::{
     Access, AccessFault, Arch, Arena, Decoded, PhysAddr, Slot, Table, TableAlloc, TableAttrs,
     TlbRange, VaRange, VirtAddr,
 };
+
+/// The index of `va` in a table at `height` as the hardware walker forms
+/// it, written here rather than taken from the library so that a wrong
+/// index there (e.g. the root's index not cut to the bits `VA_BITS`
+/// leaves it) is caught: the root translates `VA_BITS - shift(top)` bits,
+/// every other table `PAGE_SHIFT - 3` (Arm ARM D8.2, "Translation table
+/// walk"; Intel SDM 4.5; RISC-V privileged spec 12.3.2).
+pub(super) fn hw_index<A: Arch>(va: u64, height: u32) -> usize {
+    let below = A::PAGE_SHIFT + (A::PAGE_SHIFT - 3) * height;
+    let bits = if height + 1 == A::LEVELS {
+        A::VA_BITS - below
+    } else {
+        A::PAGE_SHIFT - 3
+    };
+    ((va >> below) & ((1u64 << bits) - 1)) as usize
+}
 
 /// One cached translation: a leaf (TLB proper) or a table entry (walk
 /// cache).
@@ -121,9 +137,9 @@ pub(super) fn run_mem_may_differ<A: Arch>() -> bool {
 pub(super) fn key_span<A: Arch>(h: u32) -> u64 {
     if h & CONT_KEY != 0 {
         let h = h & !CONT_KEY;
-        u64::from(A::cont_entries(h)) * size(h)
+        u64::from(A::cont_entries(h)) * size::<A>(h)
     } else {
-        size(h)
+        size::<A>(h)
     }
 }
 
@@ -295,7 +311,7 @@ pub(super) struct Leaf<'a> {
     /// The table holding it and its index there (a run's other entries
     /// are reached through the table, never from `slot`, whose borrow
     /// covers that one entry).
-    pub(super) table: &'a Table,
+    pub(super) table: &'a [Slot],
     pub(super) index: usize,
     /// The walker saw an older value than memory holds (pending write).
     pub(super) stale: bool,
@@ -304,10 +320,10 @@ pub(super) struct Leaf<'a> {
 }
 
 impl State {
-    pub(super) fn new(cpus: usize) -> State {
+    pub(super) fn new<A: Arch>(cpus: usize) -> State {
         State {
             mem: Map::default(),
-            arena: Arena::new(),
+            arena: Arena::for_format::<A>(),
             frames: Set::default(),
             live: Set::default(),
             foreign: Map::default(),
@@ -475,8 +491,14 @@ impl State {
         unsafe { self.arena.phys_to_virt(pa) }
     }
 
+    /// Entries in one table frame of the machine's format.
+    fn frame_entries(&self) -> usize {
+        1 << (self.arena.frame_shift() - 3)
+    }
+
     /// The table frame at `pa`, if `pa` is one (live or freed).
-    pub(super) fn table(&self, pa: PhysAddr) -> Result<&Table, SimFaultKind> {
+    pub(super) fn table(&self, pa: PhysAddr) -> Result<&[Slot], SimFaultKind> {
+        let n = self.frame_entries();
         if self.frames.contains(&pa.0) {
             if !self.live.contains(&pa.0) {
                 return Err(SimFaultKind::FreedTable(pa));
@@ -485,7 +507,9 @@ impl State {
             // (both checked above), as `phys_to_virt` asks; it stays valid
             // while `self` is borrowed, because freeing it needs `&mut
             // self`; entries are atomics, so shared access is sound.
-            return Ok(unsafe { self.arena.phys_to_virt(pa).as_ref() });
+            let first = unsafe { self.arena.phys_to_virt(pa) }.cast::<Slot>();
+            // SAFETY: as above: the frame holds `n` entries.
+            return Ok(unsafe { core::slice::from_raw_parts(first.as_ptr(), n) });
         }
         let Some(&host) = self.foreign.get(&pa.0) else {
             return Err(SimFaultKind::NotATable(pa));
@@ -498,7 +522,7 @@ impl State {
         // contract), which it is not (live, checked above); releasing needs
         // `&mut self`, so it stays valid while `self` is borrowed; entries
         // are atomics, so shared access is sound.
-        Ok(unsafe { &*(host as *const Table) })
+        Ok(unsafe { core::slice::from_raw_parts(host as *const Slot, n) })
     }
 
     /// Whether `pa` is a table frame some allocator of the machine handed
@@ -576,7 +600,7 @@ impl State {
             if let Some(c) = self
                 .cpu
                 .tlb
-                .get(&(va & !(size(k) - 1), k, false, self.cpu.asid))
+                .get(&(va & !(size::<A>(k) - 1), k, false, self.cpu.asid))
             {
                 if let Decoded::Table(pa) = A::decode(c.raw, k) {
                     tpa = pa;
@@ -608,15 +632,15 @@ impl State {
             // `table`), which needs the state's lock; the 'static lifetime
             // never escapes a method that holds the lock (callers use the
             // leaf's slot before releasing it).
-            let t: &'static Table = unsafe { &*(t as *const Table) };
-            let idx = index(va, h);
-            let slot = &t.entries[idx];
+            let t: &'static [Slot] = unsafe { &*(t as *const [Slot]) };
+            let idx = hw_index::<A>(va, h);
+            let slot = &t[idx];
             let (raw, st) = self.walker_read::<A>(slot);
             stale |= st;
             match A::decode(raw, h) {
                 Decoded::Table(c) if h > 0 => {
                     limits = limits.union(A::table_limits(raw, h));
-                    let key = (va & !(size(h) - 1), h, false, self.cpu.asid);
+                    let key = (va & !(size::<A>(h) - 1), h, false, self.cpu.asid);
                     self.cache(key, Cached::new(raw, slot, root, limits, 1));
                     tpa = c;
                 }
@@ -660,7 +684,7 @@ impl State {
         loop {
             let t = self.table(tpa).ok()?;
             // Relaxed: see `walker_read`.
-            let raw = t.entries[index(va, h)].load(Relaxed);
+            let raw = t[hw_index::<A>(va, h)].load(Relaxed);
             if !leaf && h == height {
                 return Some((raw, h));
             }
@@ -703,21 +727,21 @@ impl State {
         va: u64,
         height: u32,
         raw: u64,
-        table: &'static Table,
+        table: &'static [Slot],
     ) -> Option<(&'static Slot, u64)> {
         let n = A::cont_entries(height);
         if n == 0 {
             return None;
         }
-        let step = size(height);
-        let j = (index(va, height) & (n as usize - 1)) as u64;
-        let pa = leaf_pa::<A>(raw, height, index(va, height))?;
+        let step = size::<A>(height);
+        let j = (hw_index::<A>(va, height) & (n as usize - 1)) as u64;
+        let pa = leaf_pa::<A>(raw, height, hw_index::<A>(va, height))?;
         let base_pa = pa.0.wrapping_sub(j * step);
         let mem = A::leaf_prot(raw, height).mem();
         // The run is aligned and `n` divides the table's entry count, so
         // its entries are `first..first + n` of the same table.
-        let first = index(va, height) - j as usize;
-        let run = &table.entries[first..first + n as usize];
+        let first = hw_index::<A>(va, height) - j as usize;
+        let run = &table[first..first + n as usize];
         let run_va = va & !(u64::from(n) * step - 1);
         let mut bad = None;
         if base_pa & (u64::from(n) * step - 1) != 0 {
@@ -811,10 +835,10 @@ impl State {
         if !self.run_ad_first || n == 0 || !A::is_cont(leaf.raw, h) {
             return None;
         }
-        let j = index(va, h) & (n - 1);
+        let j = hw_index::<A>(va, h) & (n - 1);
         // The run is aligned and `n` divides the table's entry count, so
         // its first entry is `j` entries before the walked one.
-        let first: &'static Slot = &leaf.table.entries[leaf.index - j];
+        let first: &'static Slot = &leaf.table[leaf.index - j];
         let (raw, stale) = self.walker_read::<A>(first);
         if stale || !A::is_cont(raw, h) {
             return None;
@@ -873,7 +897,7 @@ impl State {
             let Some(pa) = leaf_pa::<A>(new, h, leaf.index) else {
                 unreachable!("hw_access keeps a leaf a leaf")
             };
-            return Ok((pa.0 + (va & (size(h) - 1)), upd));
+            return Ok((pa.0 + (va & (size::<A>(h) - 1)), upd));
         }
     }
 
@@ -950,7 +974,7 @@ impl State {
             // holding the run's first output address.
             Some((first, base_pa)) => {
                 let n = A::cont_entries(h);
-                let span = u64::from(n) * size(h);
+                let span = u64::from(n) * size::<A>(h);
                 let Decoded::Leaf(pa) = A::decode(new, h) else {
                     unreachable!("hw_access keeps a leaf a leaf")
                 };
@@ -959,7 +983,7 @@ impl State {
                 self.cache(key, Cached::new(raw, first, root, leaf.limits, n));
             }
             None => {
-                let key = (va & !(size(h) - 1), h, true, tag);
+                let key = (va & !(size::<A>(h) - 1), h, true, tag);
                 self.cache(key, Cached::new(new, leaf.slot, root, leaf.limits, 1));
             }
         }
@@ -1018,7 +1042,7 @@ impl State {
                 if !c.read_from(addr) {
                     continue;
                 }
-                let cached = c.raw + (addr - c.slot) / 8 * size(h);
+                let cached = c.raw + (addr - c.slot) / 8 * size::<A>(h);
                 if !A::change_is_safe(cached, new, h) {
                     self.conflict = Some(BbmConflict {
                         cpu: i,
@@ -1055,7 +1079,7 @@ impl State {
                     continue;
                 };
                 let mem = A::leaf_prot(c.raw, h).mem();
-                let step = size(h);
+                let step = size::<A>(h);
                 if !self.readable(c.slot & !0xfff) {
                     continue;
                 }
@@ -1126,7 +1150,7 @@ impl State {
         if let Some(under) = self.split_under.get(&(addr & !0xfff)) {
             let i = (addr & 0xfff) / 8;
             for rec in under.clone() {
-                let va = rec.va + i * size(rec.height);
+                let va = rec.va + i * size::<A>(rec.height);
                 match A::decode(new, rec.height) {
                     Decoded::Table(t) if rec.height > 0 => recs.push((
                         t,
@@ -1150,8 +1174,8 @@ impl State {
             let leaves: Vec<(u64, u64)> = (0..512u64)
                 .filter_map(|j| {
                     // Relaxed: see `walker_read`.
-                    let raw = table.entries[j as usize].load(Relaxed);
-                    let va = rec.va + j * size(rec.height);
+                    let raw = table[j as usize].load(Relaxed);
+                    let va = rec.va + j * size::<A>(rec.height);
                     matches!(A::decode(raw, rec.height), Decoded::Leaf(_)).then_some((va, raw))
                 })
                 .collect();
@@ -1173,7 +1197,7 @@ impl State {
         };
         let bh = rec.key.1;
         let (Some(pa), Decoded::Leaf(bpa)) = (
-            leaf_pa::<A>(raw, rec.height, index(va, rec.height)),
+            leaf_pa::<A>(raw, rec.height, hw_index::<A>(va, rec.height)),
             A::decode(c.raw, bh),
         ) else {
             return;
@@ -1422,7 +1446,7 @@ impl State {
         h: u32,
         c: &Cached,
     ) -> Result<(), StaleTlb> {
-        let step = size(h);
+        let step = size::<A>(h);
         let mut dirty = false;
         let mut first_bad = None;
         // The cached entry holds the run's first output address.
@@ -1438,7 +1462,7 @@ impl State {
                     dirty |= A::is_dirty(raw);
                     fh == h
                         && A::is_cont(raw, h)
-                        && leaf_pa::<A>(raw, h, index(va, h)) == Some(want)
+                        && leaf_pa::<A>(raw, h, hw_index::<A>(va, h)) == Some(want)
                         && A::leaf_prot(raw, h) == A::leaf_prot(c.raw, h)
                 }
                 None => false,
@@ -1496,11 +1520,11 @@ impl State {
             return Ok(());
         };
         let n = A::cont_entries(h) as usize;
-        let step = size(h);
+        let step = size::<A>(h);
         let mut i = 0;
-        while i < t.entries.len() {
+        while i < t.len() {
             // Relaxed: see `walker_read`.
-            let raw = t.entries[i].load(Relaxed);
+            let raw = t[i].load(Relaxed);
             if raw == 0 {
                 // Nothing to decode (most entries of a test's tables).
                 i += 1;
@@ -1515,7 +1539,7 @@ impl State {
                     let pa = A::cont_pa(raw, pa, h, i);
                     let base_pa = pa.0.wrapping_sub((i - first) as u64 * step);
                     let prot = A::leaf_prot(raw, h);
-                    for (k, e) in t.entries[first..first + n].iter().enumerate() {
+                    for (k, e) in t[first..first + n].iter().enumerate() {
                         // Relaxed: as above.
                         let r = e.load(Relaxed);
                         let ok = base_pa & (run - 1) == 0

@@ -42,10 +42,10 @@ fn need_block<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     if !A::leaf_allowed(height) {
         skip!("the format has no leaf at height {height}");
     }
-    if cx.ram.gran < size(height) {
+    if cx.ram.gran < size::<A>(height) {
         skip!(
             "the RAM pool holds no aligned {:#x}-byte block",
-            size(height)
+            size::<A>(height)
         );
     }
     Ok(())
@@ -116,7 +116,7 @@ fn map_block<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     height: u32,
 ) -> R {
     need_block(cx, height)?;
-    let bs = size(height);
+    let bs = size::<A>(height);
     // An odd multiple of the block size inside the window.
     let va = cx.win + bs * if bs == G1 { 3 } else { 5 };
     let pa = cx.ram.base;
@@ -242,13 +242,13 @@ fn unmap_splits<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     height: u32,
 ) -> R {
     need_block(cx, height)?;
-    let bs = size(height);
+    let bs = size::<A>(height);
     let va = cx.win + if bs == G1 { 3 * G1 } else { 5 * M2 };
     let pa = cx.ram.base;
     cx.map(va, pa, bs, Prot::READ_WRITE, MapOptions::BLOCKS)?;
     // The hole: one 4 KiB page in the second half of the block's second
     // next-level entry, so every level down to pages must split.
-    let sub = size(height - 1);
+    let sub = size::<A>(height - 1);
     let hole = va + sub + K4;
     // Offsets around the hole and at the ends of the block.
     let offs = [
