@@ -26,6 +26,10 @@
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
 //! - **Register values** ([`regs`]): [`MAIR_VALUE`], [`tcr_value`], SCTLR bits, [`Asid`]
 //!   (8- or 16-bit, checked) and [`ttbr0_value`].
+//! - **Granules** ([`granule`]): [`Granule`] (4, 16, 64 KiB) with its
+//!   levels, block sizes and contiguous runs, the [`Geometry`]s Linux
+//!   builds, and [`check_geometry`] against a CPU's ID registers. The
+//!   page-table format itself is 4 KiB only so far.
 //! - **MMU operations** (`mmu`, only for `target_arch = "aarch64"`):
 //!   `Arm64Mmu` with `dsb ishst; isb`, `tlbi vale1is` / `vae1is` /
 //!   `rvale1is` / `aside1is` / `vmalle1is` by the address space's ASID,
@@ -57,6 +61,7 @@ pub mod bits;
 pub mod entry;
 pub mod flush;
 pub mod format;
+pub mod granule;
 pub mod regs;
 
 // Documented on every host (`cfg(doc)`), as docs.rs shows it.
@@ -70,6 +75,10 @@ pub use flush::{
     flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
 pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
+pub use granule::{
+    check_geometry, Geometry, GeometryError, GeometryUnsupported, Granule, GranuleSupport,
+    MmuFeatures,
+};
 #[cfg(any(target_arch = "aarch64", doc))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub use mmu::{

@@ -14,6 +14,7 @@ mod contpte_sim;
 mod descriptors;
 mod entry;
 mod flush_plan;
+mod granule;
 mod halves;
 mod kernel_alloc;
 mod kernel_half;
