@@ -25,7 +25,8 @@
 //!   TLBIs a range flush takes ([`flush_plan`]), the range-TLBI split
 //!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
 //! - **Register values** ([`regs`]): [`MAIR_VALUE`], [`tcr_value`], SCTLR bits, [`Asid`]
-//!   (8- or 16-bit, checked) and [`ttbr0_value`].
+//!   (8- or 16-bit, checked) and [`ttbr0_value`]; [`tcr_value_for`] for
+//!   any granule and 52-bit addresses (TCR_EL1.DS).
 //! - **Granules** ([`granule`]): [`Granule`] (4, 16, 64 KiB) with its
 //!   levels, block sizes and contiguous runs, the [`Geometry`]s Linux
 //!   builds, and [`check_geometry`] against a CPU's ID registers. The
@@ -88,6 +89,9 @@ pub use mmu::{
 pub use regs::{
     tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, ttbr0_value, txsz, Asid, AsidBits,
     AsidTooWide, TcrConfig, MAIR_VALUE,
+};
+pub use regs::{
+    tcr_value_for, tcr_value_for_separate_halves, ttbr0_value_52, BadRoot, TcrGeometry,
 };
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -15,6 +15,7 @@ mod descriptors;
 mod entry;
 mod flush_plan;
 mod granule;
+mod granule_regs;
 mod halves;
 mod kernel_alloc;
 mod kernel_half;
