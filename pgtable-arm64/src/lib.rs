@@ -23,7 +23,9 @@
 //!   descriptors from checked input, with an [`EntryError`] otherwise.
 //! - **TLB maintenance encodings and the flush plan** ([`flush`]): which
 //!   TLBIs a range flush takes ([`flush_plan`]), the range-TLBI split
-//!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
+//!   (FEAT_TLBIRANGE) and operands, pure and tested on the host; for any
+//!   granule and TCR_EL1.DS with [`flush_plan_for`] and
+//!   [`tlbi_range_ops_for`].
 //! - **Register values** ([`regs`]): [`MAIR_VALUE`], [`tcr_value`], SCTLR bits, [`Asid`]
 //!   (8- or 16-bit, checked) and [`ttbr0_value`]; [`tcr_value_for`] for
 //!   any granule and 52-bit addresses (TCR_EL1.DS).
@@ -73,7 +75,8 @@ pub mod mmu;
 pub use bbm::{bbm_reason, pgattr_change_is_safe, set_live_entry, LiveEntry};
 pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
-    flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
+    flush_plan, flush_plan_for, tlbi_range_ops, tlbi_range_ops_for, FlushPlan, TlbiOp,
+    MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
 pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
 pub use granule::{

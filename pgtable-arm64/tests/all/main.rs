@@ -16,6 +16,7 @@ mod entry;
 mod flush_plan;
 mod granule;
 mod granule_regs;
+mod granule_tlbi;
 mod halves;
 mod kernel_alloc;
 mod kernel_half;
