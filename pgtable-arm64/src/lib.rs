@@ -23,9 +23,16 @@
 //!   descriptors from checked input, with an [`EntryError`] otherwise.
 //! - **TLB maintenance encodings and the flush plan** ([`flush`]): which
 //!   TLBIs a range flush takes ([`flush_plan`]), the range-TLBI split
-//!   (FEAT_TLBIRANGE) and operands, pure and tested on the host.
+//!   (FEAT_TLBIRANGE) and operands, pure and tested on the host; for any
+//!   granule and TCR_EL1.DS with [`flush_plan_for`] and
+//!   [`tlbi_range_ops_for`].
 //! - **Register values** ([`regs`]): [`MAIR_VALUE`], [`tcr_value`], SCTLR bits, [`Asid`]
-//!   (8- or 16-bit, checked) and [`ttbr0_value`].
+//!   (8- or 16-bit, checked) and [`ttbr0_value`]; [`tcr_value_for`] for
+//!   any granule and 52-bit addresses (TCR_EL1.DS).
+//! - **Granules** ([`granule`]): [`Granule`] (4, 16, 64 KiB) with its
+//!   levels, block sizes and contiguous runs, the [`Geometry`]s Linux
+//!   builds, and [`check_geometry`] against a CPU's ID registers. The
+//!   page-table format itself is 4 KiB only so far.
 //! - **MMU operations** (`mmu`, only for `target_arch = "aarch64"`):
 //!   `Arm64Mmu` with `dsb ishst; isb`, `tlbi vale1is` / `vae1is` /
 //!   `rvale1is` / `aside1is` / `vmalle1is` by the address space's ASID,
@@ -57,6 +64,7 @@ pub mod bits;
 pub mod entry;
 pub mod flush;
 pub mod format;
+pub mod granule;
 pub mod regs;
 
 // Documented on every host (`cfg(doc)`), as docs.rs shows it.
@@ -67,9 +75,14 @@ pub mod mmu;
 pub use bbm::{bbm_reason, pgattr_change_is_safe, set_live_entry, LiveEntry};
 pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
-    flush_plan, tlbi_range_ops, FlushPlan, TlbiOp, MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
+    flush_plan, flush_plan_for, tlbi_range_ops, tlbi_range_ops_for, FlushPlan, TlbiOp,
+    MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
 pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
+pub use granule::{
+    check_geometry, Geometry, GeometryError, GeometryUnsupported, Granule, GranuleSupport,
+    MmuFeatures,
+};
 #[cfg(any(target_arch = "aarch64", doc))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub use mmu::{
@@ -79,6 +92,9 @@ pub use mmu::{
 pub use regs::{
     tcr_t0sz, tcr_t1sz, tcr_value, tcr_value_separate_halves, ttbr0_value, txsz, Asid, AsidBits,
     AsidTooWide, TcrConfig, MAIR_VALUE,
+};
+pub use regs::{
+    tcr_value_for, tcr_value_for_separate_halves, ttbr0_value_52, BadRoot, TcrGeometry,
 };
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

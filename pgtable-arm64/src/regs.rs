@@ -4,6 +4,8 @@
 //! values; [`tcr_value`] the translation control; [`SCTLR_MMU_BITS`] the
 //! SCTLR_EL1 bits that turn the MMU and caches on; [`Asid`], [`AsidBits`]
 //! and [`ttbr0_value`] the address space identifier in TTBR0_EL1.
+//! [`tcr_value_for`] is [`tcr_value`] for any [`Granule`], with
+//! TCR_EL1.DS for 52-bit addresses ([`TcrGeometry`]).
 
 use core::fmt;
 
@@ -13,6 +15,7 @@ use static_assertions::const_assert_eq;
 use crate::bits::{
     MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_DEVICE_NGNRNE, MAIR_IDX_NORMAL, MAIR_IDX_NORMAL_NC,
 };
+use crate::granule::{pa_bits_of_range, Geometry, GeometryError, Granule};
 
 /// The MAIR_EL1 value the format assumes (Arm ARM D19.2 "MAIR_EL1"): one
 /// attribute byte per AttrIndx, Attr0 in bits \[7:0\].
@@ -147,23 +150,153 @@ pub fn tcr_t1sz(tcr: u64) -> u64 {
 }
 
 fn tcr_with_txsz(cfg: TcrConfig, txsz: u64) -> u64 {
+    tcr_fields(cfg, txsz, Granule::K4, false, cfg.pa_range.min(PARANGE_48))
+}
+
+/// TCR_EL1 from its parts; `ips` is already capped.
+fn tcr_fields(cfg: TcrConfig, txsz: u64, granule: Granule, ds: bool, ips: u64) -> u64 {
     let mut v = 0u64;
     v.set_bits(0..6, txsz); // T0SZ
     v.set_bits(8..10, 0b01); // IRGN0
     v.set_bits(10..12, 0b01); // ORGN0
     v.set_bits(12..14, 0b11); // SH0
-    v.set_bits(14..16, 0b00); // TG0 = 4 KiB
+    v.set_bits(14..16, granule.tcr_tg0()); // TG0
     v.set_bits(16..22, txsz); // T1SZ
     v.set_bit(23, !cfg.ttbr1); // EPD1
     v.set_bits(24..26, 0b01); // IRGN1
     v.set_bits(26..28, 0b01); // ORGN1
     v.set_bits(28..30, 0b11); // SH1
-    v.set_bits(30..32, 0b10); // TG1 = 4 KiB
-    v.set_bits(32..35, cfg.pa_range.min(PARANGE_48)); // IPS
+    v.set_bits(30..32, granule.tcr_tg1()); // TG1
+    v.set_bits(32..35, ips); // IPS
     v.set_bit(36, cfg.asid16); // AS
     v.set_bit(39, cfg.hw_access_flag); // HA
     v.set_bit(40, cfg.hw_access_flag && cfg.hw_dirty); // HD
+    v.set_bit(59, ds); // DS
     v
+}
+
+/// TCR_EL1.IPS / ID_AA64MMFR0_EL1.PARange encoding of 52 bits (FEAT_LPA;
+/// with 4 and 16 KiB pages it means 52 bits only with TCR_EL1.DS = 1).
+pub const PARANGE_52: u64 = 0b110;
+
+/// TCR_EL1.DS, bit \[59\]: 52-bit addresses with the 4 and 16 KiB granules
+/// (FEAT_LPA2). RES0 with 64 KiB.
+pub const TCR_DS: u64 = 1 << 59;
+
+/// What [`tcr_value_for`] configures: a [`TcrConfig`] plus the granule and
+/// TCR_EL1.DS. `cfg.va_bits` must be one of the granule's
+/// [choices](Granule::va_bits_choices).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TcrGeometry {
+    /// Everything the 4 KiB [`tcr_value`] takes.
+    pub cfg: TcrConfig,
+    /// The granule of both halves (TG0 and TG1).
+    pub granule: Granule,
+    /// TCR_EL1.DS: 52-bit virtual and physical addresses with the 4 and
+    /// 16 KiB granules (FEAT_LPA2; Arm ARM D24.2 "TCR_EL1", DS). Needed
+    /// for `va_bits` = 52 with those granules, and for IPS to mean 52 bits
+    /// with them; an error with 64 KiB, where the bit is RES0.
+    pub ds: bool,
+}
+
+impl TcrGeometry {
+    /// The 4 KiB geometry of `cfg`, DS = 0: [`tcr_value_for`] gives what
+    /// [`tcr_value`] gives.
+    pub const fn k4(cfg: TcrConfig) -> TcrGeometry {
+        TcrGeometry {
+            cfg,
+            granule: Granule::K4,
+            ds: false,
+        }
+    }
+
+    /// The largest IPS this geometry describes: 52 bits ([`PARANGE_52`])
+    /// with 64 KiB or with DS = 1, 48 bits ([`PARANGE_48`]) otherwise
+    /// (Arm ARM D24.2 "TCR_EL1", IPS: with 4 or 16 KiB and DS = 0, 0b110
+    /// stands for 48 bits).
+    pub const fn max_pa_range(self) -> u64 {
+        if self.ds || !self.granule.has_ds() {
+            PARANGE_52
+        } else {
+            PARANGE_48
+        }
+    }
+
+    fn check(self) -> Result<(), GeometryError> {
+        let geometry = Geometry::new(self.granule, self.cfg.va_bits)?;
+        if self.ds && !self.granule.has_ds() {
+            return Err(GeometryError::DsWith64K);
+        }
+        if geometry.is_52bit() && self.granule.has_ds() && !self.ds {
+            return Err(GeometryError::NeedsDs {
+                granule: self.granule,
+                va_bits: self.cfg.va_bits,
+                pa_bits: pa_bits_of_range(self.cfg.pa_range.min(PARANGE_52)).unwrap_or(52),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl From<TcrConfig> for TcrGeometry {
+    fn from(cfg: TcrConfig) -> TcrGeometry {
+        TcrGeometry::k4(cfg)
+    }
+}
+
+/// The TCR_EL1 value for `geo`, one root serving both halves: the fields
+/// of [`tcr_value`] (T0SZ = T1SZ = `65 - va_bits`), with TG0 / TG1 from
+/// the granule ([`Granule::tcr_tg0`], [`Granule::tcr_tg1`]), DS in bit 59,
+/// and IPS = `pa_range` capped at [`TcrGeometry::max_pa_range`].
+///
+/// Errors: `va_bits` not a [`Geometry`] of the granule, DS with 64 KiB,
+/// or 52-bit VA with 4 or 16 KiB without DS. For [`TcrGeometry::k4`] of a
+/// valid `cfg` the value is [`tcr_value`]'s, bit for bit.
+pub fn tcr_value_for(geo: TcrGeometry) -> Result<u64, GeometryError> {
+    geo.check()?;
+    Ok(tcr_fields(
+        geo.cfg,
+        txsz(geo.cfg.va_bits, false),
+        geo.granule,
+        geo.ds,
+        geo.cfg.pa_range.min(geo.max_pa_range()),
+    ))
+}
+
+/// [`tcr_value_for`] with separate TTBR0/TTBR1 roots: T0SZ = T1SZ =
+/// `64 - va_bits` (Linux `TCR_T0SZ(vabits_actual)`), as
+/// [`tcr_value_separate_halves`] for 4 KiB.
+pub fn tcr_value_for_separate_halves(geo: TcrGeometry) -> Result<u64, GeometryError> {
+    geo.check()?;
+    Ok(tcr_fields(
+        geo.cfg,
+        txsz(geo.cfg.va_bits, true),
+        geo.granule,
+        geo.ds,
+        geo.cfg.pa_range.min(geo.max_pa_range()),
+    ))
+}
+
+/// TCR_EL1.TG0, bits \[15:14\], as a granule (`None` for the reserved
+/// 0b11).
+pub fn tcr_tg0_granule(tcr: u64) -> Option<Granule> {
+    match tcr.get_bits(14..16) {
+        0b00 => Some(Granule::K4),
+        0b01 => Some(Granule::K64),
+        0b10 => Some(Granule::K16),
+        _ => None,
+    }
+}
+
+/// TCR_EL1.TG1, bits \[31:30\], as a granule (`None` for the reserved
+/// 0b00).
+pub fn tcr_tg1_granule(tcr: u64) -> Option<Granule> {
+    match tcr.get_bits(30..32) {
+        0b01 => Some(Granule::K16),
+        0b10 => Some(Granule::K4),
+        0b11 => Some(Granule::K64),
+        _ => None,
+    }
 }
 
 /// The TTBR1_EL1 base that makes a root's high half (entries 256–511)
@@ -261,3 +394,46 @@ impl core::error::Error for AsidTooWide {}
 pub const fn ttbr0_value(root: u64, asid: Asid) -> u64 {
     (root & ((1 << 48) - 1)) | ((asid.0 as u64) << 48)
 }
+
+/// The TTBR0_EL1 value for `root` and `asid` when BADDR represents a
+/// 52-bit address (TCR_EL1.IPS = 52 bits, or TCR_EL1.DS = 1): root
+/// bits \[47:6\] in register bits \[47:6\], root bits \[51:48\] in register
+/// bits \[5:2\], ASID in bits \[63:48\] (Arm ARM D24.2 "TTBR0_EL1",
+/// BADDR; Linux `phys_to_ttbr` with 52-bit physical addresses). The same
+/// BADDR layout serves TTBR1_EL1.
+///
+/// The root must be 64-byte aligned (the least the architecture allows
+/// then; a root table must also be aligned to its own size) and below
+/// 2^52; otherwise [`BadRoot`].
+pub const fn ttbr0_value_52(root: u64, asid: Asid) -> Result<u64, BadRoot> {
+    if root & 0x3f != 0 || root >> 52 != 0 {
+        return Err(BadRoot { root });
+    }
+    Ok((root & ((1 << 48) - 1)) | (((root >> 48) & 0xf) << 2) | ((asid.0 as u64) << 48))
+}
+
+/// The root address a 52-bit-format TTBR value holds (the inverse of
+/// [`ttbr0_value_52`], without the ASID).
+pub const fn ttbr_root_52(ttbr: u64) -> u64 {
+    (ttbr & ((1 << 48) - 1) & !0x3f) | (((ttbr >> 2) & 0xf) << 48)
+}
+
+/// A root address [`ttbr0_value_52`] cannot hold: not 64-byte aligned, or
+/// 2^52 or above.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BadRoot {
+    /// The address given.
+    pub root: u64,
+}
+
+impl fmt::Display for BadRoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "translation table root {:#x} is not a 64-byte aligned 52-bit address",
+            self.root
+        )
+    }
+}
+
+impl core::error::Error for BadRoot {}
