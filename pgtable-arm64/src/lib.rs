@@ -72,13 +72,19 @@ pub mod regs;
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod mmu;
 
-pub use bbm::{bbm_reason, pgattr_change_is_safe, set_live_entry, LiveEntry};
+pub use bbm::{
+    bbm_reason, bbm_reason_for, pgattr_change_is_safe, set_live_entry, set_live_entry_for,
+    LiveEntry,
+};
 pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
     flush_plan, flush_plan_for, tlbi_range_ops, tlbi_range_ops_for, FlushPlan, TlbiOp,
     MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
-pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
+pub use format::{
+    Arm64, Arm64Format, Arm64Geometry, Arm64K16, Arm64K16Lpa2, Arm64K16Va36, Arm64K16Va47,
+    Arm64K64, Arm64K64Va42, Arm64K64Va52, Arm64Lpa2, Arm64Va39, Descriptor, HwFeatures,
+};
 pub use granule::{
     check_geometry, Geometry, GeometryError, GeometryUnsupported, Granule, GranuleSupport,
     MmuFeatures,
