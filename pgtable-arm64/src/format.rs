@@ -79,7 +79,11 @@ pub const fn mem_type(index: u64) -> MemType {
 }
 
 /// A raw descriptor with named field accessors (for inspection, tests and
-/// callers building unusual entries). The format methods work on `u64`.
+/// callers building unusual entries), in the layout of the 4 KiB granule
+/// with 48-bit addresses ([`Arm64`], [`Arm64Va39`]): its address field is
+/// bits \[47:12\] and bits \[9:8\] are SH. For the other formats use
+/// [`Arm64Format::address_of`] / [`Arm64Format::oa_bits`]. The format
+/// methods work on `u64`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(transparent)]
 pub struct Descriptor(pub u64);

@@ -287,7 +287,7 @@ impl Arm64Mmu {
     /// is one table's entries, Linux `MAX_DVM_OPS`), TTBRs get the 52-bit
     /// BADDR layout for 52-bit formats ([`ttbr0_value_52`]), and a shared
     /// root's high half ([`VaRange::Both`]) is half of `F`'s root entries
-    /// on. Every constructor starts with [`Arm64`](crate::Arm64).
+    /// on. Every constructor starts with [`Arm64`].
     ///
     /// [`VaRange::Both`] needs [`Arm64Format::SHARED_ROOT`](crate::Arm64Format::SHARED_ROOT)
     /// (not 16 KiB with 48 bits); use separate halves otherwise.

@@ -413,10 +413,22 @@ geometries! {
 fn one_root_serves_both_halves_except_16k_48bit() {
     // A half of VA_BITS - 1 bits takes the same levels (Linux
     // ARM64_HW_PGTABLE_LEVELS), except 16 KiB / 48 bits: 47 bits take 3.
-    assert!(Arm64::SHARED_ROOT && Arm64Va39::SHARED_ROOT && Arm64Lpa2::SHARED_ROOT);
-    assert!(Arm64K16Va36::SHARED_ROOT && Arm64K16Va47::SHARED_ROOT && Arm64K16Lpa2::SHARED_ROOT);
-    assert!(Arm64K64::SHARED_ROOT && Arm64K64Va42::SHARED_ROOT && Arm64K64Va52::SHARED_ROOT);
-    assert!(!Arm64K16::SHARED_ROOT);
+    let shared = [
+        Arm64Va39::SHARED_ROOT,
+        Arm64::SHARED_ROOT,
+        Arm64Lpa2::SHARED_ROOT,
+        Arm64K16Va36::SHARED_ROOT,
+        Arm64K16Va47::SHARED_ROOT,
+        Arm64K16::SHARED_ROOT,
+        Arm64K16Lpa2::SHARED_ROOT,
+        Arm64K64Va42::SHARED_ROOT,
+        Arm64K64::SHARED_ROOT,
+        Arm64K64Va52::SHARED_ROOT,
+    ];
+    assert_eq!(
+        shared,
+        [true, true, true, true, true, false, true, true, true, true]
+    );
 }
 
 #[test]
