@@ -5,16 +5,20 @@
 //! core's operations on each geometry on the simulated machine, with
 //! mappings above 2^48 (virtual and physical) for the 52-bit formats.
 
+use crate::common::{Event, Recorder};
 use pgtable_arm64::bits::{CONT, SH_INNER, SH_MASK, TABLE_OR_PAGE, VALID};
 use pgtable_arm64::{
-    bbm_reason_for, Arm64, Arm64Entry, Arm64Format, Arm64Geometry, Arm64K16, Arm64K16Lpa2,
-    Arm64K16Va36, Arm64K16Va47, Arm64K64, Arm64K64Va42, Arm64K64Va52, Arm64Lpa2, Arm64Va39,
-    EntryError,
+    bbm_reason_for, set_live_entry_for, Arm64, Arm64Entry, Arm64Format, Arm64Geometry, Arm64K16,
+    Arm64K16Lpa2, Arm64K16Va36, Arm64K16Va47, Arm64K64, Arm64K64Va42, Arm64K64Va52, Arm64Lpa2,
+    Arm64Va39, EntryError, LiveEntry,
 };
-use pgtable_core::contract::{level, Access, BbmReason, Decoded, Format, TableAttrs};
+use pgtable_core::contract::{
+    level, Access, BbmReason, Decoded, Format, Slot, TableAttrs, TlbRange,
+};
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{
-    AddressSpace, CopyMode, MapOptions, MoveOptions, PhysAddr, Prot, VaRange, VirtAddr,
+    AddressSpace, CopyMode, Error, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VaRange,
+    VirtAddr,
 };
 
 /// What each geometry must be, written from the Arm ARM and Linux's
@@ -453,4 +457,105 @@ fn the_4k_formats_keep_their_48_bit_layout() {
         Arm64Lpa2::try_leaf(PhysAddr(1 << 51), Prot::READ_ONLY, 0).map(|r| r & 0x300),
         Ok(0x200)
     );
+}
+
+/// A live change of a PMD block in place flushes that block's range with
+/// its own stride (32 MiB for 16 KiB, 512 MiB for 64 KiB pages); one of a
+/// table entry flushes page by page of the granule; a break-before-make
+/// of a 52-bit block flushes the block it took out.
+fn live_changes<F: Arm64Geometry>() {
+    let pmd_shift = level::shift::<F>(1);
+    let page_shift = level::page_shift::<F>();
+    let va = VirtAddr(5 << pmd_shift | 3 << page_shift);
+    let start = VirtAddr(5 << pmd_shift);
+    let pa = PhysAddr(((1u64 << F::PA_BITS) - 1) & !((1u64 << pmd_shift) - 1));
+    let old = F::leaf(pa, Prot::READ_WRITE, 1);
+    let new = F::leaf(pa, Prot::READ_ONLY, 1);
+    let mmu = Recorder::default();
+    let slot = Slot::new(old);
+    let at = LiveEntry {
+        va,
+        slot: &slot,
+        height: 1,
+    };
+    set_live_entry_for::<F, _>(&mmu, at, new, LiveOptions::IN_PLACE).unwrap();
+    let block = TlbRange {
+        start,
+        end: start.add(1 << pmd_shift),
+        stride_shift: pmd_shift,
+        last_level: true,
+    };
+    assert_eq!(
+        mmu.take(),
+        vec![
+            Event::Write { old, new },
+            Event::Barrier,
+            Event::Flush(block)
+        ]
+    );
+    // A table entry's hierarchical permission: every page below it.
+    let table = F::table_entry(PhysAddr(1 << page_shift), 1);
+    let slot = Slot::new(table);
+    let at = LiveEntry {
+        va,
+        slot: &slot,
+        height: 1,
+    };
+    let limited = F::table_entry_attrs(PhysAddr(1 << page_shift), 1, TableAttrs::new(0xf));
+    set_live_entry_for::<F, _>(&mmu, at, limited, LiveOptions::IN_PLACE).unwrap();
+    let log = mmu.take();
+    assert_eq!(
+        log.last(),
+        Some(&Event::Flush(TlbRange {
+            start,
+            end: start.add(1 << pmd_shift),
+            stride_shift: page_shift,
+            last_level: false,
+        }))
+    );
+    // Another output address: refused in place, done with
+    // break-before-make (the block goes, its range is flushed, the new
+    // block is written).
+    // With 52 bits only the top address bits change (bits [9:8] or
+    // [15:12] of the descriptor), otherwise bit 47.
+    let other = if F::PA_BITS == 52 {
+        pa.0 & ((1 << 48) - 1)
+    } else {
+        pa.0 ^ 1 << 47
+    };
+    let moved = F::leaf(PhysAddr(other), Prot::READ_WRITE, 1);
+    let slot = Slot::new(old);
+    let at = LiveEntry {
+        va,
+        slot: &slot,
+        height: 1,
+    };
+    let why = BbmReason::OutputAddress;
+    assert_eq!(
+        set_live_entry_for::<F, _>(&mmu, at, moved, LiveOptions::IN_PLACE),
+        Err(Error::BreakBeforeMake(va, why))
+    );
+    assert_eq!(slot.load(std::sync::atomic::Ordering::Relaxed), old);
+    assert!(mmu.take().is_empty());
+    set_live_entry_for::<F, _>(&mmu, at, moved, LiveOptions::ALLOW_BBM).unwrap();
+    assert_eq!(
+        mmu.take(),
+        vec![
+            Event::Write { old, new: 0 },
+            Event::Barrier,
+            Event::Flush(block),
+            Event::Write { old: 0, new: moved },
+            Event::Barrier,
+        ]
+    );
+}
+
+#[test]
+fn live_changes_flush_the_entry_of_each_granule() {
+    live_changes::<Arm64>();
+    live_changes::<Arm64Lpa2>();
+    live_changes::<Arm64K16>();
+    live_changes::<Arm64K16Lpa2>();
+    live_changes::<Arm64K64>();
+    live_changes::<Arm64K64Va52>();
 }
