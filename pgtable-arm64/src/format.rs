@@ -233,7 +233,20 @@ impl HwFeatures {
 /// | 64 KiB | 52 (FEAT_LVA, FEAT_LPA) | 3 | 1024 | [`Arm64K64Va52`] |
 ///
 /// The levels are Linux's `ARM64_HW_PGTABLE_LEVELS(VA_BITS)` =
-/// `(VA_BITS - 4) / (PAGE_SHIFT - 3)`; any other pair does not compile.
+/// `(VA_BITS - 4) / (PAGE_SHIFT - 3)`; any other pair does not compile:
+///
+/// ```compile_fail
+/// use pgtable_arm64::Arm64Format;
+/// use pgtable_core::contract::Format;
+/// // 16 KiB pages with 39 bits is not one of Linux's geometries.
+/// let levels = <Arm64Format<14, 39> as Format>::LEVELS;
+/// ```
+///
+/// ```
+/// use pgtable_arm64::Arm64Format;
+/// use pgtable_core::contract::Format;
+/// assert_eq!(<Arm64Format<14, 47> as Format>::LEVELS, 3);
+/// ```
 ///
 /// **Blocks** (Arm ARM D8.3.1, block descriptors per granule): every block
 /// the architecture allows with the format's output address size:
