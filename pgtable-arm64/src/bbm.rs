@@ -31,15 +31,14 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use crate::bits::LEVEL_BITS;
-use pgtable_core::contract::{Arch, BbmReason, Mmu, Slot, TlbRange, PAGE_SHIFT};
+use pgtable_core::contract::{level, BbmReason, Mmu, Slot, TlbRange};
 use pgtable_core::{Error, LiveOptions, VirtAddr};
 
 use crate::bits::{
-    AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, CONT, DBM, NG, OA_MASK, PXN, PXN_TABLE, SW_MASK,
-    TABLE_OR_PAGE, UXN, UXN_TABLE, VALID,
+    AF, AP_EL0, AP_RDONLY, AP_TABLE_MASK, CONT, DBM, NG, PXN, PXN_TABLE, SW_MASK, TABLE_OR_PAGE,
+    UXN, UXN_TABLE, VALID,
 };
-use crate::format::Arm64;
+use crate::format::{Arm64, Arm64Geometry};
 
 /// Leaf bits that may change in a live entry (besides nG set).
 pub const LEAF_SAFE_MASK: u64 = AP_EL0 | AP_RDONLY | PXN | UXN | DBM | AF | SW_MASK | NG;
@@ -72,15 +71,23 @@ pub fn pgattr_change_is_safe(old: u64, new: u64, height: u32) -> bool {
 
 /// Why replacing the live entry `old` at `height` by `new` in place is
 /// unsafe, for an entry pair [`pgattr_change_is_safe`] refuses: the first
-/// rule of the [module documentation](self) it breaks.
+/// rule of the [module documentation](self) it breaks. For [`Arm64`];
+/// [`bbm_reason_for`] for any arm64 format.
 pub fn bbm_reason(old: u64, new: u64, height: u32) -> BbmReason {
+    bbm_reason_for::<Arm64>(old, new, height)
+}
+
+/// [`bbm_reason`] for the arm64 format `F`, whose output address may also
+/// sit in bits \[9:8\] (FEAT_LPA2) or \[15:12\] (64 KiB, FEAT_LPA): a
+/// change there is [`BbmReason::OutputAddress`].
+pub fn bbm_reason_for<F: Arm64Geometry>(old: u64, new: u64, height: u32) -> BbmReason {
     let diff = old ^ new;
     if diff & TABLE_OR_PAGE != 0 || (height > 0 && old & TABLE_OR_PAGE != 0) {
         // A block <-> table change, or a table entry's address.
         BbmReason::BlockSplit
     } else if diff & CONT != 0 {
         BbmReason::ContiguousRun
-    } else if diff & OA_MASK != 0 {
+    } else if diff & F::OA_FIELD_MASK != 0 {
         BbmReason::OutputAddress
     } else if diff & !LEAF_SAFE_MASK == 0 {
         // Only the safe bits differ, so nG was cleared.
@@ -93,16 +100,20 @@ pub fn bbm_reason(old: u64, new: u64, height: u32) -> BbmReason {
 
 /// The TLB range that the live entry `old` at `height` covering `va` may
 /// have cached translations for.
-fn entry_range(va: VirtAddr, height: u32, old: u64) -> TlbRange {
-    let shift = PAGE_SHIFT + LEVEL_BITS * height;
+fn entry_range<F: Arm64Geometry>(va: VirtAddr, height: u32, old: u64) -> TlbRange {
+    let shift = level::shift::<F>(height);
     let start = va.align_down(1u64 << shift);
     let leaf = height == 0 || old & TABLE_OR_PAGE == 0;
     TlbRange {
         start,
         end: start.add(1u64 << shift),
-        // Below a table entry the leaves may be as small as 4 KiB, and the
-        // walk caches of the table must go too.
-        stride_shift: if leaf { shift } else { PAGE_SHIFT },
+        // Below a table entry the leaves may be as small as a page, and
+        // the walk caches of the table must go too.
+        stride_shift: if leaf {
+            shift
+        } else {
+            level::page_shift::<F>()
+        },
         last_level: leaf,
     }
 }
@@ -121,11 +132,11 @@ pub struct LiveEntry<'a> {
 
 /// Stores with the setter Linux uses for this level (each issues the walker
 /// barrier for a valid entry).
-fn set_at<M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
+fn set_at<F: Arm64Geometry, M: Mmu>(mmu: &M, va: VirtAddr, slot: &Slot, height: u32, val: u64) {
     match height {
-        0 => Arm64::set_pte_at(mmu, va, slot, val),
-        1 => Arm64::set_pmd_at(mmu, va, slot, val),
-        _ => Arm64::set_pud_at(mmu, va, slot, val),
+        0 => F::set_pte_at(mmu, va, slot, val),
+        1 => F::set_pmd_at(mmu, va, slot, val),
+        _ => F::set_pud_at(mmu, va, slot, val),
     }
 }
 
@@ -160,6 +171,22 @@ pub fn set_live_entry<M: Mmu>(
     new: u64,
     opts: LiveOptions,
 ) -> Result<(), Error> {
+    set_live_entry_for::<Arm64, M>(mmu, entry, new, opts)
+}
+
+/// [`set_live_entry`] for an entry of the arm64 format `F`: the TLB range
+/// flushed is the entry's size in `F`'s geometry (Linux `flush_tlb_range`
+/// with the stride of the level), and [`bbm_reason_for`] says why.
+///
+/// # Errors
+///
+/// As [`set_live_entry`].
+pub fn set_live_entry_for<F: Arm64Geometry, M: Mmu>(
+    mmu: &M,
+    entry: LiveEntry<'_>,
+    new: u64,
+    opts: LiveOptions,
+) -> Result<(), Error> {
     let LiveEntry { va, slot, height } = entry;
     // Relaxed: the caller holds the address space; ordering toward the
     // walker comes from barriers and TLB maintenance, not Rust orderings.
@@ -168,22 +195,25 @@ pub fn set_live_entry<M: Mmu>(
         return Ok(());
     }
     if pgattr_change_is_safe(old, new, height) {
-        set_at(mmu, va, slot, height, new);
+        set_at::<F, M>(mmu, va, slot, height, new);
         if old & VALID != 0 {
-            mmu.flush_tlb_range(entry_range(va, height, old));
+            mmu.flush_tlb_range(entry_range::<F>(va, height, old));
         }
         return Ok(());
     }
     if !opts.allows_bbm() {
-        return Err(Error::BreakBeforeMake(va, bbm_reason(old, new, height)));
+        return Err(Error::BreakBeforeMake(
+            va,
+            bbm_reason_for::<F>(old, new, height),
+        ));
     }
     // Break: atomically, so the range flushed is the one of the entry that
     // was really there (the walker may have set AF or dirty meanwhile).
-    let prev = Arm64::ptep_get_and_clear(mmu, slot);
+    let prev = F::ptep_get_and_clear(mmu, slot);
     // The invalid entry must be visible to every walker before the TLBI.
     mmu.walker_barrier();
-    mmu.flush_tlb_range(entry_range(va, height, prev));
+    mmu.flush_tlb_range(entry_range::<F>(va, height, prev));
     // Make.
-    set_at(mmu, va, slot, height, new);
+    set_at::<F, M>(mmu, va, slot, height, new);
     Ok(())
 }

@@ -1,5 +1,11 @@
-//! The bits of a VMSAv8-64 stage 1 descriptor (4 KiB granule), named as
-//! the Arm ARM names them.
+//! The bits of a VMSAv8-64 stage 1 descriptor, named as the Arm ARM names
+//! them. The table shows the 4 KiB granule with 48-bit output addresses;
+//! the other granules and 52-bit addresses differ only in the address
+//! field (see [`Arm64Format`](crate::Arm64Format)): it starts at the
+//! page shift (bit 14 for 16 KiB, 16 for 64 KiB), with FEAT_LPA2
+//! (TCR_EL1.DS = 1) it holds OA\[49:12\] in place and OA\[51:50\] in
+//! bits \[9:8\] ([`OA_HIGH_LPA2`], SH moves to TCR_EL1), and with 64 KiB
+//! pages and FEAT_LPA OA\[51:48\] in bits \[15:12\] ([`OA_HIGH_LPA_64K`]).
 //!
 //! Bit positions are from the Arm Architecture Reference Manual for A-profile
 //! (DDI 0487), section D8.3 "Translation table descriptor formats" (D5.3 in
@@ -150,6 +156,19 @@ const_assert_eq!(OA_MASK.count_ones(), 36);
 const_assert!(SW_DIRTY & SW_MASK != 0);
 const_assert!(PROT_NONE & SW_MASK != 0 && PROT_NONE != SW_DIRTY);
 
-/// Address bits one level translates with 4 KiB pages: 512 eight-byte
-/// entries per table.
-pub(crate) const LEVEL_BITS: u32 = 9;
+/// OA\[51:50\] (and a table descriptor's next-level address bits
+/// \[51:50\]) in descriptor bits \[9:8\] with the 4 and 16 KiB granules
+/// and TCR_EL1.DS = 1 (FEAT_LPA2; Arm ARM D8.3.1, Linux `PTE_ADDR_HIGH`
+/// with `PTE_ADDR_HIGH_SHIFT` 42). The SH field these bits hold otherwise
+/// moves to TCR_EL1.SH0 / SH1.
+pub const OA_HIGH_LPA2: u64 = 0b11 << 8;
+/// OA\[51:48\] in descriptor bits \[15:12\] with the 64 KiB granule and
+/// 52-bit output addresses (FEAT_LPA; Arm ARM D8.3.1, Linux
+/// `PTE_ADDR_HIGH` with `PTE_ADDR_HIGH_SHIFT` 36).
+pub const OA_HIGH_LPA_64K: u64 = 0xf << 12;
+
+const_assert_eq!(OA_HIGH_LPA2, SH_MASK);
+const_assert_eq!(
+    OA_HIGH_LPA_64K & (VALID | TABLE_OR_PAGE | ATTR_INDX_MASK | AF | NG),
+    0
+);

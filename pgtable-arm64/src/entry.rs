@@ -7,16 +7,17 @@
 //! directly (the role `pgtable_x86::entry` has on x86).
 //!
 //! The descriptor formats are those of the Arm ARM D8.3 "Translation table
-//! descriptor formats" for the 4 KiB granule and a 48-bit output address.
+//! descriptor formats" for the format's granule and output address size.
 
 use core::fmt;
 
-use crate::bits::LEVEL_BITS;
-use pgtable_core::contract::{Decoded, Format, Level, PAGE_SIZE};
+use core::marker::PhantomData;
+
+use pgtable_core::contract::{level, Decoded, Format, Level};
 use pgtable_core::{PhysAddr, Prot};
 
-use crate::bits::{AF, OA_MASK, VALID};
-use crate::format::Arm64Format;
+use crate::bits::{AF, VALID};
+use crate::format::{Arm64, Arm64Format, Arm64Geometry};
 
 /// Why a descriptor could not be built or accepted.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -24,16 +25,18 @@ use crate::format::Arm64Format;
 pub enum EntryError {
     /// No table of the format sits at this height.
     BadHeight(u32),
-    /// A leaf is not allowed at this height (4 KiB granule: pages at
-    /// level 3, blocks at levels 1 and 2 only).
+    /// A leaf is not allowed at this height (pages at level 3, blocks
+    /// where the granule has them: see [`Arm64Format`]).
     LeafNotAllowed(u32),
     /// The physical address is not aligned to the size the entry maps (or
-    /// to 4 KiB for a table).
+    /// to the page size for a table).
     MisalignedPhys(PhysAddr),
-    /// The physical address does not fit the 48-bit output address.
+    /// The physical address does not fit the output address
+    /// ([`Format::PA_BITS`]: 48 bits, or 52).
     PhysOutOfRange(PhysAddr),
     /// A valid descriptor whose encoding is reserved at its level: a
-    /// level 3 descriptor with bit 1 clear, or a block at level 0 (Arm ARM
+    /// level 3 descriptor with bit 1 clear, or a block where the granule
+    /// has none (Arm ARM
     /// D8.3; the walker reports a translation fault).
     ReservedEncoding {
         /// The descriptor.
@@ -50,7 +53,7 @@ impl fmt::Display for EntryError {
             EntryError::LeafNotAllowed(h) => write!(f, "no leaf allowed at height {h}"),
             EntryError::MisalignedPhys(a) => write!(f, "physical address {a} is misaligned"),
             EntryError::PhysOutOfRange(a) => {
-                write!(f, "physical address {a} does not fit 48 bits")
+                write!(f, "physical address {a} does not fit the output address")
             }
             EntryError::ReservedEncoding { raw, height } => write!(
                 f,
@@ -62,10 +65,10 @@ impl fmt::Display for EntryError {
 
 impl core::error::Error for EntryError {}
 
-impl<const L: u32> Arm64Format<L> {
+impl<const P: u32, const V: u32> Arm64Format<P, V> {
     /// Builds a leaf like [`Format::leaf`], checking the input: the height
     /// allows a leaf, `pa` is aligned to the size mapped and fits the
-    /// 48-bit output address.
+    /// output address ([`Format::PA_BITS`] bits).
     ///
     /// # Errors
     ///
@@ -78,12 +81,12 @@ impl<const L: u32> Arm64Format<L> {
         if !Self::leaf_allowed(height) {
             return Err(EntryError::LeafNotAllowed(height));
         }
-        check_pa(pa, PAGE_SIZE << (LEVEL_BITS * height))?;
+        check_pa::<Self>(pa, level::size::<Self>(height))?;
         Ok(Self::leaf(pa, prot, height))
     }
 
     /// Builds a table descriptor like [`Format::table_entry`], checking
-    /// that `pa` is 4 KiB aligned and fits the 48-bit output address and
+    /// that `pa` is page aligned and fits the output address and
     /// that a table descriptor may sit at `height` (not level 3).
     ///
     /// # Errors
@@ -94,32 +97,48 @@ impl<const L: u32> Arm64Format<L> {
         if height == 0 || height >= Self::LEVELS {
             return Err(EntryError::BadHeight(height));
         }
-        check_pa(pa, PAGE_SIZE)?;
+        check_pa::<Self>(pa, level::page_size::<Self>())?;
         Ok(Self::table_entry(pa, height))
     }
 }
 
-fn check_pa(pa: PhysAddr, align: u64) -> Result<(), EntryError> {
+fn check_pa<F: Format>(pa: PhysAddr, align: u64) -> Result<(), EntryError> {
     if !pa.is_aligned(align) {
         return Err(EntryError::MisalignedPhys(pa));
     }
-    if pa.0 & !OA_MASK != 0 {
+    if pa.0 >> F::PA_BITS != 0 {
         return Err(EntryError::PhysOutOfRange(pa));
     }
     Ok(())
 }
 
-/// One descriptor of [`Arm64Format<LEVELS>`] at a known height, checked
-/// on construction: its height exists and, when it is valid, its encoding
-/// is not reserved at that level (so the walker would not fault on the
-/// encoding itself).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Arm64Entry<const LEVELS: u32> {
+/// One descriptor of the arm64 format `F` ([`Arm64`] unless named) at a
+/// known height, checked on construction: its height exists and, when it
+/// is valid, its encoding is not reserved at that level (so the walker
+/// would not fault on the encoding itself).
+pub struct Arm64Entry<F: Arm64Geometry = Arm64> {
     raw: u64,
     height: u32,
+    format: PhantomData<F>,
 }
 
-impl<const L: u32> Arm64Entry<L> {
+impl<F: Arm64Geometry> Clone for Arm64Entry<F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<F: Arm64Geometry> Copy for Arm64Entry<F> {}
+
+impl<F: Arm64Geometry> PartialEq for Arm64Entry<F> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.raw, self.height) == (other.raw, other.height)
+    }
+}
+
+impl<F: Arm64Geometry> Eq for Arm64Entry<F> {}
+
+impl<F: Arm64Geometry> Arm64Entry<F> {
     /// Accepts `raw` as a descriptor of a table at `height`.
     ///
     /// # Errors
@@ -128,13 +147,17 @@ impl<const L: u32> Arm64Entry<L> {
     /// [`EntryError::ReservedEncoding`] when `raw` is valid and its
     /// encoding is reserved at that level.
     pub fn from_raw(raw: u64, height: u32) -> Result<Self, EntryError> {
-        if height >= <Arm64Format<L> as Format>::LEVELS {
+        if height >= F::LEVELS {
             return Err(EntryError::BadHeight(height));
         }
-        if raw & VALID != 0 && Arm64Format::<L>::decode(raw, height) == Decoded::Invalid {
+        if raw & VALID != 0 && F::decode(raw, height) == Decoded::Invalid {
             return Err(EntryError::ReservedEncoding { raw, height });
         }
-        Ok(Arm64Entry { raw, height })
+        Ok(Arm64Entry {
+            raw,
+            height,
+            format: PhantomData,
+        })
     }
 
     /// The raw value.
@@ -149,14 +172,14 @@ impl<const L: u32> Arm64Entry<L> {
 
     /// The Linux name of the entry's level.
     pub const fn level(self) -> Level {
-        Level::at_height(self.height, L)
+        Level::at_height(self.height, F::LEVELS)
     }
 
     /// What the walker sees (never [`Decoded::Invalid`] for a valid
     /// descriptor, since its encoding was checked; software entries, with
     /// the valid bit clear, decode as invalid).
     pub fn decoded(self) -> Decoded {
-        Arm64Format::<L>::decode(self.raw, self.height)
+        F::decode(self.raw, self.height)
     }
 
     /// Whether the valid bit is set.
@@ -183,7 +206,7 @@ impl<const L: u32> Arm64Entry<L> {
     /// The protection of a leaf.
     pub fn prot(self) -> Option<Prot> {
         self.leaf_addr()
-            .map(|_| Arm64Format::<L>::leaf_prot(self.raw, self.height))
+            .map(|_| F::leaf_prot(self.raw, self.height))
     }
 
     /// Whether the access flag (AF) is set.
@@ -194,11 +217,11 @@ impl<const L: u32> Arm64Entry<L> {
     /// Whether the leaf is dirty (hardware DBM state or the software dirty
     /// bit, as Linux `pte_dirty`).
     pub fn is_dirty(self) -> bool {
-        Arm64Format::<L>::is_dirty(self.raw)
+        F::is_dirty(self.raw)
     }
 }
 
-impl<const L: u32> fmt::Debug for Arm64Entry<L> {
+impl<F: Arm64Geometry> fmt::Debug for Arm64Entry<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,

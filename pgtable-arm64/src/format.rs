@@ -1,4 +1,8 @@
-//! The VMSAv8-64 stage 1 format, 4 KiB granule: [`Arm64`] and [`Arm64Va39`].
+//! The VMSAv8-64 stage 1 format for every granule and virtual address
+//! size Linux builds ([`Arm64Format`]): [`Arm64`] and [`Arm64Va39`] (4 KiB),
+//! [`Arm64K16`], [`Arm64K16Va47`], [`Arm64K16Va36`] (16 KiB),
+//! [`Arm64K64`], [`Arm64K64Va42`] (64 KiB), and the 52-bit ones
+//! [`Arm64Lpa2`], [`Arm64K16Lpa2`], [`Arm64K64Va52`].
 //!
 //! Every bit it sets or reads is named in [`bits`](crate::bits), with its
 //! place in the Arm Architecture Reference Manual for A-profile (DDI 0487,
@@ -38,19 +42,20 @@
 //! entries ([`Format::swp_entry`], Linux's swap and migration entries) use
 //! the layout of [`bits`](crate::bits#software-entries).
 
-use crate::bits::LEVEL_BITS;
 use bit_field::BitField;
 use pgtable_core::contract::{
-    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs, PAGE_SHIFT,
+    generic, Access, AccessFault, Arch, Decoded, Format, Mmu, Slot, TableAttrs,
 };
 use pgtable_core::{MemType, PhysAddr, Prot, VirtAddr};
 use static_assertions::{assert_eq_align, assert_eq_size};
 
+use crate::granule::Granule;
+
 use crate::bits::{
     AF, AP_EL0, AP_RDONLY, AP_TABLE_NO_EL0, AP_TABLE_RDONLY, ATTR_INDX_MASK, ATTR_INDX_SHIFT, CONT,
-    DBM, MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_NORMAL, MAIR_IDX_NORMAL_NC, NG, OA_MASK, PROT_NONE, PXN,
-    PXN_TABLE, SH_INNER, SWP_TAG, SWP_VALUE_SHIFT, SW_DIRTY, SW_MASK, TABLE_OR_PAGE, UXN,
-    UXN_TABLE, VALID,
+    DBM, MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_NORMAL, MAIR_IDX_NORMAL_NC, NG, OA_HIGH_LPA2,
+    OA_HIGH_LPA_64K, PROT_NONE, PXN, PXN_TABLE, SH_INNER, SWP_TAG, SWP_VALUE_SHIFT, SW_DIRTY,
+    SW_MASK, TABLE_OR_PAGE, UXN, UXN_TABLE, VALID,
 };
 
 /// Memory-type attribute index (AttrIndx) this crate uses for `mem`.
@@ -74,7 +79,11 @@ pub const fn mem_type(index: u64) -> MemType {
 }
 
 /// A raw descriptor with named field accessors (for inspection, tests and
-/// callers building unusual entries). The format methods work on `u64`.
+/// callers building unusual entries), in the layout of the 4 KiB granule
+/// with 48-bit addresses ([`Arm64`], [`Arm64Va39`]): its address field is
+/// bits \[47:12\] and bits \[9:8\] are SH. For the other formats use
+/// [`Arm64Format::address_of`] / [`Arm64Format::oa_bits`]. The format
+/// methods work on `u64`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(transparent)]
 pub struct Descriptor(pub u64);
@@ -205,34 +214,221 @@ impl HwFeatures {
     };
 }
 
-/// The arm64 stage 1 format with a 4 KiB granule and `L` levels: 4 (48-bit
-/// VA, [`Arm64`]) or 3 (39-bit VA, [`Arm64Va39`]).
+/// The arm64 stage 1 format with pages of `2^PAGE_SHIFT` bytes (the
+/// translation granule: 12 = 4 KiB, 14 = 16 KiB, 16 = 64 KiB) and
+/// `VA_BITS` bits of virtual address per half, as Linux builds it
+/// (`CONFIG_ARM64_PAGE_SHIFT`, `CONFIG_ARM64_VA_BITS`):
+///
+/// | granule | `VA_BITS` | levels | root entries | alias |
+/// |---|---|---|---|---|
+/// | 4 KiB | 39 | 3 | 512 | [`Arm64Va39`] |
+/// | 4 KiB | 48 | 4 | 512 | [`Arm64`] |
+/// | 4 KiB | 52 (FEAT_LPA2) | 5 | 16 | [`Arm64Lpa2`] |
+/// | 16 KiB | 36 | 2 | 2048 | [`Arm64K16Va36`] |
+/// | 16 KiB | 47 | 3 | 2048 | [`Arm64K16Va47`] |
+/// | 16 KiB | 48 | 4 | 2 | [`Arm64K16`] |
+/// | 16 KiB | 52 (FEAT_LPA2) | 4 | 32 | [`Arm64K16Lpa2`] |
+/// | 64 KiB | 42 | 2 | 8192 | [`Arm64K64Va42`] |
+/// | 64 KiB | 48 | 3 | 64 | [`Arm64K64`] |
+/// | 64 KiB | 52 (FEAT_LVA, FEAT_LPA) | 3 | 1024 | [`Arm64K64Va52`] |
+///
+/// The levels are Linux's `ARM64_HW_PGTABLE_LEVELS(VA_BITS)` =
+/// `(VA_BITS - 4) / (PAGE_SHIFT - 3)`; any other pair does not compile:
+///
+/// ```compile_fail
+/// use pgtable_arm64::Arm64Format;
+/// use pgtable_core::contract::Format;
+/// // 16 KiB pages with 39 bits is not one of Linux's geometries.
+/// let levels = <Arm64Format<14, 39> as Format>::LEVELS;
+/// ```
+///
+/// ```
+/// use pgtable_arm64::Arm64Format;
+/// use pgtable_core::contract::Format;
+/// assert_eq!(<Arm64Format<14, 47> as Format>::LEVELS, 3);
+/// ```
+///
+/// **Blocks** (Arm ARM D8.3.1, block descriptors per granule): every block
+/// the architecture allows with the format's output address size:
+/// 4 KiB: 2 MiB (L2) and 1 GiB (L1), plus 512 GiB (L0) with 52 bits;
+/// 16 KiB: 32 MiB (L2), plus 64 GiB (L1) with 52 bits; 64 KiB: 512 MiB
+/// (L2), plus 4 TiB (L1) with 52 bits. Linux maps only PMD blocks with
+/// 16 and 64 KiB pages and no L0 blocks (`pud_sect_supported`); the
+/// algorithms map the larger blocks only when asked to.
+///
+/// **Contiguous runs** ([`Format::cont_entries`]): Linux's `CONT_PTES` and
+/// `CONT_PMDS` ([`Granule::cont_ptes`], [`Granule::cont_pmds`]): 16 / 16
+/// (4 KiB), 128 / 32 (16 KiB), 32 / 32 (64 KiB).
+///
+/// **Output addresses** ([`Format::PA_BITS`] 48, or 52 for the 52-bit
+/// formats): OA\[47:page shift\] in place. With FEAT_LPA2 (4 and 16 KiB,
+/// `VA_BITS` 52, TCR_EL1.DS = 1) OA\[49:page shift\] in place and
+/// OA\[51:50\] in bits \[9:8\] ([`OA_HIGH_LPA2`]): the descriptor has no SH
+/// field then, shareability is TCR_EL1.SH0 / SH1 (inner shareable, as
+/// [`tcr_value_for`](crate::tcr_value_for) sets). With 64 KiB and 52 bits
+/// (FEAT_LPA) OA\[51:48\] in bits \[15:12\] ([`OA_HIGH_LPA_64K`]). Table
+/// descriptors hold the next-level table address the same way (Linux
+/// `__phys_to_pte_val` / `__pte_to_phys`).
 ///
 /// Valid input addresses are canonical: `[0, 2^(VA-1))` (TTBR0_EL1) and
 /// `[2^64 - 2^(VA-1), 2^64)` (TTBR1_EL1). One root serves both halves when
-/// TTBR1_EL1 points at its second half (root + 2 KiB) and T0SZ = T1SZ =
-/// 65 - VA, which is what [`tcr_value`](crate::tcr_value) computes: root
+/// TTBR1_EL1 points at its second half and T0SZ = T1SZ = 65 - VA, which is
+/// what [`tcr_value`](crate::tcr_value) computes: with [`Arm64`] root
 /// entries 0–255 then translate the low half and 256–511 the high half,
-/// exactly as the software walk indexes them ([`VaRange::Both`]).
+/// exactly as the software walk indexes them ([`VaRange::Both`]). That
+/// needs a half to take as many levels as the whole
+/// ([`Arm64Format::SHARED_ROOT`]), which every geometry but 16 KiB with
+/// 48 bits (a root of 2 entries) has.
 ///
 /// As Linux does, an OS can instead give each register a whole `VA_BITS`
 /// half ([`Format::SEPARATE_HALVES`]): a
 /// [`VaRange::Lower`] address space for TTBR0_EL1 (`[0, 2^VA)`) and a
 /// [`VaRange::Upper`] one for TTBR1_EL1 (`[2^64 - 2^VA, 2^64)`), each
-/// using all 512 entries of its root, with T0SZ = T1SZ = 64 - VA
+/// using all entries of its root, with T0SZ = T1SZ = 64 - VA
 /// ([`tcr_value_separate_halves`](crate::tcr_value_separate_halves)).
 ///
 /// [`VaRange::Both`]: pgtable_core::VaRange::Both
 /// [`VaRange::Lower`]: pgtable_core::VaRange::Lower
 /// [`VaRange::Upper`]: pgtable_core::VaRange::Upper
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Arm64Format<const L: u32>;
+pub struct Arm64Format<const PAGE_SHIFT: u32, const VA_BITS: u32>;
 
 /// 4 KiB granule, 48-bit VA, 4 levels (L0 = PGD, L1 = PUD, L2 = PMD, L3 = PTE).
-pub type Arm64 = Arm64Format<4>;
+pub type Arm64 = Arm64Format<12, 48>;
 /// 4 KiB granule, 39-bit VA, 3 levels (L1 = PGD with the PUD folded in,
 /// L2 = PMD, L3 = PTE). L1 blocks (1 GiB) sit in the root.
-pub type Arm64Va39 = Arm64Format<3>;
+pub type Arm64Va39 = Arm64Format<12, 39>;
+/// 4 KiB granule, 52-bit VA and PA (FEAT_LPA2, TCR_EL1.DS = 1), 5 levels
+/// from L-1 (a root of 16 entries).
+pub type Arm64Lpa2 = Arm64Format<12, 52>;
+/// 16 KiB granule, 48-bit VA, 4 levels; the L0 root has 2 entries.
+pub type Arm64K16 = Arm64Format<14, 48>;
+/// 16 KiB granule, 47-bit VA, 3 levels from a full L1 root.
+pub type Arm64K16Va47 = Arm64Format<14, 47>;
+/// 16 KiB granule, 36-bit VA, 2 levels from a full L2 root.
+pub type Arm64K16Va36 = Arm64Format<14, 36>;
+/// 16 KiB granule, 52-bit VA and PA (FEAT_LPA2, TCR_EL1.DS = 1), 4 levels
+/// from an L0 root of 32 entries.
+pub type Arm64K16Lpa2 = Arm64Format<14, 52>;
+/// 64 KiB granule, 48-bit VA, 3 levels; the L1 root has 64 entries.
+pub type Arm64K64 = Arm64Format<16, 48>;
+/// 64 KiB granule, 42-bit VA, 2 levels from a full L2 root.
+pub type Arm64K64Va42 = Arm64Format<16, 42>;
+/// 64 KiB granule, 52-bit VA (FEAT_LVA) and PA (FEAT_LPA), 3 levels from an
+/// L1 root of 1024 entries.
+pub type Arm64K64Va52 = Arm64Format<16, 52>;
+
+impl<const P: u32, const V: u32> Arm64Format<P, V> {
+    /// The pair is one of Linux's geometries ([`Granule::va_bits_choices`]).
+    const CHECK: () = assert!(
+        matches!(
+            (P, V),
+            (12, 39 | 48 | 52) | (14, 36 | 47 | 48 | 52) | (16, 42 | 48 | 52)
+        ),
+        "arm64: PAGE_SHIFT 12 (VA_BITS 39, 48, 52), 14 (36, 47, 48, 52) or 16 (42, 48, 52)"
+    );
+
+    /// The translation granule.
+    pub const GRANULE: Granule = {
+        let () = Self::CHECK;
+        match P {
+            12 => Granule::K4,
+            14 => Granule::K16,
+            _ => Granule::K64,
+        }
+    };
+
+    /// 52-bit output addresses: FEAT_LPA2 with 4 and 16 KiB, FEAT_LPA with
+    /// 64 KiB (the 52-bit formats).
+    pub const OA52: bool = V == 52;
+
+    /// TCR_EL1.DS = 1 (FEAT_LPA2): the 52-bit formats of the 4 and 16 KiB
+    /// granules.
+    pub const DS: bool = Self::OA52 && P != 16;
+
+    /// The descriptor bits of OA\[..:page shift\] that sit at their address
+    /// bits: up to bit 47, or 49 with FEAT_LPA2.
+    pub const OA_LOW_MASK: u64 = {
+        let top = if Self::DS { 50 } else { 48 };
+        ((1u64 << top) - 1) & !((1u64 << P) - 1)
+    };
+
+    /// The descriptor bits holding the top of a 52-bit address:
+    /// [`OA_HIGH_LPA2`] (bits \[9:8\], OA\[51:50\]) with FEAT_LPA2,
+    /// [`OA_HIGH_LPA_64K`] (bits \[15:12\], OA\[51:48\]) with 64 KiB
+    /// and FEAT_LPA; none otherwise.
+    pub const OA_HIGH_MASK: u64 = if Self::DS {
+        OA_HIGH_LPA2
+    } else if Self::OA52 {
+        OA_HIGH_LPA_64K
+    } else {
+        0
+    };
+
+    /// Every descriptor bit that holds part of an output (or next-level
+    /// table) address.
+    pub const OA_FIELD_MASK: u64 = Self::OA_LOW_MASK | Self::OA_HIGH_MASK;
+
+    /// Whether one root can serve both halves ([`VaRange::Both`]: TTBR1_EL1
+    /// at the root's second half, T0SZ = T1SZ = 65 - VA): a half of
+    /// `VA_BITS - 1` bits takes as many levels as `VA_BITS`. False only for
+    /// 16 KiB with 48 bits, whose root has 2 entries.
+    ///
+    /// [`VaRange::Both`]: pgtable_core::VaRange::Both
+    pub const SHARED_ROOT: bool = Self::GRANULE.levels(V - 1) == Self::GRANULE.levels(V);
+
+    /// The address bits of an entry for the page- (or block-) aligned
+    /// `pa` (Linux `__phys_to_pte_val`).
+    #[inline]
+    pub const fn oa_bits(pa: u64) -> u64 {
+        let high = if Self::DS {
+            ((pa >> 50) & 0b11) << 8
+        } else if Self::OA52 {
+            ((pa >> 48) & 0xf) << 12
+        } else {
+            0
+        };
+        (pa & Self::OA_LOW_MASK) | high
+    }
+
+    /// The address an entry holds (Linux `__pte_to_phys`): a table
+    /// descriptor's next-level table, or a page's output address.
+    #[inline]
+    pub const fn address_of(raw: u64) -> u64 {
+        let high = if Self::DS {
+            ((raw >> 8) & 0b11) << 50
+        } else if Self::OA52 {
+            ((raw >> 12) & 0xf) << 48
+        } else {
+            0
+        };
+        (raw & Self::OA_LOW_MASK) | high
+    }
+
+    /// The output address of a leaf at `height`, with the bits below the
+    /// leaf size cleared (they are RES0 or other fields, e.g. nT at bit 16
+    /// of a block).
+    #[inline]
+    pub const fn leaf_address(raw: u64, height: u32) -> u64 {
+        Self::address_of(raw & Self::leaf_oa_mask(height))
+    }
+
+    /// The descriptor bits that hold the output address of a leaf at
+    /// `height`.
+    #[inline]
+    pub const fn leaf_oa_mask(height: u32) -> u64 {
+        let size_mask = (1u64 << (P + (P - 3) * height)) - 1;
+        (Self::OA_LOW_MASK & !size_mask) | Self::OA_HIGH_MASK
+    }
+
+    /// The Arm lookup level of `height` (3 for pages, 2 for PMDs, …;
+    /// -1 for the root of [`Arm64Lpa2`]). Heights past the root give
+    /// levels below -1, where nothing is allowed.
+    const fn arm_level(height: u32) -> i8 {
+        let h = if height > 5 { 5 } else { height };
+        3 - h as i8
+    }
+}
 
 /// Whether `raw` is a leaf that is writable (DBM, or AP\[2\] clear).
 #[inline]
@@ -272,13 +468,6 @@ pub const fn is_contiguous(raw: u64) -> bool {
 #[inline]
 pub const fn mk_contiguous(raw: u64) -> u64 {
     raw | CONT
-}
-
-/// The address of a leaf at `height`, with the bits below the leaf size
-/// cleared (they are RES0 or other fields, e.g. nT at bit 16 of a block).
-#[inline]
-const fn leaf_address(raw: u64, height: u32) -> u64 {
-    raw & OA_MASK & !((1u64 << (PAGE_SHIFT + LEVEL_BITS * height)) - 1)
 }
 
 /// What the hardware does on `access` through the leaf `raw` at `height`,
@@ -333,14 +522,13 @@ pub fn hw_access_with(
     Ok(new)
 }
 
-impl<const L: u32> Arm64Format<L> {
-    const CHECK_LEVELS: () = assert!(L == 3 || L == 4, "arm64 4K granule: 3 or 4 levels");
-}
-
 // SAFETY: above height 0 an entry decodes as a table exactly when VALID
-// and bit 1 are both set, and to its bits 12-47 (`OA_MASK`; `PA_BITS` is
-// 48), which `table_entry` builds from the address (`table_entry_attrs`
-// adds only bits 59-62, outside both). Leaves above height 0
+// and bit 1 are both set, and to the address its `OA_FIELD_MASK` bits
+// hold (`address_of`), which `table_entry` builds from the address with
+// `oa_bits`, its inverse for page-aligned addresses below 2^PA_BITS (bits
+// [47:page shift], or [49:page shift] and [9:8] with FEAT_LPA2, or
+// [47:16] and [15:12] with 64 KiB and FEAT_LPA; `table_entry_attrs` adds
+// only bits 59-62, outside all of them). Leaves above height 0
 // never have bit 1: `leaf_template` sets it at height 0 only,
 // `modify_prot` rebuilds from the template and keeps only the address,
 // AF, CONT and software bits (55-58), `mk_cont`/`clear_cont` change bit
@@ -351,23 +539,36 @@ impl<const L: u32> Arm64Format<L> {
 // VALID clear and bit 58 clear, so they decode as invalid at every height;
 // a PROT_NONE leaf (VALID clear, bit 58 set) decodes as a leaf or invalid,
 // never as a table. Every method is pure.
-unsafe impl<const L: u32> Format for Arm64Format<L> {
-    const NAME: &'static str = if L == 4 {
-        "arm64-4K-48bit"
-    } else {
-        "arm64-4K-39bit"
+unsafe impl<const P: u32, const V: u32> Format for Arm64Format<P, V> {
+    const NAME: &'static str = match (P, V) {
+        (12, 39) => "arm64-4K-39bit",
+        (12, 48) => "arm64-4K-48bit",
+        (12, 52) => "arm64-4K-52bit",
+        (14, 36) => "arm64-16K-36bit",
+        (14, 47) => "arm64-16K-47bit",
+        (14, 48) => "arm64-16K-48bit",
+        (14, 52) => "arm64-16K-52bit",
+        (16, 42) => "arm64-64K-42bit",
+        (16, 48) => "arm64-64K-48bit",
+        _ => "arm64-64K-52bit",
     };
+    /// Linux `ARM64_HW_PGTABLE_LEVELS(VA_BITS)`.
     const LEVELS: u32 = {
-        let () = Self::CHECK_LEVELS;
-        L
+        let () = Self::CHECK;
+        (V - 4) / (P - 3)
     };
-    const PA_BITS: u32 = 48;
+    const PA_BITS: u32 = if Self::OA52 { 52 } else { 48 };
+    const PAGE_SHIFT: u32 = P;
+    const VA_BITS: u32 = V;
 
+    /// Pages at L3; blocks where the granule allows them (the table of
+    /// [`Arm64Format`]; [`Granule::block_shift`]).
     #[inline]
     fn leaf_allowed(height: u32) -> bool {
-        // 4 KiB granule: pages at L3, blocks at L2 (2 MiB) and L1 (1 GiB);
-        // no L0 blocks without FEAT_LPA2.
-        height <= 2
+        height == 0
+            || Self::GRANULE
+                .block_shift(Self::arm_level(height), Self::OA52)
+                .is_some()
     }
 
     #[inline]
@@ -384,25 +585,36 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
         }
         let table_or_page = raw & TABLE_OR_PAGE != 0;
         match height {
-            0 if table_or_page => Decoded::Leaf(PhysAddr(raw & OA_MASK)),
+            0 if table_or_page => Decoded::Leaf(PhysAddr(Self::leaf_address(raw, 0))),
             // L3 with bit 1 clear is reserved: treated as invalid.
             0 => Decoded::Invalid,
-            _ if table_or_page => Decoded::Table(PhysAddr(raw & OA_MASK)),
-            1 | 2 => Decoded::Leaf(PhysAddr(leaf_address(raw, height))),
-            // A block at L0 is invalid with the 4 KiB granule.
+            _ if table_or_page => Decoded::Table(PhysAddr(Self::leaf_address(raw, 0))),
+            _ if Self::leaf_allowed(height) => {
+                Decoded::Leaf(PhysAddr(Self::leaf_address(raw, height)))
+            }
+            // A block where the granule has none is invalid.
             _ => Decoded::Invalid,
         }
     }
 
     #[inline]
     fn table_entry(pa: PhysAddr, _height: u32) -> u64 {
-        debug_assert_eq!(pa.0 & !OA_MASK, 0);
-        pa.0 | TABLE_OR_PAGE | VALID
+        debug_assert_eq!(Self::address_of(Self::oa_bits(pa.0)), pa.0);
+        Self::oa_bits(pa.0) | TABLE_OR_PAGE | VALID
+    }
+
+    /// [`Arm64Format::oa_bits`]: the address in place, and with 52 bits
+    /// its top in bits \[9:8\] (FEAT_LPA2) or \[15:12\] (64 KiB, FEAT_LPA).
+    #[inline]
+    fn oa_field(pa: PhysAddr) -> u64 {
+        Self::oa_bits(pa.0)
     }
 
     #[inline]
     fn leaf_template(prot: Prot, height: u32) -> u64 {
-        let mut v = VALID | SH_INNER | AF | (attr_index(prot.mem()) << ATTR_INDX_SHIFT);
+        // With FEAT_LPA2 bits [9:8] are OA[51:50]; shareability is TCR_EL1's.
+        let sh = if Self::DS { 0 } else { SH_INNER };
+        let mut v = VALID | sh | AF | (attr_index(prot.mem()) << ATTR_INDX_SHIFT);
         if height == 0 {
             v |= TABLE_OR_PAGE;
         }
@@ -475,7 +687,7 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
         // dirty leaf is made hardware dirty again).
         let dirty = Self::is_dirty(raw);
         // The PROT_NONE marker comes from the template, like VALID.
-        let keep = raw & (leaf_address(raw, height) | AF | CONT | (SW_MASK & !PROT_NONE));
+        let keep = raw & (Self::leaf_oa_mask(height) | AF | CONT | (SW_MASK & !PROT_NONE));
         let mut new = (Self::leaf_template(prot, height) & !AF) | keep;
         if dirty {
             new |= SW_DIRTY;
@@ -589,15 +801,16 @@ unsafe impl<const L: u32> Format for Arm64Format<L> {
         TableAttrs::new(b)
     }
 
-    /// 16 entries (Arm ARM D8.6.1, 4 KiB granule): 64 KiB of pages or
-    /// 32 MiB of level-2 blocks; Linux uses no level-1 runs, nor does this
-    /// crate.
+    /// Linux `CONT_PTES` pages and `CONT_PMDS` level-2 blocks (Arm ARM
+    /// D8.7.1, Table D8-104): 16 and 16 with 4 KiB (64 KiB, 32 MiB), 128
+    /// and 32 with 16 KiB (2 MiB, 1 GiB), 32 and 32 with 64 KiB (2 MiB,
+    /// 16 GiB). Linux uses no level-1 runs, nor does this crate.
     #[inline]
     fn cont_entries(height: u32) -> u32 {
-        if height <= 1 {
-            16
-        } else {
-            0
+        match height {
+            0 => Self::GRANULE.cont_ptes() as u32,
+            1 => Self::GRANULE.cont_pmds() as u32,
+            _ => 0,
         }
     }
 
@@ -671,10 +884,11 @@ fn set_valid_at<M: Mmu>(mmu: &M, slot: &Slot, val: u64) {
 // maybe issue a barrier); `pmdp_modify_prot_start` is the generic deferred
 // one (an atomic swap with 0 that returns the old value); every other
 // entry operation is the generic fallback.
-unsafe impl<const L: u32> Arch for Arm64Format<L> {
+unsafe impl<const P: u32, const V: u32> Arch for Arm64Format<P, V> {
     const HAVE_MOVE_PMD: bool = true;
     const HAVE_MOVE_PUD: bool = true;
-    const TLB_FLUSH_CEILING: u64 = crate::flush::MAX_TLBI_OPS;
+    /// Linux `MAX_DVM_OPS` = `PTRS_PER_PTE` ([`max_tlbi_ops_for`](crate::flush::max_tlbi_ops_for)).
+    const TLB_FLUSH_CEILING: u64 = crate::flush::max_tlbi_ops_for(Self::GRANULE);
     const NEEDS_WALKER_BARRIER: bool = true;
     const BREAK_BEFORE_MAKE: bool = true;
 
@@ -714,4 +928,36 @@ unsafe impl<const L: u32> Arch for Arm64Format<L> {
     fn change_is_safe(old: u64, new: u64, height: u32) -> bool {
         crate::bbm::pgattr_change_is_safe(old, new, height)
     }
+}
+
+mod sealed {
+    /// Only [`Arm64Format`](super::Arm64Format) is an arm64 geometry.
+    pub trait Sealed {}
+}
+
+/// What the arm64 code outside the format (checked entries,
+/// break-before-make, the MMU's TLB maintenance and TCR_EL1 setup) needs to
+/// know about an [`Arm64Format`]: implemented by every `Arm64Format` and
+/// nothing else.
+pub trait Arm64Geometry: Arch + sealed::Sealed {
+    /// [`Arm64Format::GRANULE`].
+    const GRANULE: Granule;
+    /// [`Arm64Format::DS`]: TCR_EL1.DS = 1 (FEAT_LPA2).
+    const DS: bool;
+    /// [`Arm64Format::OA52`]: 52-bit output addresses.
+    const OA52: bool;
+    /// [`Arm64Format::OA_FIELD_MASK`].
+    const OA_FIELD_MASK: u64;
+    /// [`Arm64Format::SHARED_ROOT`].
+    const SHARED_ROOT: bool;
+}
+
+impl<const P: u32, const V: u32> sealed::Sealed for Arm64Format<P, V> {}
+
+impl<const P: u32, const V: u32> Arm64Geometry for Arm64Format<P, V> {
+    const GRANULE: Granule = Arm64Format::<P, V>::GRANULE;
+    const DS: bool = Arm64Format::<P, V>::DS;
+    const OA52: bool = Arm64Format::<P, V>::OA52;
+    const OA_FIELD_MASK: u64 = Arm64Format::<P, V>::OA_FIELD_MASK;
+    const SHARED_ROOT: bool = Arm64Format::<P, V>::SHARED_ROOT;
 }

@@ -258,6 +258,16 @@ pub enum GeometryError {
         /// The physical address size.
         pa_bits: u32,
     },
+    /// One root cannot serve both halves (TTBR1_EL1 at its second half,
+    /// T0SZ = T1SZ = 65 - VA): a half of `va_bits - 1` bits takes fewer
+    /// levels than the root's (16 KiB with 48 bits, whose root has 2
+    /// entries). Give each half its own root instead.
+    NoSharedRoot {
+        /// The granule.
+        granule: Granule,
+        /// The virtual address size.
+        va_bits: u32,
+    },
 }
 
 impl fmt::Display for GeometryError {
@@ -284,6 +294,11 @@ impl fmt::Display for GeometryError {
                 f,
                 "{va_bits}-bit VA / {pa_bits}-bit PA with the {granule} needs TCR_EL1.DS = 1 \
                  (52-bit addresses, FEAT_LPA2)"
+            ),
+            GeometryError::NoSharedRoot { granule, va_bits } => write!(
+                f,
+                "one {va_bits}-bit root of the {granule} cannot serve both halves: \
+                 a half takes fewer levels; use separate roots"
             ),
         }
     }

@@ -1,10 +1,14 @@
 //! # pgtable-arm64
 //!
-//! The arm64 half of the pgtable family, for a 4 KiB granule:
+//! The arm64 half of the pgtable family, for every granule:
 //!
-//! - **Format** (pure, host-testable): [`Arm64`] (48-bit VA, 4 levels:
-//!   L0 = PGD, L1 = PUD, L2 = PMD, L3 = PTE) and [`Arm64Va39`] (39-bit VA,
-//!   3 levels), implementing [`pgtable_core::contract::Format`] and
+//! - **Format** (pure, host-testable): [`Arm64Format`] for each of Linux's
+//!   geometries, [`Arm64`] (4 KiB, 48-bit VA, 4 levels: L0 = PGD,
+//!   L1 = PUD, L2 = PMD, L3 = PTE), [`Arm64Va39`] (39-bit VA, 3 levels),
+//!   the 16 KiB [`Arm64K16`] (48 bits), [`Arm64K16Va47`],
+//!   [`Arm64K16Va36`], the 64 KiB [`Arm64K64`] (48 bits),
+//!   [`Arm64K64Va42`], and the 52-bit [`Arm64Lpa2`], [`Arm64K16Lpa2`]
+//!   (FEAT_LPA2) and [`Arm64K64Va52`] (FEAT_LVA, FEAT_LPA), implementing [`pgtable_core::contract::Format`] and
 //!   [`pgtable_core::contract::Arch`]: table, block (1 GiB at L1, 2 MiB at L2) and
 //!   page descriptors, the [`MAIR_VALUE`] memory types, AP / UXN / PXN
 //!   permissions, SH, AF, nG, DBM-based dirty state as Linux does it, the
@@ -31,12 +35,14 @@
 //!   any granule and 52-bit addresses (TCR_EL1.DS).
 //! - **Granules** ([`granule`]): [`Granule`] (4, 16, 64 KiB) with its
 //!   levels, block sizes and contiguous runs, the [`Geometry`]s Linux
-//!   builds, and [`check_geometry`] against a CPU's ID registers. The
-//!   page-table format itself is 4 KiB only so far.
+//!   builds, and [`check_geometry`] against a CPU's ID registers, which
+//!   the formats follow ([`Arm64Geometry`]).
 //! - **MMU operations** (`mmu`, only for `target_arch = "aarch64"`):
 //!   `Arm64Mmu` with `dsb ishst; isb`, `tlbi vale1is` / `vae1is` /
 //!   `rvale1is` / `aside1is` / `vmalle1is` by the address space's ASID,
-//!   switching ASIDs without a flush, and `enable_mmu`. Pair it with
+//!   switching ASIDs without a flush, and `enable_mmu`; the TLBI operands,
+//!   TTBRs and TCR_EL1 of other geometries with `Arm64Mmu::for_format`
+//!   and `enable_mmu_for`. Pair it with
 //!   `pgtable_core::asid::AsidAllocator` when there are more address
 //!   spaces than ASIDs.
 //!
@@ -72,13 +78,19 @@ pub mod regs;
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod mmu;
 
-pub use bbm::{bbm_reason, pgattr_change_is_safe, set_live_entry, LiveEntry};
+pub use bbm::{
+    bbm_reason, bbm_reason_for, pgattr_change_is_safe, set_live_entry, set_live_entry_for,
+    LiveEntry,
+};
 pub use entry::{Arm64Entry, EntryError};
 pub use flush::{
     flush_plan, flush_plan_for, tlbi_range_ops, tlbi_range_ops_for, FlushPlan, TlbiOp,
     MAX_TLBI_OPS, MAX_TLBI_RANGE_PAGES,
 };
-pub use format::{Arm64, Arm64Format, Arm64Va39, Descriptor, HwFeatures};
+pub use format::{
+    Arm64, Arm64Format, Arm64Geometry, Arm64K16, Arm64K16Lpa2, Arm64K16Va36, Arm64K16Va47,
+    Arm64K64, Arm64K64Va42, Arm64K64Va52, Arm64Lpa2, Arm64Va39, Descriptor, HwFeatures,
+};
 pub use granule::{
     check_geometry, Geometry, GeometryError, GeometryUnsupported, Granule, GranuleSupport,
     MmuFeatures,

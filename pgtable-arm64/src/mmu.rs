@@ -24,17 +24,19 @@ use aarch64_cpu::registers::{
     ID_AA64ISAR0_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, MAIR_EL1, SCTLR_EL1, TCR_EL1, TTBR0_EL1,
     TTBR1_EL1,
 };
-use pgtable_core::contract::{Format, Mmu, TlbRange};
+use pgtable_core::contract::{Mmu, TlbRange};
 use pgtable_core::{PhysAddr, VaRange};
 use tock_registers::interfaces::{Readable, Writeable};
 
 use crate::flush::{
-    flush_plan, tlbi_asid_operand, tlbi_range_operand, tlbi_range_ops, tlbi_va_operand, FlushPlan,
-    TlbiOp,
+    flush_plan_for, tlbi_asid_operand, tlbi_range_operand_for, tlbi_range_ops_for,
+    tlbi_va_operand_for, FlushPlan, TlbiOp,
 };
+use crate::format::Arm64Geometry;
+use crate::granule::{pa_range_of_bits, GeometryError, Granule};
 use crate::regs::{
-    tcr_value, tcr_value_separate_halves, ttbr0_value, ttbr1_base, Asid, AsidBits, TcrConfig,
-    SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
+    tcr_value, tcr_value_for, tcr_value_for_separate_halves, ttbr0_value, ttbr0_value_52,
+    ttbr1_base, Asid, AsidBits, TcrConfig, TcrGeometry, SCTLR_MMU_BITS, SCTLR_MMU_CLEAR,
 };
 use crate::{Arm64, MAIR_VALUE};
 
@@ -124,6 +126,52 @@ pub struct Arm64Mmu {
     half: VaRange,
     /// Flushes use the non-broadcast TLBIs ([`Arm64Mmu::local_only`]).
     local: bool,
+    /// The geometry the flushes and TTBR writes are for
+    /// ([`Arm64Mmu::for_format`]).
+    geo: MmuGeometry,
+}
+
+/// What an [`Arm64Mmu`] knows of its format: the granule of its TLBI
+/// operands, TCR_EL1.DS for range operands, the TTBR layout of 52-bit
+/// roots and the offset of a shared root's high half.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MmuGeometry {
+    granule: Granule,
+    ds: bool,
+    oa52: bool,
+    /// Bytes from a root to the first entry of its high half.
+    high_half: u64,
+}
+
+impl MmuGeometry {
+    /// [`Arm64`](crate::Arm64): 4 KiB pages, DS = 0, 48-bit roots.
+    const K4: MmuGeometry = MmuGeometry {
+        granule: Granule::K4,
+        ds: false,
+        oa52: false,
+        high_half: 256 * 8,
+    };
+
+    const fn of<F: Arm64Geometry>() -> MmuGeometry {
+        MmuGeometry {
+            granule: F::GRANULE,
+            ds: F::DS,
+            oa52: F::OA52,
+            high_half: (pgtable_core::contract::level::top_entries::<F>() as u64 / 2) * 8,
+        }
+    }
+
+    /// The TTBR0_EL1 value for `root` and `asid`: the 52-bit BADDR layout
+    /// for 52-bit formats ([`ttbr0_value_52`]), else [`ttbr0_value`].
+    fn ttbr(self, root: u64, asid: Asid) -> u64 {
+        if self.oa52 {
+            // A root of the allocator is page aligned and below 2^52; the
+            // 48-bit layout is the fallback for anything else.
+            ttbr0_value_52(root, asid).unwrap_or(ttbr0_value(root, asid))
+        } else {
+            ttbr0_value(root, asid)
+        }
+    }
 }
 
 impl Clone for Arm64Mmu {
@@ -135,6 +183,7 @@ impl Clone for Arm64Mmu {
             asid: AtomicU32::new(self.asid.load(Relaxed)),
             half: self.half,
             local: self.local,
+            geo: self.geo,
         }
     }
 }
@@ -149,6 +198,7 @@ impl Arm64Mmu {
             asid: AtomicU32::new(UNTAGGED),
             half: VaRange::Both,
             local: false,
+            geo: MmuGeometry::K4,
         }
     }
 
@@ -162,6 +212,7 @@ impl Arm64Mmu {
             asid: AtomicU32::new(UNASSIGNED),
             half: VaRange::Lower,
             local: false,
+            geo: MmuGeometry::K4,
         }
     }
 
@@ -180,6 +231,7 @@ impl Arm64Mmu {
             asid: AtomicU32::new(asid.get() as u32),
             half: VaRange::Lower,
             local: false,
+            geo: MmuGeometry::K4,
         }
     }
 
@@ -190,7 +242,7 @@ impl Arm64Mmu {
     /// - [`VaRange::Upper`]: TTBR1_EL1 only, at the root itself, for a
     ///   [`VaRange::Upper`] space (the kernel's, from `new_kernel`), which
     ///   translates the whole `[2^64 - 2^VA_BITS, 2^64)` through its 512
-    ///   entries (TCR_EL1 from [`tcr_value_separate_halves`], as
+    ///   entries (TCR_EL1 from [`tcr_value_separate_halves`](crate::tcr_value_separate_halves), as
     ///   [`enable_mmu_separate_halves`] sets);
     /// - [`VaRange::Both`]: TTBR0_EL1 at the root and TTBR1_EL1 at its
     ///   high half ([`ttbr1_base`]), one root for
@@ -224,6 +276,36 @@ impl Arm64Mmu {
             local: true,
             ..self
         }
+    }
+
+    /// The same MMU for address spaces of the arm64 format `F`: its TLBIs
+    /// use `F`'s granule (by-VA operands with the bits below the page
+    /// clear, range operands with TG of the granule and, with FEAT_LPA2,
+    /// BaseADDR in 64 KiB units: [`tlbi_va_operand_for`],
+    /// [`tlbi_range_operand_for`], [`tlbi_range_ops_for`]), its range
+    /// flushes are planned with [`flush_plan_for`] (the per-stride ceiling
+    /// is one table's entries, Linux `MAX_DVM_OPS`), TTBRs get the 52-bit
+    /// BADDR layout for 52-bit formats ([`ttbr0_value_52`]), and a shared
+    /// root's high half ([`VaRange::Both`]) is half of `F`'s root entries
+    /// on. Every constructor starts with [`Arm64`].
+    ///
+    /// [`VaRange::Both`] needs [`Arm64Format::SHARED_ROOT`](crate::Arm64Format::SHARED_ROOT)
+    /// (not 16 KiB with 48 bits); use separate halves otherwise.
+    ///
+    /// The handle does not carry its format in its type: an MMU built for
+    /// one geometry and used with an address space of another flushes the
+    /// wrong operands (too few pages, or none of the granule's), so build
+    /// each space's MMU with its own format.
+    pub const fn for_format<F: Arm64Geometry>(self) -> Arm64Mmu {
+        Arm64Mmu {
+            geo: MmuGeometry::of::<F>(),
+            ..self
+        }
+    }
+
+    /// The granule the TLBIs are issued for.
+    pub const fn granule(&self) -> Granule {
+        self.geo.granule
     }
 
     /// Whether flushes reach the executing CPU only.
@@ -297,7 +379,7 @@ impl Arm64Mmu {
     }
 
     fn tlbi_page(&self, va: u64, last_level: bool) {
-        let x = tlbi_va_operand(va, self.asid16());
+        let x = tlbi_va_operand_for(self.geo.granule, va, self.asid16(), 0);
         if self.local {
             if last_level {
                 // SAFETY: TLB invalidation has no memory effects Rust can see.
@@ -317,9 +399,13 @@ impl Arm64Mmu {
 
     fn tlbi_range(&self, op: TlbiOp, last_level: bool) {
         match op {
-            TlbiOp::Page { page } => self.tlbi_page(page << 12, last_level),
+            TlbiOp::Page { page } => {
+                self.tlbi_page(page << self.geo.granule.page_shift(), last_level)
+            }
             TlbiOp::Range { scale, num, base } => {
-                let x = tlbi_range_operand(base, scale, num, self.asid16());
+                let geo = self.geo;
+                let x =
+                    tlbi_range_operand_for(geo.granule, geo.ds, base, scale, num, self.asid16(), 0);
                 // `sys` encodings (op1 = 0, CRn = c8, CRm = c2) so no
                 // assembler support for FEAT_TLBIRANGE is needed:
                 // op2 = 5 is TLBI RVALE1IS, op2 = 1 is TLBI RVAE1IS.
@@ -416,7 +502,7 @@ unsafe impl Mmu for Arm64Mmu {
             return;
         }
         // Local handles have no non-broadcast range TLBIs here.
-        let plan = flush_plan(range, has_tlb_range() && !self.local);
+        let plan = flush_plan_for(self.geo.granule, range, has_tlb_range() && !self.local);
         // Entry writes reach every walker the TLBIs reach before them.
         self.pre_tlbi();
         match plan {
@@ -438,7 +524,7 @@ unsafe impl Mmu for Arm64Mmu {
                 pages,
                 last_level,
             } => {
-                for op in tlbi_range_ops(start_page, pages) {
+                for op in tlbi_range_ops_for(self.geo.granule, self.geo.ds, start_page, pages) {
                     self.tlbi_range(op, last_level);
                 }
             }
@@ -480,13 +566,15 @@ unsafe impl Mmu for Arm64Mmu {
         // The tables are complete in memory before a walk can start there.
         dsb(ISHST);
         let asid = self.asid();
-        let ttbr0 = ttbr0_value(root.0, asid.unwrap_or(Asid::from_u8(0)));
+        let geo = self.geo;
+        let ttbr0 = geo.ttbr(root.0, asid.unwrap_or(Asid::from_u8(0)));
+        let untagged = |root: u64| geo.ttbr(root, Asid::from_u8(0));
         match self.half {
             VaRange::Lower => TTBR0_EL1.set(ttbr0),
-            VaRange::Upper => TTBR1_EL1.set(root.0),
+            VaRange::Upper => TTBR1_EL1.set(untagged(root.0)),
             VaRange::Both => {
                 TTBR0_EL1.set(ttbr0);
-                TTBR1_EL1.set(ttbr1_base(root.0));
+                TTBR1_EL1.set(untagged(root.0 + geo.high_half));
             }
         }
         // The new base takes effect for the following instructions.
@@ -507,15 +595,26 @@ unsafe impl Mmu for Arm64Mmu {
 }
 
 /// Installs the register values the format assumes and turns the MMU on,
-/// for the format `F` ([`Arm64`] or [`Arm64Va39`](crate::Arm64Va39)), with
-/// `root` in TTBR0_EL1 and (its high half) in TTBR1_EL1.
+/// for the arm64 format `F` (any [`Arm64Format`](crate::Arm64Format)
+/// whose root can serve both halves), with `root` in TTBR0_EL1 and its
+/// high half in TTBR1_EL1.
 ///
-/// MAIR_EL1 = [`MAIR_VALUE`]; TCR_EL1 = [`tcr_value`] with the CPU's
-/// PARange (at most 48 bits), HA/HD set when ID_AA64MMFR1_EL1.HAFDBS
-/// reports access-flag (0b0001) / dirty-state (0b0010) management, and AS
-/// (16-bit ASIDs) when ID_AA64MMFR0_EL1.ASIDBits reports them; the
-/// local TLB is invalidated; SCTLR_EL1 gets M, C and I and loses A and WXN.
-/// Returns the TCR value written.
+/// MAIR_EL1 = [`MAIR_VALUE`]; TCR_EL1 = [`tcr_value_for`] with `F`'s
+/// granule (TG0 / TG1), TCR_EL1.DS for the FEAT_LPA2 formats, the CPU's
+/// PARange (at most the format's [`Format::PA_BITS`](pgtable_core::contract::Format::PA_BITS)), HA/HD set when
+/// ID_AA64MMFR1_EL1.HAFDBS reports access-flag (0b0001) / dirty-state
+/// (0b0010) management, and AS (16-bit ASIDs) when
+/// ID_AA64MMFR0_EL1.ASIDBits reports them; TTBRs in the 52-bit BADDR
+/// layout for 52-bit formats; the local TLB is invalidated; SCTLR_EL1 gets
+/// M, C and I and loses A and WXN. Returns the TCR value written; for
+/// [`Arm64`] and [`Arm64Va39`](crate::Arm64Va39) it is [`tcr_value`]'s.
+/// The caller checks first that the CPU has the granule and 52-bit
+/// support ([`check_geometry`](crate::check_geometry)).
+///
+/// # Errors
+///
+/// [`GeometryError::NoSharedRoot`] for 16 KiB with 48 bits (use
+/// [`enable_mmu_separate_halves`]), before any register is written.
 ///
 /// # Safety
 ///
@@ -523,25 +622,42 @@ unsafe impl Mmu for Arm64Mmu {
 /// hierarchy in format `F` that maps (identity, or as the caller arranges)
 /// the code executing this function and everything the CPU touches next,
 /// and must stay alive while installed.
-pub unsafe fn enable_mmu_for<F: Format>(root: PhysAddr) -> u64 {
-    let tcr = tcr_value(this_cpu_tcr_config::<F>());
+pub unsafe fn enable_mmu_for<F: Arm64Geometry>(root: PhysAddr) -> Result<u64, GeometryError> {
+    if !F::SHARED_ROOT {
+        return Err(GeometryError::NoSharedRoot {
+            granule: F::GRANULE,
+            va_bits: F::VA_BITS,
+        });
+    }
+    let tcr = tcr_value_for(this_cpu_tcr_geometry::<F>())?;
+    let geo = MmuGeometry::of::<F>();
+    let (ttbr0, ttbr1) = (
+        geo.ttbr(root.0, Asid::from_u8(0)),
+        geo.ttbr(root.0 + geo.high_half, Asid::from_u8(0)),
+    );
     // SAFETY: our caller's contract; TTBR1_EL1 walks the root's high half.
-    unsafe { turn_mmu_on(tcr, root, PhysAddr(ttbr1_base(root.0))) };
-    tcr
+    unsafe { turn_mmu_on(tcr, ttbr0, ttbr1) };
+    Ok(tcr)
 }
 
-/// The TCR settings for format `F` on this CPU: its PARange, HA/HD per
-/// ID_AA64MMFR1_EL1.HAFDBS and 16-bit ASIDs per ID_AA64MMFR0_EL1.ASIDBits.
-fn this_cpu_tcr_config<F: Format>() -> TcrConfig {
+/// The TCR settings for format `F` on this CPU: its granule and DS, its
+/// PARange capped at `F::PA_BITS`, HA/HD per ID_AA64MMFR1_EL1.HAFDBS and
+/// 16-bit ASIDs per ID_AA64MMFR0_EL1.ASIDBits.
+fn this_cpu_tcr_geometry<F: Arm64Geometry>() -> TcrGeometry {
     let mmfr0 = ID_AA64MMFR0_EL1.get();
     let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
-    TcrConfig {
-        va_bits: F::VA_BITS,
-        ttbr1: true,
-        pa_range: mmfr0 & 0xf,
-        hw_access_flag: hafdbs >= 1,
-        hw_dirty: hafdbs >= 2,
-        asid16: AsidBits::from_mmfr0(mmfr0) == AsidBits::Bits16,
+    let max = pa_range_of_bits(F::PA_BITS).unwrap_or(crate::regs::PARANGE_48);
+    TcrGeometry {
+        cfg: TcrConfig {
+            va_bits: F::VA_BITS,
+            ttbr1: true,
+            pa_range: (mmfr0 & 0xf).min(max),
+            hw_access_flag: hafdbs >= 1,
+            hw_dirty: hafdbs >= 2,
+            asid16: AsidBits::from_mmfr0(mmfr0) == AsidBits::Bits16,
+        },
+        granule: F::GRANULE,
+        ds: F::DS,
     }
 }
 
@@ -550,12 +666,12 @@ fn this_cpu_tcr_config<F: Format>() -> TcrConfig {
 ///
 /// # Safety
 ///
-/// As [`enable_mmu_for`], for the roots `ttbr0` and `ttbr1`.
-unsafe fn turn_mmu_on(tcr: u64, ttbr0: PhysAddr, ttbr1: PhysAddr) {
+/// As [`enable_mmu_for`], for the TTBR values `ttbr0` and `ttbr1`.
+unsafe fn turn_mmu_on(tcr: u64, ttbr0: u64, ttbr1: u64) {
     MAIR_EL1.set(MAIR_VALUE);
     TCR_EL1.set(tcr);
-    TTBR0_EL1.set(ttbr0.0);
-    TTBR1_EL1.set(ttbr1.0);
+    TTBR0_EL1.set(ttbr0);
+    TTBR1_EL1.set(ttbr1);
     // Table writes and the register writes are complete before the TLB
     // invalidation and the enable.
     dsb(ISH);
@@ -571,14 +687,18 @@ unsafe fn turn_mmu_on(tcr: u64, ttbr0: PhysAddr, ttbr1: PhysAddr) {
     isb(SY);
 }
 
-/// [`enable_mmu_for`] with the 48-bit [`Arm64`] format.
+/// [`enable_mmu_for`] with the 48-bit [`Arm64`] format: TCR_EL1 =
+/// [`tcr_value`] (which [`tcr_value_for`] gives for it, bit for bit).
 ///
 /// # Safety
 ///
 /// As [`enable_mmu_for`].
 pub unsafe fn enable_mmu(root: PhysAddr) -> u64 {
-    // SAFETY: the caller upholds the contract of `enable_mmu_for`.
-    unsafe { enable_mmu_for::<Arm64>(root) }
+    let tcr = tcr_value(this_cpu_tcr_geometry::<Arm64>().cfg);
+    // SAFETY: the caller upholds the contract of `enable_mmu_for`;
+    // TTBR1_EL1 walks the root's high half.
+    unsafe { turn_mmu_on(tcr, root.0, ttbr1_base(root.0)) };
+    tcr
 }
 
 /// Turns the MMU on with separate roots for the two halves, as Linux runs
@@ -586,22 +706,37 @@ pub unsafe fn enable_mmu(root: PhysAddr) -> u64 {
 /// space) in TTBR0_EL1 for `[0, 2^VA_BITS)` and `upper` (a
 /// [`VaRange::Upper`] space, e.g. from
 /// `AddressSpace::new_kernel`) in TTBR1_EL1 for `[2^64 - 2^VA_BITS, 2^64)`,
-/// each through all 512 entries of its root.
+/// each through all entries of its root, for any arm64 format `F`.
 ///
 /// Everything else is as in [`enable_mmu_for`], except TCR_EL1 =
-/// [`tcr_value_separate_halves`] (T0SZ = T1SZ = 64 - VA_BITS). Returns the
-/// TCR value written. Switch user spaces afterwards with an MMU installing
-/// into [`VaRange::Lower`], and the kernel's with [`VaRange::Upper`]
-/// ([`Arm64Mmu::installing_into`]).
+/// [`tcr_value_for_separate_halves`] (T0SZ = T1SZ = 64 - VA_BITS). Returns
+/// the TCR value written. Switch user spaces afterwards with an MMU
+/// installing into [`VaRange::Lower`], and the kernel's with
+/// [`VaRange::Upper`] ([`Arm64Mmu::installing_into`], with
+/// [`Arm64Mmu::for_format`]).
+///
+/// # Errors
+///
+/// None for the formats of this crate (their geometries are all valid);
+/// a [`GeometryError`] from [`tcr_value_for_separate_halves`] otherwise,
+/// before any register is written.
 ///
 /// # Safety
 ///
 /// As [`enable_mmu_for`], for both roots: together they must map the code
 /// executing this function and everything the CPU touches next, and both
 /// must stay alive while installed.
-pub unsafe fn enable_mmu_separate_halves<F: Format>(lower: PhysAddr, upper: PhysAddr) -> u64 {
-    let tcr = tcr_value_separate_halves(this_cpu_tcr_config::<F>());
+pub unsafe fn enable_mmu_separate_halves<F: Arm64Geometry>(
+    lower: PhysAddr,
+    upper: PhysAddr,
+) -> Result<u64, GeometryError> {
+    let tcr = tcr_value_for_separate_halves(this_cpu_tcr_geometry::<F>())?;
+    let geo = MmuGeometry::of::<F>();
+    let (ttbr0, ttbr1) = (
+        geo.ttbr(lower.0, Asid::from_u8(0)),
+        geo.ttbr(upper.0, Asid::from_u8(0)),
+    );
     // SAFETY: our caller's contract.
-    unsafe { turn_mmu_on(tcr, lower, upper) };
-    tcr
+    unsafe { turn_mmu_on(tcr, ttbr0, ttbr1) };
+    Ok(tcr)
 }

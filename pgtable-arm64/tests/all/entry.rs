@@ -81,20 +81,20 @@ fn from_raw_rejects_reserved_encodings_and_bad_heights() {
     // Level 3 with bit 1 clear is reserved; so is a block at level 0.
     for (raw, h) in [(0x4000_1001, 0), (0x0000_0000_0000_0401, 3)] {
         assert_eq!(
-            Arm64Entry::<4>::from_raw(raw, h),
+            Arm64Entry::<Arm64>::from_raw(raw, h),
             Err(EntryError::ReservedEncoding { raw, height: h })
         );
     }
     assert_eq!(
-        Arm64Entry::<4>::from_raw(0, 4),
+        Arm64Entry::<Arm64>::from_raw(0, 4),
         Err(EntryError::BadHeight(4))
     );
     assert_eq!(
-        Arm64Entry::<3>::from_raw(0, 3),
+        Arm64Entry::<Arm64Va39>::from_raw(0, 3),
         Err(EntryError::BadHeight(3))
     );
     // A software entry (valid bit clear) is accepted as it is.
-    let swp = Arm64Entry::<4>::from_raw(0x1234_5000 | 1 << 2, 0).unwrap();
+    let swp = Arm64Entry::<Arm64>::from_raw(0x1234_5000 | 1 << 2, 0).unwrap();
     assert!(!swp.is_valid());
     assert_eq!(swp.decoded(), Decoded::Invalid);
 }
@@ -102,13 +102,13 @@ fn from_raw_rejects_reserved_encodings_and_bad_heights() {
 #[test]
 fn from_raw_reads_back_leaves_and_tables() {
     let raw = Arm64::leaf(PhysAddr(0x4020_0000), Prot::READ_ONLY, 1);
-    let e = Arm64Entry::<4>::from_raw(raw, 1).unwrap();
+    let e = Arm64Entry::<Arm64>::from_raw(raw, 1).unwrap();
     assert_eq!((e.raw(), e.height(), e.level()), (raw, 1, Level::Pmd));
     assert_eq!(e.leaf_addr(), Some(PhysAddr(0x4020_0000)));
     assert_eq!(e.table_addr(), None);
     assert_eq!(e.prot(), Some(Prot::READ_ONLY));
     assert!(e.is_valid() && e.is_accessed());
-    let t = Arm64Entry::<4>::from_raw(Arm64::table_entry(PhysAddr(0x4000_3000), 2), 2).unwrap();
+    let t = Arm64Entry::<Arm64>::from_raw(Arm64::table_entry(PhysAddr(0x4000_3000), 2), 2).unwrap();
     assert_eq!(t.table_addr(), Some(PhysAddr(0x4000_3000)));
     assert_eq!((t.leaf_addr(), t.prot()), (None, None));
 }

@@ -17,6 +17,7 @@ mod flush_plan;
 mod granule;
 mod granule_regs;
 mod granule_tlbi;
+mod granules;
 mod halves;
 mod kernel_alloc;
 mod kernel_half;

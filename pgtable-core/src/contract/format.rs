@@ -249,9 +249,14 @@ pub enum AccessFault {
 /// - The *none* entry is `0`, and any value whose low 12 bits are clear is
 ///   not valid (the algorithms link free tables through their first word).
 /// - A leaf is linear in its output address: `leaf(pa, p, h) ==
-///   leaf_template(p, h) | pa.0 >> OA_SHIFT` for every `pa` aligned to the
-///   leaf size ([`OA_SHIFT`](Format::OA_SHIFT) is 0 unless the format
-///   stores page numbers lower than the address bits, as RISC-V does).
+///   leaf_template(p, h) | oa_field(pa)` for every `pa` aligned to the
+///   leaf size ([`oa_field`](Format::oa_field) is `pa.0 >> OA_SHIFT`
+///   unless the format overrides it; [`OA_SHIFT`](Format::OA_SHIFT) is 0
+///   unless the format stores page numbers lower than the address bits,
+///   as RISC-V does). Within one leaf's size the field is additive:
+///   `oa_field(pa + o) == oa_field(pa) + (o >> OA_SHIFT)` for `pa`
+///   aligned to the leaf size and `o` below it (the algorithms advance a
+///   split block's first child by adding offsets).
 /// - If a leaf is allowed at height `h > 1` it is allowed at `h - 1` too.
 /// - A leaf built from a [`Prot::NONE`] protection decodes as a
 ///   [`Decoded::Leaf`] with its address, [`is_protnone`](Format::is_protnone)
@@ -348,7 +353,21 @@ pub unsafe trait Format: Sized + 'static {
     /// A leaf at `height` mapping `pa` with `prot`.
     #[inline]
     fn leaf(pa: PhysAddr, prot: Prot, height: u32) -> u64 {
-        Self::leaf_template(prot, height) | pa.0 >> Self::OA_SHIFT
+        Self::leaf_template(prot, height) | Self::oa_field(pa)
+    }
+
+    /// The bits of a leaf that hold the output address `pa` (page or
+    /// block aligned): `pa.0 >> OA_SHIFT`, the default, for formats whose
+    /// address field is the address itself or a shifted copy of it. A
+    /// format that stores the top of a wide address elsewhere overrides it
+    /// (arm64 with 52-bit addresses: OA\[51:50\] in descriptor bits
+    /// \[9:8\] with FEAT_LPA2, OA\[51:48\] in bits \[15:12\] with 64 KiB
+    /// pages and FEAT_LPA; Linux `__phys_to_pte_val`). The algorithms
+    /// build leaves as `leaf_template | oa_field(pa)` and take a leaf's
+    /// attribute word as `raw ^ oa_field(pa)` of its decoded address.
+    #[inline]
+    fn oa_field(pa: PhysAddr) -> u64 {
+        pa.0 >> Self::OA_SHIFT
     }
 
     /// The protection a leaf at `height` grants.

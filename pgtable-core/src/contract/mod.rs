@@ -72,11 +72,12 @@
 //!   (`cont_entries`, `mk_cont`, `is_cont`: arm64 and RISC-V with
 //!   Svnapot; `clear_cont`: arm64; `clear_cont_at`, `cont_pa`: RISC-V,
 //!   whose NAPOT entries all hold the run's base),
-//!   `OA_SHIFT` (RISC-V, whose PPN starts at bit 10) and
-//!   `SEPARATE_HALVES` (arm64's TTBR0/TTBR1). `VA_BITS` and `leaf`
-//!   are derived from the others; no arch overrides them, but a
-//!   wrapper format that forwards to another (a benchmark's instrumented
-//!   format) must be able to.
+//!   `OA_SHIFT` (RISC-V, whose PPN starts at bit 10), `oa_field` and
+//!   `leaf` (arm64 with 52-bit addresses, whose top sits in other bits),
+//!   `PAGE_SHIFT` and `VA_BITS` (arm64's granules and address sizes) and
+//!   `SEPARATE_HALVES` (arm64's TTBR0/TTBR1). A wrapper format that
+//!   forwards to another (a benchmark's instrumented format) must forward
+//!   these too.
 //! - [`Arch`] sets its capabilities (`HAVE_MOVE_PMD`, `HAVE_MOVE_PUD`,
 //!   `TLB_FLUSH_CEILING`, `NEEDS_WALKER_BARRIER`, `BREAK_BEFORE_MAKE`;
 //!   all three arches set all of them) and overrides what its Linux port

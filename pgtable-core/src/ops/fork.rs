@@ -437,7 +437,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
             let v = va + k as u64 * page_size::<A>();
             let pte = match A::decode(raw, 0) {
                 Decoded::Leaf(pa) if cow => {
-                    let attrs = raw ^ pa.0 >> A::OA_SHIFT;
+                    let attrs = raw ^ A::oa_field(pa);
                     if attrs != memo.0 {
                         memo = (attrs, Wp::decide::<A>(raw, 0));
                     }

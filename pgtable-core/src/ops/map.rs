@@ -290,7 +290,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         if opts.is_barrier_per_entry() {
             for (a, b, folded) in spans {
                 for e in &entries[a..b] {
-                    let mut leaf = template | pa >> A::OA_SHIFT;
+                    let mut leaf = template | A::oa_field(PhysAddr(pa));
                     if folded {
                         leaf = A::mk_cont(leaf, 0);
                     }
@@ -368,7 +368,7 @@ fn fill<A: Arch, M: Mmu>(
     step: u64,
 ) -> u64 {
     for e in entries {
-        A::set_pte_nosync(mmu, e, template | pa >> A::OA_SHIFT);
+        A::set_pte_nosync(mmu, e, template | A::oa_field(PhysAddr(pa)));
         pa = pa.wrapping_add(step);
     }
     pa
@@ -435,7 +435,11 @@ fn fill_cont<A: Arch, M: Mmu>(
     height: u32,
 ) -> u64 {
     for e in entries {
-        A::set_pte_nosync(mmu, e, A::mk_cont(template | pa >> A::OA_SHIFT, height));
+        A::set_pte_nosync(
+            mmu,
+            e,
+            A::mk_cont(template | A::oa_field(PhysAddr(pa)), height),
+        );
         pa = pa.wrapping_add(size::<A>(height));
     }
     pa

@@ -339,7 +339,7 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
                 k += 1;
                 continue;
             };
-            let attrs = raw ^ pa.0 >> A::OA_SHIFT;
+            let attrs = raw ^ A::oa_field(pa);
             if attrs != memo_attrs {
                 memo_attrs = attrs;
                 memo = PteAction::decide::<A>(raw, prot);
@@ -462,7 +462,7 @@ fn plain_run<A: Arch, M: Mmu>(mmu: &M, entries: &[Slot], attrs: u64, delta: u64)
         // by the hardware.
         let raw = next.load(Relaxed);
         match A::decode(raw, 0) {
-            Decoded::Leaf(pa) if raw ^ pa.0 >> A::OA_SHIFT == attrs => {
+            Decoded::Leaf(pa) if raw ^ A::oa_field(pa) == attrs => {
                 A::set_pte_nosync(mmu, next, raw ^ delta);
                 run += 1;
             }

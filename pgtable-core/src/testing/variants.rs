@@ -66,6 +66,8 @@ macro_rules! block_prot_wrapper {
             const LEVELS: u32 = A::LEVELS;
             const PA_BITS: u32 = A::PA_BITS;
             const VA_BITS: u32 = A::VA_BITS;
+            const PAGE_SHIFT: u32 = A::PAGE_SHIFT;
+            const OA_SHIFT: u32 = A::OA_SHIFT;
 
             #[inline]
             fn leaf_allowed(height: u32) -> bool {
@@ -86,6 +88,10 @@ macro_rules! block_prot_wrapper {
             #[inline]
             fn leaf(pa: PhysAddr, prot: Prot, height: u32) -> u64 {
                 A::leaf(pa, prot, height)
+            }
+            #[inline]
+            fn oa_field(pa: PhysAddr) -> u64 {
+                A::oa_field(pa)
             }
             #[inline]
             fn leaf_prot(raw: u64, height: u32) -> Prot {
