@@ -279,29 +279,37 @@ pub const fn tlbi_range_base(granule: Granule, ds: bool, page: u64) -> u64 {
     base & ((1 << 37) - 1)
 }
 
+/// The fields of one range TLBI besides the granule and DS: the first
+/// page (in units of the granule), SCALE and NUM (the range is
+/// `(NUM + 1) << (5 * SCALE + 1)` pages, [`range_pages`]), the ASID and
+/// the TTL hint ([`tlbi_range_ttl`]; 0: none).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RangeOperand {
+    /// The first page of the range, in units of the granule.
+    pub base_page: u64,
+    /// SCALE\[45:44\].
+    pub scale: u8,
+    /// NUM\[43:39\].
+    pub num: u8,
+    /// The ASID, bits \[63:48\].
+    pub asid: u16,
+    /// TTL\[38:37\].
+    pub ttl: u8,
+}
+
 /// The `Xt` operand of `TLBI RVAE1IS` / `RVALE1IS` for pages of `granule`
 /// with TCR_EL1.DS = `ds`: ASID\[63:48\], TG\[47:46\]
-/// ([`Granule::tlbi_tg`]), SCALE\[45:44\], NUM\[43:39\], TTL\[38:37\]
-/// (`ttl`, [`tlbi_range_ttl`]; 0: none), BaseADDR\[36:0\]
-/// ([`tlbi_range_base`]). For 4 KiB, no DS and `ttl` 0 this is
-/// [`tlbi_range_operand`].
+/// ([`Granule::tlbi_tg`]), SCALE\[45:44\], NUM\[43:39\], TTL\[38:37\],
+/// BaseADDR\[36:0\] ([`tlbi_range_base`]). For 4 KiB, no DS and `ttl` 0
+/// this is [`tlbi_range_operand`].
 #[inline]
-#[allow(clippy::too_many_arguments)]
-pub const fn tlbi_range_operand_for(
-    granule: Granule,
-    ds: bool,
-    base_page: u64,
-    scale: u8,
-    num: u8,
-    asid: u16,
-    ttl: u8,
-) -> u64 {
-    ((asid as u64) << 48)
+pub const fn tlbi_range_operand_for(granule: Granule, ds: bool, op: RangeOperand) -> u64 {
+    ((op.asid as u64) << 48)
         | (granule.tlbi_tg() << 46)
-        | (((scale & 0b11) as u64) << 44)
-        | (((num & 0x1f) as u64) << 39)
-        | (((ttl & 0b11) as u64) << 37)
-        | tlbi_range_base(granule, ds, base_page)
+        | (((op.scale & 0b11) as u64) << 44)
+        | (((op.num & 0x1f) as u64) << 39)
+        | (((op.ttl & 0b11) as u64) << 37)
+        | tlbi_range_base(granule, ds, op.base_page)
 }
 
 /// The `Xt` operand of `TLBI ASIDE1IS`.

@@ -30,7 +30,7 @@ use tock_registers::interfaces::{Readable, Writeable};
 
 use crate::flush::{
     flush_plan_for, tlbi_asid_operand, tlbi_range_operand_for, tlbi_range_ops_for,
-    tlbi_va_operand_for, FlushPlan, TlbiOp,
+    tlbi_va_operand_for, FlushPlan, RangeOperand, TlbiOp,
 };
 use crate::format::Arm64Geometry;
 use crate::granule::{pa_range_of_bits, GeometryError, Granule};
@@ -404,8 +404,17 @@ impl Arm64Mmu {
             }
             TlbiOp::Range { scale, num, base } => {
                 let geo = self.geo;
-                let x =
-                    tlbi_range_operand_for(geo.granule, geo.ds, base, scale, num, self.asid16(), 0);
+                let x = tlbi_range_operand_for(
+                    geo.granule,
+                    geo.ds,
+                    RangeOperand {
+                        base_page: base,
+                        scale,
+                        num,
+                        asid: self.asid16(),
+                        ttl: 0,
+                    },
+                );
                 // `sys` encodings (op1 = 0, CRn = c8, CRm = c2) so no
                 // assembler support for FEAT_TLBIRANGE is needed:
                 // op2 = 5 is TLBI RVALE1IS, op2 = 1 is TLBI RVAE1IS.

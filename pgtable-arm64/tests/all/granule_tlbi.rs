@@ -6,7 +6,7 @@
 use pgtable_arm64::flush::{
     flush_plan, flush_plan_for, max_tlbi_ops_for, tlbi_range_base, tlbi_range_operand,
     tlbi_range_operand_for, tlbi_range_ops, tlbi_range_ops_for, tlbi_range_ttl, tlbi_ttl,
-    tlbi_va_operand, tlbi_va_operand_for, FlushPlan, TlbiOp, MAX_TLBI_OPS,
+    tlbi_va_operand, tlbi_va_operand_for, FlushPlan, RangeOperand, TlbiOp, MAX_TLBI_OPS,
 };
 use pgtable_arm64::granule::Granule;
 use pgtable_core::contract::TlbRange;
@@ -92,7 +92,7 @@ fn tlbi_range_operands() {
         for (scale, num) in [(0, 0), (1, 3), (3, 31), (4, 32)] {
             for asid in [0, 0xff, 0xffff] {
                 assert_eq!(
-                    tlbi_range_operand_for(K4, false, base, scale, num, asid, 0),
+                    tlbi_range_operand_for(K4, false, op(base, scale, num, asid, 0)),
                     tlbi_range_operand(base, scale, num, asid)
                 );
             }
@@ -102,12 +102,12 @@ fn tlbi_range_operands() {
     // TTL 3: 7 << 48 | 0b10 << 46 (0x8000 << 32) | 1 << 44 (0x1000 << 32)
     // | 3 << 39 (0x180 << 32) | 3 << 37 (0x60 << 32) | 0x48d1.
     assert_eq!(
-        tlbi_range_operand_for(K16, false, 0x48d1, 1, 3, 7, 3),
+        tlbi_range_operand_for(K16, false, op(0x48d1, 1, 3, 7, 3)),
         0x0007_91e0_0000_48d1
     );
     // 64 KiB, TG 0b11 << 46 = 0xc000 << 32, page 0x1234.
     assert_eq!(
-        tlbi_range_operand_for(K64, false, 0x1234, 0, 0, 0, 0),
+        tlbi_range_operand_for(K64, false, op(0x1234, 0, 0, 0, 0)),
         0x0000_c000_0000_1234
     );
     // DS = 1: BaseADDR = VA[52:16]. VA 0x1234_0000 is page 0x12340 (4K),
@@ -118,7 +118,7 @@ fn tlbi_range_operands() {
     assert_eq!(tlbi_range_base(K64, false, 0x1234), 0x1234);
     assert_eq!(tlbi_range_base(K4, false, 0x12340), 0x12340);
     assert_eq!(
-        tlbi_range_operand_for(K4, true, 0x12340, 0, 0, 0, 0),
+        tlbi_range_operand_for(K4, true, op(0x12340, 0, 0, 0, 0)),
         0x0000_4000_0000_1234
     );
     // A 52-bit address with DS: VA 0x000f_ffff_fff0_0000 >> 16 =
@@ -299,4 +299,15 @@ fn flush_plans_per_granule() {
         flush_plan_for(K64, r(0, (1 << 37) + (1 << 16), 16), true),
         FlushPlan::All
     );
+}
+
+/// A [`RangeOperand`] from its fields in operand order.
+fn op(base_page: u64, scale: u8, num: u8, asid: u16, ttl: u8) -> RangeOperand {
+    RangeOperand {
+        base_page,
+        scale,
+        num,
+        asid,
+        ttl,
+    }
 }
