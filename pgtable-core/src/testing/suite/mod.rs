@@ -130,6 +130,7 @@
 
 use core::fmt::{self, Write};
 
+use crate::contract::level::{page_size, size};
 use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, TableAlloc, VirtAddr};
 
 mod cases;
@@ -286,7 +287,8 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 ) -> Summary {
     let (win, win_len) = mach.window();
     let (rb, rl) = mach.ram();
-    let ram = Ram::new(rb.0, rl);
+    let geo = Geo::of::<A>();
+    let ram = Ram::new(rb.0, rl, &geo);
     let tables = space.inspect().count_tables();
     let mut cx = Ctx {
         space,
@@ -295,6 +297,7 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         win: win.0,
         win_len,
         ram,
+        geo,
         tables,
         sum: Summary::default(),
         case_no: 0,
@@ -302,9 +305,11 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     let hz = cx.mach.cycle_hz();
     let emulated = cx.mach.emulated();
     cx.mach.print(format_args!(
-        "pgtable suite: format {} ({} levels), seed {:#x}, threshold {} KiB, window {:#x}+{:#x}, ram {:#x}+{:#x} (usable {:#x}+{:#x}, granule {:#x}), cycles {} Hz{}",
+        "pgtable suite: format {} ({} levels, {} pages, {}-bit VA), seed {:#x}, threshold {} KiB, window {:#x}+{:#x}, ram {:#x}+{:#x} (usable {:#x}+{:#x}, granule {:#x}), cycles {} Hz{}",
         A::NAME,
         A::LEVELS,
+        Human(geo.page),
+        A::VA_BITS,
         cfg.seed,
         cfg.threshold_bytes >> 10,
         win.0,
@@ -317,9 +322,11 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         hz.unwrap_or(0),
         if emulated { " (emulated timings)" } else { "" }
     ));
-    if !win.is_aligned(1 << 30) || win_len < 8 << 30 {
+    if !win.is_aligned(geo.unit) || win_len < geo.min_window {
         cx.mach.print(format_args!(
-            "FAIL setup: the window must be 1 GiB aligned and at least 8 GiB long"
+            "FAIL setup: the window must be {} aligned and at least {} long",
+            Human(geo.unit),
+            Human(geo.min_window)
         ));
         cx.sum.failed += 1;
     } else if ram.len == 0 {
@@ -344,10 +351,80 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 
 // ----- machinery shared by the cases -----
 
-pub(crate) const K4: u64 = 4 << 10;
-pub(crate) const M1: u64 = 1 << 20;
-pub(crate) const M2: u64 = 2 << 20;
-pub(crate) const G1: u64 = 1 << 30;
+/// The sizes the cases are written in, from the format's geometry: with
+/// 4 KiB pages a page is 4 KiB, a PMD entry maps 2 MiB and a PUD entry
+/// 1 GiB; with 16 KiB pages 16 KiB, 32 MiB and 64 GiB; with 64 KiB pages
+/// 64 KiB, 512 MiB and 4 TiB.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geo {
+    /// Bytes of a page (height 0).
+    pub(crate) page: u64,
+    /// Bytes a PMD entry maps (height 1).
+    pub(crate) pmd: u64,
+    /// Bytes a PUD entry maps (height 2), also where the format has only
+    /// two levels and no PUD (see [`Geo::has_pud`]).
+    pub(crate) pud: u64,
+    /// The boundary the window is aligned to and laid out in: a PUD entry,
+    /// or a PMD entry with two levels (their root entry).
+    pub(crate) unit: u64,
+    /// The least window length: 8 units and at least 16 PMD entries.
+    pub(crate) min_window: u64,
+}
+
+impl Geo {
+    pub(crate) fn of<A: Arch>() -> Geo {
+        let page = page_size::<A>();
+        let pmd = size::<A>(1);
+        let pud = size::<A>(2);
+        let unit = if A::LEVELS >= 3 { pud } else { pmd };
+        Geo {
+            page,
+            pmd,
+            pud,
+            unit,
+            min_window: (8 * unit).max(16 * pmd),
+        }
+    }
+
+    /// Whether the format has a PUD level (height 2): three levels or more.
+    pub(crate) fn has_pud<A: Arch>() -> bool {
+        A::LEVELS >= 3
+    }
+}
+
+/// A size in a case name: `4k`, `2m`, `1g`, `4t` (the largest unit that
+/// divides it), or bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Short(pub(crate) u64);
+
+impl fmt::Display for Short {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (shift, unit) in [(40, "t"), (30, "g"), (20, "m"), (10, "k")] {
+            let u = 1u64 << shift;
+            if self.0 >= u && self.0 % u == 0 {
+                return write!(f, "{}{unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A size for people: `4 KiB`, `2 MiB`, `1 GiB`, `4 TiB` (the largest unit
+/// that divides it), or bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Human(pub(crate) u64);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+            let u = 1u64 << shift;
+            if self.0 >= u && self.0 % u == 0 {
+                return write!(f, "{} {unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{} bytes", self.0)
+    }
+}
 
 /// A fixed-size text buffer (no allocation); longer text is truncated.
 pub(crate) struct Buf<const N: usize> {
@@ -431,14 +508,15 @@ pub(crate) struct Ram {
     pub(crate) base: u64,
     /// Usable bytes, a multiple of `gran` (0 if not even a page).
     pub(crate) len: u64,
-    /// 1 GiB, 2 MiB or 4 KiB.
+    /// A PUD entry, a PMD entry or a page of the format (1 GiB, 2 MiB or
+    /// 4 KiB with 4 KiB pages).
     pub(crate) gran: u64,
 }
 
 impl Ram {
-    fn new(base: u64, len: u64) -> Ram {
+    fn new(base: u64, len: u64, geo: &Geo) -> Ram {
         let end = base.saturating_add(len);
-        for gran in [G1, M2, K4] {
+        for gran in [geo.pud, geo.pmd, geo.page] {
             let b = base.saturating_add(gran - 1) & !(gran - 1);
             let e = end & !(gran - 1);
             if e > b {
@@ -452,7 +530,7 @@ impl Ram {
         Ram {
             base,
             len: 0,
-            gran: K4,
+            gran: geo.page,
         }
     }
 
@@ -495,6 +573,8 @@ pub(crate) struct Ctx<'a, A: Arch, M: Mmu, T: TableAlloc, H: Machine> {
     pub(crate) win: u64,
     pub(crate) win_len: u64,
     pub(crate) ram: Ram,
+    /// The format's page, PMD and PUD sizes.
+    pub(crate) geo: Geo,
     /// Tables before the first case (no case may leave more).
     tables: usize,
     sum: Summary,
