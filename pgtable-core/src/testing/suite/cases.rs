@@ -73,7 +73,7 @@ fn map_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, 
     let seed = cx.seed();
     for i in 0..n {
         let p = va + i * pg;
-        ensure!(cx.height(p)? == 0, "{p:#x} is not a 4 KiB page");
+        ensure!(cx.height(p)? == 0, "{p:#x} is not a page");
         ensure!(
             cx.pa(p + 8) == Some(pa + i * pg + 8),
             "{p:#x} translates to {:?}, expected {:#x}",
@@ -103,7 +103,8 @@ fn map_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, 
 
 fn map_across<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
     let super::Geo { page: pg, unit, .. } = cx.geo;
-    // Pages straddling a 2 MiB boundary inside a 1 GiB boundary straddle.
+    // Pages straddling a PMD entry's boundary inside a PUD entry's boundary
+    // straddle (2 MiB and 1 GiB with 4 KiB pages).
     let va = cx.win + 2 * unit - 2 * pg;
     let len = 4 * pg;
     let pa = cx.ram.pa_for(0, 0);
@@ -154,7 +155,7 @@ fn map_block<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
             va + o
         );
         cx.expect(va + o, pattern(seed, i as u64))?;
-        // Through a 4 KiB alias of the same frame.
+        // Through a page-sized alias of the same frame.
         let page = o & !(pg - 1);
         cx.map(alias, pa + page, pg, Prot::READ_ONLY, MapOptions::PAGES)?;
         cx.expect(alias + (o - page), pattern(seed, i as u64))?;
@@ -245,7 +246,7 @@ fn unmap_hole_in_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     for i in 0..n {
         cx.write(va + i * pg, pattern(seed, i))?;
     }
-    // A hole across the 2 MiB boundary.
+    // A hole across the PMD entry's boundary.
     cx.unmap(va + 6 * pg, 4 * pg)?;
     for i in 0..n {
         if (6..10).contains(&i) {
@@ -270,7 +271,7 @@ fn unmap_splits<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     let va = cx.win + if height == 2 { 3 * bs } else { 5 * bs };
     let pa = cx.ram.base;
     cx.map(va, pa, bs, Prot::READ_WRITE, MapOptions::BLOCKS)?;
-    // The hole: one 4 KiB page in the second half of the block's second
+    // The hole: one page in the second half of the block's second
     // next-level entry, so every level down to pages must split.
     let sub = size::<A>(height - 1);
     let hole = va + sub + pg;
@@ -305,12 +306,12 @@ fn unmap_splits<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     }
     ensure!(
         cx.height(hole - pg)? == 0,
-        "the pages around the hole are not 4 KiB pages"
+        "the pages around the hole are not pages"
     );
     if height == 2 {
         ensure!(
             cx.height(va)? == 1 || !A::leaf_allowed(1),
-            "the untouched first 2 MiB of a split 1 GiB block should stay a block"
+            "the untouched first PMD entry of a split PUD block should stay a block"
         );
     }
     cx.unmap(va, bs)?;
@@ -335,7 +336,7 @@ fn protect_rw<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     for i in 0..4 {
         cx.write(va + i * step, pattern(seed, i))?;
     }
-    // The first quarter stays writable for 4 KiB pages; a block changes
+    // The first quarter stays writable for pages; a block changes
     // whole.
     let (pva, plen) = if height == 0 {
         (va + step, len - step)

@@ -2,8 +2,11 @@
 //!
 //! The last pages below the top of the lower half (`2^(VA_BITS - 1)`) and
 //! below the top of the upper half (`2^64`) sit at the last index of every
-//! table on their path; the pages just below the middle of each half sit at
-//! the last indices of every table but the root. The addresses come from
+//! table on their path (of the half's part of the root, where `VA_BITS`
+//! leaves the root partly used); the pages just below the middle of each
+//! half sit at the last indices of every table below the highest one whose
+//! index differs from the end's: the root, or with one root entry per half
+//! (16 KiB pages, 48 bits) the level below it. The addresses come from
 //! [`Format::VA_BITS`](crate::Format::VA_BITS), so the same cases reach
 //! 0x7fff_ffff_f000 with 4-level x86 paging and 0x00ff_ffff_ffff_f000 (far
 //! above 2^47) with 5-level paging.

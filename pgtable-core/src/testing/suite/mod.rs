@@ -11,8 +11,16 @@
 //!
 //! # What it checks
 //!
-//! - **map / unmap** at every leaf size (4 KiB pages, 2 MiB and 1 GiB blocks
-//!   where the format and the RAM allow), pages straddling table
+//! Every size is the format's: a *page* is
+//! [`page_size`](crate::contract::level::page_size) (4, 16 or 64 KiB), a
+//! *PMD* entry maps [`size(1)`](crate::contract::level::size) bytes (2 MiB,
+//! 32 MiB or 512 MiB) and a *PUD* entry `size(2)` (1 GiB, 64 GiB or 4 TiB).
+//! The case names carry the sizes: `map_4k_pages`, `map_2m_block` and
+//! `move_5m_align_1m_pages` with 4 KiB pages are `map_16k_pages`,
+//! `map_32m_block` and `move_80m_align_16m_pages` with 16 KiB pages.
+//!
+//! - **map / unmap** at every leaf size (pages, PMD and PUD blocks where
+//!   the format and the RAM allow), pages straddling table
 //!   boundaries, aliases (a store through one virtual address is seen
 //!   through another mapping of the same physical page), partial unmaps that
 //!   split a block (the rest stays accessible, the hole faults), mapping
@@ -24,12 +32,18 @@
 //!   too; holes in the range stay holes; execute-never where
 //!   [`Machine::exec_faults`] can tell.
 //! - **move_page_tables**, modelled on Linux's
-//!   `tools/testing/selftests/mm/mremap_test.c`: sizes 8 KiB, 2 MiB, 4 MiB,
-//!   5 MiB, and with [`Config::big_moves`] 1 GiB and 2 GiB, times source and
-//!   destination alignment 4 KiB, 1 MiB, PMD (2 MiB), PUD (1 GiB) and
-//!   "mutually aligned" (the same offset inside a PMD, moved with
-//!   [`MoveOptions::free_below`]), each with 4 KiB pages and with blocks
-//!   where possible. The source is filled with a pseudo-random pattern (a
+//!   `tools/testing/selftests/mm/mremap_test.c`: sizes 2 pages, 1 PMD, 2
+//!   PMDs, 2 PMDs and a half (8 KiB, 2, 4 and 5 MiB with 4 KiB pages), and
+//!   with [`Config::big_moves`] 1 and 2 PUDs (1 and 2 GiB), times source
+//!   and destination alignment to a page, half a PMD (1 MiB), a PMD, a PUD
+//!   and "mutually aligned" (the same offset inside a PMD, moved with
+//!   [`MoveOptions::free_below`]), each with pages and with blocks where
+//!   possible. Formats with two levels have no PUD: the PUD-aligned and
+//!   PUD-sized moves skip. A range that would be mapped with more than
+//!   2^19 pages (4 MiB of last-level tables, as the 2 GiB move of 4 KiB
+//!   pages needs) skips too: with 16 and 64 KiB pages the PUD-sized moves
+//!   of pages, and of blocks moved to another offset inside a PMD (which
+//!   become pages). The source is filled with a pseudo-random pattern (a
 //!   splitmix64 stream seeded by [`Config::seed`], printed at the start),
 //!   the first [`Config::threshold_bytes`] bytes are validated through the
 //!   new range, sample words elsewhere must read the same before and after,
@@ -41,7 +55,10 @@
 //!   (`2^(Format::VA_BITS - 1)`) and of the upper half (`2^64`), where
 //!   every table index on the path is the last one, with moves to the
 //!   pages below the middle of the half. The addresses follow the format:
-//!   with 5-level x86 paging they lie far above 2^47. Each operation comes
+//!   with 5-level x86 paging they lie far above 2^47. A root that
+//!   `VA_BITS` fills only in part counts as its half's entries: with
+//!   16 KiB pages and 48 bits each half is one root entry, so the pages
+//!   below its middle share the root entry and differ one level down. Each operation comes
 //!   after accesses that cached the old translation, and the access after
 //!   it must see the new state (a wrong or truncated flush address leaves
 //!   the old one in use).
@@ -54,8 +71,8 @@
 //!
 //! ## Ranges larger than RAM
 //!
-//! A move of 1 or 2 GiB needs that much source mapping, which a small
-//! machine may not have in RAM. The suite then maps the source onto the
+//! A move of 1 or 2 PUDs (1 or 2 GiB with 4 KiB pages) needs that much
+//! source mapping, which a small machine may not have in RAM. The suite then maps the source onto the
 //! RAM pool repeatedly (aliases): the mapping is still a real mapping of
 //! the full size, with the same table structure, but only the first
 //! `threshold_bytes` (clamped to the usable RAM) map distinct bytes, so only
@@ -82,14 +99,17 @@
 //! - loads and stores that return a [`Fault`] instead of crashing (a data
 //!   abort / page-fault handler that records the fault and skips the
 //!   instruction, or a fault-fixup table);
-//! - a RAM pool nothing else uses (a few MiB suffice; a pool holding an
-//!   aligned 1 GiB enables the 1 GiB block cases, otherwise they print
+//! - a RAM pool nothing else uses (a few PMDs suffice; a pool holding an
+//!   aligned PUD (1 GiB with 4 KiB pages) enables the PUD block cases, one
+//!   holding an aligned PMD the PMD block cases, otherwise they print
 //!   `skip`);
-//! - a window of at least 8 GiB, 1 GiB aligned, unmapped in the address
-//!   space you pass, and table frames from your [`TableAlloc`]: with
-//!   [`Config::big_moves`] a 2 GiB move of 4 KiB pages needs about 8 MiB of
-//!   tables at its peak (source and destination), without it well under
-//!   1 MiB;
+//! - a window aligned to a PUD and at least 8 PUDs long (1 GiB and 8 GiB
+//!   with 4 KiB pages, 64 GiB and 512 GiB with 16 KiB pages, 4 TiB and
+//!   32 TiB with 64 KiB pages; with two levels a PMD and 16 PMDs), unmapped
+//!   in the address space you pass, and table frames from your
+//!   [`TableAlloc`]: with [`Config::big_moves`] a 2 GiB move of 4 KiB pages
+//!   needs about 8 MiB of tables at its peak (source and destination),
+//!   without it well under 1 MiB;
 //! - the last four pages of each half of the address space and the three
 //!   pages below the middle of each half unmapped too (the
 //!   `last_entries_of_the_*` cases map them; where your kernel maps them,
@@ -180,8 +200,10 @@ pub trait Machine {
     fn ram(&self) -> (PhysAddr, u64);
 
     /// A virtual window the suite may map into, unmapped when [`run`]
-    /// starts: `(base, len)`. It must be 1 GiB aligned and at least 8 GiB
-    /// long (the 2 GiB moves at PUD alignment need two halves of 4 GiB).
+    /// starts: `(base, len)`. It must be aligned to a PUD entry's size and
+    /// at least 8 of them long (1 GiB and 8 GiB with 4 KiB pages: the 2 GiB
+    /// moves at PUD alignment need two halves of 4 GiB); with two levels,
+    /// aligned to a PMD entry's size and at least 16 of them long.
     ///
     /// Outside it the suite maps only the few pages at the end and below
     /// the middle of each half of the address space, and only when they
@@ -228,7 +250,8 @@ pub struct Config {
     /// Bytes at the start of each moved range that are filled and validated
     /// (clamped to the range and to the usable RAM).
     pub threshold_bytes: u64,
-    /// Also run the 1 GiB and 2 GiB moves.
+    /// Also run the moves of 1 and 2 PUD entries (1 and 2 GiB with 4 KiB
+    /// pages).
     pub big_moves: bool,
     /// Print a detail line per step (timings of the moves, mapping sizes).
     pub verbose: bool,
