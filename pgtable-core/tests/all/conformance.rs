@@ -1,6 +1,8 @@
 //! The conformance suite on the simulated MMU with the test format at 3, 4
-//! and 5 levels. Every operation of every case is followed by the
-//! simulator's stale-TLB and walker-visibility check.
+//! and 5 levels of 4 KiB pages, and on the arm64 geometries of 16 and
+//! 64 KiB pages (2 to 4 levels, partly used roots) and of 4 KiB pages with
+//! 52 bits. Every operation of every case is followed by the simulator's
+//! stale-TLB and walker-visibility check.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 use pgtable_core::contract::Arch;
@@ -309,4 +311,84 @@ fn suite_big_moves_of_puds_with_16k_and_64k_pages() {
     let (sum, skips) = big_moves_on::<K64x42>(&["move_4t", "move_8t"]);
     assert_eq!(sum.skipped, BIG_CASES);
     assert_eq!(skipped_for(&skips, "no PUD level"), BIG_CASES);
+}
+
+/// A suite machine whose stores are dropped (the translation is checked,
+/// nothing is stored).
+struct Forgetful<A: Arch>(SimSuiteMachine<A>);
+
+impl<A: Arch> suite::Machine for Forgetful<A> {
+    fn read_u64(&mut self, va: pgtable_core::VirtAddr) -> Result<u64, suite::Fault> {
+        self.0.read_u64(va)
+    }
+    fn write_u64(&mut self, va: pgtable_core::VirtAddr, _: u64) -> Result<(), suite::Fault> {
+        self.0.read_u64(va).map(|_| ()).map_err(|f| suite::Fault {
+            va: f.va,
+            write: true,
+        })
+    }
+    fn cycles(&mut self) -> u64 {
+        self.0.cycles()
+    }
+    fn cycle_hz(&self) -> Option<u64> {
+        self.0.cycle_hz()
+    }
+    fn emulated(&self) -> bool {
+        true
+    }
+    fn print(&mut self, args: std::fmt::Arguments) {
+        self.0.print(args)
+    }
+    fn ram(&self) -> (pgtable_core::PhysAddr, u64) {
+        self.0.ram()
+    }
+    fn window(&self) -> (pgtable_core::VirtAddr, u64) {
+        self.0.window()
+    }
+}
+
+#[test]
+fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
+    // The cases named in the format's sizes check data as with 4 KiB pages:
+    // dropped stores fail the page, PMD block and PUD block cases.
+    let machine = SimMachine::<K64x48>::new();
+    let space = AddressSpace::<K64x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
+    let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
+    let cfg = Config {
+        only: &["map_64k_pages", "map_512m_block", "map_4t_block"],
+        ..cfg()
+    };
+    let sum = suite::run(&mut space, &mut mach, &cfg);
+    assert_eq!(
+        sum,
+        Summary {
+            passed: 0,
+            failed: 3,
+            skipped: 0
+        },
+        "{:?}",
+        mach.0.lines()
+    );
+    assert!(mach.0.failures().all(|l| l.contains("expected")));
+}
+
+#[test]
+fn suite_refuses_a_window_too_small_for_the_geometry() {
+    // A window that serves 4 KiB pages (1 GiB aligned, 8 GiB long) is too
+    // small for 16 KiB pages: a PUD entry maps 64 GiB.
+    let machine = SimMachine::<K16x48>::new();
+    let space = AddressSpace::<K16x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
+    let mut mach = SimSuiteMachine::new(machine.clone())
+        .with_echo(false)
+        .with_window(pgtable_core::VirtAddr((1 << 44) + (1 << 30)), 8 << 30);
+    let sum = suite::run(&mut space, &mut mach, &cfg());
+    assert_eq!((sum.passed, sum.failed), (0, 1));
+    assert_eq!(
+        mach.failures().collect::<Vec<_>>(),
+        ["FAIL setup: the window must be 64 GiB aligned and at least 512 GiB long"]
+    );
 }

@@ -316,8 +316,8 @@ struct Filled {
 }
 
 /// At most this many bytes are filled and validated under Miri, where each
-/// simulated load and store costs hundreds of times more: one page, and
-/// the sample words beyond it as in every run.
+/// simulated load and store costs hundreds of times more: 4 KiB (a page
+/// with 4 KiB pages), and the sample words beyond it as in every run.
 const MIRI_THRESHOLD: u64 = 4 << 10;
 
 /// Fills the first `threshold` bytes of the source with the pattern,
