@@ -1,6 +1,8 @@
 //! The conformance suite on the simulated MMU with the test format at 3, 4
-//! and 5 levels. Every operation of every case is followed by the
-//! simulator's stale-TLB and walker-visibility check.
+//! and 5 levels of 4 KiB pages, and on the arm64 geometries of 16 and
+//! 64 KiB pages (2 to 4 levels, partly used roots) and of 4 KiB pages with
+//! 52 bits. Every operation of every case is followed by the simulator's
+//! stale-TLB and walker-visibility check.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 use pgtable_core::contract::Arch;
@@ -13,6 +15,12 @@ use pgtable_core::AddressSpace;
 /// failure lines and the number of table frames still live after the
 /// address space was dropped.
 fn run<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, usize) {
+    let (sum, fails, _, live) = run_lines::<A>(cfg);
+    (sum, fails, live)
+}
+
+/// [`run`], also returning the `skip` lines.
+fn run_lines<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, Vec<String>, usize) {
     let machine = SimMachine::<A>::new();
     let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
     // SAFETY: a simulated MMU.
@@ -20,6 +28,12 @@ fn run<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, usize) {
     let mut mach = SimSuiteMachine::new(machine.clone());
     let sum = suite::run(&mut space, &mut mach, cfg);
     let fails = mach.failures().map(String::from).collect();
+    let skips = mach
+        .lines()
+        .iter()
+        .filter(|l| l.starts_with("skip "))
+        .cloned()
+        .collect();
     let last = mach.lines().last().cloned().unwrap_or_default();
     assert_eq!(
         last,
@@ -27,7 +41,7 @@ fn run<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, usize) {
         "the final line is the summary"
     );
     drop(space);
-    (sum, fails, machine.live_tables())
+    (sum, fails, skips, machine.live_tables())
 }
 
 /// The configuration of the host runs: a 256 KiB threshold keeps debug
@@ -184,4 +198,197 @@ fn suite_big_moves_pass_on_the_simulator() {
     let (sum, fails, live) = run::<TestFormat<4>>(&cfg);
     assert_green(sum, fails, live, BIG_CASES);
     assert_eq!(sum.skipped, 0);
+}
+
+// ----- the suite on 16 and 64 KiB pages and on 52-bit addresses -----
+//
+// The same cases in the format's sizes (a page, a PMD and a PUD entry are
+// 16 KiB, 32 MiB and 64 GiB with 16 KiB pages, 64 KiB, 512 MiB and 4 TiB
+// with 64 KiB pages); the simulator's suite machine sizes its window and
+// RAM pool from the geometry, so the PUD block cases run too.
+
+/// arm64 16 KiB pages, 48-bit VA: 4 levels, a root of 2 entries (one per
+/// half).
+type K16x48 = TestFormat<4, 14, 48>;
+/// arm64 16 KiB pages, 47-bit VA: 3 full levels.
+type K16x47 = TestFormat<3, 14, 0>;
+/// arm64 64 KiB pages, 48-bit VA: 3 levels, a root of 64 entries.
+type K64x48 = TestFormat<3, 16, 48>;
+/// arm64 64 KiB pages, 42-bit VA: 2 levels, no PUD.
+type K64x42 = TestFormat<2, 16, 0>;
+/// arm64 4 KiB pages, 52-bit VA (LPA2): 5 levels, a root of 16 entries.
+type K4x52 = TestFormat<5, 12, 52>;
+
+/// Counts the skip lines whose reason contains `why`.
+fn skipped_for(skips: &[String], why: &str) -> u32 {
+    skips.iter().filter(|l| l.contains(why)).count() as u32
+}
+
+/// Runs every case on `A` and checks that exactly the expected ones skip.
+fn green_on<A: Arch>(skipped: u32) -> Vec<String> {
+    let (sum, fails, skips, live) = run_lines::<A>(&cfg());
+    assert_green(sum, fails, live, CASES);
+    assert_eq!(sum.skipped, skipped, "skipped cases: {skips:?}");
+    assert_eq!(sum.passed, CASES - skipped);
+    skips
+}
+
+#[test]
+fn suite_passes_with_16k_pages_and_48_bits() {
+    // Both halves of the 2-entry root: the last entries of each half pass
+    // (no skip), as do the 64 GiB PUD blocks.
+    green_on::<K16x48>(0);
+}
+
+#[test]
+fn suite_passes_with_16k_pages_and_47_bits() {
+    green_on::<K16x47>(0);
+}
+
+#[test]
+fn suite_passes_with_64k_pages_and_48_bits() {
+    green_on::<K64x48>(0);
+}
+
+#[test]
+fn suite_passes_with_64k_pages_and_42_bits() {
+    // Two levels: no PUD, so the two PUD block cases and the 7 moves at PUD
+    // alignment (one of two pages, the others of pages and blocks) skip.
+    let skips = green_on::<K64x42>(9);
+    assert_eq!(skipped_for(&skips, "none at height 2"), 2, "{skips:?}");
+    assert_eq!(skipped_for(&skips, "no PUD level"), 7, "{skips:?}");
+    assert!(skips.iter().any(|l| l.starts_with("skip map_4t_block")));
+    assert!(skips
+        .iter()
+        .all(|l| !l.contains("align_pud") || l.contains("no PUD level")));
+}
+
+#[test]
+fn suite_passes_with_4k_pages_and_52_bits() {
+    // The 4 KiB names and sizes, with a 16-entry root.
+    let (sum, fails, skips, live) = run_lines::<K4x52>(&cfg());
+    assert_green(sum, fails, live, CASES);
+    assert_eq!(sum.skipped, 0, "{skips:?}");
+}
+
+/// Runs the PUD-sized moves (`only`: their names, which give the sizes) on
+/// `A`; returns the summary and the skip lines.
+fn big_moves_on<A: Arch>(only: &'static [&'static str]) -> (Summary, Vec<String>) {
+    let cfg = Config {
+        big_moves: true,
+        only,
+        ..cfg()
+    };
+    let (sum, fails, skips, live) = run_lines::<A>(&cfg);
+    assert_green(sum, fails, live, BIG_CASES);
+    (sum, skips)
+}
+
+#[test]
+fn suite_big_moves_of_puds_with_16k_and_64k_pages() {
+    // One and two PUD entries (64 and 128 GiB, 4 and 8 TiB): the moves of
+    // pages, and of blocks to another offset inside a PMD entry (which
+    // become pages), would need more than 4 MiB of last-level tables per
+    // range and skip; the moves of blocks that stay blocks (half-PMD, PMD,
+    // PUD and mutual alignment) pass.
+    for (sum, skips) in [
+        big_moves_on::<K16x48>(&["move_64g", "move_128g"]),
+        big_moves_on::<K64x48>(&["move_4t", "move_8t"]),
+    ] {
+        assert_eq!(sum.passed, 2 * 4, "{skips:?}");
+        assert_eq!(sum.skipped, 2 * 5 + 2, "{skips:?}");
+        assert_eq!(skipped_for(&skips, "of last-level tables"), 12);
+        // The skipped ones: every move of pages, and the blocks at page
+        // alignment (`align_16k_blocks`, `align_64k_blocks`).
+        assert!(
+            skips
+                .iter()
+                .all(|l| l.contains("_pages:") || l.contains("k_blocks:")),
+            "{skips:?}"
+        );
+    }
+    // With two levels there is no PUD to move.
+    let (sum, skips) = big_moves_on::<K64x42>(&["move_4t", "move_8t"]);
+    assert_eq!(sum.skipped, BIG_CASES);
+    assert_eq!(skipped_for(&skips, "no PUD level"), BIG_CASES);
+}
+
+/// A suite machine whose stores are dropped (the translation is checked,
+/// nothing is stored).
+struct Forgetful<A: Arch>(SimSuiteMachine<A>);
+
+impl<A: Arch> suite::Machine for Forgetful<A> {
+    fn read_u64(&mut self, va: pgtable_core::VirtAddr) -> Result<u64, suite::Fault> {
+        self.0.read_u64(va)
+    }
+    fn write_u64(&mut self, va: pgtable_core::VirtAddr, _: u64) -> Result<(), suite::Fault> {
+        self.0.read_u64(va).map(|_| ()).map_err(|f| suite::Fault {
+            va: f.va,
+            write: true,
+        })
+    }
+    fn cycles(&mut self) -> u64 {
+        self.0.cycles()
+    }
+    fn cycle_hz(&self) -> Option<u64> {
+        self.0.cycle_hz()
+    }
+    fn emulated(&self) -> bool {
+        true
+    }
+    fn print(&mut self, args: std::fmt::Arguments) {
+        self.0.print(args)
+    }
+    fn ram(&self) -> (pgtable_core::PhysAddr, u64) {
+        self.0.ram()
+    }
+    fn window(&self) -> (pgtable_core::VirtAddr, u64) {
+        self.0.window()
+    }
+}
+
+#[test]
+fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
+    // The cases named in the format's sizes check data as with 4 KiB pages:
+    // dropped stores fail the page, PMD block and PUD block cases.
+    let machine = SimMachine::<K64x48>::new();
+    let space = AddressSpace::<K64x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
+    let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
+    let cfg = Config {
+        only: &["map_64k_pages", "map_512m_block", "map_4t_block"],
+        ..cfg()
+    };
+    let sum = suite::run(&mut space, &mut mach, &cfg);
+    assert_eq!(
+        sum,
+        Summary {
+            passed: 0,
+            failed: 3,
+            skipped: 0
+        },
+        "{:?}",
+        mach.0.lines()
+    );
+    assert!(mach.0.failures().all(|l| l.contains("expected")));
+}
+
+#[test]
+fn suite_refuses_a_window_too_small_for_the_geometry() {
+    // A window that serves 4 KiB pages (1 GiB aligned, 8 GiB long) is too
+    // small for 16 KiB pages: a PUD entry maps 64 GiB.
+    let machine = SimMachine::<K16x48>::new();
+    let space = AddressSpace::<K16x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    let mut space = unsafe { Installed::new(space) };
+    let mut mach = SimSuiteMachine::new(machine.clone())
+        .with_echo(false)
+        .with_window(pgtable_core::VirtAddr((1 << 44) + (1 << 30)), 8 << 30);
+    let sum = suite::run(&mut space, &mut mach, &cfg());
+    assert_eq!((sum.passed, sum.failed), (0, 1));
+    assert_eq!(
+        mach.failures().collect::<Vec<_>>(),
+        ["FAIL setup: the window must be 64 GiB aligned and at least 512 GiB long"]
+    );
 }

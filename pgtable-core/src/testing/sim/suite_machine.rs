@@ -6,6 +6,7 @@ use std::time::Instant;
 use std::vec::Vec;
 
 use super::{CheckError, SimMachine};
+use crate::contract::level;
 use crate::suite::{Fault, Inconsistency, Machine};
 use crate::{Arch, PhysAddr, VirtAddr};
 
@@ -14,9 +15,14 @@ use crate::{Arch, PhysAddr, VirtAddr};
 /// calls [`SimMachine::check`] (stale TLB entries, writes the walker cannot
 /// see).
 ///
-/// Defaults: RAM `0x4000_0000 + 4 GiB` (sparse, so it costs only what is
-/// written), a 16 GiB window at `1 << (VA_BITS - 3)` (inside the lower half
-/// of every format), execution tested, output collected in
+/// Defaults, from the format's geometry: RAM `0x4000_0000 + 4 GiB`, or
+/// where a PUD entry maps more than 1 GiB (64 GiB with 16 KiB pages, 4 TiB
+/// with 64 KiB pages) one PUD entry's worth at a PUD-aligned address, so
+/// the PUD block cases run (the RAM is sparse: it costs only what is
+/// written); a window at `1 << (VA_BITS - 3)` (inside the lower half of
+/// every format, below the middle of the half) of 16 GiB or 16 PUD entries,
+/// whichever is more, but at most `1 << (VA_BITS - 3)` bytes (8 PUD entries
+/// with 64 KiB pages and 48 bits); execution tested, output collected in
 /// [`lines`](Self::lines) and echoed to stdout (which the test harness
 /// shows for failing tests).
 pub struct SimSuiteMachine<A: Arch> {
@@ -32,10 +38,18 @@ impl<A: Arch> SimSuiteMachine<A> {
     /// The suite's machine on `machine` (whose MMU must have the suite's
     /// address space installed).
     pub fn new(machine: SimMachine<A>) -> Self {
+        let pud = level::size::<A>(2);
+        let ram = if A::LEVELS >= 3 && pud > 1 << 30 {
+            (PhysAddr(pud), pud.max(4 << 30))
+        } else {
+            (PhysAddr(0x4000_0000), 4 << 30)
+        };
+        let base = 1u64 << (A::VA_BITS - 3);
+        let window = (VirtAddr(base), (16u64 << 30).max(16 * pud).min(base));
         SimSuiteMachine {
             machine,
-            ram: (PhysAddr(0x4000_0000), 4 << 30),
-            window: (VirtAddr(1 << (A::VA_BITS - 3)), 16 << 30),
+            ram,
+            window,
             lines: Vec::new(),
             echo: true,
             start: Instant::now(),

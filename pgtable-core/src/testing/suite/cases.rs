@@ -1,32 +1,38 @@
 //! Map, unmap and protection cases.
 
-use super::{ensure, fail, pattern, skip, Ctx, Machine, G1, K4, M2, R};
+use super::{ensure, fail, pattern, skip, Ctx, Human, Machine, Short, R};
 use crate::contract::level::size;
 use crate::{Arch, Error, MapOptions, Mmu, PhysAddr, Prot, TableAlloc, VirtAddr};
 
 /// Runs every map / unmap / protection case.
+///
+/// The names give the format's sizes: `map_4k_pages`, `map_2m_block` and
+/// `map_1g_block` with 4 KiB pages are `map_16k_pages`, `map_32m_block`
+/// and `map_64g_block` with 16 KiB pages.
 pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) {
-    cx.case(format_args!("map_4k_pages"), map_4k_pages);
+    let (page, pmd, pud) = (Short(cx.geo.page), Short(cx.geo.pmd), Short(cx.geo.pud));
+    cx.case(format_args!("map_{page}_pages"), map_pages);
     cx.case(
         format_args!("map_pages_across_table_boundaries"),
         map_across,
     );
-    cx.case(format_args!("map_2m_block"), |cx| map_block(cx, 1));
-    cx.case(format_args!("map_1g_block"), |cx| map_block(cx, 2));
+    cx.case(format_args!("map_{pmd}_block"), |cx| map_block(cx, 1));
+    cx.case(format_args!("map_{pud}_block"), |cx| map_block(cx, 2));
     cx.case(format_args!("map_over_a_mapping_fails"), map_over_mapping);
     cx.case(format_args!("map_bad_input_fails"), map_bad_input);
     cx.case(format_args!("unmap_hole_in_pages"), unmap_hole_in_pages);
-    cx.case(format_args!("unmap_part_of_2m_block_splits_it"), |cx| {
+    cx.case(format_args!("unmap_part_of_{pmd}_block_splits_it"), |cx| {
         unmap_splits(cx, 1)
     });
-    cx.case(format_args!("unmap_part_of_1g_block_splits_it"), |cx| {
+    cx.case(format_args!("unmap_part_of_{pud}_block_splits_it"), |cx| {
         unmap_splits(cx, 2)
     });
-    cx.case(format_args!("protect_4k_read_only_then_writable"), |cx| {
-        protect_rw(cx, 0)
-    });
     cx.case(
-        format_args!("protect_2m_block_read_only_then_writable"),
+        format_args!("protect_{page}_read_only_then_writable"),
+        |cx| protect_rw(cx, 0),
+    );
+    cx.case(
+        format_args!("protect_{pmd}_block_read_only_then_writable"),
         |cx| protect_rw(cx, 1),
     );
     cx.case(format_args!("protect_execute_never"), protect_exec);
@@ -39,95 +45,105 @@ fn need_block<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &Ctx<'_, A, M, T, H>,
     height: u32,
 ) -> R {
+    if height >= A::LEVELS {
+        skip!(
+            "the format has {} levels, none at height {height}",
+            A::LEVELS
+        );
+    }
     if !A::leaf_allowed(height) {
         skip!("the format has no leaf at height {height}");
     }
     if cx.ram.gran < size::<A>(height) {
         skip!(
-            "the RAM pool holds no aligned {:#x}-byte block",
-            size::<A>(height)
+            "the RAM pool holds no aligned {} block",
+            Human(size::<A>(height))
         );
     }
     Ok(())
 }
 
-fn map_4k_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
-    let va = cx.win + K4;
-    let alias = cx.win + 8 * M2 + 5 * K4;
+fn map_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
+    let super::Geo { page: pg, pmd, .. } = cx.geo;
+    let va = cx.win + pg;
+    let alias = cx.win + 8 * pmd + 5 * pg;
     let pa = cx.ram.pa_for(0, 0);
     let n = 4;
-    cx.map(va, pa, n * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
+    cx.map(va, pa, n * pg, Prot::READ_WRITE, MapOptions::PAGES)?;
     let seed = cx.seed();
     for i in 0..n {
-        let p = va + i * K4;
-        ensure!(cx.height(p)? == 0, "{p:#x} is not a 4 KiB page");
+        let p = va + i * pg;
+        ensure!(cx.height(p)? == 0, "{p:#x} is not a page");
         ensure!(
-            cx.pa(p + 8) == Some(pa + i * K4 + 8),
+            cx.pa(p + 8) == Some(pa + i * pg + 8),
             "{p:#x} translates to {:?}, expected {:#x}",
             cx.pa(p + 8),
-            pa + i * K4 + 8
+            pa + i * pg + 8
         );
         cx.write(p, pattern(seed, 2 * i))?;
-        cx.write(p + K4 - 8, pattern(seed, 2 * i + 1))?;
+        cx.write(p + pg - 8, pattern(seed, 2 * i + 1))?;
     }
     // A second mapping of the same frames sees the same bytes: the machine
     // really translates to the physical address the tables say.
-    cx.map(alias, pa, n * K4, Prot::READ_ONLY, MapOptions::PAGES)?;
+    cx.map(alias, pa, n * pg, Prot::READ_ONLY, MapOptions::PAGES)?;
     for i in 0..n {
-        cx.expect(alias + i * K4, pattern(seed, 2 * i))?;
-        cx.expect(alias + i * K4 + K4 - 8, pattern(seed, 2 * i + 1))?;
+        cx.expect(alias + i * pg, pattern(seed, 2 * i))?;
+        cx.expect(alias + i * pg + pg - 8, pattern(seed, 2 * i + 1))?;
     }
     cx.write_faults(alias)?;
-    cx.unmap(va, n * K4)?;
-    cx.unmap(alias, n * K4)?;
+    cx.unmap(va, n * pg)?;
+    cx.unmap(alias, n * pg)?;
     for i in 0..n {
-        cx.read_faults(va + i * K4)?;
-        cx.write_faults(va + i * K4)?;
-        cx.read_faults(alias + i * K4)?;
+        cx.read_faults(va + i * pg)?;
+        cx.write_faults(va + i * pg)?;
+        cx.read_faults(alias + i * pg)?;
     }
     Ok(())
 }
 
 fn map_across<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
-    // Pages straddling a 2 MiB boundary inside a 1 GiB boundary straddle.
-    let va = cx.win + 2 * G1 - 2 * K4;
-    let len = 4 * K4;
+    let super::Geo { page: pg, unit, .. } = cx.geo;
+    // Pages straddling a PMD entry's boundary inside a PUD entry's boundary
+    // straddle (2 MiB and 1 GiB with 4 KiB pages).
+    let va = cx.win + 2 * unit - 2 * pg;
+    let len = 4 * pg;
     let pa = cx.ram.pa_for(0, 0);
     cx.map(va, pa, len, Prot::READ_WRITE, MapOptions::BLOCKS)?;
     let seed = cx.seed();
     for i in 0..4 {
-        cx.write(va + i * K4 + 8 * i, pattern(seed, i))?;
+        cx.write(va + i * pg + 8 * i, pattern(seed, i))?;
     }
     for i in 0..4 {
         ensure!(
-            cx.pa(va + i * K4) == Some(pa + i * K4),
+            cx.pa(va + i * pg) == Some(pa + i * pg),
             "page {i} translates wrongly"
         );
-        cx.expect(va + i * K4 + 8 * i, pattern(seed, i))?;
+        cx.expect(va + i * pg + 8 * i, pattern(seed, i))?;
     }
-    cx.read_faults(va - K4)?;
+    cx.read_faults(va - pg)?;
     cx.read_faults(va + len)?;
     cx.unmap(va, len)?;
-    cx.read_faults(va + 2 * K4)
+    cx.read_faults(va + 2 * pg)
 }
 
 fn map_block<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
     height: u32,
 ) -> R {
+    let super::Geo { page: pg, unit, .. } = cx.geo;
     need_block(cx, height)?;
     let bs = size::<A>(height);
     // An odd multiple of the block size inside the window.
-    let va = cx.win + bs * if bs == G1 { 3 } else { 5 };
+    let va = cx.win + bs * if height == 2 { 3 } else { 5 };
     let pa = cx.ram.base;
-    let alias = cx.win + 6 * G1 + 3 * K4;
+    let alias = cx.win + 6 * unit + 3 * pg;
     cx.map(va, pa, bs, Prot::READ_WRITE, MapOptions::BLOCKS)?;
     ensure!(
         cx.height(va)? == height,
         "mapped with height {}, expected a block at {height}",
         cx.height(va)?
     );
-    let offs = [0, 8, bs / 2 + K4 + 16, bs - 8];
+    let offs = [0, 8, bs / 2 + pg + 16, bs - 8];
     let seed = cx.seed();
     for (i, &o) in offs.iter().enumerate() {
         cx.write(va + o, pattern(seed, i as u64))?;
@@ -139,11 +155,11 @@ fn map_block<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
             va + o
         );
         cx.expect(va + o, pattern(seed, i as u64))?;
-        // Through a 4 KiB alias of the same frame.
-        let page = o & !(K4 - 1);
-        cx.map(alias, pa + page, K4, Prot::READ_ONLY, MapOptions::PAGES)?;
+        // Through a page-sized alias of the same frame.
+        let page = o & !(pg - 1);
+        cx.map(alias, pa + page, pg, Prot::READ_ONLY, MapOptions::PAGES)?;
         cx.expect(alias + (o - page), pattern(seed, i as u64))?;
-        cx.unmap(alias, K4)?;
+        cx.unmap(alias, pg)?;
     }
     cx.read_faults(va - 8)?;
     cx.read_faults(va + bs)?;
@@ -153,15 +169,16 @@ fn map_block<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 }
 
 fn map_over_mapping<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
-    let va = cx.win + 3 * K4;
+    let super::Geo { page: pg, .. } = cx.geo;
+    let va = cx.win + 3 * pg;
     let pa = cx.ram.pa_for(0, 0);
-    cx.map(va, pa, 2 * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
-    let vas = [va - K4, va, va + K4, va + 2 * K4];
+    cx.map(va, pa, 2 * pg, Prot::READ_WRITE, MapOptions::PAGES)?;
+    let vas = [va - pg, va, va + pg, va + 2 * pg];
     let before = cx.snap(&vas);
     let r = cx.space.map(
-        VirtAddr(va - K4),
+        VirtAddr(va - pg),
         PhysAddr(pa),
-        4 * K4,
+        4 * pg,
         Prot::READ_WRITE,
         MapOptions::PAGES,
     );
@@ -172,17 +189,18 @@ fn map_over_mapping<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_,
         &vas,
         &before,
     )?;
-    cx.unmap(va, 2 * K4)
+    cx.unmap(va, 2 * pg)
 }
 
 fn map_bad_input<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
-    let va = cx.win + 16 * K4;
+    let super::Geo { page: pg, .. } = cx.geo;
+    let va = cx.win + 16 * pg;
     let pa = cx.ram.pa_for(0, 0);
-    let vas = [va, va + K4];
+    let vas = [va, va + pg];
     let before = cx.snap(&vas);
     let rw = Prot::READ_WRITE;
     let p = MapOptions::PAGES;
-    let r = cx.space.map(VirtAddr(va + 8), PhysAddr(pa), K4, rw, p);
+    let r = cx.space.map(VirtAddr(va + 8), PhysAddr(pa), pg, rw, p);
     cx.expect_error(
         "misaligned va",
         r,
@@ -190,7 +208,7 @@ fn map_bad_input<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A,
         &vas,
         &before,
     )?;
-    let r = cx.space.map(VirtAddr(va), PhysAddr(pa + 8), K4, rw, p);
+    let r = cx.space.map(VirtAddr(va), PhysAddr(pa + 8), pg, rw, p);
     cx.expect_error(
         "misaligned pa",
         r,
@@ -198,11 +216,11 @@ fn map_bad_input<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A,
         &vas,
         &before,
     )?;
-    let r = cx.space.map(VirtAddr(va), PhysAddr(pa), K4 + 8, rw, p);
+    let r = cx.space.map(VirtAddr(va), PhysAddr(pa), pg + 8, rw, p);
     cx.expect_error(
         "misaligned length",
         r,
-        Error::MisalignedLength(K4 + 8),
+        Error::MisalignedLength(pg + 8),
         &vas,
         &before,
     )?;
@@ -214,26 +232,32 @@ fn map_bad_input<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A,
 fn unmap_hole_in_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
 ) -> R {
-    let va = cx.win + G1 + M2 - 8 * K4;
+    let super::Geo {
+        page: pg,
+        pmd,
+        unit,
+        ..
+    } = cx.geo;
+    let va = cx.win + unit + pmd - 8 * pg;
     let n = 16;
     let pa = cx.ram.pa_for(0, 0);
-    cx.map(va, pa, n * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
+    cx.map(va, pa, n * pg, Prot::READ_WRITE, MapOptions::PAGES)?;
     let seed = cx.seed();
     for i in 0..n {
-        cx.write(va + i * K4, pattern(seed, i))?;
+        cx.write(va + i * pg, pattern(seed, i))?;
     }
-    // A hole across the 2 MiB boundary.
-    cx.unmap(va + 6 * K4, 4 * K4)?;
+    // A hole across the PMD entry's boundary.
+    cx.unmap(va + 6 * pg, 4 * pg)?;
     for i in 0..n {
         if (6..10).contains(&i) {
-            cx.read_faults(va + i * K4)?;
-            cx.write_faults(va + i * K4)?;
+            cx.read_faults(va + i * pg)?;
+            cx.write_faults(va + i * pg)?;
         } else {
-            cx.expect(va + i * K4, pattern(seed, i))?;
+            cx.expect(va + i * pg, pattern(seed, i))?;
         }
     }
     // Unmapping over the hole again skips it.
-    cx.unmap(va, n * K4)?;
+    cx.unmap(va, n * pg)?;
     cx.read_faults(va)
 }
 
@@ -241,33 +265,34 @@ fn unmap_splits<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
     height: u32,
 ) -> R {
+    let super::Geo { page: pg, .. } = cx.geo;
     need_block(cx, height)?;
     let bs = size::<A>(height);
-    let va = cx.win + if bs == G1 { 3 * G1 } else { 5 * M2 };
+    let va = cx.win + if height == 2 { 3 * bs } else { 5 * bs };
     let pa = cx.ram.base;
     cx.map(va, pa, bs, Prot::READ_WRITE, MapOptions::BLOCKS)?;
-    // The hole: one 4 KiB page in the second half of the block's second
+    // The hole: one page in the second half of the block's second
     // next-level entry, so every level down to pages must split.
     let sub = size::<A>(height - 1);
-    let hole = va + sub + K4;
+    let hole = va + sub + pg;
     // Offsets around the hole and at the ends of the block.
     let offs = [
         0,
         sub,
-        sub + 2 * K4,
+        sub + 2 * pg,
         sub - 8,
         bs - 8,
-        sub + K4 - 8,
-        sub + 2 * K4 + 8,
+        sub + pg - 8,
+        sub + 2 * pg + 8,
     ];
     let seed = cx.seed();
     for (i, &o) in offs.iter().enumerate() {
         cx.write(va + o, pattern(seed, i as u64))?;
     }
     cx.write(hole + 8, 0x1234)?;
-    cx.unmap(hole, K4)?;
+    cx.unmap(hole, pg)?;
     cx.read_faults(hole)?;
-    cx.read_faults(hole + K4 - 8)?;
+    cx.read_faults(hole + pg - 8)?;
     cx.write_faults(hole + 8)?;
     for (i, &o) in offs.iter().enumerate() {
         let p = va + o;
@@ -280,13 +305,13 @@ fn unmap_splits<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         cx.expect(p, pattern(seed, i as u64))?;
     }
     ensure!(
-        cx.height(hole - K4)? == 0,
-        "the pages around the hole are not 4 KiB pages"
+        cx.height(hole - pg)? == 0,
+        "the pages around the hole are not pages"
     );
     if height == 2 {
         ensure!(
             cx.height(va)? == 1 || !A::leaf_allowed(1),
-            "the untouched first 2 MiB of a split 1 GiB block should stay a block"
+            "the untouched first PMD entry of a split PUD block should stay a block"
         );
     }
     cx.unmap(va, bs)?;
@@ -297,11 +322,12 @@ fn protect_rw<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
     height: u32,
 ) -> R {
+    let super::Geo { page: pg, pmd, .. } = cx.geo;
     let (va, pa, len) = if height == 0 {
-        (cx.win + 7 * K4, cx.ram.pa_for(0, 0), 4 * K4)
+        (cx.win + 7 * pg, cx.ram.pa_for(0, 0), 4 * pg)
     } else {
         need_block(cx, height)?;
-        (cx.win + 9 * M2, cx.ram.base, M2)
+        (cx.win + 9 * pmd, cx.ram.base, pmd)
     };
     cx.map(va, pa, len, Prot::READ_WRITE, MapOptions::BLOCKS)?;
     ensure!(cx.height(va)? == height, "mapped at the wrong height");
@@ -310,7 +336,7 @@ fn protect_rw<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     for i in 0..4 {
         cx.write(va + i * step, pattern(seed, i))?;
     }
-    // The first quarter stays writable for 4 KiB pages; a block changes
+    // The first quarter stays writable for pages; a block changes
     // whole.
     let (pva, plen) = if height == 0 {
         (va + step, len - step)
@@ -346,27 +372,28 @@ fn protect_rw<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 }
 
 fn protect_exec<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
-    let va = cx.win + 13 * K4;
+    let super::Geo { page: pg, .. } = cx.geo;
+    let va = cx.win + 13 * pg;
     let pa = cx.ram.pa_for(0, 0);
-    cx.map(va, pa, K4, Prot::READ_WRITE, MapOptions::PAGES)?;
+    cx.map(va, pa, pg, Prot::READ_WRITE, MapOptions::PAGES)?;
     match cx.mach.exec_faults(VirtAddr(va)) {
         None => {
-            cx.unmap(va, K4)?;
+            cx.unmap(va, pg)?;
             skip!("the machine cannot test instruction fetches");
         }
         Some(true) => {}
         Some(false) => fail!("a fetch from an execute-never page did not fault"),
     }
-    cx.protect(va, K4, Prot::READ_EXEC)?;
+    cx.protect(va, pg, Prot::READ_EXEC)?;
     if cx.mach.exec_faults(VirtAddr(va)) != Some(false) {
         fail!("a fetch from a page made executable faulted");
     }
     cx.write_faults(va)?;
-    cx.protect(va, K4, Prot::READ_WRITE)?;
+    cx.protect(va, pg, Prot::READ_WRITE)?;
     if cx.mach.exec_faults(VirtAddr(va)) != Some(true) {
         fail!("a fetch from a page made execute-never again did not fault");
     }
-    cx.unmap(va, K4)?;
+    cx.unmap(va, pg)?;
     match cx.mach.exec_faults(VirtAddr(va)) {
         Some(true) => Ok(()),
         _ => fail!("a fetch from an unmapped page did not fault"),
@@ -374,24 +401,25 @@ fn protect_exec<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, 
 }
 
 fn protect_holes<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
+    let super::Geo { page: pg, .. } = cx.geo;
     // Pages 0-1 and 4-5 mapped, 2-3 a hole; protect all six.
-    let va = cx.win + 21 * K4;
+    let va = cx.win + 21 * pg;
     let pa = cx.ram.pa_for(0, 0);
-    cx.map(va, pa, 2 * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
+    cx.map(va, pa, 2 * pg, Prot::READ_WRITE, MapOptions::PAGES)?;
     cx.map(
-        va + 4 * K4,
-        pa + 4 * K4,
-        2 * K4,
+        va + 4 * pg,
+        pa + 4 * pg,
+        2 * pg,
         Prot::READ_WRITE,
         MapOptions::PAGES,
     )?;
     let seed = cx.seed();
     for i in [0, 1, 4, 5] {
-        cx.write(va + i * K4, pattern(seed, i))?;
+        cx.write(va + i * pg, pattern(seed, i))?;
     }
-    cx.protect(va, 6 * K4, Prot::READ_ONLY)?;
+    cx.protect(va, 6 * pg, Prot::READ_ONLY)?;
     for i in 0..6 {
-        let p = va + i * K4;
+        let p = va + i * pg;
         if (2..4).contains(&i) {
             ensure!(cx.pa(p).is_none(), "the hole at {p:#x} got mapped");
             cx.read_faults(p)?;
@@ -400,25 +428,31 @@ fn protect_holes<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A,
             cx.write_faults(p)?;
         }
     }
-    cx.unmap(va, 6 * K4)
+    cx.unmap(va, 6 * pg)
 }
 
 fn map_lazy<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
+    let super::Geo {
+        page: pg,
+        pmd,
+        unit,
+        ..
+    } = cx.geo;
     // Several mappings inside one lazy-MMU scope: their walker barriers are
     // deferred to the end of the scope, after which all must be usable.
     let pa = cx.ram.pa_for(0, 0);
     let vas = [
-        cx.win + 3 * K4,
-        cx.win + G1 + 7 * K4,
-        cx.win + 2 * G1 + M2 - K4,
+        cx.win + 3 * pg,
+        cx.win + unit + 7 * pg,
+        cx.win + 2 * unit + pmd - pg,
     ];
     let mut err = None;
     cx.space.lazy_mmu(|s| {
         for (i, &va) in vas.iter().enumerate() {
             let r = s.map(
                 VirtAddr(va),
-                PhysAddr(pa + 2 * i as u64 * K4),
-                2 * K4,
+                PhysAddr(pa + 2 * i as u64 * pg),
+                2 * pg,
                 Prot::READ_WRITE,
                 MapOptions::PAGES,
             );
@@ -433,11 +467,11 @@ fn map_lazy<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T
     cx.consistent("a lazy-MMU scope")?;
     let seed = cx.seed();
     for (i, &va) in vas.iter().enumerate() {
-        cx.write(va + K4, pattern(seed, i as u64))?;
+        cx.write(va + pg, pattern(seed, i as u64))?;
     }
     for (i, &va) in vas.iter().enumerate() {
-        cx.expect(va + K4, pattern(seed, i as u64))?;
-        cx.unmap(va, 2 * K4)?;
+        cx.expect(va + pg, pattern(seed, i as u64))?;
+        cx.unmap(va, 2 * pg)?;
     }
     Ok(())
 }

@@ -2,8 +2,11 @@
 //!
 //! The last pages below the top of the lower half (`2^(VA_BITS - 1)`) and
 //! below the top of the upper half (`2^64`) sit at the last index of every
-//! table on their path; the pages just below the middle of each half sit at
-//! the last indices of every table but the root. The addresses come from
+//! table on their path (of the half's part of the root, where `VA_BITS`
+//! leaves the root partly used); the pages just below the middle of each
+//! half sit at the last indices of every table below the highest one whose
+//! index differs from the end's: the root, or with one root entry per half
+//! (16 KiB pages, 48 bits) the level below it. The addresses come from
 //! [`Format::VA_BITS`](crate::Format::VA_BITS), so the same cases reach
 //! 0x7fff_ffff_f000 with 4-level x86 paging and 0x00ff_ffff_ffff_f000 (far
 //! above 2^47) with 5-level paging.
@@ -20,7 +23,8 @@
 //! mappings sit there gets `skip`); a case unmaps them again however it
 //! ends.
 
-use super::{ensure, fail, pattern, skip, Ctx, Machine, K4, R};
+use super::{ensure, fail, pattern, skip, Ctx, Machine, R};
+use crate::contract::level::page_size;
 use crate::{Arch, MapOptions, Mmu, MoveOptions, Prot, TableAlloc, VaRange, VirtAddr};
 
 /// Runs the cases in both halves.
@@ -74,6 +78,7 @@ struct Place {
 
 impl Place {
     fn of<A: Arch>(half: Half) -> Place {
+        let pg = page_size::<A>();
         let size = 1u64 << (A::VA_BITS - 1);
         let base = match half {
             Half::Lower => 0,
@@ -82,8 +87,8 @@ impl Place {
         // One past the last byte of the half: 0 stands for 2^64.
         let top = base.wrapping_add(size);
         Place {
-            end: top.wrapping_sub(END_PAGES * K4),
-            mid: base + size / 2 - MID_PAGES * K4,
+            end: top.wrapping_sub(END_PAGES * pg),
+            mid: base + size / 2 - MID_PAGES * pg,
         }
     }
 }
@@ -95,8 +100,9 @@ fn guarded<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     half: Half,
     body: fn(&mut Ctx<'_, A, M, T, H>, Place) -> R,
 ) -> R {
+    let pg = cx.geo.page;
     let p = Place::of::<A>(half);
-    let ranges = [(p.end, END_PAGES * K4), (p.mid, MID_PAGES * K4)];
+    let ranges = [(p.end, END_PAGES * pg), (p.mid, MID_PAGES * pg)];
     for (va, len) in ranges {
         if !VaRange::Both.contains::<A>(va) {
             skip!("the format has no {} half", half.name());
@@ -125,7 +131,8 @@ fn left_empty<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
     p: Place,
 ) -> R {
-    for (va, len) in [(p.end, END_PAGES * K4), (p.mid, MID_PAGES * K4)] {
+    let pg = cx.geo.page;
+    for (va, len) in [(p.end, END_PAGES * pg), (p.mid, MID_PAGES * pg)] {
         let mut left = None;
         let _ = cx.space.walk(VirtAddr(va), len, |m| {
             left.get_or_insert(m.va.0);
@@ -159,11 +166,12 @@ fn map_end_pages<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
     va: u64,
 ) -> R<u64> {
+    let pg = cx.geo.page;
     let pa = cx.ram.pa_for(0, 0);
-    cx.map(va, pa, END_PAGES * K4, Prot::READ_WRITE, MapOptions::PAGES)?;
+    cx.map(va, pa, END_PAGES * pg, Prot::READ_WRITE, MapOptions::PAGES)?;
     let seed = cx.seed();
     for i in 0..END_PAGES {
-        cx.write(va + i * K4, pattern(seed, i))?;
+        cx.write(va + i * pg, pattern(seed, i))?;
     }
     Ok(seed)
 }
@@ -174,12 +182,13 @@ fn protect<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
     p: Place,
 ) -> R {
+    let pg = cx.geo.page;
     let va = p.end;
     let seed = map_end_pages(cx, va)?;
-    let ro = va + 2 * K4;
-    cx.protect(ro, 2 * K4, Prot::READ_ONLY)?;
+    let ro = va + 2 * pg;
+    cx.protect(ro, 2 * pg, Prot::READ_ONLY)?;
     for i in 0..END_PAGES {
-        let page = va + i * K4;
+        let page = va + i * pg;
         cx.expect(page, pattern(seed, i))?;
         if page >= ro {
             // A stale writable translation would take this store.
@@ -190,13 +199,13 @@ fn protect<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         }
     }
     // Back to writable: a stale read-only translation would refuse this.
-    cx.protect(ro, 2 * K4, Prot::READ_WRITE)?;
+    cx.protect(ro, 2 * pg, Prot::READ_WRITE)?;
     for i in 2..END_PAGES {
-        let page = va + i * K4;
+        let page = va + i * pg;
         cx.write(page, !pattern(seed, i))?;
         cx.expect(page, !pattern(seed, i))?;
     }
-    cx.unmap(va, END_PAGES * K4)?;
+    cx.unmap(va, END_PAGES * pg)?;
     left_empty(cx, p)
 }
 
@@ -209,55 +218,57 @@ fn protect<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 /// and the flush of its whole span becomes a full flush past the ceiling,
 /// which would hide a wrong per-page flush.
 fn moves<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>, p: Place) -> R {
+    let pg = cx.geo.page;
     let n = 2;
-    let end = p.end + (END_PAGES - n) * K4;
-    let mid = p.mid + (MID_PAGES - n) * K4;
+    let end = p.end + (END_PAGES - n) * pg;
+    let mid = p.mid + (MID_PAGES - n) * pg;
     let pa = cx.ram.pa_for(0, 0);
     cx.map(
         p.end,
         pa,
-        END_PAGES * K4,
+        END_PAGES * pg,
         Prot::READ_WRITE,
         MapOptions::PAGES,
     )?;
-    let pa_end = pa + (END_PAGES - n) * K4;
-    let pa_mid = cx.ram.pa_for(0, END_PAGES * K4);
-    cx.map(p.mid, pa_mid, K4, Prot::READ_WRITE, MapOptions::PAGES)?;
+    let pa_end = pa + (END_PAGES - n) * pg;
+    let pa_mid = cx.ram.pa_for(0, END_PAGES * pg);
+    cx.map(p.mid, pa_mid, pg, Prot::READ_WRITE, MapOptions::PAGES)?;
     let seed = cx.seed();
     for i in 0..n {
-        cx.write(end + i * K4, pattern(seed, i))?;
+        cx.write(end + i * pg, pattern(seed, i))?;
     }
     for (from, to) in [(end, mid), (mid, end)] {
         for i in 0..n {
-            cx.expect(from + i * K4, pattern(seed, i))?;
+            cx.expect(from + i * pg, pattern(seed, i))?;
         }
-        mv(cx, from, to, n * K4)?;
+        mv(cx, from, to, n * pg)?;
         ensure!(
             cx.pa(to) == Some(pa_end) && cx.pa(from).is_none(),
             "after the move {from:#x} -> {to:#x} the tables disagree"
         );
         for i in 0..n {
             // A stale translation of the old address would still read.
-            cx.read_faults(from + i * K4)?;
-            cx.expect(to + i * K4, pattern(seed, i))?;
+            cx.read_faults(from + i * pg)?;
+            cx.expect(to + i * pg, pattern(seed, i))?;
         }
         cx.write_faults(from)?;
     }
-    cx.unmap(p.end, END_PAGES * K4)?;
-    cx.unmap(p.mid, K4)?;
+    cx.unmap(p.end, END_PAGES * pg)?;
+    cx.unmap(p.mid, pg)?;
     left_empty(cx, p)
 }
 
 /// The last pages of the half unmapped in two steps, each after loads and
 /// stores cached their translations.
 fn unmap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>, p: Place) -> R {
+    let pg = cx.geo.page;
     let va = p.end;
     let seed = map_end_pages(cx, va)?;
     // The last two pages first: the first two keep their tables alive.
-    let tail = va + 2 * K4;
-    cx.unmap(tail, 2 * K4)?;
+    let tail = va + 2 * pg;
+    cx.unmap(tail, 2 * pg)?;
     for i in 0..END_PAGES {
-        let page = va + i * K4;
+        let page = va + i * pg;
         if page >= tail {
             // A stale translation would still read and write.
             cx.read_faults(page)?;
@@ -267,9 +278,9 @@ fn unmap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H
         }
     }
     // The rest, which frees the tables on the path as well.
-    cx.unmap(va, 2 * K4)?;
+    cx.unmap(va, 2 * pg)?;
     for i in 0..END_PAGES {
-        cx.read_faults(va + i * K4)?;
+        cx.read_faults(va + i * pg)?;
     }
     left_empty(cx, p)
 }

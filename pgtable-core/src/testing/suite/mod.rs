@@ -11,8 +11,16 @@
 //!
 //! # What it checks
 //!
-//! - **map / unmap** at every leaf size (4 KiB pages, 2 MiB and 1 GiB blocks
-//!   where the format and the RAM allow), pages straddling table
+//! Every size is the format's: a *page* is
+//! [`page_size`](crate::contract::level::page_size) (4, 16 or 64 KiB), a
+//! *PMD* entry maps [`size(1)`](crate::contract::level::size) bytes (2 MiB,
+//! 32 MiB or 512 MiB) and a *PUD* entry `size(2)` (1 GiB, 64 GiB or 4 TiB).
+//! The case names carry the sizes: `map_4k_pages`, `map_2m_block` and
+//! `move_5m_align_1m_pages` with 4 KiB pages are `map_16k_pages`,
+//! `map_32m_block` and `move_80m_align_16m_pages` with 16 KiB pages.
+//!
+//! - **map / unmap** at every leaf size (pages, PMD and PUD blocks where
+//!   the format and the RAM allow), pages straddling table
 //!   boundaries, aliases (a store through one virtual address is seen
 //!   through another mapping of the same physical page), partial unmaps that
 //!   split a block (the rest stays accessible, the hole faults), mapping
@@ -24,12 +32,18 @@
 //!   too; holes in the range stay holes; execute-never where
 //!   [`Machine::exec_faults`] can tell.
 //! - **move_page_tables**, modelled on Linux's
-//!   `tools/testing/selftests/mm/mremap_test.c`: sizes 8 KiB, 2 MiB, 4 MiB,
-//!   5 MiB, and with [`Config::big_moves`] 1 GiB and 2 GiB, times source and
-//!   destination alignment 4 KiB, 1 MiB, PMD (2 MiB), PUD (1 GiB) and
-//!   "mutually aligned" (the same offset inside a PMD, moved with
-//!   [`MoveOptions::free_below`]), each with 4 KiB pages and with blocks
-//!   where possible. The source is filled with a pseudo-random pattern (a
+//!   `tools/testing/selftests/mm/mremap_test.c`: sizes 2 pages, 1 PMD, 2
+//!   PMDs, 2 PMDs and a half (8 KiB, 2, 4 and 5 MiB with 4 KiB pages), and
+//!   with [`Config::big_moves`] 1 and 2 PUDs (1 and 2 GiB), times source
+//!   and destination alignment to a page, half a PMD (1 MiB), a PMD, a PUD
+//!   and "mutually aligned" (the same offset inside a PMD, moved with
+//!   [`MoveOptions::free_below`]), each with pages and with blocks where
+//!   possible. Formats with two levels have no PUD: the PUD-aligned and
+//!   PUD-sized moves skip. A range that would be mapped with more than
+//!   2^19 pages (4 MiB of last-level tables, as the 2 GiB move of 4 KiB
+//!   pages needs) skips too: with 16 and 64 KiB pages the PUD-sized moves
+//!   of pages, and of blocks moved to another offset inside a PMD (which
+//!   become pages). The source is filled with a pseudo-random pattern (a
 //!   splitmix64 stream seeded by [`Config::seed`], printed at the start),
 //!   the first [`Config::threshold_bytes`] bytes are validated through the
 //!   new range, sample words elsewhere must read the same before and after,
@@ -41,7 +55,10 @@
 //!   (`2^(Format::VA_BITS - 1)`) and of the upper half (`2^64`), where
 //!   every table index on the path is the last one, with moves to the
 //!   pages below the middle of the half. The addresses follow the format:
-//!   with 5-level x86 paging they lie far above 2^47. Each operation comes
+//!   with 5-level x86 paging they lie far above 2^47. A root that
+//!   `VA_BITS` fills only in part counts as its half's entries: with
+//!   16 KiB pages and 48 bits each half is one root entry, so the pages
+//!   below its middle share the root entry and differ one level down. Each operation comes
 //!   after accesses that cached the old translation, and the access after
 //!   it must see the new state (a wrong or truncated flush address leaves
 //!   the old one in use).
@@ -54,8 +71,8 @@
 //!
 //! ## Ranges larger than RAM
 //!
-//! A move of 1 or 2 GiB needs that much source mapping, which a small
-//! machine may not have in RAM. The suite then maps the source onto the
+//! A move of 1 or 2 PUDs (1 or 2 GiB with 4 KiB pages) needs that much
+//! source mapping, which a small machine may not have in RAM. The suite then maps the source onto the
 //! RAM pool repeatedly (aliases): the mapping is still a real mapping of
 //! the full size, with the same table structure, but only the first
 //! `threshold_bytes` (clamped to the usable RAM) map distinct bytes, so only
@@ -82,14 +99,17 @@
 //! - loads and stores that return a [`Fault`] instead of crashing (a data
 //!   abort / page-fault handler that records the fault and skips the
 //!   instruction, or a fault-fixup table);
-//! - a RAM pool nothing else uses (a few MiB suffice; a pool holding an
-//!   aligned 1 GiB enables the 1 GiB block cases, otherwise they print
+//! - a RAM pool nothing else uses (a few PMDs suffice; a pool holding an
+//!   aligned PUD (1 GiB with 4 KiB pages) enables the PUD block cases, one
+//!   holding an aligned PMD the PMD block cases, otherwise they print
 //!   `skip`);
-//! - a window of at least 8 GiB, 1 GiB aligned, unmapped in the address
-//!   space you pass, and table frames from your [`TableAlloc`]: with
-//!   [`Config::big_moves`] a 2 GiB move of 4 KiB pages needs about 8 MiB of
-//!   tables at its peak (source and destination), without it well under
-//!   1 MiB;
+//! - a window aligned to a PUD and at least 8 PUDs long (1 GiB and 8 GiB
+//!   with 4 KiB pages, 64 GiB and 512 GiB with 16 KiB pages, 4 TiB and
+//!   32 TiB with 64 KiB pages; with two levels a PMD and 16 PMDs), unmapped
+//!   in the address space you pass, and table frames from your
+//!   [`TableAlloc`]: with [`Config::big_moves`] a 2 GiB move of 4 KiB pages
+//!   needs about 8 MiB of tables at its peak (source and destination),
+//!   without it well under 1 MiB;
 //! - the last four pages of each half of the address space and the three
 //!   pages below the middle of each half unmapped too (the
 //!   `last_entries_of_the_*` cases map them; where your kernel maps them,
@@ -130,6 +150,7 @@
 
 use core::fmt::{self, Write};
 
+use crate::contract::level::{page_size, size};
 use crate::{AddressSpace, Arch, Error, Mmu, PhysAddr, TableAlloc, VirtAddr};
 
 mod cases;
@@ -179,8 +200,10 @@ pub trait Machine {
     fn ram(&self) -> (PhysAddr, u64);
 
     /// A virtual window the suite may map into, unmapped when [`run`]
-    /// starts: `(base, len)`. It must be 1 GiB aligned and at least 8 GiB
-    /// long (the 2 GiB moves at PUD alignment need two halves of 4 GiB).
+    /// starts: `(base, len)`. It must be aligned to a PUD entry's size and
+    /// at least 8 of them long (1 GiB and 8 GiB with 4 KiB pages: the 2 GiB
+    /// moves at PUD alignment need two halves of 4 GiB); with two levels,
+    /// aligned to a PMD entry's size and at least 16 of them long.
     ///
     /// Outside it the suite maps only the few pages at the end and below
     /// the middle of each half of the address space, and only when they
@@ -227,7 +250,8 @@ pub struct Config {
     /// Bytes at the start of each moved range that are filled and validated
     /// (clamped to the range and to the usable RAM).
     pub threshold_bytes: u64,
-    /// Also run the 1 GiB and 2 GiB moves.
+    /// Also run the moves of 1 and 2 PUD entries (1 and 2 GiB with 4 KiB
+    /// pages).
     pub big_moves: bool,
     /// Print a detail line per step (timings of the moves, mapping sizes).
     pub verbose: bool,
@@ -286,7 +310,8 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 ) -> Summary {
     let (win, win_len) = mach.window();
     let (rb, rl) = mach.ram();
-    let ram = Ram::new(rb.0, rl);
+    let geo = Geo::of::<A>();
+    let ram = Ram::new(rb.0, rl, &geo);
     let tables = space.inspect().count_tables();
     let mut cx = Ctx {
         space,
@@ -295,6 +320,7 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         win: win.0,
         win_len,
         ram,
+        geo,
         tables,
         sum: Summary::default(),
         case_no: 0,
@@ -302,9 +328,11 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     let hz = cx.mach.cycle_hz();
     let emulated = cx.mach.emulated();
     cx.mach.print(format_args!(
-        "pgtable suite: format {} ({} levels), seed {:#x}, threshold {} KiB, window {:#x}+{:#x}, ram {:#x}+{:#x} (usable {:#x}+{:#x}, granule {:#x}), cycles {} Hz{}",
+        "pgtable suite: format {} ({} levels, {} pages, {}-bit VA), seed {:#x}, threshold {} KiB, window {:#x}+{:#x}, ram {:#x}+{:#x} (usable {:#x}+{:#x}, granule {:#x}), cycles {} Hz{}",
         A::NAME,
         A::LEVELS,
+        Human(geo.page),
+        A::VA_BITS,
         cfg.seed,
         cfg.threshold_bytes >> 10,
         win.0,
@@ -317,9 +345,11 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         hz.unwrap_or(0),
         if emulated { " (emulated timings)" } else { "" }
     ));
-    if !win.is_aligned(1 << 30) || win_len < 8 << 30 {
+    if !win.is_aligned(geo.unit) || win_len < geo.min_window {
         cx.mach.print(format_args!(
-            "FAIL setup: the window must be 1 GiB aligned and at least 8 GiB long"
+            "FAIL setup: the window must be {} aligned and at least {} long",
+            Human(geo.unit),
+            Human(geo.min_window)
         ));
         cx.sum.failed += 1;
     } else if ram.len == 0 {
@@ -344,10 +374,80 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 
 // ----- machinery shared by the cases -----
 
-pub(crate) const K4: u64 = 4 << 10;
-pub(crate) const M1: u64 = 1 << 20;
-pub(crate) const M2: u64 = 2 << 20;
-pub(crate) const G1: u64 = 1 << 30;
+/// The sizes the cases are written in, from the format's geometry: with
+/// 4 KiB pages a page is 4 KiB, a PMD entry maps 2 MiB and a PUD entry
+/// 1 GiB; with 16 KiB pages 16 KiB, 32 MiB and 64 GiB; with 64 KiB pages
+/// 64 KiB, 512 MiB and 4 TiB.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geo {
+    /// Bytes of a page (height 0).
+    pub(crate) page: u64,
+    /// Bytes a PMD entry maps (height 1).
+    pub(crate) pmd: u64,
+    /// Bytes a PUD entry maps (height 2), also where the format has only
+    /// two levels and no PUD (see [`Geo::has_pud`]).
+    pub(crate) pud: u64,
+    /// The boundary the window is aligned to and laid out in: a PUD entry,
+    /// or a PMD entry with two levels (their root entry).
+    pub(crate) unit: u64,
+    /// The least window length: 8 units and at least 16 PMD entries.
+    pub(crate) min_window: u64,
+}
+
+impl Geo {
+    pub(crate) fn of<A: Arch>() -> Geo {
+        let page = page_size::<A>();
+        let pmd = size::<A>(1);
+        let pud = size::<A>(2);
+        let unit = if A::LEVELS >= 3 { pud } else { pmd };
+        Geo {
+            page,
+            pmd,
+            pud,
+            unit,
+            min_window: (8 * unit).max(16 * pmd),
+        }
+    }
+
+    /// Whether the format has a PUD level (height 2): three levels or more.
+    pub(crate) fn has_pud<A: Arch>() -> bool {
+        A::LEVELS >= 3
+    }
+}
+
+/// A size in a case name: `4k`, `2m`, `1g`, `4t` (the largest unit that
+/// divides it), or bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Short(pub(crate) u64);
+
+impl fmt::Display for Short {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (shift, unit) in [(40, "t"), (30, "g"), (20, "m"), (10, "k")] {
+            let u = 1u64 << shift;
+            if self.0 >= u && self.0 % u == 0 {
+                return write!(f, "{}{unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A size for people: `4 KiB`, `2 MiB`, `1 GiB`, `4 TiB` (the largest unit
+/// that divides it), or bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Human(pub(crate) u64);
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+            let u = 1u64 << shift;
+            if self.0 >= u && self.0 % u == 0 {
+                return write!(f, "{} {unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{} bytes", self.0)
+    }
+}
 
 /// A fixed-size text buffer (no allocation); longer text is truncated.
 pub(crate) struct Buf<const N: usize> {
@@ -431,14 +531,15 @@ pub(crate) struct Ram {
     pub(crate) base: u64,
     /// Usable bytes, a multiple of `gran` (0 if not even a page).
     pub(crate) len: u64,
-    /// 1 GiB, 2 MiB or 4 KiB.
+    /// A PUD entry, a PMD entry or a page of the format (1 GiB, 2 MiB or
+    /// 4 KiB with 4 KiB pages).
     pub(crate) gran: u64,
 }
 
 impl Ram {
-    fn new(base: u64, len: u64) -> Ram {
+    fn new(base: u64, len: u64, geo: &Geo) -> Ram {
         let end = base.saturating_add(len);
-        for gran in [G1, M2, K4] {
+        for gran in [geo.pud, geo.pmd, geo.page] {
             let b = base.saturating_add(gran - 1) & !(gran - 1);
             let e = end & !(gran - 1);
             if e > b {
@@ -452,7 +553,7 @@ impl Ram {
         Ram {
             base,
             len: 0,
-            gran: K4,
+            gran: geo.page,
         }
     }
 
@@ -495,6 +596,8 @@ pub(crate) struct Ctx<'a, A: Arch, M: Mmu, T: TableAlloc, H: Machine> {
     pub(crate) win: u64,
     pub(crate) win_len: u64,
     pub(crate) ram: Ram,
+    /// The format's page, PMD and PUD sizes.
+    pub(crate) geo: Geo,
     /// Tables before the first case (no case may leave more).
     tables: usize,
     sum: Summary,

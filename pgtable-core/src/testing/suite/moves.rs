@@ -1,7 +1,7 @@
 //! The `move_page_tables` cases, modelled on Linux's
 //! `tools/testing/selftests/mm/mremap_test.c`.
 
-use super::{ensure, fail, pattern, skip, Ctx, Machine, G1, K4, M1, M2, R};
+use super::{ensure, fail, pattern, skip, Ctx, Geo, Human, Machine, Short, R};
 use crate::{Arch, Error, MapOptions, Mmu, MoveOptions, Prot, TableAlloc, VirtAddr};
 
 /// How source and destination are placed.
@@ -14,42 +14,137 @@ enum Align {
     Mutual,
 }
 
-const SIZES: [(u64, &str, bool); 6] = [
-    (2 * K4, "8k", false),
-    (M2, "2m", false),
-    (2 * M2, "4m", false),
-    (5 * M1, "5m", false),
-    (G1, "1g", true),
-    (2 * G1, "2g", true),
+/// A length in the format's sizes: `pages` pages plus `pmd_halves` halves
+/// of a PMD entry plus `puds` PUD entries.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Len {
+    pages: u64,
+    pmd_halves: u64,
+    puds: u64,
+}
+
+impl Len {
+    fn bytes(self, g: &Geo) -> u64 {
+        self.pages * g.page + self.pmd_halves * (g.pmd / 2) + self.puds * g.pud
+    }
+}
+
+/// The move lengths (8 KiB, 2, 4 and 5 MiB, 1 and 2 GiB with 4 KiB
+/// pages): two pages, one PMD entry, two, two and a half, and with
+/// [`Config::big_moves`](super::Config::big_moves) one and two PUD
+/// entries. The flag marks the big ones.
+const SIZES: [(Len, bool); 6] = [
+    (
+        Len {
+            pages: 2,
+            pmd_halves: 0,
+            puds: 0,
+        },
+        false,
+    ),
+    (
+        Len {
+            pages: 0,
+            pmd_halves: 2,
+            puds: 0,
+        },
+        false,
+    ),
+    (
+        Len {
+            pages: 0,
+            pmd_halves: 4,
+            puds: 0,
+        },
+        false,
+    ),
+    (
+        Len {
+            pages: 0,
+            pmd_halves: 5,
+            puds: 0,
+        },
+        false,
+    ),
+    (
+        Len {
+            pages: 0,
+            pmd_halves: 0,
+            puds: 1,
+        },
+        true,
+    ),
+    (
+        Len {
+            pages: 0,
+            pmd_halves: 0,
+            puds: 2,
+        },
+        true,
+    ),
 ];
 
-const ALIGNS: [(Align, &str); 5] = [
-    (Align::To(K4), "4k"),
-    (Align::To(M1), "1m"),
-    (Align::To(M2), "pmd"),
-    (Align::To(G1), "pud"),
-    (Align::Mutual, "mutual"),
+/// How source and destination are placed, by name.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Place {
+    /// Odd multiples of a page (4 KiB with 4 KiB pages).
+    Page,
+    /// Odd multiples of half a PMD entry (1 MiB).
+    HalfPmd,
+    /// Odd multiples of a PMD entry (2 MiB).
+    Pmd,
+    /// Odd multiples of a PUD entry (1 GiB).
+    Pud,
+    /// [`Align::Mutual`].
+    Mutual,
+}
+
+const ALIGNS: [Place; 5] = [
+    Place::Page,
+    Place::HalfPmd,
+    Place::Pmd,
+    Place::Pud,
+    Place::Mutual,
 ];
+
+/// A range of pages longer than this many pages is not mapped: its
+/// last-level tables alone would take more than 4 MiB (8 bytes a page),
+/// as much as the 2 GiB move of 4 KiB pages needs per range. With 16 and
+/// 64 KiB pages the PUD-sized moves of pages skip.
+const MAX_PAGES: u64 = 1 << 19;
 
 /// Runs the move matrix and the move error cases.
+///
+/// The names give the format's sizes: `move_8k_align_4k_pages` with
+/// 4 KiB pages is `move_32k_align_16k_pages` with 16 KiB pages.
 pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) {
     cx.case(format_args!("move_overlapping_fails"), move_overlap);
     cx.case(format_args!("move_misaligned_fails"), move_misaligned);
     cx.case(format_args!("move_onto_a_mapping_fails"), move_onto_mapping);
     cx.case(format_args!("move_keeps_protection"), move_keeps_protection);
-    for &(size, sname, big) in &SIZES {
+    let g = cx.geo;
+    for &(l, big) in &SIZES {
         if big && !cx.cfg.big_moves {
             continue;
         }
-        for &(align, aname) in &ALIGNS {
+        let size = l.bytes(&g);
+        let sname = Short(size);
+        for &place in &ALIGNS {
+            let (align, aname): (Align, &dyn core::fmt::Display) = match place {
+                Place::Page => (Align::To(g.page), &Short(g.page)),
+                Place::HalfPmd => (Align::To(g.pmd / 2), &Short(g.pmd / 2)),
+                Place::Pmd => (Align::To(g.pmd), &"pmd"),
+                Place::Pud => (Align::To(g.pud), &"pud"),
+                Place::Mutual => (Align::Mutual, &"mutual"),
+            };
             for blocks in [false, true] {
                 // Blocks need a range that can hold one.
-                if blocks && size < M2 {
+                if blocks && size < g.pmd {
                     continue;
                 }
                 let kind = if blocks { "blocks" } else { "pages" };
                 cx.case(format_args!("move_{sname}_align_{aname}_{kind}"), |cx| {
-                    move_case(cx, size, align, blocks)
+                    move_case(cx, size, l.puds > 0 || place == Place::Pud, align, blocks)
                 });
             }
         }
@@ -87,12 +182,29 @@ fn map_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 fn move_case<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
     len: u64,
+    needs_pud: bool,
     align: Align,
     blocks: bool,
 ) -> R {
+    let g = cx.geo;
+    if needs_pud && !Geo::has_pud::<A>() {
+        skip!("the format has {} levels, no PUD level", A::LEVELS);
+    }
     let (src, dst, opts) = placement(cx, len, align)?;
-    if blocks && cx.ram.gran < M2 {
-        skip!("the RAM pool holds no aligned 2 MiB block");
+    if blocks && cx.ram.gran < g.pmd {
+        skip!("the RAM pool holds no aligned {} block", Human(g.pmd));
+    }
+    // Blocks stay blocks only when the move keeps their offset inside a
+    // PMD entry; otherwise the destination is mapped page by page.
+    let paged = !blocks || (dst - src) % g.pmd != 0;
+    if paged && len / g.page > MAX_PAGES {
+        skip!(
+            "{} of {} pages would need {} of last-level tables per range, more than the suite's {}",
+            Human(len),
+            Human(g.page),
+            Human(len / g.page * 8),
+            Human(MAX_PAGES * 8)
+        );
     }
     map_moved_source(cx, src, len, blocks)?;
     let filled = fill_source(cx, src, len)?;
@@ -129,6 +241,7 @@ fn placement<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     len: u64,
     align: Align,
 ) -> R<(u64, u64, MoveOptions)> {
+    let Geo { page: pg, pmd, .. } = cx.geo;
     let half = cx.win_len / 2;
     let (src, dst, opts) = match align {
         Align::To(a) => (
@@ -138,10 +251,10 @@ fn placement<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
             MoveOptions::DEFAULT,
         ),
         Align::Mutual => {
-            let off = 37 * K4;
+            let off = 37 * pg;
             (
-                odd_multiple(cx.win, M2, 0) + off,
-                odd_multiple(cx.win + half, M2, 1) + off,
+                odd_multiple(cx.win, pmd, 0) + off,
+                odd_multiple(cx.win + half, pmd, 1) + off,
                 MoveOptions::DEFAULT.free_below(),
             )
         }
@@ -150,7 +263,7 @@ fn placement<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     let dst = if dst + len > cx.win + cx.win_len {
         dst - match align {
             Align::To(a) => 2 * a,
-            Align::Mutual => 2 * M2,
+            Align::Mutual => 2 * pmd,
         }
     } else {
         dst
@@ -203,8 +316,8 @@ struct Filled {
 }
 
 /// At most this many bytes are filled and validated under Miri, where each
-/// simulated load and store costs hundreds of times more: one page, and
-/// the sample words beyond it as in every run.
+/// simulated load and store costs hundreds of times more: 4 KiB (a page
+/// with 4 KiB pages), and the sample words beyond it as in every run.
 const MIRI_THRESHOLD: u64 = 4 << 10;
 
 /// Fills the first `threshold` bytes of the source with the pattern,
@@ -214,6 +327,7 @@ fn fill_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     src: u64,
     len: u64,
 ) -> R<Filled> {
+    let Geo { page: pg, .. } = cx.geo;
     let seed = cx.seed();
     let mut thr = cx.cfg.threshold_bytes.min(len).min(cx.ram.len) & !7;
     if cfg!(miri) {
@@ -223,7 +337,7 @@ fn fill_source<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         cx.write(src + 8 * i, pattern(seed, i))?;
     }
     // Sample words beyond the threshold: the same before and after.
-    let samples = [len / 2 - 8, len - K4, len - 8];
+    let samples = [len / 2 - 8, len - pg, len - 8];
     let mut before = [0u64; 3];
     for (b, &o) in before.iter_mut().zip(&samples) {
         *b = cx.read(src + o)?;
@@ -292,18 +406,19 @@ fn check_old_range_gone<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
 }
 
 fn move_overlap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
-    let va = cx.win + 5 * K4;
-    let len = 4 * K4;
+    let Geo { page: pg, .. } = cx.geo;
+    let va = cx.win + 5 * pg;
+    let len = 4 * pg;
     map_source(cx, va, len, MapOptions::PAGES)?;
-    let vas = [va, va + K4, va + 3 * K4, va + 4 * K4, va - K4, va + 5 * K4];
+    let vas = [va, va + pg, va + 3 * pg, va + 4 * pg, va - pg, va + 5 * pg];
     let before = cx.snap(&vas);
     let r = cx
         .space
-        .move_page_tables(VirtAddr(va), VirtAddr(va + K4), len, MoveOptions::DEFAULT);
+        .move_page_tables(VirtAddr(va), VirtAddr(va + pg), len, MoveOptions::DEFAULT);
     cx.expect_error("a move up by one page", r, Error::Overlap, &vas, &before)?;
     let r = cx
         .space
-        .move_page_tables(VirtAddr(va), VirtAddr(va - K4), len, MoveOptions::DEFAULT);
+        .move_page_tables(VirtAddr(va), VirtAddr(va - pg), len, MoveOptions::DEFAULT);
     cx.expect_error("a move down by one page", r, Error::Overlap, &vas, &before)?;
     let r = cx
         .space
@@ -313,11 +428,12 @@ fn move_overlap<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, 
 }
 
 fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A, M, T, H>) -> R {
-    let va = cx.win + 9 * K4;
-    let dst = cx.win + 4 * G1 + 9 * K4;
-    let len = 2 * K4;
+    let Geo { page: pg, unit, .. } = cx.geo;
+    let va = cx.win + 9 * pg;
+    let dst = cx.win + 4 * unit + 9 * pg;
+    let len = 2 * pg;
     map_source(cx, va, len, MapOptions::PAGES)?;
-    let vas = [va, va + K4, dst, dst + K4];
+    let vas = [va, va + pg, dst, dst + pg];
     let before = cx.snap(&vas);
     let r = cx
         .space
@@ -331,14 +447,14 @@ fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, 
     )?;
     let r = cx.space.move_page_tables(
         VirtAddr(va),
-        VirtAddr(dst + 0x800),
+        VirtAddr(dst + pg / 2),
         len,
         MoveOptions::DEFAULT,
     );
     cx.expect_error(
         "a move to a misaligned address",
         r,
-        Error::MisalignedVirt(VirtAddr(dst + 0x800)),
+        Error::MisalignedVirt(VirtAddr(dst + pg / 2)),
         &vas,
         &before,
     )?;
@@ -362,13 +478,14 @@ fn move_misaligned<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, 
 fn move_onto_mapping<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
 ) -> R {
-    let va = cx.win + 11 * K4;
-    let dst = cx.win + 4 * G1 + 11 * K4;
-    let len = 4 * K4;
+    let Geo { page: pg, unit, .. } = cx.geo;
+    let va = cx.win + 11 * pg;
+    let dst = cx.win + 4 * unit + 11 * pg;
+    let len = 4 * pg;
     map_source(cx, va, len, MapOptions::PAGES)?;
     // One page mapped in the middle of the destination.
-    map_source(cx, dst + 2 * K4, K4, MapOptions::PAGES)?;
-    let vas = [va, va + 3 * K4, dst, dst + 2 * K4, dst + 3 * K4];
+    map_source(cx, dst + 2 * pg, pg, MapOptions::PAGES)?;
+    let vas = [va, va + 3 * pg, dst, dst + 2 * pg, dst + 3 * pg];
     let before = cx.snap(&vas);
     let r = cx
         .space
@@ -384,32 +501,38 @@ fn move_onto_mapping<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     }
     cx.consistent("a refused move")?;
     cx.unmap(va, len)?;
-    cx.unmap(dst + 2 * K4, K4)
+    cx.unmap(dst + 2 * pg, pg)
 }
 
 fn move_keeps_protection<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
     cx: &mut Ctx<'_, A, M, T, H>,
 ) -> R {
+    let Geo {
+        page: pg,
+        pmd,
+        unit,
+        ..
+    } = cx.geo;
     // A read-only page and a writable one move together and keep their
     // rights and their data.
-    let va = cx.win + 13 * K4;
-    let dst = cx.win + 4 * G1 + M2 + 3 * K4;
-    map_source(cx, va, 2 * K4, MapOptions::PAGES)?;
+    let va = cx.win + 13 * pg;
+    let dst = cx.win + 4 * unit + pmd + 3 * pg;
+    map_source(cx, va, 2 * pg, MapOptions::PAGES)?;
     let seed = cx.seed();
     cx.write(va, pattern(seed, 0))?;
-    cx.write(va + K4, pattern(seed, 1))?;
-    cx.protect(va, K4, Prot::READ_ONLY)?;
+    cx.write(va + pg, pattern(seed, 1))?;
+    cx.protect(va, pg, Prot::READ_ONLY)?;
     if let Err(e) =
         cx.space
-            .move_page_tables(VirtAddr(va), VirtAddr(dst), 2 * K4, MoveOptions::DEFAULT)
+            .move_page_tables(VirtAddr(va), VirtAddr(dst), 2 * pg, MoveOptions::DEFAULT)
     {
         fail!("move: {e}");
     }
     cx.consistent("move_page_tables")?;
     cx.expect(dst, pattern(seed, 0))?;
     cx.write_faults(dst)?;
-    cx.expect(dst + K4, pattern(seed, 1))?;
-    cx.write(dst + K4, 3)?;
+    cx.expect(dst + pg, pattern(seed, 1))?;
+    cx.write(dst + pg, 3)?;
     cx.read_faults(va)?;
-    cx.unmap(dst, 2 * K4)
+    cx.unmap(dst, 2 * pg)
 }
