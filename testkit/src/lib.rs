@@ -36,6 +36,17 @@ pub const fn miri_sample(i: usize) -> bool {
 /// The stride of [`miri_sample`].
 pub const MIRI_STRIDE: usize = 29;
 
+/// Every seed (or other case list) of a test in a native run; under Miri
+/// only the first, for a loop whose iterations run the same code on
+/// different random data.
+pub fn miri_first<T>(all: &[T]) -> &[T] {
+    if cfg!(miri) {
+        &all[..all.len().min(1)]
+    } else {
+        all
+    }
+}
+
 /// `n` in a native run, `n / 10` under Miri (`cargo xtask miri`): the
 /// step count of a long randomized loop (ASID switches), and any bound
 /// proportional to it, so the same code runs on fewer steps where each

@@ -392,12 +392,17 @@ fn miri_filter(tests: &[String]) -> String {
 ///
 /// The tests themselves scale their long loops down under `cfg(miri)`,
 /// keeping every code path and every per-step check: the model test runs
-/// one episode of `MIRI_OPS` operations per format (and leaves the check
-/// that every documented outcome was reached to the native run), the
-/// randomized and racing loops run a tenth of their rounds
-/// (`miri_scaled`), the exhaustive grids every 29th case (`miri_sample`),
+/// one episode of `MIRI_OPS` operations per format with an eighth of the
+/// map budget and of the rechecked pages (and leaves the check that every
+/// documented outcome was reached to the native run), the randomized and
+/// racing loops run a tenth of their rounds (`miri_scaled`) and only their
+/// first seed (`miri_first`), the protection-change races 48 leaves
+/// instead of 2048, the exhaustive grids every 29th case (`miri_sample`),
 /// and the conformance suite fills and validates one page of each moved
-/// range.
+/// range and, in a run of every case, runs every 17th case of its move
+/// matrix from an offset that follows the format and the machine
+/// (`suite::Summary::unsampled` counts the others), so the suite's runs
+/// on the different formats cover different cases.
 ///
 /// The arena hands out host addresses as physical addresses, hence
 /// permissive provenance. Leaks are not checked: the SMP and race tests

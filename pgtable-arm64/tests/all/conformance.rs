@@ -64,8 +64,10 @@ fn check_against_reference<A: Arch + Send>() {
         );
     }
     assert!(sum.passed > 0);
+    // Under Miri each run leaves a different part of the move matrix out
+    // (`unsampled`, 0 otherwise).
     assert!(
-        sum.passed >= ref_sum.passed,
+        sum.passed + sum.unsampled >= ref_sum.passed + ref_sum.unsampled,
         "{sum:?} vs reference {ref_sum:?}"
     );
 }
