@@ -98,12 +98,18 @@ fn suite_passes_with_a_small_unaligned_ram_pool() {
     let sum = suite::run(&mut space, &mut mach, &cfg());
     let fails: Vec<String> = mach.failures().map(String::from).collect();
     assert!(fails.is_empty(), "failed cases:\n{}", fails.join("\n"));
-    assert_eq!(sum.passed + sum.unsampled, CASES - 2);
-    assert_eq!(sum.skipped, 2);
+    // Under Miri either 1 GiB case may be left out (`unsampled`; never
+    // printed otherwise).
+    let left_out = |case: &str| mach.lines().contains(&format!("unsampled {case}"));
+    let gib_cases = ["map_1g_block", "unmap_part_of_1g_block_splits_it"];
+    let gib_left_out = gib_cases.iter().filter(|c| left_out(c)).count() as u32;
+    assert_eq!(sum.passed + sum.unsampled, CASES - 2 + gib_left_out);
+    assert_eq!(sum.skipped + gib_left_out, 2);
     assert!(
         mach.lines()
             .iter()
-            .any(|l| l.starts_with("skip map_1g_block")),
+            .any(|l| l.starts_with("skip map_1g_block"))
+            || left_out("map_1g_block"),
         "the 1 GiB block case should skip without a 1 GiB aligned RAM block"
     );
 }

@@ -37,8 +37,6 @@ pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A
     cx.case(format_args!("move_misaligned_fails"), move_misaligned);
     cx.case(format_args!("move_onto_a_mapping_fails"), move_onto_mapping);
     cx.case(format_args!("move_keeps_protection"), move_keeps_protection);
-    let sample = miri_sample_of(cx);
-    let mut j = 0;
     for &(size, sname, big) in &SIZES {
         if big && !cx.cfg.big_moves {
             continue;
@@ -50,41 +48,12 @@ pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A
                     continue;
                 }
                 let kind = if blocks { "blocks" } else { "pages" };
-                let name = format_args!("move_{sname}_align_{aname}_{kind}");
-                let kept = sample.is_none_or(|off| j % MIRI_MATRIX_STRIDE == off);
-                j += 1;
-                if !kept {
-                    cx.unsampled(name);
-                    continue;
-                }
-                cx.case(name, |cx| move_case(cx, size, align, blocks));
+                cx.matrix_case(format_args!("move_{sname}_align_{aname}_{kind}"), |cx| {
+                    move_case(cx, size, align, blocks)
+                });
             }
         }
     }
-}
-
-/// Under Miri a run of every case keeps every `MIRI_MATRIX_STRIDE`-th case
-/// of the move matrix (2 or 3 of its 35 without the big moves), starting
-/// at an offset that follows the format, the seed and the machine, so the
-/// suite's runs on the different formats cover different cases.
-const MIRI_MATRIX_STRIDE: u64 = 17;
-
-/// The offset of the matrix cases a Miri run keeps, `None` when every case
-/// runs (not under Miri, or a run restricted by `Config::only`).
-fn miri_sample_of<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
-    cx: &Ctx<'_, A, M, T, H>,
-) -> Option<u64> {
-    if !cfg!(miri) || !cx.cfg.only.is_empty() {
-        return None;
-    }
-    // FNV-1a over what tells the runs apart.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let bytes = A::NAME.bytes().chain(A::LEVELS.to_le_bytes());
-    let words = [cx.cfg.seed, cx.ram.base, cx.ram.len, cx.win];
-    for b in bytes.chain(words.iter().flat_map(|w| w.to_le_bytes())) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    Some(h % MIRI_MATRIX_STRIDE)
 }
 
 /// The `k`-th odd multiple of `align` at or above `base`.
