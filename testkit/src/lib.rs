@@ -43,7 +43,7 @@ pub const fn miri_sample_sparse(i: usize) -> bool {
 }
 
 /// The stride of [`miri_sample_sparse`], prime like [`MIRI_STRIDE`].
-pub const MIRI_SPARSE_STRIDE: usize = 293;
+pub const MIRI_SPARSE_STRIDE: usize = 1009;
 
 /// Every seed (or other case list) of a test in a native run; under Miri
 /// only the first, for a loop whose iterations run the same code on

@@ -403,7 +403,7 @@ fn miri_filter(tests: &[String]) -> String {
 ///   step, a hundredth; the protection-change races 48 leaves instead of
 ///   2048;
 /// - the exhaustive grids run every 29th case (`miri_sample`), the
-///   reservation grids of thousands of cases every 293rd
+///   reservation grids of thousands of cases every 1009th
 ///   (`miri_sample_sparse`), and `replace_pte` of a full table the first
 ///   four pages and every 29th;
 /// - the conformance suite fills and validates one page of each moved
