@@ -394,9 +394,8 @@ fn miri_filter(tests: &[String]) -> String {
 /// keeping every code path and every per-step check:
 ///
 /// - the model test runs one episode of `MIRI_OPS` operations per format
-///   with an eighth of the map budget and of the rechecked pages (and
-///   leaves the check that every documented outcome was reached to the
-///   native run);
+///   (and leaves the check that every documented outcome was reached to
+///   the native run);
 /// - the randomized and racing loops run a tenth of their rounds
 ///   (`miri_scaled`) and only their first seed (`miri_first`); the ASID
 ///   model's 12-bit run, which checks all of its 5000 spaces at every

@@ -100,12 +100,10 @@ pub const MIRI_OPS: u64 = 3 * FULL_EVERY;
 pub const EPISODE_OPS: u64 = 150;
 /// Steps between full checks of the whole address space.
 pub const FULL_EVERY: u64 = 16;
-/// Most leaf entries one generated map may write (keeps steps cheap); an
-/// eighth under Miri.
-const MAP_BUDGET: u64 = if cfg!(miri) { 512 } else { 4096 };
-/// Most pages whose translation is rechecked at full checks; an eighth
-/// under Miri.
-const TOUCHED_MAX: usize = if cfg!(miri) { 256 } else { 2048 };
+/// Most leaf entries one generated map may write (keeps steps cheap).
+const MAP_BUDGET: u64 = 4096;
+/// Most pages whose translation is rechecked at full checks.
+const TOUCHED_MAX: usize = 2048;
 
 /// What to exercise for one format.
 pub struct Config {
