@@ -36,6 +36,26 @@ pub const fn miri_sample(i: usize) -> bool {
 /// The stride of [`miri_sample`].
 pub const MIRI_STRIDE: usize = 29;
 
+/// [`miri_sample`] for the grids of thousands of cases (the reservation
+/// grids of pgtable-core): under Miri every [`MIRI_SPARSE_STRIDE`]-th case.
+pub const fn miri_sample_sparse(i: usize) -> bool {
+    !cfg!(miri) || i % MIRI_SPARSE_STRIDE == 0
+}
+
+/// The stride of [`miri_sample_sparse`], prime like [`MIRI_STRIDE`].
+pub const MIRI_SPARSE_STRIDE: usize = 1009;
+
+/// Every seed (or other case list) of a test in a native run; under Miri
+/// only the first, for a loop whose iterations run the same code on
+/// different random data.
+pub fn miri_first<T>(all: &[T]) -> &[T] {
+    if cfg!(miri) {
+        &all[..all.len().min(1)]
+    } else {
+        all
+    }
+}
+
 /// `n` in a native run, `n / 10` under Miri (`cargo xtask miri`): the
 /// step count of a long randomized loop (ASID switches), and any bound
 /// proportional to it, so the same code runs on fewer steps where each

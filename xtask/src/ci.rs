@@ -391,13 +391,26 @@ fn miri_filter(tests: &[String]) -> String {
 /// libtest under Miri runs a binary's tests one after another on one core.
 ///
 /// The tests themselves scale their long loops down under `cfg(miri)`,
-/// keeping every code path and every per-step check: the model test runs
-/// one episode of `MIRI_OPS` operations per format (and leaves the check
-/// that every documented outcome was reached to the native run), the
-/// randomized and racing loops run a tenth of their rounds
-/// (`miri_scaled`), the exhaustive grids every 29th case (`miri_sample`),
-/// and the conformance suite fills and validates one page of each moved
-/// range.
+/// keeping every code path and every per-step check:
+///
+/// - the model test runs one episode of `MIRI_OPS` operations per format
+///   (and leaves the check that every documented outcome was reached to
+///   the native run);
+/// - the randomized and racing loops run a tenth of their rounds
+///   (`miri_scaled`) and only their first seed (`miri_first`); the ASID
+///   model's 12-bit run, which checks all of its 5000 spaces at every
+///   step, a hundredth; the protection-change races 48 leaves instead of
+///   2048;
+/// - the exhaustive grids run every 29th case (`miri_sample`), the
+///   reservation grids of thousands of cases every 1009th
+///   (`miri_sample_sparse`), and `replace_pte` of a full table the first
+///   four pages and every 29th;
+/// - the conformance suite fills and validates one page of each moved
+///   range and, in a run of every case, runs every fourth case and one
+///   case of its move matrix, from offsets that follow the format and the
+///   machine (`suite::Summary::unsampled` counts the others, printed as
+///   `unsampled <name>`), so the suite's runs on the different formats
+///   cover different cases.
 ///
 /// The arena hands out host addresses as physical addresses, hence
 /// permissive provenance. Leaks are not checked: the SMP and race tests

@@ -85,15 +85,21 @@ fn compare<A: Arch + Send, R: Arch + Send>(skipped_more: u32) {
         );
     }
     assert!(sum.passed > 0);
+    // Under Miri each run leaves a different part of the move matrix out
+    // (`unsampled`, 0 otherwise).
     assert!(
-        sum.passed + skipped_more >= ref_sum.passed,
+        sum.passed + sum.unsampled + skipped_more >= ref_sum.passed + ref_sum.unsampled,
         "{sum:?} vs reference {ref_sum:?}"
     );
-    assert_eq!(
-        sum.skipped,
-        ref_sum.skipped + skipped_more,
-        "{sum:?} vs {ref_sum:?}"
-    );
+    // Exact when both ran every case (always, except under Miri, where
+    // the two formats leave different cases out).
+    if sum.unsampled == 0 && ref_sum.unsampled == 0 {
+        assert_eq!(
+            sum.skipped,
+            ref_sum.skipped + skipped_more,
+            "{sum:?} vs {ref_sum:?}"
+        );
+    }
 }
 
 #[test]

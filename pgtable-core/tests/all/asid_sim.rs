@@ -4,7 +4,7 @@
 //! stay far below the number of switches.
 #![cfg(feature = "sim")]
 
-use pgtable_testkit::{asid_switch, miri_scaled};
+use pgtable_testkit::{asid_switch, miri_first, miri_scaled};
 
 use asid_switch::{check_format, run, Glue};
 use pgtable_core::test_format::TestFormat;
@@ -13,7 +13,7 @@ type T4 = TestFormat<4>;
 
 #[test]
 fn forty_spaces_share_fifteen_asids_without_a_stale_translation() {
-    for seed in [1, 2, 3, 0x5eed] {
+    for &seed in miri_first(&[1, 2, 3, 0x5eed]) {
         let c = run::<T4>(seed, miri_scaled(3000), Glue::SwitchMm).unwrap();
         println!("seed {seed}: {c:?}");
         assert!(c.rollovers >= miri_scaled(10), "seed {seed}: {c:?}");

@@ -69,7 +69,8 @@ const BIG_CASES: u32 = 2 * 5 * 2;
 fn assert_green(sum: Summary, fails: Vec<String>, live: usize, cases: u32) {
     assert!(fails.is_empty(), "failed cases:\n{}", fails.join("\n"));
     assert_eq!(sum.failed, 0);
-    assert_eq!(sum.passed + sum.skipped, cases, "cases run");
+    // `unsampled`: the move cases a Miri run leaves out (0 otherwise).
+    assert_eq!(sum.passed + sum.skipped + sum.unsampled, cases, "cases run");
     assert_eq!(live, 0, "table frames leaked");
 }
 
@@ -111,12 +112,18 @@ fn suite_passes_with_a_small_unaligned_ram_pool() {
     let sum = suite::run(&mut space, &mut mach, &cfg());
     let fails: Vec<String> = mach.failures().map(String::from).collect();
     assert!(fails.is_empty(), "failed cases:\n{}", fails.join("\n"));
-    assert_eq!(sum.passed, CASES - 2);
-    assert_eq!(sum.skipped, 2);
+    // Under Miri either 1 GiB case may be left out (`unsampled`; never
+    // printed otherwise).
+    let left_out = |case: &str| mach.lines().contains(&format!("unsampled {case}"));
+    let gib_cases = ["map_1g_block", "unmap_part_of_1g_block_splits_it"];
+    let gib_left_out = gib_cases.iter().filter(|c| left_out(c)).count() as u32;
+    assert_eq!(sum.passed + sum.unsampled, CASES - 2 + gib_left_out);
+    assert_eq!(sum.skipped + gib_left_out, 2);
     assert!(
         mach.lines()
             .iter()
-            .any(|l| l.starts_with("skip map_1g_block")),
+            .any(|l| l.starts_with("skip map_1g_block"))
+            || left_out("map_1g_block"),
         "the 1 GiB block case should skip without a 1 GiB aligned RAM block"
     );
 }
@@ -172,7 +179,8 @@ fn suite_reports_a_failing_case_and_counts_it() {
         Summary {
             passed: 0,
             failed: 2,
-            skipped: 0
+            skipped: 0,
+            unsampled: 0,
         }
     );
     assert_eq!(mach.0.lines().last().unwrap(), "0 passed, 2 failed");
@@ -228,8 +236,13 @@ fn skipped_for(skips: &[String], why: &str) -> u32 {
 fn green_on<A: Arch>(skipped: u32) -> Vec<String> {
     let (sum, fails, skips, live) = run_lines::<A>(&cfg());
     assert_green(sum, fails, live, CASES);
-    assert_eq!(sum.skipped, skipped, "skipped cases: {skips:?}");
-    assert_eq!(sum.passed, CASES - skipped);
+    if sum.unsampled == 0 {
+        assert_eq!(sum.skipped, skipped, "skipped cases: {skips:?}");
+        assert_eq!(sum.passed, CASES - skipped);
+    } else {
+        // Under Miri, cases left out skip nothing.
+        assert!(sum.skipped <= skipped, "skipped cases: {skips:?}");
+    }
     skips
 }
 
@@ -255,9 +268,12 @@ fn suite_passes_with_64k_pages_and_42_bits() {
     // Two levels: no PUD, so the two PUD block cases and the 7 moves at PUD
     // alignment (one of two pages, the others of pages and blocks) skip.
     let skips = green_on::<K64x42>(9);
-    assert_eq!(skipped_for(&skips, "none at height 2"), 2, "{skips:?}");
-    assert_eq!(skipped_for(&skips, "no PUD level"), 7, "{skips:?}");
-    assert!(skips.iter().any(|l| l.starts_with("skip map_4t_block")));
+    // Exactly these skip; under Miri, where cases are left out, at most.
+    let exact = |n: u32, want: u32| n == want || cfg!(miri) && n < want;
+    let blocks = skipped_for(&skips, "none at height 2");
+    assert!(exact(blocks, 2), "{skips:?}");
+    assert!(exact(skipped_for(&skips, "no PUD level"), 7), "{skips:?}");
+    assert!(cfg!(miri) || skips.iter().any(|l| l.starts_with("skip map_4t_block")));
     assert!(skips
         .iter()
         .all(|l| !l.contains("align_pud") || l.contains("no PUD level")));
@@ -366,7 +382,8 @@ fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
         Summary {
             passed: 0,
             failed: 3,
-            skipped: 0
+            skipped: 0,
+            unsampled: 0
         },
         "{:?}",
         mach.0.lines()

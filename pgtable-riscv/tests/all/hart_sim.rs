@@ -27,7 +27,12 @@ fn suite_on<const L: u32, M: Mmu>(
     let fails: Vec<String> = mach.failures().map(String::from).collect();
     assert!(fails.is_empty(), "failed cases:\n{}", fails.join("\n"));
     assert_eq!((sum.failed, sum.skipped), (0, 0));
-    assert!(sum.passed >= 40, "only {} cases passed", sum.passed);
+    // `unsampled`: the move cases a Miri run leaves out (0 otherwise).
+    assert!(
+        sum.passed + sum.unsampled >= 40,
+        "only {} cases passed",
+        sum.passed
+    );
 }
 
 #[test]

@@ -15,7 +15,7 @@ use pgtable_core::asid::{AsidAllocator, AsidContext};
 use pgtable_core::contract::{Mmu, Slot, TlbRange};
 use pgtable_core::sim::{SimAlloc, SimMachine, SimMmu};
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
-use pgtable_testkit::miri_scaled;
+use pgtable_testkit::{miri_first, miri_scaled};
 use pgtable_x86::{
     flush_plan, full_flush_plan, kernel_flush_plan, pcid_flush_plan, FlushKind, FlushPlan,
     OtherPcid, Pcid, PcidCpu, PcidFlush, X86_64,
@@ -259,14 +259,14 @@ fn run(seed: u64, has_invpcid: bool, bug: Bug) -> Result<u64, String> {
 
 #[test]
 fn spaces_that_are_not_current_are_flushed_by_invpcid() {
-    for seed in [1, 2, 3] {
+    for &seed in miri_first(&[1, 2, 3]) {
         assert_eq!(run(seed, true, Bug::None), Ok(0), "seed {seed}");
     }
 }
 
 #[test]
 fn without_invpcid_their_flush_is_deferred_to_their_next_switch() {
-    for seed in [1, 2, 3] {
+    for &seed in miri_first(&[1, 2, 3]) {
         let deferred = run(seed, false, Bug::None).unwrap();
         assert!(
             deferred > miri_scaled(50),

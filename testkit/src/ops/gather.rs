@@ -53,11 +53,14 @@ pub fn gather_batches_one_flush_and_defers_frees<A: Arch>() {
 /// holds from earlier operations is still flushed and freed at the end.
 pub fn gather_errors_change_nothing<A: Arch>() {
     let (m, mut s) = setup::<A>();
-    map(&mut s, 0, 4 * M2, KRW, MapOptions::PAGES);
+    // Under Miri the unmapped PTE table and one more (each step of the
+    // snapshots is interpreted), natively four.
+    let len = if cfg!(miri) { 2 * M2 } else { 4 * M2 };
+    map(&mut s, 0, len, KRW, MapOptions::PAGES);
     let live = m.alloc().live();
     let mut tlb = s.tlb_gather_mmu();
     tlb.unmap(VirtAddr(VA), M2).unwrap();
-    let before = snapshot(tlb.space(), VA, 4 * M2);
+    let before = snapshot(tlb.space(), VA, len);
     let queued = tlb.tables_queued();
     let bad = VirtAddr(VA + 1);
     let e = Err(Error::MisalignedVirt(bad));
@@ -66,7 +69,7 @@ pub fn gather_errors_change_nothing<A: Arch>() {
     assert_eq!(tlb.change_protection(bad, M2, Prot::READ_ONLY), e);
     let what = ClearRefs::ALL;
     assert_eq!(tlb.clear_refs(bad, M2, what, |_| panic!("reported")), e);
-    assert_eq!(snapshot(tlb.space(), VA, 4 * M2), before);
+    assert_eq!(snapshot(tlb.space(), VA, len), before);
     assert_eq!(tlb.tables_queued(), queued);
     tlb.finish();
     assert_eq!(m.alloc().live(), live - queued);

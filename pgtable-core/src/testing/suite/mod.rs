@@ -85,8 +85,9 @@
 //!
 //! # Output
 //!
-//! One line per case, `ok <name>`, `FAIL <name>: <reason>` or
-//! `skip <name>: <reason>`, and a final line that is exactly
+//! One line per case, `ok <name>`, `FAIL <name>: <reason>`,
+//! `skip <name>: <reason>` or, under Miri, `unsampled <name>` (see
+//! [`Summary::unsampled`]), and a final line that is exactly
 //! `N passed, N failed`.
 //!
 //! # For OS authors: running it on your port
@@ -294,6 +295,14 @@ pub struct Summary {
     /// Cases skipped because the machine or the format cannot run them
     /// (printed with the reason; not counted as passed).
     pub skipped: u32,
+    /// Cases left out of a run of every case in a build interpreted by
+    /// Miri (`cfg(miri)`), where each simulated access costs hundreds of
+    /// times more: such a run keeps every fourth case and one case of the
+    /// `move_page_tables` matrix, from offsets that follow the format, the
+    /// seed and the machine, so runs with different formats cover
+    /// different cases. Printed as `unsampled <name>`. Always 0 in other
+    /// builds and in runs restricted by [`Config::only`].
+    pub unsampled: u32,
 }
 
 /// Runs every selected case on `space` (live and installed: `mach`'s
@@ -324,7 +333,10 @@ pub fn run<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
         tables,
         sum: Summary::default(),
         case_no: 0,
+        miri_offsets: None,
+        group_no: [0; 2],
     };
+    cx.miri_offsets = miri_offsets(&cx);
     let hz = cx.mach.cycle_hz();
     let emulated = cx.mach.emulated();
     cx.mach.print(format_args!(
@@ -602,17 +614,73 @@ pub(crate) struct Ctx<'a, A: Arch, M: Mmu, T: TableAlloc, H: Machine> {
     tables: usize,
     sum: Summary,
     case_no: u64,
+    /// Under Miri in a run of every case: the offsets of the cases kept,
+    /// per group ([`Group`]).
+    miri_offsets: Option<[u64; 2]>,
+    /// Cases met so far, per group.
+    group_no: [u64; 2],
+}
+
+/// The groups of cases a Miri run samples separately.
+#[derive(Clone, Copy)]
+enum Group {
+    /// Every case outside the move matrix.
+    Other = 0,
+    /// The `move_page_tables` matrix, whose cases cost the most.
+    Matrix = 1,
+}
+
+/// Under Miri a run of every case keeps every `MIRI_STRIDES[g]`-th case of
+/// group `g`: every fourth case and one of the 35 of the move matrix
+/// (without the big moves).
+const MIRI_STRIDES: [u64; 2] = [4, 35];
+
+/// The offsets of the cases a Miri run keeps, `None` when every case runs
+/// (not under Miri, or a run restricted by [`Config::only`]).
+fn miri_offsets<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(
+    cx: &Ctx<'_, A, M, T, H>,
+) -> Option<[u64; 2]> {
+    if !cfg!(miri) || !cx.cfg.only.is_empty() {
+        return None;
+    }
+    // FNV-1a over what tells the runs apart.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = A::NAME.bytes().chain(A::LEVELS.to_le_bytes());
+    let words = [cx.cfg.seed, cx.ram.base, cx.ram.len, cx.win];
+    for b in bytes.chain(words.iter().flat_map(|w| w.to_le_bytes())) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    Some([(h >> 32) % MIRI_STRIDES[0], h % MIRI_STRIDES[1]])
 }
 
 impl<A: Arch, M: Mmu, T: TableAlloc, H: Machine> Ctx<'_, A, M, T, H> {
     /// Runs one case if selected, checks that it left the window empty,
     /// and prints its line.
     pub(crate) fn case(&mut self, name: fmt::Arguments, f: impl FnOnce(&mut Self) -> R) {
+        self.case_in(Group::Other, name, f);
+    }
+
+    /// [`case`](Self::case) for a case of the move matrix.
+    pub(crate) fn matrix_case(&mut self, name: fmt::Arguments, f: impl FnOnce(&mut Self) -> R) {
+        self.case_in(Group::Matrix, name, f);
+    }
+
+    fn case_in(&mut self, g: Group, name: fmt::Arguments, f: impl FnOnce(&mut Self) -> R) {
         let name: Buf<64> = Buf::from_args(name);
         let name = name.as_str();
         self.case_no += 1;
+        let i = self.group_no[g as usize];
+        self.group_no[g as usize] += 1;
         if !self.cfg.selected(name) {
             return;
+        }
+        if let Some(off) = self.miri_offsets {
+            let g = g as usize;
+            if (i + off[g]) % MIRI_STRIDES[g] != 0 {
+                self.sum.unsampled += 1;
+                self.mach.print(format_args!("unsampled {name}"));
+                return;
+            }
         }
         let r = f(self).and_then(|()| self.leak_check());
         match r {

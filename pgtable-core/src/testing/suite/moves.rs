@@ -143,7 +143,7 @@ pub(crate) fn all<A: Arch, M: Mmu, T: TableAlloc, H: Machine>(cx: &mut Ctx<'_, A
                     continue;
                 }
                 let kind = if blocks { "blocks" } else { "pages" };
-                cx.case(format_args!("move_{sname}_align_{aname}_{kind}"), |cx| {
+                cx.matrix_case(format_args!("move_{sname}_align_{aname}_{kind}"), |cx| {
                     move_case(cx, size, l.puds > 0 || place == Place::Pud, align, blocks)
                 });
             }
