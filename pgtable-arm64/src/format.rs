@@ -378,9 +378,14 @@ impl<const P: u32, const V: u32> Arm64Format<P, V> {
     pub const SHARED_ROOT: bool = Self::GRANULE.levels(V - 1) == Self::GRANULE.levels(V);
 
     /// The address bits of an entry for the page- (or block-) aligned
-    /// `pa` (Linux `__phys_to_pte_val`).
+    /// `pa` below `2^PA_BITS` (Linux `__phys_to_pte_val`).
     #[inline]
     pub const fn oa_bits(pa: u64) -> u64 {
+        if !Self::OA52 {
+            // A page-aligned address below 2^48 is its own field: no mask
+            // (the store loops of `map` build every leaf through here).
+            return pa;
+        }
         let high = if Self::DS {
             ((pa >> 50) & 0b11) << 8
         } else if Self::OA52 {
