@@ -35,3 +35,23 @@ fn model_test_format_deferred_block_protection() {
         env!("CARGO_PKG_NAME"),
     );
 }
+
+#[test]
+fn model_test_format_16k_48bit() {
+    model::run_format::<TestFormat<4, 14, 48>>("test-16K-48bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_test_format_64k_48bit() {
+    model::run_format::<TestFormat<3, 16, 48>>("test-64K-48bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_test_format_64k_42bit() {
+    model::run_format::<TestFormat<2, 16, 0>>("test-64K-42bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_test_format_4k_52bit() {
+    model::run_format::<TestFormat<5, 12, 52>>("test-4K-52bit", env!("CARGO_PKG_NAME"));
+}
