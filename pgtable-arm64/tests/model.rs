@@ -9,7 +9,10 @@
 
 use pgtable_testkit::model;
 
-use pgtable_arm64::{Arm64, Arm64K16, Arm64K64, Arm64Lpa2, Arm64Va39};
+use pgtable_arm64::{
+    Arm64, Arm64K16, Arm64K16Lpa2, Arm64K16Va36, Arm64K16Va47, Arm64K64, Arm64K64Va42,
+    Arm64K64Va52, Arm64Lpa2, Arm64Va39,
+};
 
 #[test]
 fn model_arm64_48bit_va() {
@@ -34,4 +37,29 @@ fn model_arm64_64k_48bit_va() {
 #[test]
 fn model_arm64_4k_52bit_va_lpa2() {
     model::run_format::<Arm64Lpa2>("arm64-4K-52bit-lpa2", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_arm64_16k_47bit_va() {
+    model::run_format::<Arm64K16Va47>("arm64-16K-47bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_arm64_16k_36bit_va() {
+    model::run_format::<Arm64K16Va36>("arm64-16K-36bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_arm64_16k_52bit_va_lpa2() {
+    model::run_format::<Arm64K16Lpa2>("arm64-16K-52bit-lpa2", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_arm64_64k_42bit_va() {
+    model::run_format::<Arm64K64Va42>("arm64-64K-42bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_arm64_64k_52bit_va() {
+    model::run_format::<Arm64K64Va52>("arm64-64K-52bit", env!("CARGO_PKG_NAME"));
 }

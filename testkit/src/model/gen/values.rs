@@ -28,6 +28,18 @@ impl Gen {
         bits.with_mem(mem)
     }
 
+    /// A misalignment: an offset in `[1, page)`. With pages larger than
+    /// 4 KiB, half of them are multiples of 4 KiB (what code that assumes
+    /// 4 KiB pages would accept).
+    fn sub_page(&mut self) -> u64 {
+        const K: u64 = 4096;
+        if self.sz.k4 > K && self.rng.chance(50) {
+            (1 + self.rng.below(self.sz.k4 / K - 1)) * K
+        } else {
+            1 + self.rng.below(self.sz.k4 - 1)
+        }
+    }
+
     /// A page-aligned address inside one of the regions, near a PUD
     /// boundary of it.
     pub(super) fn region_va(&mut self) -> u64 {
@@ -72,7 +84,7 @@ impl Gen {
             };
         }
         match self.rng.below(100) {
-            0..=2 => self.region_va() + 1 + self.rng.below(self.sz.k4 - 1),
+            0..=2 => self.region_va() + self.sub_page(),
             3..=5 => {
                 let k = self.rng.below(4) * self.sz.k4;
                 self.rng.pick(&[
@@ -128,7 +140,7 @@ impl Gen {
                 }
             }
             73..=76 => 0,
-            77..=80 => (1 + self.rng.below(16)) * self.sz.k4 + 1 + self.rng.below(self.sz.k4 - 1),
+            77..=80 => (1 + self.rng.below(16)) * self.sz.k4 + self.sub_page(),
             81..=86 => self.rng.pick(&[
                 !(self.sz.k4 - 1),
                 1 << self.va_bits,
@@ -159,11 +171,7 @@ impl Gen {
                     fit.wrapping_add(self.sz.k4)
                 }
             }
-            _ => {
-                (self.rng.below((64 << 30) >> self.sz.shift) << self.sz.shift)
-                    + 1
-                    + self.rng.below(self.sz.k4 - 1)
-            }
+            _ => (self.rng.below((64 << 30) >> self.sz.shift) << self.sz.shift) + self.sub_page(),
         }
     }
 }
