@@ -3,7 +3,8 @@
 //! faults, software entries, fork, live changes, gathers; kernel and user
 //! spaces) on the simulated machine against a reference model, for the
 //! test formats (3, 4 and 5 levels, and the deferred block-protection
-//! path). The engine, shared with the arch crates, and how to replay a
+//! path, with 4 KiB pages; 16 KiB pages with 48-bit VA, 64 KiB pages with
+//! 48-bit and 42-bit VA, 4 KiB pages with 52-bit VA). The engine, shared with the arch crates, and how to replay a
 //! failure or run the soak (`cargo xtask soak`) are described in
 //! `pgtable_testkit::model`.
 #![cfg(feature = "sim")]

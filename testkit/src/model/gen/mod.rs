@@ -340,9 +340,9 @@ impl Gen {
         let fail = |g: &mut Gen| g.rng.chance(12).then(|| g.rng.below(8));
         let no_cont = self.rng.chance(25);
         match self.rng.below(100) {
-            // Blocks: whole 2 MiB or 1 GiB entries, sometimes a few pages
+            // Blocks: whole PMD or PUD entries, sometimes a few pages
             // more (pages after the blocks), or a folded run of 16 PMD
-            // blocks (32 MiB).
+            // blocks (32 MiB with 4 KiB pages).
             0..=11 => {
                 let a = if self.rng.chance(35) {
                     self.sz.g1

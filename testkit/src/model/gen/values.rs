@@ -153,7 +153,8 @@ impl Gen {
     }
 
     /// A physical address for mapping `len` bytes at `va`: mostly
-    /// congruent with `va` modulo 1 GiB or 2 MiB (so blocks can be used),
+    /// congruent with `va` modulo a PUD or a PMD block (1 GiB or 2 MiB with
+    /// 4 KiB pages; so blocks can be used),
     /// sometimes at the top of `PA_BITS` or misaligned.
     pub fn pa(&mut self, va: u64, len: u64) -> u64 {
         let top = 1u64 << self.pa_bits;
