@@ -3,7 +3,8 @@
 //! faults, software entries, fork, live changes, gathers; kernel and user
 //! spaces) on the simulated machine against a reference model, for the
 //! test formats (3, 4 and 5 levels, and the deferred block-protection
-//! path). The engine, shared with the arch crates, and how to replay a
+//! path, with 4 KiB pages; 16 KiB pages with 48-bit VA, 64 KiB pages with
+//! 48-bit and 42-bit VA, 4 KiB pages with 52-bit VA). The engine, shared with the arch crates, and how to replay a
 //! failure or run the soak (`cargo xtask soak`) are described in
 //! `pgtable_testkit::model`.
 #![cfg(feature = "sim")]
@@ -34,4 +35,24 @@ fn model_test_format_deferred_block_protection() {
         "test-4level-deferred-block-prot",
         env!("CARGO_PKG_NAME"),
     );
+}
+
+#[test]
+fn model_test_format_16k_48bit() {
+    model::run_format::<TestFormat<4, 14, 48>>("test-16K-48bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_test_format_64k_48bit() {
+    model::run_format::<TestFormat<3, 16, 48>>("test-64K-48bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_test_format_64k_42bit() {
+    model::run_format::<TestFormat<2, 16, 0>>("test-64K-42bit", env!("CARGO_PKG_NAME"));
+}
+
+#[test]
+fn model_test_format_4k_52bit() {
+    model::run_format::<TestFormat<5, 12, 52>>("test-4K-52bit", env!("CARGO_PKG_NAME"));
 }

@@ -649,7 +649,9 @@ impl<A: Arch, M: Mmu, T: TableAlloc> AddressSpace<A, M, T> {
         gather: &mut TlbGather,
         z: &mut Z,
     ) {
-        const CHUNK: usize = 64;
+        // As long as the largest folded run (arm64 16 KiB granule: 128
+        // PTEs), so that aligned chunks hold whole runs.
+        const CHUNK: usize = contpte::MAX_RUN;
         // A table that stays linked is cleared entry by entry.
         let whole = covers::<A>(va, end, 1) && !z.keeps_tables();
         let trust = z.trust_settled();

@@ -69,15 +69,20 @@ impl VaRange {
     }
 
     /// The root-table indices whose entries translate this range for
-    /// format `F` (`first..=last`): all 512 for [`VaRange::Both`] and for
-    /// a half of a [`Format::SEPARATE_HALVES`] format, 0–255 or 256–511
-    /// for a half of a format with one root for both.
+    /// format `F` (`first..=last`), out of the root's
+    /// [`top_entries`](crate::contract::level::top_entries) (Linux
+    /// `PTRS_PER_PGD`; 512 with 4 KiB pages and a full root): all of them
+    /// for [`VaRange::Both`] and for a half of a
+    /// [`Format::SEPARATE_HALVES`] format, the lower or the upper half of
+    /// them (0–255 or 256–511 of 512) for a half of a format with one
+    /// root for both.
     #[inline]
     pub const fn root_indices<F: Format>(self) -> (usize, usize) {
+        let n = crate::contract::level::top_entries::<F>();
         match self {
-            VaRange::Lower if !F::SEPARATE_HALVES => (0, 255),
-            VaRange::Upper if !F::SEPARATE_HALVES => (256, 511),
-            _ => (0, 511),
+            VaRange::Lower if !F::SEPARATE_HALVES => (0, n / 2 - 1),
+            VaRange::Upper if !F::SEPARATE_HALVES => (n / 2, n - 1),
+            _ => (0, n - 1),
         }
     }
 
@@ -152,6 +157,22 @@ mod tests {
         assert!(!VaRange::Upper.contains::<F>((1 << 47) - 1));
         assert_eq!(VaRange::Upper.root_indices::<F>(), (256, 511));
         assert_eq!(VaRange::of(u64::MAX), VaRange::Upper);
+    }
+
+    /// A partly used root (16 KiB pages, 48-bit VA: 2 root entries; 4 KiB
+    /// pages, 52-bit VA with 5 levels: 16) splits its own entries between
+    /// the halves, not 512.
+    #[test]
+    fn root_indices_of_a_partly_used_root() {
+        type K16 = TestFormat<4, 14, 48>;
+        assert_eq!(VaRange::Lower.root_indices::<K16>(), (0, 0));
+        assert_eq!(VaRange::Upper.root_indices::<K16>(), (1, 1));
+        assert_eq!(VaRange::Both.root_indices::<K16>(), (0, 1));
+        type Va52 = TestFormat<5, 12, 52>;
+        assert_eq!(VaRange::Upper.root_indices::<Va52>(), (8, 15));
+        assert_eq!(VaRange::Both.root_indices::<Va52>(), (0, 15));
+        type K64 = TestFormat<2, 16, 0>;
+        assert_eq!(VaRange::Both.root_indices::<K64>(), (0, 8191));
     }
 
     /// The window agrees with the range's definition on every edge: the

@@ -2,6 +2,10 @@
 //! count, translations against the model, loads and stores through the
 //! MMU.
 
+use crate::model::geometry;
+use crate::model::geometry::top_vpn;
+use pgtable_core::contract::level;
+use pgtable_core::contract::level::page_size;
 use pgtable_core::contract::{AccessFault, Arch};
 use pgtable_core::sim::{SimFault, SimFaultKind};
 use pgtable_core::{VaRange, VirtAddr};
@@ -52,7 +56,7 @@ impl<A: Arch> Episode<A> {
             if self.check(va, len).is_err() {
                 continue;
             }
-            let (s, e) = pages(va, len);
+            let (s, e) = pages::<A>(va, len);
             for p in [s.wrapping_sub(1), s, e - 1, e] {
                 if self.cur.touched.len() < TOUCHED_MAX {
                     self.cur.touched.insert(p);
@@ -62,7 +66,7 @@ impl<A: Arch> Episode<A> {
             if changed {
                 // Whole PUD entries around the range: splits change the
                 // blocks the range covers in part.
-                let g = 1 << 18;
+                let g = geometry::pud::<A>() / page_size::<A>();
                 let (ws, we) = (s & !(g - 1), e.div_ceil(g) * g);
                 let (ws, we) = clip::<A>(self.cur.range, ws, we);
                 window_check(&self.cur, ws, we)?;
@@ -79,16 +83,16 @@ fn clip<A: Arch>(range: VaRange, s: u64, e: u64) -> (u64, u64) {
     let (first, last) = match range {
         VaRange::Both => {
             // The half of `s`.
-            let half = 1u64 << (A::VA_BITS - 1 - 12);
+            let half = 1u64 << (A::VA_BITS - 1 - A::PAGE_SHIFT);
             if s < half {
                 (0, half - 1)
             } else {
-                ((1 << 52) - half, (1 << 52) - 1)
+                (top_vpn::<A>() - half, top_vpn::<A>() - 1)
             }
         }
         r => {
             let (f, l) = r.bounds::<A>();
-            (f >> 12, l >> 12)
+            (f >> A::PAGE_SHIFT, l >> A::PAGE_SHIFT)
         }
     };
     (s.max(first), e.min(last + 1).max(s.max(first)))
@@ -98,20 +102,20 @@ fn clip<A: Arch>(range: VaRange, s: u64, e: u64) -> (u64, u64) {
 fn halves<A: Arch>(range: VaRange) -> Vec<(u64, u64)> {
     match range {
         VaRange::Both => {
-            let half = 1u64 << (A::VA_BITS - 1 - 12);
-            vec![(0, half), ((1 << 52) - half, 1 << 52)]
+            let half = 1u64 << (A::VA_BITS - 1 - A::PAGE_SHIFT);
+            vec![(0, half), (top_vpn::<A>() - half, top_vpn::<A>())]
         }
         r => {
             let (f, l) = r.bounds::<A>();
-            vec![(f >> 12, (l >> 12) + 1)]
+            vec![(f >> A::PAGE_SHIFT, (l >> A::PAGE_SHIFT) + 1)]
         }
     }
 }
 
 /// `translate` of page `p` (at an odd offset) against the model.
 fn translate_check<A: Arch>(slot: &Slot<A>, p: u64) -> Result<(), Failure> {
-    let va = (p << 12).wrapping_add(0x9a8);
-    if p >= 1 << 52 {
+    let va = (p << A::PAGE_SHIFT).wrapping_add(0x9a8);
+    if p >= top_vpn::<A>() {
         return Ok(());
     }
     let got = slot.space.translate(VirtAddr(va)).map(|t| (t.pa.0, t.prot));
@@ -120,7 +124,7 @@ fn translate_check<A: Arch>(slot: &Slot<A>, p: u64) -> Result<(), Failure> {
     } else {
         None
     };
-    let want = want.map(|(ppn, prot)| ((ppn << 12) + 0x9a8, prot));
+    let want = want.map(|(ppn, prot)| ((ppn << A::PAGE_SHIFT) + 0x9a8, prot));
     if got != want {
         return fail(
             "translate",
@@ -145,8 +149,8 @@ fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
                 "swap",
                 format!(
                     "the tables in [{:#x}, {:#x}) hold the software entries {:x?}, the model says {:x?}",
-                    s << 12,
-                    e << 12,
+                    s << A::PAGE_SHIFT,
+                    e << A::PAGE_SHIFT,
                     got.get(i),
                     want.get(i)
                 ),
@@ -155,14 +159,14 @@ fn swap_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> {
     for (p, v) in want {
         let got = slot
             .space
-            .ptep_get(VirtAddr(p << 12))
+            .ptep_get(VirtAddr(p << A::PAGE_SHIFT))
             .and_then(|e| e.swap_value());
         if got != Some(v) {
             return fail(
                 "swap",
                 format!(
                     "swap_entry({:#x}) = {got:x?}, the model says {v:#x}",
-                    p << 12
+                    p << A::PAGE_SHIFT
                 ),
             );
         }
@@ -177,21 +181,32 @@ fn window_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> 
         return Ok(());
     }
     let mut got = Vec::new();
-    let r = slot.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
-        let (lo, hi) = (vpn(m.va.0).max(s), (vpn(m.va.0) + m.size / 4096).min(e));
-        let run = Run {
-            pages: hi - lo,
-            ppn: vpn(m.pa.0) + (lo - vpn(m.va.0)),
-            prot: m.prot,
-            young: A::is_young(m.entry),
-            dirty: A::is_dirty(m.entry),
-        };
-        push_run(&mut got, lo, run);
-    });
+    let r = slot.space.walk(
+        VirtAddr(s << A::PAGE_SHIFT),
+        (e - s) << A::PAGE_SHIFT,
+        |m| {
+            let (lo, hi) = (
+                vpn::<A>(m.va.0).max(s),
+                (vpn::<A>(m.va.0) + m.size / page_size::<A>()).min(e),
+            );
+            let run = Run {
+                pages: hi - lo,
+                ppn: vpn::<A>(m.pa.0) + (lo - vpn::<A>(m.va.0)),
+                prot: m.prot,
+                young: A::is_young(m.entry),
+                dirty: A::is_dirty(m.entry),
+            };
+            push_run(&mut got, lo, run);
+        },
+    );
     if let Err(err) = r {
         return fail(
             "translate",
-            format!("walk({:#x}, {:#x}) failed: {err:?}", s << 12, (e - s) << 12),
+            format!(
+                "walk({:#x}, {:#x}) failed: {err:?}",
+                s << A::PAGE_SHIFT,
+                (e - s) << A::PAGE_SHIFT
+            ),
         );
     }
     let want = slot.model.runs_in(s, e);
@@ -205,9 +220,9 @@ fn window_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> 
             v.get(i).map(|(p, r)| {
                 format!(
                     "{:#x}: {} pages at {:#x} {:?} young {} dirty {}",
-                    p << 12,
+                    p << A::PAGE_SHIFT,
                     r.pages,
-                    r.ppn << 12,
+                    r.ppn << A::PAGE_SHIFT,
                     r.prot,
                     r.young,
                     r.dirty
@@ -218,8 +233,8 @@ fn window_check<A: Arch>(slot: &Slot<A>, s: u64, e: u64) -> Result<(), Failure> 
             "translate",
             format!(
                 "the tables in [{:#x}, {:#x}) map {:?}, the model says {:?}",
-                s << 12,
-                e << 12,
+                s << A::PAGE_SHIFT,
+                e << A::PAGE_SHIFT,
                 show(&got),
                 show(&want)
             ),
@@ -241,9 +256,13 @@ impl<A: Arch> Episode<A> {
             for (s, e) in halves::<A>(slot.range) {
                 window_check(slot, s, e)?;
                 swap_check(slot, s, e)?;
-                let _ = slot.space.walk(VirtAddr(s << 12), (e - s) << 12, |m| {
-                    tally.note("leaves", ["4K", "2M", "1G"][m.height as usize]);
-                });
+                let _ = slot.space.walk(
+                    VirtAddr(s << A::PAGE_SHIFT),
+                    (e - s) << A::PAGE_SHIFT,
+                    |m| {
+                        tally.note("leaves", geometry::size_name(level::size::<A>(m.height)));
+                    },
+                );
             }
             for &p in &slot.touched {
                 translate_check(slot, p)?;
@@ -298,8 +317,8 @@ impl<A: Arch> Episode<A> {
             .position(|s| s.installed && s.range.contains::<A>(va))
             .map(|i| i == 1);
         let slot = other.map(|o| if o { &self.other } else { &self.cur });
-        let m = slot.and_then(|s| s.model.lookup(vpn(va)));
-        let pa = m.map(|(ppn, _)| (ppn << 12) | (va & 0xfff));
+        let m = slot.and_then(|s| s.model.lookup(vpn::<A>(va)));
+        let pa = m.map(|(ppn, _)| (ppn << A::PAGE_SHIFT) | (va & (page_size::<A>() - 1)));
         let got = match write {
             None => self.machine.read_u64(VirtAddr(va)),
             Some(v) => self.machine.write_u64(VirtAddr(va), v).map(|()| v),
@@ -344,7 +363,7 @@ impl<A: Arch> Episode<A> {
                 None => "a translation fault".to_string(),
                 Some((ppn, prot)) => format!(
                     "pa {:#x} {prot:?} holding {:#x}",
-                    (ppn << 12) | (va & 0xfff),
+                    (ppn << A::PAGE_SHIFT) | (va & (page_size::<A>() - 1)),
                     self.phys.get(&pa.unwrap()).unwrap_or(&0)
                 ),
             };
@@ -359,7 +378,7 @@ impl<A: Arch> Episode<A> {
                 std::mem::swap(&mut self.cur, &mut self.other);
                 self.other_changed.set(true);
             }
-            if let Some(unit) = unit_of::<A>(&self.cur.space, vpn(va)) {
+            if let Some(unit) = unit_of::<A>(&self.cur.space, vpn::<A>(va)) {
                 self.mark(unit, true, write.is_some());
             }
             if o {

@@ -70,6 +70,7 @@ mod checks;
 mod episode;
 mod gathered;
 mod gen;
+mod geometry;
 mod ops;
 mod oracle;
 mod reference;

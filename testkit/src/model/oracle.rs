@@ -12,6 +12,7 @@
 //! `change_protection` only for blocks whose protection changes.
 //! Arithmetic is in `u128`, so the top of the 64-bit space needs no care.
 
+use crate::model::geometry::top_vpn;
 use std::sync::atomic::Ordering::Relaxed;
 
 use pgtable_core::contract::{level, Arch, Decoded, Slot, TableAlloc};
@@ -88,7 +89,7 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Option<String> {
             ));
         }
         let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
-        if let Some(i) = (0..512).find(|&i| at(&b.2, i) != at(&a.2, i)) {
+        if let Some(i) = (0..b.2.len().max(a.2.len())).find(|&i| at(&b.2, i) != at(&a.2, i)) {
             return Some(format!(
                 "table {:#x} (height {}) entry {i}: {:#x} -> {:#x}",
                 b.0,
@@ -127,8 +128,8 @@ fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Opti
             continue;
         }
         if let Decoded::Table(c) = A::decode(raw, h) {
-            let mut cva = va | ((i as u64) << (12 + 9 * h));
-            if h == A::LEVELS - 1 && i >= 256 {
+            let mut cva = va | ((i as u64) << level::shift::<A>(h));
+            if h == A::LEVELS - 1 && i >= level::top_entries::<A>() / 2 {
                 // Sign-extend: the upper half.
                 cva |= !0u64 << (A::VA_BITS - 1);
             }
@@ -151,7 +152,10 @@ fn empty_below<A: Arch>(space: &Space<A>, pa: PhysAddr, h: u32, va: u64) -> Opti
 /// [`Format::swp_value`]: pgtable_core::contract::Format::swp_value
 pub fn swap_entries<A: Arch>(space: &Space<A>, s: u64, e: u64) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
-    let (s, e) = (u128::from(s) << 12, u128::from(e) << 12);
+    let (s, e) = (
+        u128::from(s) << A::PAGE_SHIFT,
+        u128::from(e) << A::PAGE_SHIFT,
+    );
     swp_walk::<A>(space, space.root(), A::LEVELS - 1, s, e, &mut out);
     out
 }
@@ -166,15 +170,18 @@ fn swp_walk<A: Arch>(
 ) {
     let t = table(space, pa);
     while va < end {
-        let n = next(va, h, end);
+        let n = next::<A>(va, h, end);
         // Relaxed: no operation runs; only the simulated walker, which this
         // test drives from the same thread, writes entries.
-        let raw = t[index(va, h)].load(Relaxed);
+        let raw = t[index::<A>(va, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 0 => swp_walk::<A>(space, c, h - 1, va, n, out),
             Decoded::Invalid => {
                 let v = if h == 0 { A::swp_value(raw) } else { None };
-                out.push(((va >> 12) as u64 & ((1 << 52) - 1), v.unwrap_or(u64::MAX)));
+                out.push((
+                    (va >> A::PAGE_SHIFT) as u64 & (top_vpn::<A>() - 1),
+                    v.unwrap_or(u64::MAX),
+                ));
             }
             _ => {}
         }
@@ -182,17 +189,17 @@ fn swp_walk<A: Arch>(
     }
 }
 
-fn size(h: u32) -> u128 {
-    1u128 << (12 + 9 * h)
+fn size<A: Arch>(h: u32) -> u128 {
+    u128::from(level::size::<A>(h))
 }
 
-fn index(va: u128, h: u32) -> usize {
-    ((va >> (12 + 9 * h)) & 511) as usize
+fn index<A: Arch>(va: u128, h: u32) -> usize {
+    level::index::<A>(va as u64, h)
 }
 
 /// The end of the entry at height `h` holding `va`, clamped to `end`.
-fn next(va: u128, h: u32, end: u128) -> u128 {
-    ((va / size(h) + 1) * size(h)).min(end)
+fn next<A: Arch>(va: u128, h: u32, end: u128) -> u128 {
+    ((va / size::<A>(h) + 1) * size::<A>(h)).min(end)
 }
 
 /// Tables and leaves a map needs.
@@ -242,19 +249,19 @@ impl<A: Arch> MapWalk<'_, A> {
     /// (`None`: a table the map creates).
     fn walk(&mut self, h: u32, tpa: Option<PhysAddr>, va: u128, end: u128, pa: u128) {
         if h == 0 {
-            self.need.leaves += ((end - va) / size(0)) as u64;
+            self.need.leaves += ((end - va) / size::<A>(0)) as u64;
             return;
         }
         let t = tpa.map(|t| table(self.space, t));
         let mut v = va;
         while v < end && self.need.leaves <= self.budget {
-            let n = next(v, h, end);
+            let n = next::<A>(v, h, end);
             let p = pa + (v - va);
-            let whole = v % size(h) == 0 && n - v == size(h);
+            let whole = v % size::<A>(h) == 0 && n - v == size::<A>(h);
             // Relaxed: no operation runs; only the simulated walker, which this
             // test drives from the same thread, writes entries.
-            let raw = t.map_or(0, |t| t[index(v, h)].load(Relaxed));
-            if self.opts.allows(h) && A::leaf_allowed(h) && whole && p % size(h) == 0 {
+            let raw = t.map_or(0, |t| t[index::<A>(v, h)].load(Relaxed));
+            if self.opts.allows(h) && A::leaf_allowed(h) && whole && p % size::<A>(h) == 0 {
                 self.need.leaves += 1;
                 self.need.blocked |= raw != 0;
             } else {
@@ -296,14 +303,16 @@ fn split_walk<A: Arch>(
     let mut need = 0;
     let mut v = va;
     while v < end {
-        let n = next(v, h, end);
-        let whole = v % size(h) == 0 && n - v == size(h);
+        let n = next::<A>(v, h, end);
+        let whole = v % size::<A>(h) == 0 && n - v == size::<A>(h);
         // Relaxed: no operation runs; only the simulated walker, which this
         // test drives from the same thread, writes entries.
-        let raw = t[index(v, h)].load(Relaxed);
+        let raw = t[index::<A>(v, h)].load(Relaxed);
         match A::decode(raw, h) {
             Decoded::Table(c) if h > 1 => need += split_walk::<A>(space, h - 1, c, v, n, split),
-            Decoded::Leaf(_) if h > 0 && !whole && split(raw, h) => need += block_need(h, v, n),
+            Decoded::Leaf(_) if h > 0 && !whole && split(raw, h) => {
+                need += block_need::<A>(h, v, n)
+            }
             _ => {}
         }
         v = n;
@@ -313,14 +322,14 @@ fn split_walk<A: Arch>(
 
 /// Tables to split a block at height `h` around `[va, end)`, children
 /// covered in part included.
-fn block_need(h: u32, va: u128, end: u128) -> u64 {
+fn block_need<A: Arch>(h: u32, va: u128, end: u128) -> u64 {
     let mut need = 1;
     if h > 1 {
         let mut v = va;
         while v < end {
-            let n = next(v, h - 1, end);
-            if !(v % size(h - 1) == 0 && n - v == size(h - 1)) {
-                need += block_need(h - 1, v, n);
+            let n = next::<A>(v, h - 1, end);
+            if !(v % size::<A>(h - 1) == 0 && n - v == size::<A>(h - 1)) {
+                need += block_need::<A>(h - 1, v, n);
             }
             v = n;
         }

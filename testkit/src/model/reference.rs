@@ -1,12 +1,13 @@
 //! The reference model: what is mapped, kept as runs of pages, and the
 //! results the documentation promises for bad input.
 //!
-//! Addresses are kept as page numbers (`va >> 12`), so the end of a run at
-//! the very top of the 64-bit space (2^52 pages) needs no wrapping.
+//! Addresses are kept as page numbers (`va >> PAGE_SHIFT` of the format),
+//! so the end of a run at the very top of the 64-bit space (2^52 pages of
+//! 4 KiB) needs no wrapping.
 
 use std::collections::BTreeMap;
 
-use pgtable_core::contract::{Format, PAGE_SHIFT, PAGE_SIZE};
+use pgtable_core::contract::{level, Format};
 use pgtable_core::{Error, PhysAddr, Prot, VaRange, VirtAddr};
 
 use super::gen::Rng;
@@ -290,7 +291,7 @@ pub fn check_range_in<A: Format>(range: VaRange, va: u64, len: u64) -> Result<()
     if range == VaRange::Both {
         return check_range::<A>(va, len);
     }
-    check_shape(va, len)?;
+    check_shape::<A>(va, len)?;
     let (first, last) = range.bounds::<A>();
     if va < first || va > last {
         return Err(Error::OutOfRange(VirtAddr(va)));
@@ -305,14 +306,14 @@ pub fn check_range_in<A: Format>(range: VaRange, va: u64, len: u64) -> Result<()
 }
 
 /// Zero length, misaligned start, misaligned length.
-fn check_shape(va: u64, len: u64) -> Result<(), Error> {
+fn check_shape<A: Format>(va: u64, len: u64) -> Result<(), Error> {
     if len == 0 {
         return Err(Error::ZeroLength);
     }
-    if va % PAGE_SIZE != 0 {
+    if va % level::page_size::<A>() != 0 {
         return Err(Error::MisalignedVirt(VirtAddr(va)));
     }
-    if len % PAGE_SIZE != 0 {
+    if len % level::page_size::<A>() != 0 {
         return Err(Error::MisalignedLength(len));
     }
     Ok(())
@@ -320,7 +321,7 @@ fn check_shape(va: u64, len: u64) -> Result<(), Error> {
 
 /// [`check_range_in`] for a space of both halves.
 pub fn check_range<A: Format>(va: u64, len: u64) -> Result<(), Error> {
-    check_shape(va, len)?;
+    check_shape::<A>(va, len)?;
     if !canonical::<A>(va) {
         return Err(Error::OutOfRange(VirtAddr(va)));
     }
@@ -339,7 +340,7 @@ pub fn check_range<A: Format>(va: u64, len: u64) -> Result<(), Error> {
 /// What `map` must return for the physical range `[pa, pa + len)`:
 /// misaligned, or not encodable in `PA_BITS` (reported with its start).
 pub fn check_phys<A: Format>(pa: u64, len: u64) -> Result<(), Error> {
-    if pa % PAGE_SIZE != 0 {
+    if pa % level::page_size::<A>() != 0 {
         return Err(Error::MisalignedPhys(PhysAddr(pa)));
     }
     if u128::from(pa) + u128::from(len) > 1u128 << A::PA_BITS {
@@ -349,11 +350,11 @@ pub fn check_phys<A: Format>(pa: u64, len: u64) -> Result<(), Error> {
 }
 
 /// Page number of `va`.
-pub fn vpn(va: u64) -> u64 {
-    va >> PAGE_SHIFT
+pub fn vpn<A: Format>(va: u64) -> u64 {
+    va >> A::PAGE_SHIFT
 }
 
 /// `[first page, end page)` of a range that [`check_range`] accepted.
-pub fn pages(va: u64, len: u64) -> (u64, u64) {
-    (vpn(va), vpn(va) + len / PAGE_SIZE)
+pub fn pages<A: Format>(va: u64, len: u64) -> (u64, u64) {
+    (vpn::<A>(va), vpn::<A>(va) + len / level::page_size::<A>())
 }

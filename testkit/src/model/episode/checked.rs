@@ -2,6 +2,7 @@
 //! failure injected, the result, the tables taken, and on error the
 //! tables byte for byte as before.
 
+use pgtable_core::contract::level;
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 
@@ -192,19 +193,19 @@ impl<A: Arch> Episode<A> {
     ) -> Result<(), Error> {
         self.check(old, len)?;
         self.check(new, len)?;
-        let (so, eo) = pages(old, len);
-        let (sn, en) = pages(new, len);
+        let (so, eo) = pages::<A>(old, len);
+        let (sn, en) = pages::<A>(new, len);
         if so < en && sn < eo {
             return Err(Error::Overlap);
         }
         if let Some(p) = self.cur.model.first_mapped(sn, en) {
-            return Err(Error::AlreadyMapped(VirtAddr(p << 12)));
+            return Err(Error::AlreadyMapped(VirtAddr(p << A::PAGE_SHIFT)));
         }
         if kind == MoveKind::FreeBelow {
             // The claim is checked where the mutual-alignment rule would
             // use it: both starts at the same offset in a PMD, the range
             // reaching the next PMD boundary, the widened ranges disjoint.
-            let pmd = 512u64;
+            let pmd = level::entries::<A>() as u64;
             let off = so % pmd;
             let fast_pmd = A::HAVE_MOVE_PMD && pgtable_core::MoveOptions::PMD_BUILT;
             if fast_pmd && off != 0 && off == sn % pmd && eo - so >= pmd - off {
@@ -217,7 +218,7 @@ impl<A: Arch> Episode<A> {
                         .first_mapped(ao, so)
                         .or_else(|| self.cur.model.first_mapped(an, sn));
                     if let Some(p) = hit {
-                        return Err(Error::AlreadyMapped(VirtAddr(p << 12)));
+                        return Err(Error::AlreadyMapped(VirtAddr(p << A::PAGE_SHIFT)));
                     }
                 }
             }

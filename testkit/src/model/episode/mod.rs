@@ -8,6 +8,8 @@
 mod checked;
 mod step;
 
+use pgtable_core::contract::level;
+use pgtable_core::contract::level::page_size;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::{Deref, DerefMut};
 
@@ -136,7 +138,7 @@ pub(super) fn fresh<A: Arch>(pa: u64, prot: Prot) -> (bool, bool) {
 ///
 /// [`Format::modify_prot`]: pgtable_core::contract::Format::modify_prot
 pub(super) fn reprotect<A: Arch>(r: &Run, prot: Prot) -> (bool, bool) {
-    let mut raw = A::leaf(PhysAddr(r.ppn << 12), r.prot, 0);
+    let mut raw = A::leaf(PhysAddr(r.ppn << A::PAGE_SHIFT), r.prot, 0);
     raw = if r.young {
         A::mkyoung(raw, 0)
     } else {
@@ -156,7 +158,7 @@ pub(super) fn new_run<A: Arch>(pages: u64, pa: u64, prot: Prot) -> Run {
     let (young, dirty) = fresh::<A>(pa, prot);
     Run {
         pages,
-        ppn: pa >> 12,
+        ppn: pa >> A::PAGE_SHIFT,
         prot: prot.normalized(),
         young,
         dirty,
@@ -288,8 +290,10 @@ impl<A: Arch> Episode<A> {
                 if self.move_expected(old, new, len, kind).is_ok() {
                     // A destination at another offset in a PMD turns every
                     // block of the source into pages: keep those few.
-                    let (s, e) = pages(old, len);
-                    let splits_all = (new.wrapping_sub(old) >> 12) % 512 != 0;
+                    let (s, e) = pages::<A>(old, len);
+                    let splits_all = (new.wrapping_sub(old) >> A::PAGE_SHIFT)
+                        % level::entries::<A>() as u64
+                        != 0;
                     let pages: u64 = self.cur.model.runs_in(s, e).iter().map(|r| r.1.pages).sum();
                     if splits_all && pages > MAP_BUDGET {
                         return None;
@@ -322,9 +326,13 @@ impl<A: Arch> Episode<A> {
     /// What `install_pte` must return: the page's range, the physical
     /// page, then whether anything is there.
     pub(super) fn install_expected(&self, va: u64, pa: u64) -> Result<(), Error> {
-        self.check(va, 4096)?;
-        check_phys::<A>(pa, 4096)?;
-        match self.cur.model.first_mapped(va >> 12, (va >> 12) + 1) {
+        self.check(va, page_size::<A>())?;
+        check_phys::<A>(pa, page_size::<A>())?;
+        match self
+            .cur
+            .model
+            .first_mapped(va >> A::PAGE_SHIFT, (va >> A::PAGE_SHIFT) + 1)
+        {
             Some(_) => Err(Error::AlreadyMapped(VirtAddr(va))),
             None => Ok(()),
         }
@@ -334,12 +342,14 @@ impl<A: Arch> Episode<A> {
     /// range, the value's width, then whether anything (a page or a
     /// software entry) is there.
     fn swap_expected(&self, va: u64, value: u64) -> Result<(), Error> {
-        self.check(va, 4096)?;
+        self.check(va, page_size::<A>())?;
         let bits = A::SWP_VALUE_BITS;
         if bits == 0 || (bits < 64 && value >> bits != 0) {
             return Err(Error::SwapValueTooWide(value));
         }
-        if self.cur.model.lookup(va >> 12).is_some() || self.cur.model.swp(va >> 12).is_some() {
+        if self.cur.model.lookup(va >> A::PAGE_SHIFT).is_some()
+            || self.cur.model.swp(va >> A::PAGE_SHIFT).is_some()
+        {
             return Err(Error::AlreadyMapped(VirtAddr(va)));
         }
         Ok(())
@@ -348,18 +358,26 @@ impl<A: Arch> Episode<A> {
     /// The tables `install_pte` of a software entry at `va` takes: those a
     /// one-page map there would.
     pub(super) fn swap_need(&self, va: u64) -> u64 {
-        oracle::map_need::<A>(&self.cur.space, va, 4096, 0, MapOptions::PAGES, 1).tables
+        oracle::map_need::<A>(
+            &self.cur.space,
+            va,
+            page_size::<A>(),
+            0,
+            MapOptions::PAGES,
+            1,
+        )
+        .tables
     }
 
     /// A load or store near what `op` worked on, or of a mapped page.
     pub(super) fn touch_op(&self, op: &Op, gen: &mut Gen) -> Op {
         let page = if !self.cur.model.is_empty() && gen.rng.chance(70) {
-            let hint = gen.va(&self.cur.model, 0) >> 12;
+            let hint = gen.va(&self.cur.model, 0) >> A::PAGE_SHIFT;
             self.cur
                 .model
                 .random_page(&mut gen.rng, hint)
                 .expect("not empty")
-                << 12
+                << A::PAGE_SHIFT
         } else {
             let base = match *op {
                 Op::Map { va, .. }
@@ -386,9 +404,9 @@ impl<A: Arch> Episode<A> {
                 Op::Gather { steps, .. } => steps[0].range().0,
                 Op::Switch => gen.va(&self.cur.model, 0),
             };
-            (base & !0xfff).wrapping_add(gen.rng.below(4) << 12)
+            (base & !(page_size::<A>() - 1)).wrapping_add(gen.rng.below(4) << A::PAGE_SHIFT)
         };
-        let va = page + gen.rng.below(512) * 8;
+        let va = page + gen.rng.below(page_size::<A>() / 8) * 8;
         let write = gen.rng.chance(40).then(|| gen.rng.next());
         Op::Touch { va, write }
     }
@@ -396,9 +414,9 @@ impl<A: Arch> Episode<A> {
     fn map_expected(&self, va: u64, pa: u64, len: u64) -> Result<(), Error> {
         self.check(va, len)?;
         check_phys::<A>(pa, len)?;
-        let (s, e) = pages(va, len);
+        let (s, e) = pages::<A>(va, len);
         match self.cur.model.first_mapped(s, e) {
-            Some(p) => Err(Error::AlreadyMapped(VirtAddr(p << 12))),
+            Some(p) => Err(Error::AlreadyMapped(VirtAddr(p << A::PAGE_SHIFT))),
             None => Ok(()),
         }
     }

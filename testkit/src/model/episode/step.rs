@@ -1,6 +1,7 @@
 //! One step of an episode: the operation applied to the current space,
 //! with the result, the tables and the translations the model expects.
 
+use pgtable_core::contract::level::page_size;
 use pgtable_core::contract::{Arch, NewPte};
 use pgtable_core::{Error, PhysAddr, VirtAddr};
 
@@ -49,8 +50,10 @@ impl<A: Arch> Episode<A> {
                     f,
                 )?;
                 if got {
-                    let (s, _) = pages(va, len);
-                    self.cur.model.insert(s, new_run::<A>(len >> 12, pa, prot));
+                    let (s, _) = pages::<A>(va, len);
+                    self.cur
+                        .model
+                        .insert(s, new_run::<A>(len >> A::PAGE_SHIFT, pa, prot));
                 }
                 self.after(&[(va, len)], got)
             }
@@ -75,7 +78,7 @@ impl<A: Arch> Episode<A> {
                     f,
                 )?;
                 if got {
-                    let (s, e) = pages(va, len);
+                    let (s, e) = pages::<A>(va, len);
                     self.cur.model.take(s, e);
                     self.cur.model.take_swp(s, e);
                 }
@@ -109,7 +112,7 @@ impl<A: Arch> Episode<A> {
                     f,
                 )?;
                 if got {
-                    let (s, e) = pages(va, len);
+                    let (s, e) = pages::<A>(va, len);
                     self.cur
                         .model
                         .protect(s, e, prot, &|r| reprotect::<A>(r, prot));
@@ -140,8 +143,8 @@ impl<A: Arch> Episode<A> {
                     f,
                 )?;
                 if got {
-                    let (so, eo) = pages(old, len);
-                    let (sn, _) = pages(new, len);
+                    let (so, eo) = pages::<A>(old, len);
+                    let (sn, _) = pages::<A>(new, len);
                     for (vpn, run) in self.cur.model.take(so, eo) {
                         self.cur.model.insert(vpn - so + sn, run);
                     }
@@ -174,35 +177,36 @@ impl<A: Arch> Episode<A> {
                     f,
                 )?;
                 if got {
-                    self.cur.model.set_swp(va >> 12, value);
+                    self.cur.model.set_swp(va >> A::PAGE_SHIFT, value);
                 }
-                self.after(&[(va & !0xfff, 4096)], got)
+                self.after(&[(va & !(page_size::<A>() - 1), page_size::<A>())], got)
             }
             Op::Replace { va, pa, prot, swap } => {
                 // What `replace_pte` replaces: a software entry (its value
                 // comes back), a page (its frame and accessed/dirty state;
                 // whether the model's page is a PTE or part of a block is
                 // the tables' business), or nothing.
-                let vpn = va >> 12;
+                let vpn = va >> A::PAGE_SHIFT;
                 let leaf_height = self
                     .cur
                     .space
-                    .ptep_get(VirtAddr(va & !0xfff))
+                    .ptep_get(VirtAddr(va & !(page_size::<A>() - 1)))
                     .map(|e| e.height());
                 let page = self.cur.model.page(vpn);
                 let encodes = match swap {
                     Some(v) if A::swp_entry(v).is_none() => Err(Error::SwapValueTooWide(v)),
                     Some(_) => Ok(()),
-                    None => check_phys::<A>(pa, 4096),
+                    None => check_phys::<A>(pa, page_size::<A>()),
                 };
-                let want = self.check(va, 4096).and(encodes).and_then(|()| {
-                    match (self.cur.model.swp(vpn), page) {
+                let want = self
+                    .check(va, page_size::<A>())
+                    .and(encodes)
+                    .and_then(|()| match (self.cur.model.swp(vpn), page) {
                         (Some(v), _) => Ok(Some(v)),
                         (None, Some(_)) if leaf_height == Some(0) => Ok(None),
                         (None, Some(_)) => Err(Error::BlockMapped(VirtAddr(va))),
                         (None, None) => Err(Error::NotMapped(VirtAddr(va))),
-                    }
-                });
+                    });
                 let value = want.ok();
                 // The entry returned is checked here (a mismatch panics,
                 // which the episode reports as a failure).
@@ -219,7 +223,8 @@ impl<A: Arch> Episode<A> {
                             Some(v) => (Some(v), None),
                             None => (
                                 None,
-                                old.pa().map(|p| (p.0 >> 12, old.young(), old.dirty())),
+                                old.pa()
+                                    .map(|p| (p.0 >> A::PAGE_SHIFT, old.young(), old.dirty())),
                             ),
                         };
                         let want = match (value, page) {
@@ -249,7 +254,7 @@ impl<A: Arch> Episode<A> {
                         None => self.cur.model.insert(vpn, new_run::<A>(1, pa, prot)),
                     }
                 }
-                self.after(&[(va & !0xfff, 4096)], got)
+                self.after(&[(va & !(page_size::<A>() - 1), page_size::<A>())], got)
             }
             _ => self.step_more(op, tally),
         }

@@ -17,24 +17,61 @@ mod replay;
 mod rng;
 mod values;
 
-use pgtable_core::contract::{Format, PAGE_SIZE};
+use pgtable_core::contract::Format;
 use pgtable_core::{Prot, VaRange};
 
+use super::geometry;
 use super::reference::Model;
 
 pub use op::{Fault, GStep, Harvest, MapKind, MoveKind, Op};
 pub use replay::ProtSrc;
 pub use rng::{episode_seed, Rng};
 
-const K4: u64 = PAGE_SIZE;
-const M2: u64 = 2 << 20;
-const G1: u64 = 1 << 30;
-/// A folded run of 16 PTEs (arm64 contiguous hint) and of 16 PMD blocks.
-const K64: u64 = 16 * K4;
-const M32: u64 = 16 * M2;
-/// Bytes of each address region the operations work in.
-pub const REGION: u64 = 4 * G1;
+/// The sizes operations are drawn around, from the format's geometry (for
+/// 4 KiB pages: 4 KiB, 2 MiB, 1 GiB, 64 KiB, 32 MiB).
+#[derive(Clone, Copy)]
+pub(super) struct Sizes {
+    /// A page.
+    k4: u64,
+    /// A PMD block.
+    m2: u64,
+    /// A PUD block (the top level's entry for two levels).
+    g1: u64,
+    /// A folded run of PTEs (arm64 contiguous hint; 16 pages where the
+    /// format folds none).
+    k64: u64,
+    /// A folded run of PMD blocks.
+    m32: u64,
+    /// `PAGE_SHIFT`.
+    shift: u32,
+    /// Bytes of each address region the operations work in: four PUDs.
+    region: u64,
+    /// PUD-congruent physical addresses are drawn among this many PUDs
+    /// (64, fewer where 64 PUDs pass half of `PA_BITS`).
+    puds: u64,
+}
 
+impl Sizes {
+    fn of<A: Format>() -> Sizes {
+        let k4 = geometry::page::<A>();
+        let m2 = geometry::pmd::<A>();
+        let g1 = geometry::pud::<A>();
+        let fold = |h: u32| match A::cont_entries(h) {
+            0 | 1 => 16,
+            n => u64::from(n),
+        };
+        Sizes {
+            k4,
+            m2,
+            g1,
+            k64: fold(0) * k4,
+            m32: fold(1) * m2,
+            shift: A::PAGE_SHIFT,
+            region: 4 * g1,
+            puds: ((1u64 << (A::PA_BITS - 1)) / g1).clamp(1, 64),
+        }
+    }
+}
 /// The generator for one format.
 pub struct Gen {
     pub rng: Rng,
@@ -56,6 +93,8 @@ pub struct Gen {
     pub range: VaRange,
     /// `Format::SWP_VALUE_BITS`.
     swp_bits: u32,
+    /// The format's page, PMD and PUD sizes.
+    sz: Sizes,
 }
 
 impl Gen {
@@ -63,16 +102,18 @@ impl Gen {
     pub fn new<A: Format>(seed: u64) -> Gen {
         let swp_bits = A::SWP_VALUE_BITS;
         let half = 1u64 << (A::VA_BITS - 1);
+        let sz = Sizes::of::<A>();
+        let region = sz.region;
         let regions = [VaRange::Lower, VaRange::Upper].map(|r| {
             let (first, last) = r.bounds::<A>();
             let mid = first + (last - first) / 2 + 1;
-            [first, mid - REGION, mid, (last - (REGION - 1))]
+            [first, mid - region, mid, (last - (region - 1))]
         });
         for (i, half_regions) in regions.iter().enumerate() {
             let r = [VaRange::Lower, VaRange::Upper][i];
             for &start in half_regions {
                 assert!(
-                    r.contains::<A>(start) && r.contains::<A>(start + (REGION - 1)),
+                    r.contains::<A>(start) && r.contains::<A>(start + (region - 1)),
                     "{}: region {start:#x} is not in {r:?}",
                     A::NAME
                 );
@@ -87,6 +128,7 @@ impl Gen {
             upper: VaRange::Upper.bounds::<A>().0,
             range: VaRange::Both,
             swp_bits,
+            sz,
         }
     }
 
@@ -107,7 +149,7 @@ impl Gen {
         // Sometimes a mapped page: `replace_pte` replaces it in place (or
         // refuses a block).
         let mapped = if self.rng.chance(10) {
-            let hint = self.va(model, 0) >> 12;
+            let hint = self.va(model, 0) >> self.sz.shift;
             model.random_page(&mut self.rng, hint)
         } else {
             None
@@ -116,12 +158,12 @@ impl Gen {
             let va = if self.rng.chance(10) {
                 self.va(model, 50)
             } else {
-                vpn << 12
+                vpn << self.sz.shift
             };
             let pa = if self.rng.chance(5) {
-                1 + (self.rng.below(1 << 20) << 12)
+                1 + (self.rng.below(1 << 20) << self.sz.shift)
             } else {
-                self.rng.below(64 << 18) << 12
+                self.rng.below((64 << 30) >> self.sz.shift) << self.sz.shift
             };
             // A page mostly swapped out, a software entry swapped in.
             let swap = (mapped.is_some() && self.rng.chance(60)).then(|| {
@@ -142,7 +184,7 @@ impl Gen {
         // Mostly next to what is mapped, so moves and unmaps meet them.
         let va = self.va(model, 70);
         let va = if self.rng.chance(50) {
-            va & !(K4 - 1)
+            va & !(self.sz.k4 - 1)
         } else {
             va
         };
@@ -200,13 +242,17 @@ impl Gen {
                 let va = self.va(model, 40);
                 let va = if self.rng.chance(60) {
                     // Next to what is mapped: an empty slot of a table.
-                    (va & !(K4 - 1)).wrapping_add(self.rng.pick(&[K4, 2 * K4, K4.wrapping_neg()]))
+                    (va & !(self.sz.k4 - 1)).wrapping_add(self.rng.pick(&[
+                        self.sz.k4,
+                        2 * self.sz.k4,
+                        self.sz.k4.wrapping_neg(),
+                    ]))
                 } else {
                     va
                 };
                 Op::Install {
                     va,
-                    pa: self.pa(va, K4),
+                    pa: self.pa(va, self.sz.k4),
                     prot: self.prot(),
                     fail: fail(self),
                 }
@@ -222,7 +268,7 @@ impl Gen {
             }
             90..=93 => {
                 let va = self.va(model, 75);
-                let prot = match model.lookup(va >> 12) {
+                let prot = match model.lookup(va >> self.sz.shift) {
                     // Mostly a change that can be made in place.
                     Some((_, p)) if self.rng.chance(70) => {
                         let flip = self.rng.pick(&[Prot::WRITE, Prot::EXEC, Prot::USER]);
@@ -277,7 +323,7 @@ impl Gen {
     fn point(&mut self, model: &Model) -> u64 {
         let va = self.va(model, 85);
         let va = if self.rng.chance(50) {
-            (va & !(K4 - 1)) + self.rng.below(K4)
+            (va & !(self.sz.k4 - 1)) + self.rng.below(self.sz.k4)
         } else {
             va
         };
@@ -294,29 +340,33 @@ impl Gen {
         let fail = |g: &mut Gen| g.rng.chance(12).then(|| g.rng.below(8));
         let no_cont = self.rng.chance(25);
         match self.rng.below(100) {
-            // Blocks: whole 2 MiB or 1 GiB entries, sometimes a few pages
+            // Blocks: whole PMD or PUD entries, sometimes a few pages
             // more (pages after the blocks), or a folded run of 16 PMD
-            // blocks (32 MiB).
+            // blocks (32 MiB with 4 KiB pages).
             0..=11 => {
-                let a = if self.rng.chance(35) { G1 } else { M2 };
-                let run = a == M2 && self.rng.chance(30);
-                let va = self.region_va() & !(if run { M32 } else { a } - 1);
+                let a = if self.rng.chance(35) {
+                    self.sz.g1
+                } else {
+                    self.sz.m2
+                };
+                let run = a == self.sz.m2 && self.rng.chance(30);
+                let va = self.region_va() & !(if run { self.sz.m32 } else { a } - 1);
                 let extra = if self.rng.chance(20) {
-                    self.rng.below(4) * K4
+                    self.rng.below(4) * self.sz.k4
                 } else {
                     0
                 };
                 let len = if run {
-                    (1 + self.rng.below(2)) * M32
+                    (1 + self.rng.below(2)) * self.sz.m32
                 } else {
                     (1 + self.rng.below(3)) * a
                 } + extra;
                 Op::Map {
                     va,
-                    pa: (self.rng.below(64) << 30) + (va & (G1 - 1)),
+                    pa: self.rng.below(self.sz.puds) * self.sz.g1 + (va & (self.sz.g1 - 1)),
                     len,
                     prot: self.prot(),
-                    kind: if a == M2 && self.rng.chance(50) {
+                    kind: if a == self.sz.m2 && self.rng.chance(50) {
                         MapKind::PmdBlocks
                     } else {
                         MapKind::Blocks
@@ -330,7 +380,10 @@ impl Gen {
                 let va = self.va(model, 15);
                 let (va, len) = if self.rng.chance(20) {
                     // Whole folded runs of pages.
-                    (va & !(K64 - 1), (1 + self.rng.below(4)) * K64)
+                    (
+                        va & !(self.sz.k64 - 1),
+                        (1 + self.rng.below(4)) * self.sz.k64,
+                    )
                 } else {
                     (va, self.len(va))
                 };
@@ -361,7 +414,7 @@ impl Gen {
             }
             60..=79 => {
                 let va = self.va(model, 60);
-                let prot = match model.lookup(va >> 12) {
+                let prot = match model.lookup(va >> self.sz.shift) {
                     // Often the protection the range already has.
                     Some((_, p)) if self.rng.chance(30) => p,
                     _ => self.prot(),
@@ -379,13 +432,18 @@ impl Gen {
                 let new = match self.rng.below(100) {
                     // Same offset in a PMD or PUD: the fast paths.
                     0..=29 => {
-                        let a = if self.rng.chance(60) { M2 } else { G1 };
+                        let a = if self.rng.chance(60) {
+                            self.sz.m2
+                        } else {
+                            self.sz.g1
+                        };
                         let base = self.region_va() & !(a - 1);
                         base | (old & (a - 1))
                     }
                     // Overlapping ranges.
                     30..=39 => {
-                        let d = (1 + self.rng.below((len / K4).clamp(1, 1024))) * K4;
+                        let d =
+                            (1 + self.rng.below((len / self.sz.k4).clamp(1, 1024))) * self.sz.k4;
                         if self.rng.chance(50) {
                             old.wrapping_add(d)
                         } else {

@@ -20,9 +20,9 @@ impl<A: Arch> Episode<A> {
     ) -> Result<(), Failure> {
         let want = self.check(va, len).and_then(|()| {
             check_range_in::<A>(self.other.range, va, len)?;
-            let (s, e) = pages(va, len);
+            let (s, e) = pages::<A>(va, len);
             match self.other.model.first_mapped(s, e) {
-                Some(p) => Err(Error::AlreadyMapped(VirtAddr(p << 12))),
+                Some(p) => Err(Error::AlreadyMapped(VirtAddr(p << A::PAGE_SHIFT))),
                 None => Ok(()),
             }
         });
@@ -37,7 +37,7 @@ impl<A: Arch> Episode<A> {
         };
         let got = self.run_checked(op, k, tally, exp, f)?;
         if got {
-            let (s, e) = pages(va, len);
+            let (s, e) = pages::<A>(va, len);
             for (p, r) in self.cur.model.runs_in(s, e) {
                 let prot = if cow {
                     r.prot.difference(Prot::WRITE)
@@ -91,7 +91,10 @@ impl<A: Arch> Episode<A> {
             let ls = u128::from(m.va.0);
             let whole = ls >= u128::from(va) && ls + u128::from(m.size) <= end;
             let (rs, re) = unit_at::<A>(m.va.0, h, m.entry);
-            let (rs, re) = (u128::from(rs) << 12, u128::from(re) << 12);
+            let (rs, re) = (
+                u128::from(rs) << A::PAGE_SHIFT,
+                u128::from(re) << A::PAGE_SHIFT,
+            );
             // (For a leaf outside a run, the unit is the leaf: covered in
             // part means `!whole`.)
             let run_part = A::is_cont(m.entry, h) && (rs < u128::from(va) || re > end);
@@ -149,7 +152,7 @@ impl<A: Arch> Episode<A> {
         };
         let got = self.run_checked(op, k, tally, exp, f)?;
         if got {
-            let (s, e) = pages(va, len);
+            let (s, e) = pages::<A>(va, len);
             self.cur
                 .model
                 .protect(s, e, prot, &|r| reprotect::<A>(r, prot));

@@ -1,5 +1,7 @@
 //! `ptep_set_access_flags` and `install_pte`: the fault-time operations.
 
+use pgtable_core::contract::level;
+use pgtable_core::contract::level::page_size;
 use pgtable_core::contract::NewPte;
 use std::cell::Cell;
 
@@ -21,7 +23,7 @@ impl<A: Arch> Episode<A> {
         flags: Fault,
         tally: &mut Tally,
     ) -> Result<(), Failure> {
-        let vpn = va >> 12;
+        let vpn = va >> A::PAGE_SHIFT;
         // The result, and the pages and the change the model makes.
         let mut change = None;
         let want = if !self.contains(va) {
@@ -56,24 +58,26 @@ impl<A: Arch> Episode<A> {
                 // (a folded run is unfolded first, Linux
                 // `contpte_ptep_set_access_flags`); accessed/dirty state
                 // to the whole translation.
-                let size = 1u64 << (12 + 9 * h);
+                let size = level::size::<A>(h);
                 let span = if mkwrite {
-                    let s = (va & !(size - 1)) >> 12;
-                    (s, s + (size >> 12))
+                    let s = (va & !(size - 1)) >> A::PAGE_SHIFT;
+                    (s, s + (size >> A::PAGE_SHIFT))
                 } else {
                     unit_at::<A>(va, h, raw)
                 };
                 change = Some((span, mkwrite));
                 // Whether an entry of the span changes.
-                let changed = (span.0..span.1).step_by((size >> 12) as usize).any(|p| {
-                    let raw = self
-                        .cur
-                        .space
-                        .inspect()
-                        .entry(VirtAddr(p << 12), h)
-                        .unwrap_or(0);
-                    change_of(raw) != raw
-                });
+                let changed = (span.0..span.1)
+                    .step_by((size >> A::PAGE_SHIFT) as usize)
+                    .any(|p| {
+                        let raw = self
+                            .cur
+                            .space
+                            .inspect()
+                            .entry(VirtAddr(p << A::PAGE_SHIFT), h)
+                            .unwrap_or(0);
+                        change_of(raw) != raw
+                    });
                 Ok(changed)
             }
         } else {
@@ -114,7 +118,7 @@ impl<A: Arch> Episode<A> {
                 }
             }
         }
-        self.after(&[(va & !0xfff, 4096)], got)
+        self.after(&[(va & !(page_size::<A>() - 1), page_size::<A>())], got)
     }
 
     pub(super) fn install(
@@ -147,10 +151,11 @@ impl<A: Arch> Episode<A> {
         };
         let got = self.run_checked(op, k, tally, exp, f)?;
         if got {
-            self.cur
-                .model
-                .insert(va >> 12, crate::model::episode::new_run::<A>(1, pa, prot));
+            self.cur.model.insert(
+                va >> A::PAGE_SHIFT,
+                crate::model::episode::new_run::<A>(1, pa, prot),
+            );
         }
-        self.after(&[(va & !0xfff, 4096)], got)
+        self.after(&[(va & !(page_size::<A>() - 1), page_size::<A>())], got)
     }
 }

@@ -19,6 +19,7 @@ mod copy_live;
 mod faults;
 mod reports;
 
+use pgtable_core::contract::level;
 use std::panic::{self, AssertUnwindSafe};
 
 use pgtable_core::contract::Arch;
@@ -34,33 +35,33 @@ use super::{fail, gathered, panic_msg, Failure, Tally};
 /// (the leaf, or the whole folded run it is in): what one load or store
 /// marks accessed or dirty.
 pub fn unit_of<A: Arch>(space: &Space<A>, vpn: u64) -> Option<(u64, u64)> {
-    let t = space.translate(VirtAddr(vpn << 12))?;
-    Some(unit_at::<A>(vpn << 12, t.height, t.entry))
+    let t = space.translate(VirtAddr(vpn << A::PAGE_SHIFT))?;
+    Some(unit_at::<A>(vpn << A::PAGE_SHIFT, t.height, t.entry))
 }
 
 /// The pages of the translation of the leaf `raw` at height `h` covering
 /// `va`.
 fn unit_at<A: Arch>(va: u64, h: u32, raw: u64) -> (u64, u64) {
-    let size = 1u64 << (12 + 9 * h);
+    let size = level::size::<A>(h);
     let span = if A::is_cont(raw, h) {
         u64::from(A::cont_entries(h)) * size
     } else {
         size
     };
-    let s = (va & !(span - 1)) >> 12;
-    (s, s + (span >> 12))
+    let s = (va & !(span - 1)) >> A::PAGE_SHIFT;
+    (s, s + (span >> A::PAGE_SHIFT))
 }
 
-fn show(runs: &[(u64, Run)]) -> String {
+fn show<A: Arch>(runs: &[(u64, Run)]) -> String {
     let v: Vec<String> = runs
         .iter()
         .take(3)
         .map(|(p, r)| {
             format!(
                 "{:#x}: {} pages at {:#x} {:?} young {} dirty {}",
-                p << 12,
+                p << A::PAGE_SHIFT,
                 r.pages,
-                r.ppn << 12,
+                r.ppn << A::PAGE_SHIFT,
                 r.prot,
                 r.young,
                 r.dirty
@@ -81,7 +82,7 @@ pub fn check_reports<A: Arch>(
 ) -> Result<(), String> {
     let mut spans: Vec<(u64, u64, LeafEntry<A>)> = reps
         .iter()
-        .map(|r| (r.va().0 >> 12, r.size() >> 12, *r))
+        .map(|r| (r.va().0 >> A::PAGE_SHIFT, r.size() >> A::PAGE_SHIFT, *r))
         .collect();
     spans.sort_by_key(|x| x.0);
     let mut prev: Option<u64> = None;
@@ -104,7 +105,7 @@ pub fn check_reports<A: Arch>(
             };
             let want = Run {
                 pages: n,
-                ppn: pa.0 >> 12,
+                ppn: pa.0 >> A::PAGE_SHIFT,
                 prot,
                 young: r.young(),
                 dirty: r.dirty(),
@@ -113,8 +114,8 @@ pub fn check_reports<A: Arch>(
             if runs != [(p, want)] {
                 return Err(format!(
                     "a report says {}, the model has {}",
-                    show(&[(p, want)]),
-                    show(&runs)
+                    show::<A>(&[(p, want)]),
+                    show::<A>(&runs)
                 ));
             }
         } else {
@@ -150,7 +151,7 @@ pub fn check_reports<A: Arch>(
             return Err(format!(
                 "{} reports; the page {:#x} the model maps in the range is not reported",
                 spans.len(),
-                x << 12
+                x << A::PAGE_SHIFT
             ));
         }
     }
@@ -265,7 +266,7 @@ impl<A: Arch> Episode<A> {
                 continue;
             }
             ranges.push((va, len));
-            let (s, e) = pages(va, len);
+            let (s, e) = pages::<A>(va, len);
             match *st {
                 GStep::Unmap { .. } | GStep::UnmapWith { .. } => {
                     if matches!(st, GStep::UnmapWith { .. }) {

@@ -1,6 +1,7 @@
 //! `unmap_with`, `clear_refs`, `test_and_clear_young` and `ptep_get`:
 //! their reports and values against the model.
 
+use pgtable_core::contract::level::page_size;
 use std::cell::{Cell, RefCell};
 use std::panic::{self, AssertUnwindSafe};
 
@@ -44,7 +45,7 @@ impl<A: Arch> Episode<A> {
         let got = self.run_checked(op, k, tally, exp, f)?;
         let reports = reports.into_inner();
         if got {
-            let (s, e) = pages(va, len);
+            let (s, e) = pages::<A>(va, len);
             if let Err(m) = check_reports::<A>(&before, s, e, &reports, true) {
                 return fail("report", format!("{op}: {m}"));
             }
@@ -95,7 +96,7 @@ impl<A: Arch> Episode<A> {
         let got = self.run_checked(op, None, tally, exp, f)?;
         let reports = reports.into_inner();
         if got {
-            let (s, e) = pages(va, len);
+            let (s, e) = pages::<A>(va, len);
             if let Err(m) = check_reports::<A>(&before, s, e, &reports, false) {
                 return fail("report", format!("{op}: {m}"));
             }
@@ -107,7 +108,7 @@ impl<A: Arch> Episode<A> {
     }
 
     pub(super) fn young(&mut self, op: &Op, va: u64, tally: &mut Tally) -> Result<(), Failure> {
-        let vpn = va >> 12;
+        let vpn = va >> A::PAGE_SHIFT;
         let want = if self.contains(va) {
             Ok(self.cur.model.page(vpn).is_some_and(|r| r.young))
         } else {
@@ -143,7 +144,7 @@ impl<A: Arch> Episode<A> {
                 self.cur.model.update(s, e, |r| Run { young: false, ..r });
             }
         }
-        self.after(&[(va & !0xfff, 4096)], got)
+        self.after(&[(va & !(page_size::<A>() - 1), page_size::<A>())], got)
     }
 
     pub(super) fn get(&mut self, op: &Op, va: u64, tally: &mut Tally) -> Result<(), Failure> {
@@ -153,19 +154,21 @@ impl<A: Arch> Episode<A> {
             Err(p) => return fail("panic", format!("{op} panicked: {}", panic_msg(&p))),
         };
         tally.note("ptep_get", if got.is_some() { "Some" } else { "None" });
-        let vpn = va >> 12;
+        let vpn = va >> A::PAGE_SHIFT;
         let m = &self.cur.model;
         let ok = match (self.contains(va), m.swp(vpn), m.page(vpn), got) {
             (false, _, _, None) => true,
             (true, Some(v), _, Some(e)) => {
-                !e.is_present() && A::swp_value(e.raw()) == Some(v) && e.va().0 == va & !0xfff
+                !e.is_present()
+                    && A::swp_value(e.raw()) == Some(v)
+                    && e.va().0 == va & !(page_size::<A>() - 1)
             }
             (true, None, Some(_), Some(e)) => {
-                let p = e.va().0 >> 12;
-                let n = e.size() >> 12;
+                let p = e.va().0 >> A::PAGE_SHIFT;
+                let n = e.size() >> A::PAGE_SHIFT;
                 let want = e.pa().zip(e.prot()).map(|(pa, prot)| Run {
                     pages: n,
-                    ppn: pa.0 >> 12,
+                    ppn: pa.0 >> A::PAGE_SHIFT,
                     prot,
                     young: e.young(),
                     dirty: e.dirty(),
@@ -182,7 +185,7 @@ impl<A: Arch> Episode<A> {
                 format!(
                     "{op} = {got:x?} ({:?}), the model has {} and the software entry {:x?}",
                     got.map(|e| (e.pa(), e.prot(), e.young(), e.dirty())),
-                    show(&around),
+                    show::<A>(&around),
                     m.swp(vpn)
                 ),
             );
