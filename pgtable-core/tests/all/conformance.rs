@@ -132,37 +132,6 @@ fn suite_passes_with_a_small_unaligned_ram_pool() {
 fn suite_reports_a_failing_case_and_counts_it() {
     // A machine whose stores are silently dropped must fail the data
     // checks, and the summary must say so.
-    struct Forgetful(SimSuiteMachine<TestFormat<4>>);
-    impl suite::Machine for Forgetful {
-        fn read_u64(&mut self, va: pgtable_core::VirtAddr) -> Result<u64, suite::Fault> {
-            self.0.read_u64(va)
-        }
-        fn write_u64(&mut self, va: pgtable_core::VirtAddr, _: u64) -> Result<(), suite::Fault> {
-            // Check the translation but store nothing.
-            self.0.read_u64(va).map(|_| ()).map_err(|f| suite::Fault {
-                va: f.va,
-                write: true,
-            })
-        }
-        fn cycles(&mut self) -> u64 {
-            self.0.cycles()
-        }
-        fn cycle_hz(&self) -> Option<u64> {
-            self.0.cycle_hz()
-        }
-        fn emulated(&self) -> bool {
-            true
-        }
-        fn print(&mut self, args: std::fmt::Arguments) {
-            self.0.print(args)
-        }
-        fn ram(&self) -> (pgtable_core::PhysAddr, u64) {
-            self.0.ram()
-        }
-        fn window(&self) -> (pgtable_core::VirtAddr, u64) {
-            self.0.window()
-        }
-    }
     use suite::Machine;
     let machine = SimMachine::<TestFormat<4>>::new();
     let space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
