@@ -6,7 +6,7 @@
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 use pgtable_core::contract::Arch;
-use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
+use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
 use pgtable_core::test_format::TestFormat;
 use pgtable_core::AddressSpace;
@@ -21,10 +21,7 @@ fn run<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, usize) {
 
 /// [`run`], also returning the `skip` lines.
 fn run_lines<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, Vec<String>, usize) {
-    let machine = SimMachine::<A>::new();
-    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
+    let (machine, mut space) = fresh::<A>();
     let mut mach = SimSuiteMachine::new(machine.clone());
     let sum = suite::run(&mut space, &mut mach, cfg);
     let fails = mach.failures().map(String::from).collect();
@@ -42,6 +39,26 @@ fn run_lines<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, Vec<String>, usize
     );
     drop(space);
     (sum, fails, skips, machine.live_tables())
+}
+
+type Space<A> = Installed<A, SimMmu<A>, SimAlloc>;
+
+/// A fresh simulated machine and an address space of both halves on it.
+fn fresh<A: Arch>() -> (SimMachine<A>, Space<A>) {
+    let machine = SimMachine::<A>::new();
+    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    (machine, unsafe { Installed::new(space) })
+}
+
+/// The cases `only` of the suite on a fresh space through a [`Forgetful`]
+/// machine (no echo): the summary, the machine and the space.
+fn run_forgetful<A: Arch>(only: &'static [&'static str]) -> (Summary, Forgetful<A>, Space<A>) {
+    let (machine, mut space) = fresh::<A>();
+    let mut mach = Forgetful(SimSuiteMachine::new(machine).with_echo(false));
+    let cfg = Config { only, ..cfg() };
+    let sum = suite::run(&mut space, &mut mach, &cfg);
+    (sum, mach, space)
 }
 
 /// The configuration of the host runs: a 256 KiB threshold keeps debug
@@ -103,11 +120,8 @@ fn suite_passes_on_the_simulator_with_5_levels() {
 fn suite_passes_with_a_small_unaligned_ram_pool() {
     // 40 MiB + 12 KiB starting 12 KiB past a 2 MiB boundary: no 1 GiB
     // block is possible (those cases skip), 2 MiB blocks are.
-    let machine = SimMachine::<TestFormat<4>>::new();
-    let space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = SimSuiteMachine::new(machine.clone())
+    let (machine, mut space) = fresh::<TestFormat<4>>();
+    let mut mach = SimSuiteMachine::new(machine)
         .with_ram(pgtable_core::PhysAddr(0x8020_3000), (40 << 20) + 0x3000);
     let sum = suite::run(&mut space, &mut mach, &cfg());
     let fails: Vec<String> = mach.failures().map(String::from).collect();
@@ -133,16 +147,7 @@ fn suite_reports_a_failing_case_and_counts_it() {
     // A machine whose stores are silently dropped must fail the data
     // checks, and the summary must say so.
     use suite::Machine;
-    let machine = SimMachine::<TestFormat<4>>::new();
-    let space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
-    let cfg = Config {
-        only: &["map_4k_pages", "map_2m_block"],
-        ..cfg()
-    };
-    let sum = suite::run(&mut space, &mut mach, &cfg);
+    let (sum, mach, space) = run_forgetful::<TestFormat<4>>(&["map_4k_pages", "map_2m_block"]);
     assert_eq!(
         sum,
         Summary {
@@ -336,16 +341,8 @@ impl<A: Arch> suite::Machine for Forgetful<A> {
 fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
     // The cases named in the format's sizes check data as with 4 KiB pages:
     // dropped stores fail the page, PMD block and PUD block cases.
-    let machine = SimMachine::<K64x48>::new();
-    let space = AddressSpace::<K64x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
-    let cfg = Config {
-        only: &["map_64k_pages", "map_512m_block", "map_4t_block"],
-        ..cfg()
-    };
-    let sum = suite::run(&mut space, &mut mach, &cfg);
+    let only = &["map_64k_pages", "map_512m_block", "map_4t_block"];
+    let (sum, mach, _space) = run_forgetful::<K64x48>(only);
     assert_eq!(
         sum,
         Summary {
@@ -364,11 +361,8 @@ fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
 fn suite_refuses_a_window_too_small_for_the_geometry() {
     // A window that serves 4 KiB pages (1 GiB aligned, 8 GiB long) is too
     // small for 16 KiB pages: a PUD entry maps 64 GiB.
-    let machine = SimMachine::<K16x48>::new();
-    let space = AddressSpace::<K16x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = SimSuiteMachine::new(machine.clone())
+    let (machine, mut space) = fresh::<K16x48>();
+    let mut mach = SimSuiteMachine::new(machine)
         .with_echo(false)
         .with_window(pgtable_core::VirtAddr((1 << 44) + (1 << 30)), 8 << 30);
     let sum = suite::run(&mut space, &mut mach, &cfg());
