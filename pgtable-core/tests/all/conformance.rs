@@ -5,6 +5,7 @@
 //! stale-TLB and walker-visibility check.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
+use crate::common::ProbesOnly;
 use pgtable_core::contract::Arch;
 use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
@@ -51,11 +52,12 @@ fn fresh<A: Arch>() -> (SimMachine<A>, Space<A>) {
     (machine, unsafe { Installed::new(space) })
 }
 
-/// The cases `only` of the suite on a fresh space through a [`Forgetful`]
-/// machine (no echo): the summary, the machine and the space.
-fn run_forgetful<A: Arch>(only: &'static [&'static str]) -> (Summary, Forgetful<A>, Space<A>) {
+/// The cases `only` of the suite on a fresh space through a forgetful
+/// [`ProbesOnly`] machine (no echo): the summary, the machine and the
+/// space.
+fn run_forgetful<A: Arch>(only: &'static [&'static str]) -> (Summary, ProbesOnly<A>, Space<A>) {
     let (machine, mut space) = fresh::<A>();
-    let mut mach = Forgetful(SimSuiteMachine::new(machine).with_echo(false));
+    let mut mach = ProbesOnly::forgetful(SimSuiteMachine::new(machine).with_echo(false));
     let cfg = Config { only, ..cfg() };
     let sum = suite::run(&mut space, &mut mach, &cfg);
     (sum, mach, space)
@@ -157,8 +159,8 @@ fn suite_reports_a_failing_case_and_counts_it() {
             unsampled: 0,
         }
     );
-    assert_eq!(mach.0.lines().last().unwrap(), "0 passed, 2 failed");
-    assert!(mach.0.failures().all(|l| l.contains("expected")));
+    assert_eq!(mach.sim.lines().last().unwrap(), "0 passed, 2 failed");
+    assert!(mach.sim.failures().all(|l| l.contains("expected")));
     // The failed cases cleaned the window up.
     let mut left = 0;
     let (w, wl) = mach.window();
@@ -303,40 +305,6 @@ fn suite_big_moves_of_puds_with_16k_and_64k_pages() {
     assert_eq!(skipped_for(&skips, "no PUD level"), BIG_CASES);
 }
 
-/// A suite machine whose stores are dropped (the translation is checked,
-/// nothing is stored).
-struct Forgetful<A: Arch>(SimSuiteMachine<A>);
-
-impl<A: Arch> suite::Machine for Forgetful<A> {
-    fn read_u64(&mut self, va: pgtable_core::VirtAddr) -> Result<u64, suite::Fault> {
-        self.0.read_u64(va)
-    }
-    fn write_u64(&mut self, va: pgtable_core::VirtAddr, _: u64) -> Result<(), suite::Fault> {
-        self.0.read_u64(va).map(|_| ()).map_err(|f| suite::Fault {
-            va: f.va,
-            write: true,
-        })
-    }
-    fn cycles(&mut self) -> u64 {
-        self.0.cycles()
-    }
-    fn cycle_hz(&self) -> Option<u64> {
-        self.0.cycle_hz()
-    }
-    fn emulated(&self) -> bool {
-        true
-    }
-    fn print(&mut self, args: std::fmt::Arguments) {
-        self.0.print(args)
-    }
-    fn ram(&self) -> (pgtable_core::PhysAddr, u64) {
-        self.0.ram()
-    }
-    fn window(&self) -> (pgtable_core::VirtAddr, u64) {
-        self.0.window()
-    }
-}
-
 #[test]
 fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
     // The cases named in the format's sizes check data as with 4 KiB pages:
@@ -352,9 +320,9 @@ fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
             unsampled: 0
         },
         "{:?}",
-        mach.0.lines()
+        mach.sim.lines()
     );
-    assert!(mach.0.failures().all(|l| l.contains("expected")));
+    assert!(mach.sim.failures().all(|l| l.contains("expected")));
 }
 
 #[test]
