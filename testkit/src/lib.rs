@@ -10,6 +10,8 @@
 //! - [`kernel_half`] and [`ranges`]: a kernel half shared by user spaces,
 //!   and every operation against the edges of the space's range;
 //! - [`live`]: live permission changes under CPUs using the range;
+//! - [`geometry`]: the core's operations on a format's page size, levels
+//!   and VA and PA sizes (16 KiB and 64 KiB pages, 52 bits);
 //! - [`asid_switch`]: more address spaces than ASIDs;
 //! - [`kernel_alloc`]: a kernel's own table allocator on the simulator,
 //!   and user-mode loads and stores.
@@ -17,6 +19,7 @@
 //! Not published: it exists for the tests of this repository.
 
 pub mod asid_switch;
+pub mod geometry;
 pub mod kernel_alloc;
 pub mod kernel_half;
 pub mod live;

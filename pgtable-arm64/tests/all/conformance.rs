@@ -112,44 +112,35 @@ fn conformance_suite_passes_on_the_simulated_machine_39bit() {
     check_against_reference::<Arm64Va39>();
 }
 
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_4k_52bit_lpa2() {
-    check_against::<Arm64Lpa2, TestFormat<5, 12, 52>>(0);
+/// One test a geometry: `name: format, reference format of the same
+/// geometry, PUD block cases that skip for the format only;`
+/// ([`check_against`]).
+macro_rules! against_the_same_geometry {
+    ($($name:ident: $a:ty, $r:ty, $no_pud_blocks:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            check_against::<$a, $r>($no_pud_blocks);
+        }
+    )*};
 }
 
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_16k_48bit() {
-    check_against::<Arm64K16, TestFormat<4, 14, 48>>(2);
-}
-
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_16k_47bit() {
-    check_against::<Arm64K16Va47, TestFormat<3, 14, 0>>(2);
-}
-
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_16k_36bit() {
-    check_against::<Arm64K16Va36, TestFormat<2, 14, 0>>(0);
-}
-
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_16k_52bit_lpa2() {
-    check_against::<Arm64K16Lpa2, TestFormat<4, 14, 52>>(0);
-}
-
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_64k_48bit() {
-    check_against::<Arm64K64, TestFormat<3, 16, 48>>(2);
-}
-
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_64k_42bit() {
-    check_against::<Arm64K64Va42, TestFormat<2, 16, 0>>(0);
-}
-
-#[test]
-fn conformance_suite_passes_on_the_simulated_machine_64k_52bit() {
-    check_against::<Arm64K64Va52, TestFormat<3, 16, 52>>(0);
+against_the_same_geometry! {
+    conformance_suite_passes_on_the_simulated_machine_4k_52bit_lpa2:
+        Arm64Lpa2, TestFormat<5, 12, 52>, 0;
+    conformance_suite_passes_on_the_simulated_machine_16k_48bit:
+        Arm64K16, TestFormat<4, 14, 48>, 2;
+    conformance_suite_passes_on_the_simulated_machine_16k_47bit:
+        Arm64K16Va47, TestFormat<3, 14, 0>, 2;
+    conformance_suite_passes_on_the_simulated_machine_16k_36bit:
+        Arm64K16Va36, TestFormat<2, 14, 0>, 0;
+    conformance_suite_passes_on_the_simulated_machine_16k_52bit_lpa2:
+        Arm64K16Lpa2, TestFormat<4, 14, 52>, 0;
+    conformance_suite_passes_on_the_simulated_machine_64k_48bit:
+        Arm64K64, TestFormat<3, 16, 48>, 2;
+    conformance_suite_passes_on_the_simulated_machine_64k_42bit:
+        Arm64K64Va42, TestFormat<2, 16, 0>, 0;
+    conformance_suite_passes_on_the_simulated_machine_64k_52bit:
+        Arm64K64Va52, TestFormat<3, 16, 52>, 0;
 }
 
 /// A space with one mapped kernel page at `VA` and an empty PTE slot next

@@ -3,7 +3,11 @@
 //! largest output address, checked against the address fields written
 //! out here from the Arm ARM (D8.3.1; Linux `__phys_to_pte_val`), and the
 //! core's operations on each geometry on the simulated machine, with
-//! mappings above 2^48 (virtual and physical) for the 52-bit formats.
+//! mappings above 2^48 (virtual and physical) for the 52-bit formats
+//! (`pgtable_testkit::geometry`, which pgtable-core's test formats of the
+//! same geometries run too).
+
+use pgtable_testkit::geometry;
 
 use crate::common::{Event, Recorder};
 use pgtable_arm64::bits::{CONT, SH_INNER, SH_MASK, TABLE_OR_PAGE, VALID};
@@ -12,14 +16,8 @@ use pgtable_arm64::{
     Arm64K16Lpa2, Arm64K16Va36, Arm64K16Va47, Arm64K64, Arm64K64Va42, Arm64K64Va52, Arm64Lpa2,
     Arm64Va39, EntryError, LiveEntry,
 };
-use pgtable_core::contract::{
-    level, Access, BbmReason, Decoded, Format, Slot, TableAttrs, TlbRange,
-};
-use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu};
-use pgtable_core::{
-    AddressSpace, CopyMode, Error, LiveOptions, MapOptions, MoveOptions, PhysAddr, Prot, VaRange,
-    VirtAddr,
-};
+use pgtable_core::contract::{level, BbmReason, Decoded, Format, Slot, TableAttrs, TlbRange};
+use pgtable_core::{Error, LiveOptions, PhysAddr, Prot, VaRange, VirtAddr};
 
 /// What each geometry must be, written from the Arm ARM and Linux's
 /// Kconfig, not from the format: page shift, VA bits, levels, root
@@ -223,149 +221,12 @@ impl<const P: u32, const V: u32> TryAny for Arm64Format<P, V> {
     }
 }
 
-type Space<A> = AddressSpace<A, SimMmu<A>, SimAlloc>;
-
-fn setup<A: Arm64Geometry>(range: VaRange) -> (SimMachine<A>, Installed<A, SimMmu<A>, SimAlloc>) {
-    let m = SimMachine::<A>::new();
-    let s = Space::<A>::new_in(range, m.mmu_installing_into(range), m.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    (m, unsafe { Installed::new(s) })
-}
-
-/// The core's operations on `A`'s geometry in `range` on the simulated
-/// walker: PMD blocks at the bottom of the half, pages at its top (for
-/// 52-bit formats above 2^48, at a physical address above 2^50), the
-/// largest block the format has, a split by `change_protection`, whole
-/// PMD moves, a copy-on-write fork and the unmaps, with every table freed.
-fn exercise<A: Arm64Geometry>(range: VaRange) {
-    let page = level::page_size::<A>();
-    let pmd = level::size::<A>(1);
-    let (m, mut s) = setup::<A>(range);
-    let (lo, hi) = range.bounds::<A>();
-    let blocks = VirtAddr(lo + 3 * pmd);
-    let top = VirtAddr(hi - 5 * page + 1);
-    if A::VA_BITS == 52 && range != VaRange::Upper {
-        assert!(top.0 > 1 << 48);
-    }
-    let pa = PhysAddr(0x4000_0000);
-    let top_pa = if A::PA_BITS == 52 {
-        PhysAddr(0xf << 48 | 0x8000_0000)
-    } else {
-        PhysAddr(0x8000_0000)
-    };
-    s.map(
-        blocks,
-        pa,
-        2 * pmd,
-        Prot::READ_WRITE,
-        MapOptions::PMD_BLOCKS,
-    )
-    .unwrap();
-    s.map(top, top_pa, 5 * page, Prot::READ_WRITE, MapOptions::PAGES)
-        .unwrap();
-    let t = s.translate(blocks.add(pmd + 3 * page)).unwrap();
-    assert_eq!((t.height, t.pa), (1, PhysAddr(pa.0 + pmd + 3 * page)));
-    let t = s.translate(top.add(4 * page + 8)).unwrap();
-    assert_eq!((t.height, t.pa), (0, PhysAddr(top_pa.0 + 4 * page + 8)));
-    m.write_u64(blocks.add(pmd + page), 0x1616).unwrap();
-    m.write_u64(top.add(4 * page), 0x6464).unwrap();
-    assert_eq!(m.read_u64(blocks.add(pmd + page)).unwrap(), 0x1616);
-    assert_eq!(m.read_u64(top.add(4 * page)).unwrap(), 0x6464);
-    m.check().unwrap();
-
-    // The largest block the format has, at the highest physical address
-    // aligned to it (for LPA2 and 64 KiB LPA above 2^48), where the half
-    // has room for it after the PMD blocks.
-    let big = (1..A::LEVELS).rev().find(|&h| A::leaf_allowed(h)).unwrap();
-    let mut mapped_big = false;
-    let big_size = level::size::<A>(big);
-    let big_va = (lo + 7 * pmd).next_multiple_of(big_size).max(lo + big_size);
-    if big > 1 && big_va + big_size <= top.0 - page {
-        let big_pa = PhysAddr(((1u64 << A::PA_BITS) - 1) & !(big_size - 1));
-        s.map(
-            VirtAddr(big_va),
-            big_pa,
-            big_size,
-            Prot::READ_ONLY,
-            MapOptions::BLOCKS,
-        )
-        .unwrap();
-        let t = s.translate(VirtAddr(big_va + big_size - 8)).unwrap();
-        // `map` makes blocks up to PUD size (height 2); an L0 block of
-        // 4 KiB LPA2 (height 3) is mapped as PUD blocks.
-        assert_eq!(t.height, big.min(2));
-        assert_eq!(t.pa, PhysAddr(big_pa.0 + big_size - 8));
-        m.check().unwrap();
-        s.unmap(VirtAddr(big_va), big_size).unwrap();
-        m.check().unwrap();
-        mapped_big = true;
-    }
-    // Every 52-bit format has room for its largest block.
-    assert!(mapped_big || A::PA_BITS == 48);
-
-    // One page of the second block read-only: the block splits.
-    let ro = blocks.add(pmd + page);
-    s.change_protection(ro, page, Prot::READ_ONLY).unwrap();
-    let t = s.translate(ro).unwrap();
-    assert_eq!((t.height, t.prot.writable()), (0, false));
-    assert!(m.access(ro, Access::WRITE).is_err());
-    assert!(s.translate(ro.add(page)).unwrap().prot.writable());
-    assert_eq!(m.read_u64(ro).unwrap(), 0x1616);
-    // The high pages read-only and back: the 52-bit address stays.
-    s.change_protection(top, 5 * page, Prot::READ_ONLY).unwrap();
-    assert!(m.access(top.add(4 * page), Access::WRITE).is_err());
-    s.change_protection(top, 5 * page, Prot::READ_WRITE)
-        .unwrap();
-    assert_eq!(
-        s.translate(top.add(4 * page)).unwrap().pa,
-        PhysAddr(top_pa.0 + 4 * page)
-    );
-    assert_eq!(m.read_u64(top.add(4 * page)).unwrap(), 0x6464);
-    m.check().unwrap();
-
-    // Whole PMD entries move: the first block, then the split table.
-    let to = VirtAddr(blocks.0 + 4 * pmd);
-    s.move_page_tables(blocks, to, pmd, MoveOptions::default())
-        .unwrap();
-    assert_eq!(s.translate(to.add(page)).unwrap().pa, PhysAddr(pa.0 + page));
-    assert!(s.translate(blocks).is_none());
-    let to2 = VirtAddr(blocks.0 + 6 * pmd);
-    s.move_page_tables(blocks.add(pmd), to2, pmd, MoveOptions::default())
-        .unwrap();
-    assert_eq!(m.read_u64(to2.add(page)).unwrap(), 0x1616);
-    assert!(!s.translate(to2.add(page)).unwrap().prot.writable());
-    m.check().unwrap();
-
-    // Fork the high pages copy-on-write.
-    let (m2, mut child) = setup::<A>(range);
-    let mut copied = 0;
-    s.copy_page_range(&mut child, top, 5 * page, CopyMode::Cow, |_| copied += 1)
-        .unwrap();
-    assert_eq!(copied, 5);
-    assert_eq!(
-        child.translate(top.add(4 * page)).unwrap().pa,
-        PhysAddr(top_pa.0 + 4 * page)
-    );
-    assert!(!s.translate(top).unwrap().prot.writable());
-    assert!(!child.translate(top).unwrap().prot.writable());
-    child.unmap(top, 5 * page).unwrap();
-    m2.check().unwrap();
-    assert_eq!(m2.live_tables(), 1);
-
-    for (va, len) in [(to, pmd), (to2, pmd), (top, 5 * page)] {
-        s.unmap(va, len).unwrap();
-    }
-    assert!(s.translate(top.add(4 * page)).is_none());
-    m.check().unwrap();
-    assert_eq!(m.live_tables(), 1);
-}
-
 macro_rules! geometries {
-    ($($name:ident: $f:ty, $e:expr, [$($range:expr),*];)*) => {$(
+    ($($name:ident: $f:ty, $e:expr, [$($range:expr),+];)*) => {$(
         #[test]
         fn $name() {
             descriptors::<$f>(&$e);
-            $(exercise::<$f>($range);)*
+            geometry::every_operation_in_the_geometry::<$f>(&[$($range),+]);
         }
     )*};
 }
@@ -378,7 +239,7 @@ geometries! {
     granule_4k_48bit: Arm64, Expect {
         page_shift: 12, va_bits: 48, levels: 4, root_entries: 512, pa_bits: 48,
         leaves: &[0, 1, 2], cont: (16, 16), name: "arm64-4K-48bit",
-    }, [VaRange::Upper];
+    }, [VaRange::Lower, VaRange::Upper];
     granule_4k_52bit_lpa2: Arm64Lpa2, Expect {
         page_shift: 12, va_bits: 52, levels: 5, root_entries: 16, pa_bits: 52,
         leaves: &[0, 1, 2, 3], cont: (16, 16), name: "arm64-4K-52bit",
@@ -386,7 +247,7 @@ geometries! {
     granule_16k_36bit: Arm64K16Va36, Expect {
         page_shift: 14, va_bits: 36, levels: 2, root_entries: 2048, pa_bits: 48,
         leaves: &[0, 1], cont: (128, 32), name: "arm64-16K-36bit",
-    }, [VaRange::Lower];
+    }, [VaRange::Lower, VaRange::Upper];
     granule_16k_47bit: Arm64K16Va47, Expect {
         page_shift: 14, va_bits: 47, levels: 3, root_entries: 2048, pa_bits: 48,
         leaves: &[0, 1], cont: (128, 32), name: "arm64-16K-47bit",
@@ -402,7 +263,7 @@ geometries! {
     granule_64k_42bit: Arm64K64Va42, Expect {
         page_shift: 16, va_bits: 42, levels: 2, root_entries: 8192, pa_bits: 48,
         leaves: &[0, 1], cont: (32, 32), name: "arm64-64K-42bit",
-    }, [VaRange::Lower];
+    }, [VaRange::Lower, VaRange::Upper];
     granule_64k_48bit: Arm64K64, Expect {
         page_shift: 16, va_bits: 48, levels: 3, root_entries: 64, pa_bits: 48,
         leaves: &[0, 1], cont: (32, 32), name: "arm64-64K-48bit",

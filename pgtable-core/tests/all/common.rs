@@ -64,3 +64,76 @@ macro_rules! test_format_variant {
 }
 
 pub(crate) use test_format_variant;
+
+#[cfg(all(feature = "sim", feature = "suite"))]
+pub(crate) use probes::ProbesOnly;
+
+#[cfg(all(feature = "sim", feature = "suite"))]
+mod probes {
+    use pgtable_core::contract::Arch;
+    use pgtable_core::sim::SimSuiteMachine;
+    use pgtable_core::suite::{Fault, Machine};
+    use pgtable_core::{PhysAddr, VirtAddr};
+
+    /// A suite machine that leaves every judgement to its accesses: the
+    /// simulator's loads and stores ([`SimSuiteMachine`]), without its
+    /// stale-TLB check (`check_consistency`) or execute probes; a
+    /// forgetful one drops its stores (the translation is checked,
+    /// nothing is stored).
+    pub(crate) struct ProbesOnly<A: Arch> {
+        /// The simulator's suite machine, for its printed lines.
+        pub(crate) sim: SimSuiteMachine<A>,
+        forget_stores: bool,
+    }
+
+    impl<A: Arch> ProbesOnly<A> {
+        /// Every access through `sim`.
+        pub(crate) fn new(sim: SimSuiteMachine<A>) -> Self {
+            Self {
+                sim,
+                forget_stores: false,
+            }
+        }
+
+        /// Stores are translated (and fault as stores) but dropped.
+        pub(crate) fn forgetful(sim: SimSuiteMachine<A>) -> Self {
+            Self {
+                sim,
+                forget_stores: true,
+            }
+        }
+    }
+
+    impl<A: Arch> Machine for ProbesOnly<A> {
+        fn read_u64(&mut self, va: VirtAddr) -> Result<u64, Fault> {
+            self.sim.read_u64(va)
+        }
+        fn write_u64(&mut self, va: VirtAddr, val: u64) -> Result<(), Fault> {
+            if !self.forget_stores {
+                return self.sim.write_u64(va, val);
+            }
+            self.sim.read_u64(va).map(|_| ()).map_err(|f| Fault {
+                va: f.va,
+                write: true,
+            })
+        }
+        fn cycles(&mut self) -> u64 {
+            self.sim.cycles()
+        }
+        fn cycle_hz(&self) -> Option<u64> {
+            self.sim.cycle_hz()
+        }
+        fn emulated(&self) -> bool {
+            true
+        }
+        fn print(&mut self, args: std::fmt::Arguments) {
+            self.sim.print(args)
+        }
+        fn ram(&self) -> (PhysAddr, u64) {
+            self.sim.ram()
+        }
+        fn window(&self) -> (VirtAddr, u64) {
+            self.sim.window()
+        }
+    }
+}

@@ -5,8 +5,9 @@
 //! stale-TLB and walker-visibility check.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
+use crate::common::ProbesOnly;
 use pgtable_core::contract::Arch;
-use pgtable_core::sim::{Installed, SimMachine, SimSuiteMachine};
+use pgtable_core::sim::{Installed, SimAlloc, SimMachine, SimMmu, SimSuiteMachine};
 use pgtable_core::suite::{self, Config, Summary};
 use pgtable_core::test_format::TestFormat;
 use pgtable_core::AddressSpace;
@@ -21,10 +22,7 @@ fn run<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, usize) {
 
 /// [`run`], also returning the `skip` lines.
 fn run_lines<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, Vec<String>, usize) {
-    let machine = SimMachine::<A>::new();
-    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
+    let (machine, mut space) = fresh::<A>();
     let mut mach = SimSuiteMachine::new(machine.clone());
     let sum = suite::run(&mut space, &mut mach, cfg);
     let fails = mach.failures().map(String::from).collect();
@@ -42,6 +40,27 @@ fn run_lines<A: Arch>(cfg: &Config) -> (Summary, Vec<String>, Vec<String>, usize
     );
     drop(space);
     (sum, fails, skips, machine.live_tables())
+}
+
+type Space<A> = Installed<A, SimMmu<A>, SimAlloc>;
+
+/// A fresh simulated machine and an address space of both halves on it.
+fn fresh<A: Arch>() -> (SimMachine<A>, Space<A>) {
+    let machine = SimMachine::<A>::new();
+    let space = AddressSpace::<A, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
+    // SAFETY: a simulated MMU.
+    (machine, unsafe { Installed::new(space) })
+}
+
+/// The cases `only` of the suite on a fresh space through a forgetful
+/// [`ProbesOnly`] machine (no echo): the summary, the machine and the
+/// space.
+fn run_forgetful<A: Arch>(only: &'static [&'static str]) -> (Summary, ProbesOnly<A>, Space<A>) {
+    let (machine, mut space) = fresh::<A>();
+    let mut mach = ProbesOnly::forgetful(SimSuiteMachine::new(machine).with_echo(false));
+    let cfg = Config { only, ..cfg() };
+    let sum = suite::run(&mut space, &mut mach, &cfg);
+    (sum, mach, space)
 }
 
 /// The configuration of the host runs: a 256 KiB threshold keeps debug
@@ -103,11 +122,8 @@ fn suite_passes_on_the_simulator_with_5_levels() {
 fn suite_passes_with_a_small_unaligned_ram_pool() {
     // 40 MiB + 12 KiB starting 12 KiB past a 2 MiB boundary: no 1 GiB
     // block is possible (those cases skip), 2 MiB blocks are.
-    let machine = SimMachine::<TestFormat<4>>::new();
-    let space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = SimSuiteMachine::new(machine.clone())
+    let (machine, mut space) = fresh::<TestFormat<4>>();
+    let mut mach = SimSuiteMachine::new(machine)
         .with_ram(pgtable_core::PhysAddr(0x8020_3000), (40 << 20) + 0x3000);
     let sum = suite::run(&mut space, &mut mach, &cfg());
     let fails: Vec<String> = mach.failures().map(String::from).collect();
@@ -133,16 +149,7 @@ fn suite_reports_a_failing_case_and_counts_it() {
     // A machine whose stores are silently dropped must fail the data
     // checks, and the summary must say so.
     use suite::Machine;
-    let machine = SimMachine::<TestFormat<4>>::new();
-    let space = AddressSpace::<TestFormat<4>, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
-    let cfg = Config {
-        only: &["map_4k_pages", "map_2m_block"],
-        ..cfg()
-    };
-    let sum = suite::run(&mut space, &mut mach, &cfg);
+    let (sum, mach, space) = run_forgetful::<TestFormat<4>>(&["map_4k_pages", "map_2m_block"]);
     assert_eq!(
         sum,
         Summary {
@@ -152,8 +159,8 @@ fn suite_reports_a_failing_case_and_counts_it() {
             unsampled: 0,
         }
     );
-    assert_eq!(mach.0.lines().last().unwrap(), "0 passed, 2 failed");
-    assert!(mach.0.failures().all(|l| l.contains("expected")));
+    assert_eq!(mach.sim.lines().last().unwrap(), "0 passed, 2 failed");
+    assert!(mach.sim.failures().all(|l| l.contains("expected")));
     // The failed cases cleaned the window up.
     let mut left = 0;
     let (w, wl) = mach.window();
@@ -298,54 +305,12 @@ fn suite_big_moves_of_puds_with_16k_and_64k_pages() {
     assert_eq!(skipped_for(&skips, "no PUD level"), BIG_CASES);
 }
 
-/// A suite machine whose stores are dropped (the translation is checked,
-/// nothing is stored).
-struct Forgetful<A: Arch>(SimSuiteMachine<A>);
-
-impl<A: Arch> suite::Machine for Forgetful<A> {
-    fn read_u64(&mut self, va: pgtable_core::VirtAddr) -> Result<u64, suite::Fault> {
-        self.0.read_u64(va)
-    }
-    fn write_u64(&mut self, va: pgtable_core::VirtAddr, _: u64) -> Result<(), suite::Fault> {
-        self.0.read_u64(va).map(|_| ()).map_err(|f| suite::Fault {
-            va: f.va,
-            write: true,
-        })
-    }
-    fn cycles(&mut self) -> u64 {
-        self.0.cycles()
-    }
-    fn cycle_hz(&self) -> Option<u64> {
-        self.0.cycle_hz()
-    }
-    fn emulated(&self) -> bool {
-        true
-    }
-    fn print(&mut self, args: std::fmt::Arguments) {
-        self.0.print(args)
-    }
-    fn ram(&self) -> (pgtable_core::PhysAddr, u64) {
-        self.0.ram()
-    }
-    fn window(&self) -> (pgtable_core::VirtAddr, u64) {
-        self.0.window()
-    }
-}
-
 #[test]
 fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
     // The cases named in the format's sizes check data as with 4 KiB pages:
     // dropped stores fail the page, PMD block and PUD block cases.
-    let machine = SimMachine::<K64x48>::new();
-    let space = AddressSpace::<K64x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = Forgetful(SimSuiteMachine::new(machine.clone()).with_echo(false));
-    let cfg = Config {
-        only: &["map_64k_pages", "map_512m_block", "map_4t_block"],
-        ..cfg()
-    };
-    let sum = suite::run(&mut space, &mut mach, &cfg);
+    let only = &["map_64k_pages", "map_512m_block", "map_4t_block"];
+    let (sum, mach, _space) = run_forgetful::<K64x48>(only);
     assert_eq!(
         sum,
         Summary {
@@ -355,20 +320,17 @@ fn suite_fails_on_a_forgetful_machine_with_64k_pages() {
             unsampled: 0
         },
         "{:?}",
-        mach.0.lines()
+        mach.sim.lines()
     );
-    assert!(mach.0.failures().all(|l| l.contains("expected")));
+    assert!(mach.sim.failures().all(|l| l.contains("expected")));
 }
 
 #[test]
 fn suite_refuses_a_window_too_small_for_the_geometry() {
     // A window that serves 4 KiB pages (1 GiB aligned, 8 GiB long) is too
     // small for 16 KiB pages: a PUD entry maps 64 GiB.
-    let machine = SimMachine::<K16x48>::new();
-    let space = AddressSpace::<K16x48, _, _>::new(machine.mmu(), machine.alloc()).unwrap();
-    // SAFETY: a simulated MMU.
-    let mut space = unsafe { Installed::new(space) };
-    let mut mach = SimSuiteMachine::new(machine.clone())
+    let (machine, mut space) = fresh::<K16x48>();
+    let mut mach = SimSuiteMachine::new(machine)
         .with_echo(false)
         .with_window(pgtable_core::VirtAddr((1 << 44) + (1 << 30)), 8 << 30);
     let sum = suite::run(&mut space, &mut mach, &cfg());

@@ -14,7 +14,7 @@
 //! one passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
-use crate::common::test_format_variant;
+use crate::common::{test_format_variant, ProbesOnly};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -507,37 +507,6 @@ fn the_suite_fails_on_an_mmu_that_drops_flushes_or_barriers() {
     }
 }
 
-/// A suite machine that leaves every judgement to its accesses: the
-/// simulator's own stale-TLB check is not consulted.
-struct ProbesOnly<A: Arch>(SimSuiteMachine<A>);
-
-impl<A: Arch> suite::Machine for ProbesOnly<A> {
-    fn read_u64(&mut self, va: VirtAddr) -> Result<u64, suite::Fault> {
-        self.0.read_u64(va)
-    }
-    fn write_u64(&mut self, va: VirtAddr, val: u64) -> Result<(), suite::Fault> {
-        self.0.write_u64(va, val)
-    }
-    fn cycles(&mut self) -> u64 {
-        self.0.cycles()
-    }
-    fn cycle_hz(&self) -> Option<u64> {
-        self.0.cycle_hz()
-    }
-    fn emulated(&self) -> bool {
-        true
-    }
-    fn print(&mut self, args: std::fmt::Arguments) {
-        self.0.print(args)
-    }
-    fn ram(&self) -> (PhysAddr, u64) {
-        self.0.ram()
-    }
-    fn window(&self) -> (VirtAddr, u64) {
-        self.0.window()
-    }
-}
-
 /// Runs the suite's cases named `only*` with format `A` on a fresh machine
 /// whose range flushes are truncated to 48 bits; returns the printed lines.
 fn with_truncated_flushes<A: Arch>(only: &'static [&'static str]) -> Vec<String> {
@@ -546,13 +515,13 @@ fn with_truncated_flushes<A: Arch>(only: &'static [&'static str]) -> Vec<String>
     let s = AddressSpace::new(Broken::new(inner, Break::Truncated48), m.alloc()).unwrap();
     // SAFETY: `Broken` forwards `install_root` to a simulated MMU.
     let mut s: BrokenSpace<A> = unsafe { Installed::new(s) };
-    let mut mach = ProbesOnly(SimSuiteMachine::new(m.clone()).with_echo(false));
+    let mut mach = ProbesOnly::new(SimSuiteMachine::new(m.clone()).with_echo(false));
     let cfg = Config {
         only,
         ..Config::DEFAULT
     };
     suite::run(&mut s, &mut mach, &cfg);
-    mach.0.lines().to_vec()
+    mach.sim.lines().to_vec()
 }
 
 #[test]

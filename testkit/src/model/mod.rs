@@ -229,6 +229,20 @@ pub fn run_format<A: Arch>(label: &'static str, package: &'static str) {
     run::<A>(&Config { label, package });
 }
 
+/// One model test a format: `name: Format = "label";` is a `#[test] fn
+/// name` that calls [`run_format`] for `Format` with `label` and the
+/// calling package (`env!("CARGO_PKG_NAME")` of the crate whose
+/// `tests/model.rs` holds the list).
+#[macro_export]
+macro_rules! model_tests {
+    ($($name:ident: $f:ty = $label:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            $crate::model::run_format::<$f>($label, env!("CARGO_PKG_NAME"));
+        }
+    )*};
+}
+
 /// Runs the model test for `A`: `PGTABLE_SOAK_OPS` operations (default
 /// [`CI_OPS`]) from `PGTABLE_SOAK_SEED`, printing the seed, the count and
 /// the time; panics with a replayable report on the first divergence.
