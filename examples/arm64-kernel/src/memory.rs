@@ -37,6 +37,8 @@ use core::ptr::NonNull;
 use pgtable_core::contract::{Table, TableAlloc};
 use pgtable_core::PhysAddr;
 
+use crate::geom::{PAGE, PAGE_SHIFT};
+
 /// Bytes reserved for page-table frames.
 pub const TABLE_POOL: u64 = 64 << 20;
 /// QEMU virt RAM base.
@@ -152,7 +154,7 @@ fn with_frames<R>(f: impl FnOnce(&mut Frames) -> R) -> R {
 ///
 /// # Safety
 ///
-/// Call once, before the first allocation. `[start, end)` is 4 KiB aligned
+/// Call once, before the first allocation. `[start, end)` is page aligned
 /// RAM that nothing else uses, reachable through the linear map (the early
 /// one of boot.rs, and the kernel map's once that is installed).
 pub unsafe fn init_tables(start: u64, end: u64) {
@@ -198,7 +200,7 @@ unsafe impl TableAlloc for KernelTables {
                 pa
             } else if fr.next < fr.end {
                 let pa = fr.next;
-                fr.next += 4096;
+                fr.next += PAGE;
                 pa
             } else {
                 return None;
@@ -207,10 +209,17 @@ unsafe impl TableAlloc for KernelTables {
             fr.peak = fr.peak.max(fr.live);
             Some(pa)
         })?;
-        // SAFETY: the frame was just taken from the pool, is 4 KiB aligned
-        // and mapped (linear map), and nothing else uses it.
-        unsafe { (phys_to_virt(pa) as *mut Table).write_bytes(0, 1) };
+        // SAFETY: the frame was just taken from the pool, is one page of
+        // the geometry (`PAGE` bytes, aligned to it) and mapped (linear
+        // map), and nothing else uses it.
+        unsafe { (phys_to_virt(pa) as *mut u8).write_bytes(0, PAGE as usize) };
         Some(PhysAddr(pa))
+    }
+
+    /// Frames are pages of the build's geometry (a table of 16 KiB pages
+    /// takes 16 KiB).
+    fn frame_shift(&self) -> u32 {
+        PAGE_SHIFT
     }
 
     unsafe fn free_table(&mut self, pa: PhysAddr) {

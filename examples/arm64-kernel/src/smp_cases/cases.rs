@@ -9,7 +9,7 @@ use pgtable_arm64::bits::SW_DIRTY;
 use pgtable_arm64::format::is_hw_dirty;
 use pgtable_arm64::mmu::{local_flush_tlb_all, Arm64Mmu};
 use pgtable_arm64::regs::{ttbr0_value, Asid};
-use pgtable_arm64::Arm64;
+use crate::platform::Arm64;
 use pgtable_core::contract::{Mmu, TlbRange};
 use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use tock_registers::interfaces::Readable;
@@ -63,7 +63,7 @@ unsafe impl Mmu for LocalMmu {
     unsafe fn install_root(&self, root: PhysAddr) {
         // SAFETY: the caller's promise (tables complete and alive).
         unsafe {
-            Arm64Mmu::new()
+            Arm64Mmu::new().for_format::<Arm64>()
                 .installing_into(VaRange::Lower)
                 .install_root(root)
         }
@@ -294,7 +294,7 @@ pub(super) fn protect_readonly_everywhere(k: &mut Cases, a: &mut Space, hd: bool
 pub(super) fn space_live_elsewhere(k: &mut Cases, a: &mut Space) -> R {
     // A space tagged with ASID 9, live on the secondaries only.
     const ASID: u8 = 9;
-    let mut b = Space::new(Arm64Mmu::with_asid(ASID), KernelTables).map_err(|_| "no root")?;
+    let mut b = Space::new(Arm64Mmu::with_asid(ASID).for_format::<Arm64>(), KernelTables).map_err(|_| "no root")?;
     k.map_marked(&mut b, WINDOW, 0, 16, Prot::READ_WRITE)?;
     let r = (|| {
         k.ttbr0(k.all, ttbr0_value(b.root().0, Asid::from_u8(ASID)))?;

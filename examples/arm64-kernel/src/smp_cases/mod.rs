@@ -33,7 +33,7 @@ mod hammer;
 use core::sync::atomic::Ordering::{Relaxed, Release};
 
 use aarch64_cpu::registers::ID_AA64MMFR1_EL1;
-use pgtable_arm64::Arm64;
+use crate::platform::Arm64;
 use pgtable_core::contract::Mmu;
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
