@@ -185,10 +185,11 @@ _start:
 
     ldr     x2, ={mair}
     msr     mair_el1, x2
-    // TCR_EL1.IPS (bits 34:32) = ID_AA64MMFR0_EL1.PARange, at most 48 bits.
+    // TCR_EL1.IPS (bits 34:32) = ID_AA64MMFR0_EL1.PARange, at most 48
+    // bits (52 with TCR_EL1.DS = 1, where IPS = 0b110 means 52 bits).
     mrs     x3, id_aa64mmfr0_el1
     and     x3, x3, #0xf
-    mov     x4, #5
+    mov     x4, #{ips_max}
     cmp     x3, x4
     csel    x3, x3, x4, lo
     ldr     x2, ={tcr}
@@ -521,6 +522,7 @@ pgk_probe_exec_ret:
     slot_device = const root_slot(DEVICE_OFFSET),
     mair = const MAIR_VALUE,
     tcr = const EARLY_TCR,
+    ips_max = const if geom::DS { 6 } else { 5 },
     sctlr_set = const SCTLR_MMU_BITS,
     sctlr_clear = const SCTLR_MMU_CLEAR,
 );
