@@ -1,8 +1,11 @@
 //! A tiny arm64 kernel for QEMU `virt` that runs pgtable's conformance
 //! suite on the real (emulated) MMU, then the arm64 benchmarks.
 //!
-//! It is split like Linux: two 48-bit halves (T0SZ = T1SZ = 16), each with
-//! its own root. The kernel lives in the upper half, translated through
+//! It is split like Linux: two halves (48-bit, T0SZ = T1SZ = 16, or
+//! 52-bit, T0SZ = T1SZ = 12), each with its own root. Every address space
+//! has the geometry of the build ([`geom`]: 4, 16 or 64 KiB pages, 48- or
+//! 52-bit VAs, chosen by Cargo features; `cargo xtask qemu-test` builds
+//! and runs all six). The kernel lives in the upper half, translated through
 //! TTBR1_EL1 by a kernel space built with pgtable (`new_kernel`: a W^X map
 //! of the image, a linear map of all RAM at `PAGE_OFFSET`, the UART); the
 //! lower half (TTBR0_EL1) holds the suite's test space and, for the EL0
@@ -11,15 +14,16 @@
 //!
 //! Boot sequence (details in `boot.rs`):
 //! 1. `_start`, at its physical address with the MMU off: EL2→EL1, FP on,
-//!    early tables (an identity map of the first GiB of RAM in TTBR0_EL1;
-//!    the linear map, the image and the UART in TTBR1_EL1), MMU on, jump
-//!    to the upper half;
+//!    early tables (4 KiB granule in every build: an identity map of the
+//!    first GiB of RAM in TTBR0_EL1; the linear map, the image and the UART
+//!    in TTBR1_EL1), MMU on, jump to the upper half;
 //! 2. `pgk_kernel_entry`: stack, `.bss`, vectors, `kernel_main`;
 //! 3. `kernel_main`: RAM from the device tree (through the linear map),
-//!    the kernel map built with pgtable ([`kmap`]), pgtable's TCR_EL1
-//!    value, TTBR1_EL1 switched to the kernel map from the identity map,
-//!    then the empty test space installed in TTBR0_EL1 (the identity map
-//!    is gone);
+//!    the kernel map built with pgtable ([`kmap`]), the CPU checked for
+//!    the geometry (`check_geometry`), TTBR1_EL1 switched to the kernel
+//!    map from the identity map together with TCR_EL1's TTBR1 fields
+//!    (granule, T1SZ), then TCR_EL1's TTBR0 fields and the empty test
+//!    space installed in TTBR0_EL1 (the identity map is gone);
 //! 4. SMP ([`smp`], [`smp_cases`]): every CPU QEMU gives is started
 //!    through PSCI (`smp: <N> CPUs online`), the `smp_` cases check that
 //!    every CPU sees a change once pgtable returns, the shootdown
@@ -41,6 +45,7 @@
 //!   the command line through semihosting, the cycle counter;
 //! - `probe.rs`: loads, stores and fetches that return faults as values;
 //! - `fdt.rs`: the RAM size from the device tree QEMU puts at 0x4000_0000;
+//! - `geom.rs`: the build's geometry (format, page, block and run sizes);
 //! - `memory.rs`: the virtual and physical layout, the table allocator;
 //! - `kmap.rs`: the kernel's own address space, built with pgtable;
 //! - `user.rs`: a user space, the user program, running it at EL0;

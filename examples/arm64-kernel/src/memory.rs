@@ -4,9 +4,11 @@
 //! half (TTBR0_EL1) belongs to the suite's test space and to user spaces.
 //! As Linux configures arm64 with 48-bit VAs, each half has 48 bits
 //! (T0SZ = T1SZ = 16) and its own root: the lower half is
-//! `[0, 2^48)`, the upper half `[0xffff_0000_0000_0000, 2^64)`. Each kernel
-//! region sits in its own 512 GiB slot (one root entry of the kernel's
-//! root) and reaches physical memory at a fixed offset:
+//! `[0, 2^48)`, the upper half `[0xffff_0000_0000_0000, 2^64)`; the 52-bit
+//! builds (geom.rs) have `[0, 2^52)` and `[0xfff0_0000_0000_0000, 2^64)`
+//! and keep the kernel's regions where the 48-bit layout has them. Each
+//! kernel region sits in its own 512 GiB slot (one root entry of the
+//! early map's 4 KiB root) and reaches physical memory at a fixed offset:
 //!
 //! ```text
 //! 0xffff_0000_0000_0000  PAGE_OFFSET    linear map of all RAM: va = pa + PAGE_OFFSET
