@@ -28,7 +28,10 @@ compile_error!("the features granule-16k and granule-64k exclude each other");
 #[cfg(not(any(feature = "granule-16k", feature = "granule-64k", feature = "va-52")))]
 pub type Arm64 = pgtable_arm64::Arm64;
 /// The format of every address space.
-#[cfg(all(not(any(feature = "granule-16k", feature = "granule-64k")), feature = "va-52"))]
+#[cfg(all(
+    not(any(feature = "granule-16k", feature = "granule-64k")),
+    feature = "va-52"
+))]
 pub type Arm64 = pgtable_arm64::Arm64Lpa2;
 /// The format of every address space.
 #[cfg(all(feature = "granule-16k", not(feature = "va-52")))]

@@ -27,10 +27,10 @@ use pgtable_core::{AddressSpace, Error, MapOptions, MemType, PhysAddr, Prot, Vir
 
 use crate::boot;
 use crate::console::{UART_BASE, UART_VA};
+use crate::geom::{self, PAGE, PMD_SIZE};
 use crate::memory::{
     kimage_to_phys, phys_to_virt, KernelTables, Layout, KERNEL_VA_END, PAGE_OFFSET,
 };
-use crate::geom::{self, PAGE, PMD_SIZE};
 use crate::platform::{kernel_mmu, Arm64, Mmu};
 use crate::println;
 

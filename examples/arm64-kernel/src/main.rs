@@ -216,7 +216,9 @@ fn tcrs() -> Result<Tcrs, fmt::Arguments<'static>> {
     };
     let now = TCR_EL1.get();
     if now != early || early & !(0b111 << 32) != boot::EARLY_TCR {
-        println!("FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {early:#x} (without HA/HD)");
+        println!(
+            "FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {early:#x} (without HA/HD)"
+        );
         return Err(format_args!("FAIL: early TCR_EL1"));
     }
     let t0 = boot::TCR_TTBR0_FIELDS;

@@ -89,7 +89,12 @@ const MOVED: u64 = WINDOW + (16 << 20);
 /// The destination of a move of part of a run.
 const MOVED2: u64 = WINDOW + (24 << 20);
 /// Where the run of level-2 blocks is mapped (aligned to the run).
-const BLOCKS_VA: u64 = WINDOW + if CONT_PMD > 32 << 20 { CONT_PMD } else { 32 << 20 };
+const BLOCKS_VA: u64 = WINDOW
+    + if CONT_PMD > 32 << 20 {
+        CONT_PMD
+    } else {
+        32 << 20
+    };
 /// Everything the cases map lies in `[WINDOW, WINDOW + SPAN)`.
 const SPAN: u64 = BLOCKS_VA - WINDOW + CONT_PMD;
 
