@@ -32,14 +32,15 @@ mod hammer;
 
 use core::sync::atomic::Ordering::{Relaxed, Release};
 
-use aarch64_cpu::registers::ID_AA64MMFR1_EL1;
 use crate::platform::Arm64;
-use pgtable_core::contract::Mmu;
+use aarch64_cpu::registers::ID_AA64MMFR1_EL1;
+use pgtable_core::contract::{level, Mmu};
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 pub use hammer::hammer;
 
+use crate::geom::PAGE;
 use crate::memory::{phys_to_virt, KernelTables};
 use crate::probe::{self, is_permission_fault, is_translation_fault};
 use crate::smp::{wait_for, Op, Smp, CMD, CPUS, FAULT, OK, WRONG};
@@ -48,13 +49,31 @@ use crate::{println, timer};
 /// Where the cases map, in the lower half (away from the suite's window
 /// and the benchmarks').
 const WINDOW: u64 = 0xc0_0000_0000;
-/// The destination of the moves: 32 GiB higher, under another PUD entry
-/// (so the move links the tables it needs there).
-const MOVED: u64 = 0xc8_0000_0000;
+/// The distance between the cases' places: at least 32 GiB and at least
+/// one entry of the level above the PMD (a PUD entry; with 64 KiB pages,
+/// whose third level is the root, a root entry), so each place has tables
+/// of its own below that level. 32 GiB with 4 KiB pages, 64 GiB with
+/// 16 KiB, 4 TiB with 64 KiB.
+const STEP: u64 = {
+    let pud = level::size::<Arm64>(2);
+    if pud > 32 << 30 {
+        pud
+    } else {
+        32 << 30
+    }
+};
+/// The destination of the moves: [`STEP`] higher, under another PUD
+/// entry (so the move links the tables it needs there).
+const MOVED: u64 = WINDOW + STEP;
 /// A third place, where a new mapping takes the table frames an unmap
 /// freed.
-const REUSE: u64 = 0xd0_0000_0000;
-const PAGE: u64 = 4096;
+const REUSE: u64 = WINDOW + 2 * STEP;
+/// The pool frames the cases use (frame `i` is `PAGE` bytes at
+/// `pool + i * PAGE`).
+const FRAMES: u64 = 64;
+/// The alignment of the cases' first pool frame: 2 MiB, a multiple of
+/// every granule's page.
+const POOL_ALIGN: u64 = 2 << 20;
 /// Accesses each secondary makes before the operation, and after the
 /// epoch, in a round.
 const WARM: u64 = 32;
@@ -249,6 +268,15 @@ fn row_of<M: Mmu>(
     }
 }
 
+/// Whether an abort syndrome is a translation fault at any level: levels
+/// 0 to 3, or level -1 (DFSC 0b101011, FEAT_LPA2), where the 4 KiB granule
+/// with 52-bit VAs faults once an unmap freed the last table under a root
+/// entry (Arm ARM D24.2 "ESR_EL1", ISS encoding for a Data Abort; Linux
+/// `esr_fsc_is_translation_fault`).
+const fn is_translation_fault_any_level(esr: u64) -> bool {
+    is_translation_fault(esr) || esr & 0x3f == 0b10_1011
+}
+
 /// Checks that every CPU in `mask` saw side `side` gone after the epoch
 /// (faults, a translation fault first, no load or store that succeeded)
 /// and used it before (a control). Returns the CPUs that observed it.
@@ -266,7 +294,7 @@ fn check_gone(mask: u64, side: usize, what: &str, perm: bool) -> Result<u64, &'s
         let kind_ok = if perm {
             is_permission_fault(esr)
         } else {
-            is_translation_fault(esr)
+            is_translation_fault_any_level(esr)
         };
         if post_ok != 0 || post_fault == 0 || (side == 0 && !kind_ok) {
             println!("  CPU {c}: {what}: {post_ok} accesses succeeded and {post_fault} faulted (first ESR {esr:#x}) after the operation returned");
@@ -300,10 +328,19 @@ fn no_wrong(mask: u64) -> R {
 
 /// Runs the `smp_` cases and the shootdown benchmark with the CPUs of
 /// `smp`, then turns the secondaries off. `pool` is RAM the cases may map
-/// (64 frames, 2 MiB aligned); `test_root` is the suite's test space,
-/// installed again in TTBR0_EL1 at the end. Returns (passed, failed).
+/// ([`FRAMES`] pages from its first [`POOL_ALIGN`] boundary);
+/// `test_root` is the suite's test space, installed again in TTBR0_EL1
+/// at the end. Returns (passed, failed).
 pub fn run(smp: &mut Smp, pool: (u64, u64), test_root: PhysAddr) -> (u32, u32) {
     let all = smp.mask_first(smp.online - 1);
+    let first = pool.0.next_multiple_of(POOL_ALIGN);
+    if first.saturating_add(FRAMES * PAGE) > pool.1 {
+        println!(
+            "FAIL smp_setup: the pool {:#x}..{:#x} has no {FRAMES} pages of {PAGE:#x} bytes",
+            pool.0, pool.1
+        );
+        return (0, 1);
+    }
     let mut a = match Space::new(crate::smp::ttbr0_mmu(), KernelTables) {
         Ok(s) => s,
         Err(_) => {
@@ -316,7 +353,7 @@ pub fn run(smp: &mut Smp, pool: (u64, u64), test_root: PhysAddr) -> (u32, u32) {
     let mut k = Cases {
         smp,
         all,
-        pool: pool.0.next_multiple_of(2 << 20),
+        pool: first,
         passed: 0,
         failed: 0,
         rows: [Row::default(); 8],
@@ -334,6 +371,12 @@ pub fn run(smp: &mut Smp, pool: (u64, u64), test_root: PhysAddr) -> (u32, u32) {
         "smp cases: CPU 0 operates through pgtable, CPUs {} hammer; FEAT_HAFDBS dirty-state management {}",
         CpuList(all),
         if hd { "on (TCR_EL1.HD)" } else { "absent" }
+    );
+    println!(
+        "smp cases: geometry {}, pages of {} KiB, moves {} GiB apart",
+        crate::geom::NAME,
+        PAGE >> 10,
+        STEP >> 30
     );
 
     k.case("smp_unmap_faults_everywhere", |k| {
