@@ -268,15 +268,6 @@ fn row_of<M: Mmu>(
     }
 }
 
-/// Whether an abort syndrome is a translation fault at any level: levels
-/// 0 to 3, or level -1 (DFSC 0b101011, FEAT_LPA2), where the 4 KiB granule
-/// with 52-bit VAs faults once an unmap freed the last table under a root
-/// entry (Arm ARM D24.2 "ESR_EL1", ISS encoding for a Data Abort; Linux
-/// `esr_fsc_is_translation_fault`).
-const fn is_translation_fault_any_level(esr: u64) -> bool {
-    is_translation_fault(esr) || esr & 0x3f == 0b10_1011
-}
-
 /// Checks that every CPU in `mask` saw side `side` gone after the epoch
 /// (faults, a translation fault first, no load or store that succeeded)
 /// and used it before (a control). Returns the CPUs that observed it.
@@ -294,7 +285,7 @@ fn check_gone(mask: u64, side: usize, what: &str, perm: bool) -> Result<u64, &'s
         let kind_ok = if perm {
             is_permission_fault(esr)
         } else {
-            is_translation_fault_any_level(esr)
+            is_translation_fault(esr)
         };
         if post_ok != 0 || post_fault == 0 || (side == 0 && !kind_ok) {
             println!("  CPU {c}: {what}: {post_ok} accesses succeeded and {post_fault} faulted (first ESR {esr:#x}) after the operation returned");
