@@ -55,8 +55,10 @@
 //! [`PAGE`] bytes, a PTE table maps [`PMD_SIZE`] bytes with [`ENTRIES`]
 //! entries, and the fixed user addresses are aligned to what they need in
 //! every geometry. In the 52-bit builds the switching cases (isolation,
-//! stale translations after a switch and after an unmap in another space)
-//! map and check each space's page at [`HIGH_VA`], above 2^48, as well.
+//! stale translations after a switch, after an unmap in another space and
+//! across roll-overs) give each space a second page at [`HIGH_VA`], above
+//! 2^48, with a frame and a marker of its own, and check it as they check
+//! the first.
 //!
 //! The cases on switching are in `switching.rs`, the `mm_` cases in
 //! `mm.rs`, those on the other operations in `ops.rs`.
@@ -100,16 +102,20 @@ const SHARED_VA: u64 = 0x0100_0000;
 /// A user stack page.
 const STACK_VA: u64 = 0x0200_0000;
 /// An address above 2^48 in the lower half, which the 52-bit builds
-/// translate (TCR_EL1.T0SZ = 12): there the switching cases map each
-/// space's frame here too (see [`VAS`]).
+/// translate (TCR_EL1.T0SZ = 12): there the switching cases map a second
+/// page of each space (see [`VAS`]).
 const HIGH_VA: u64 = 0x000f_0000_0000_0000 + SHARED_VA;
-/// Where the switching cases map and check each space's frame: at
-/// [`SHARED_VA`], and in the 52-bit builds also at [`HIGH_VA`].
+/// Where the switching cases map and check the pages of each space: at
+/// [`SHARED_VA`], and in the 52-bit builds also at [`HIGH_VA`] (each page
+/// a frame of its own, [`marker_at`] in its first word).
 const VAS: &[u64] = if VA_BITS == 52 {
     &[SHARED_VA, HIGH_VA]
 } else {
     &[SHARED_VA]
 };
+/// Set in the marker of a space's page at [`HIGH_VA`] (the low byte of a
+/// [`marker`] is 0).
+const HIGH_MARK: u64 = 0x80;
 
 const _: () = assert!(SHARED_VA % MAX_PAGE == 0 && STACK_VA % MAX_PAGE == 0);
 const _: () = assert!(HIGH_VA >= 1 << 48 && HIGH_VA < 1 << 52);
@@ -125,6 +131,18 @@ const ROLLOVER_BITS: u32 = 3;
 const fn marker(i: usize) -> u64 {
     0x5eed_0000_0000 | (i as u64) << 8
 }
+
+/// The word 0 of space `i`'s page at `VAS[k]`.
+const fn marker_at(i: usize, k: usize) -> u64 {
+    if k == 0 {
+        marker(i)
+    } else {
+        marker(i) | HIGH_MARK
+    }
+}
+
+/// The frames of a space's pages at [`VAS`] (as many as it has).
+type Pages = [u64; 2];
 
 /// Pool frames handed out once each (never reused during the run).
 struct Frames {
@@ -231,13 +249,15 @@ impl Ctx<'_> {
         Ok((p, f))
     }
 
-    /// As [`proc_with_frame`](Self::proc_with_frame), with the frame
-    /// mapped at every address of [`VAS`].
-    fn proc_with_aliases(&mut self, word0: u64) -> Result<(Proc, u64), Why> {
+    /// A new user space with a page at every address of [`VAS`], each a
+    /// fresh frame holding [`marker_at`]`(i, k)`; returns it and the
+    /// frames.
+    fn proc_with_pages(&mut self, i: usize) -> Result<(Proc, Pages), Why> {
         let mut p = self.new_proc()?;
-        let f = self.frames.take(word0)?;
-        for &va in VAS {
-            map(&mut p.space, va, f)?;
+        let mut f = [0; 2];
+        for (k, &va) in VAS.iter().enumerate() {
+            f[k] = self.frames.take(marker_at(i, k))?;
+            map(&mut p.space, va, f[k])?;
         }
         Ok((p, f))
     }
@@ -329,10 +349,7 @@ fn map(space: &mut KernelSpace, va: u64, pa: u64) -> R {
 /// Prints, in the 52-bit builds, that `what` was checked at [`HIGH_VA`].
 fn report_high(what: &str) {
     if VAS.contains(&HIGH_VA) {
-        println!(
-            "  {what} also at {HIGH_VA:#x}, above 2^48 ({}-bit VAs)",
-            VA_BITS
-        );
+        println!("  {HIGH_VA:#x} (above 2^48, {VA_BITS}-bit VAs; a page of its own in each space) checked too: {what}");
     }
 }
 

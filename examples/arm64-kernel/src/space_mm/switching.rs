@@ -35,9 +35,9 @@ pub(super) fn table_attrs(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
 }
 
 pub(super) fn isolation(cx: &mut Ctx, ps: &mut [Option<Proc>; 4]) -> R {
-    let mut frames = [0u64; 4];
+    let mut frames = [[0u64; 2]; 4];
     for (i, f) in frames.iter_mut().enumerate() {
-        let (p, pa) = cx.proc_with_aliases(marker(i))?;
+        let (p, pa) = cx.proc_with_pages(i)?;
         ps[i] = Some(p);
         *f = pa;
     }
@@ -61,10 +61,10 @@ pub(super) fn isolation(cx: &mut Ctx, ps: &mut [Option<Proc>; 4]) -> R {
                     && ttbr0 & 0xffff_ffff_f000 == at(ps, i)?.space.root().0,
                 "TTBR0_EL1 is {ttbr0:#x}: expected space {i}'s root with ASID {a}"
             );
-            for &va in VAS {
-                load_is("EL1", va, marker(i))?;
+            for (k, &va) in VAS.iter().enumerate() {
+                load_is("EL1", va, marker_at(i, k))?;
                 store_ok("EL1", va + 16, round << 32 | i as u64)?;
-                cx.el0_returns("EL0", va, va, marker(i) + 1)?;
+                cx.el0_returns("EL0", va, va, marker_at(i, k) + 1)?;
             }
         }
     }
@@ -76,86 +76,87 @@ pub(super) fn isolation(cx: &mut Ctx, ps: &mut [Option<Proc>; 4]) -> R {
                 asids[i]
             );
         }
-        let f = frames[i];
-        ensure!(
-            word(f, 1) == marker(i) + 1 && word(f, 2) == 2 << 32 | i as u64,
-            "frame of space {i} holds {:#x}, {:#x}: another space's stores reached it",
-            word(f, 1),
-            word(f, 2)
-        );
+        for (k, &f) in frames[i][..VAS.len()].iter().enumerate() {
+            ensure!(
+                word(f, 1) == marker_at(i, k) + 1 && word(f, 2) == 2 << 32 | i as u64,
+                "frame of space {i} at {:#x} holds {:#x}, {:#x}: another space's stores reached it",
+                VAS[k],
+                word(f, 1),
+                word(f, 2)
+            );
+        }
     }
     no_full_flush(f0)?;
-    report_high("four spaces' frames switched by ASID and checked at EL1 and EL0");
+    report_high("every space's page read and written at EL1 and EL0 after each switch");
     Ok(())
 }
 
 pub(super) fn no_stale_after_switch(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
-    let (a, fa) = cx.proc_with_aliases(marker(0))?;
-    let (b, fb) = cx.proc_with_aliases(marker(1))?;
-    let fc = cx.frames.take(marker(2))?;
+    let (a, fa) = cx.proc_with_pages(0)?;
+    let (b, fb) = cx.proc_with_pages(1)?;
+    let mut fc = [0u64; 2];
+    for (k, f) in fc[..VAS.len()].iter_mut().enumerate() {
+        *f = cx.frames.take(marker_at(2, k))?;
+    }
     ps[0] = Some(a);
     ps[1] = Some(b);
     let f0 = FlushCounts::now();
-    for (round, (i, m, f)) in [(0, marker(0), fa), (1, marker(1), fb), (0, marker(0), fa)]
-        .into_iter()
-        .enumerate()
-    {
+    for (round, (i, f)) in [(0, fa), (1, fb), (0, fa)].into_iter().enumerate() {
         let p = at(ps, i)?;
         cx.switch(p)?;
         for (k, &va) in VAS.iter().enumerate() {
-            let v = 0xa0 + (round * VAS.len() + k) as u64;
-            load_is("after the switch", va, m)?;
-            store_ok("after the switch", va + 8, v)?;
+            load_is("after the switch", va, marker_at(i, k))?;
+            store_ok("after the switch", va + 8, 0xa0 + round as u64)?;
             ensure!(
-                word(f, 1) == v,
+                word(f[k], 1) == 0xa0 + round as u64,
                 "the store of switch {round} to {va:#x} did not reach space {i}'s frame"
             );
         }
     }
     // Remap B while A runs (and holds its translations in the TLB).
     let b = at(ps, 1)?;
-    for &va in VAS {
+    for (k, &va) in VAS.iter().enumerate() {
         b.space
             .unmap(VirtAddr(va), PAGE)
             .map_err(|e| Why::new(format_args!("unmap {va:#x}: {e}")))?;
-        map(&mut b.space, va, fc)?;
+        map(&mut b.space, va, fc[k])?;
     }
     let f1 = FlushCounts::now();
     let b = at(ps, 1)?;
     cx.switch(b)?;
-    for &va in VAS {
-        load_is("space B after its remap", va, marker(2))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space B after its remap", va, marker_at(2, k))?;
     }
     let a = at(ps, 0)?;
     cx.switch(a)?;
-    for &va in VAS {
-        load_is("space A after B's remap", va, marker(0))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space A after B's remap", va, marker_at(0, k))?;
     }
     no_full_flush(f0)?;
     no_full_flush(f1)?;
-    report_high("switches away and back and a remap in another space");
+    report_high("no stale translation after switches away and back, and after a remap while another space ran");
     Ok(())
 }
 
 pub(super) fn no_stale_after_unmap_in_other_space(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
-    let (a, _) = cx.proc_with_aliases(marker(0))?;
-    let (mut b, _) = cx.proc_with_aliases(marker(1))?;
+    let (a, _) = cx.proc_with_pages(0)?;
+    let (mut b, _) = cx.proc_with_pages(1)?;
     let stack = cx.frames.take(0)?;
     map(&mut b.space, STACK_VA, stack)?;
     ps[0] = Some(a);
     ps[1] = Some(b);
     let f0 = FlushCounts::now();
-    // B's translations of its page get into the TLB under B's ASID.
+    // B's translations of its pages get into the TLB under B's ASID.
     let b = at(ps, 1)?;
     cx.switch(b)?;
-    for &va in VAS {
-        load_is("space B", va, marker(1))?;
-        cx.el0_returns("space B at EL0", va, STACK_VA, marker(1) + 1)?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space B", va, marker_at(1, k))?;
+        cx.el0_returns("space B at EL0", va, STACK_VA, marker_at(1, k) + 1)?;
     }
     let a = at(ps, 0)?;
     cx.switch(a)?;
-    for &va in VAS {
-        load_is("space A", va, marker(0))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space A", va, marker_at(0, k))?;
     }
     // Unmap in B, which is not current.
     let b = at(ps, 1)?;
@@ -178,8 +179,8 @@ pub(super) fn no_stale_after_unmap_in_other_space(cx: &mut Ctx, ps: &mut [Option
     }
     let a = at(ps, 0)?;
     cx.switch(a)?;
-    for &va in VAS {
-        load_is("space A after B's unmap", va, marker(0))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space A after B's unmap", va, marker_at(0, k))?;
     }
     let d = FlushCounts::now().since(f0);
     ensure!(
@@ -188,7 +189,7 @@ pub(super) fn no_stale_after_unmap_in_other_space(cx: &mut Ctx, ps: &mut [Option
         d.all,
         d.local
     );
-    report_high("an unmap in a space that was not current");
+    report_high("an unmap in a space that was not current faults at EL1 and EL0 once it runs");
     Ok(())
 }
 
@@ -196,9 +197,9 @@ pub(super) fn no_stale_after_asid_rollover(
     cx: &mut Ctx,
     ps: &mut [Option<Proc>; ROLLOVER_SPACES],
 ) -> R {
-    let mut frames = [0u64; ROLLOVER_SPACES];
+    let mut frames = [[0u64; 2]; ROLLOVER_SPACES];
     for (i, f) in frames.iter_mut().enumerate() {
-        let (p, pa) = cx.proc_with_aliases(marker(i))?;
+        let (p, pa) = cx.proc_with_pages(i)?;
         ps[i] = Some(p);
         *f = pa;
     }
@@ -216,19 +217,22 @@ pub(super) fn no_stale_after_asid_rollover(
             // of the test space at its end flushes it.
             let a = unsafe { cx.small.switch(p) }?;
             *l = a;
-            for &va in VAS {
-                load_is("after the switch", va, marker(i))?;
-                store_ok("after the switch", va + 8, round << 32 | i as u64)?;
+            for (k, &va) in VAS.iter().enumerate() {
+                load_is("after the switch", va, marker_at(i, k))?;
+                store_ok("after the switch", va + 8, round << 32 | (i * 2 + k) as u64)?;
             }
         }
     }
     let rollovers = cx.small.rollovers() - r0;
-    for (i, &f) in frames.iter().enumerate() {
-        ensure!(
-            word(f, 1) == 3 << 32 | i as u64,
-            "frame of space {i} holds {:#x}: a store went to another space",
-            word(f, 1)
-        );
+    for (i, f) in frames.iter().enumerate() {
+        for (k, &f) in f[..VAS.len()].iter().enumerate() {
+            ensure!(
+                word(f, 1) == 3 << 32 | (i * 2 + k) as u64,
+                "frame of space {i} at {:#x} holds {:#x}: a store went to another space",
+                VAS[k],
+                word(f, 1)
+            );
+        }
     }
     let d = FlushCounts::now().since(f0);
     ensure!(
@@ -243,6 +247,6 @@ pub(super) fn no_stale_after_asid_rollover(
         d.all,
         d.asid
     );
-    report_high("switches across ASID roll-overs");
+    report_high("every space's page read and written after each switch across the roll-overs");
     Ok(())
 }
