@@ -43,12 +43,12 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
+use crate::geom::{MAX_PAGE, PAGE};
+use crate::platform::Arm64;
 use aarch64_cpu::registers::{
     CurrentEL, ID_AA64MMFR1_EL1, MAIR_EL1, MPIDR_EL1, SCTLR_EL1, TCR_EL1, TTBR1_EL1, VBAR_EL1,
 };
 use pgtable_arm64::mmu::Arm64Mmu;
-use crate::geom::{MAX_PAGE, PAGE};
-use crate::platform::Arm64;
 use pgtable_core::contract::Mmu;
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use tock_registers::interfaces::Readable;
@@ -63,7 +63,9 @@ pub type SmpSpace = AddressSpace<Arm64, Arm64Mmu, KernelTables>;
 
 /// An untagged handle installing into TTBR0_EL1.
 pub const fn ttbr0_mmu() -> Arm64Mmu {
-    Arm64Mmu::new().for_format::<Arm64>().installing_into(VaRange::Lower)
+    Arm64Mmu::new()
+        .for_format::<Arm64>()
+        .installing_into(VaRange::Lower)
 }
 
 /// CPUs this kernel runs at most (CPU 0 and three secondaries).
