@@ -1,8 +1,11 @@
 //! `qemu-test` for the arm64 tiny kernel (examples/arm64-kernel).
 //!
-//! Builds the kernel (release, `aarch64-unknown-none`, its own workspace
-//! and lock file), boots it on QEMU `virt` with semihosting under a
-//! timeout, streams the console, and succeeds only on exit code 33, a
+//! Builds the kernel once per page-table geometry of [`GEOMETRIES`]
+//! (release, `aarch64-unknown-none`, its own workspace and lock file; the
+//! geometry is a Cargo feature set of the kernel), boots each on QEMU
+//! `virt` with semihosting under a timeout, streams the console, and
+//! prints `xtask: arm64: 16K/48-bit run passed (tcg)` for each. A run
+//! succeeds only on the kernel's report that it runs the geometry, exit code 33, a
 //! final `N passed, 0 failed` line, an `ok` line for every case of
 //! [`SPACE_CASES`] and [`SMP_CASES`] (the kernel's own checks of its
 //! address-space split and of TLB shootdown across CPUs, which the
@@ -144,20 +147,112 @@ pub const CONTPTE_CASES: &[&str] = &[
     "contpte_cases_free_their_tables",
 ];
 
+/// A page-table geometry the kernel is built and run for.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    /// As the kernel prints it (`MMU on (16K/48)`).
+    pub name: &'static str,
+    /// The kernel's Cargo features that select it.
+    pub features: &'static str,
+    /// Whether the run includes the in-kernel benchmarks (one geometry:
+    /// the others run every case, not the benchmarks).
+    pub bench: bool,
+}
+
+/// Every geometry of Linux arm64 that QEMU 7.2's `-cpu max` translates
+/// (it has FEAT_LPA2, FEAT_LVA and FEAT_LPA): 4 KiB pages with 48- and
+/// 52-bit VAs, 16 KiB with 48 and 52, 64 KiB with 48 and 52. 16K/47 is
+/// left out: its 47-bit upper half cannot hold the kernel's regions at
+/// `0xffff_0000_0000_0000` (the library's 16K/47 format is tested on the
+/// simulator).
+pub const GEOMETRIES: &[Geometry] = &[
+    Geometry {
+        name: "4K/48",
+        features: "",
+        bench: true,
+    },
+    Geometry {
+        name: "4K/52",
+        features: "va-52",
+        bench: false,
+    },
+    Geometry {
+        name: "16K/48",
+        features: "granule-16k",
+        bench: false,
+    },
+    Geometry {
+        name: "16K/52",
+        features: "granule-16k,va-52",
+        bench: false,
+    },
+    Geometry {
+        name: "64K/48",
+        features: "granule-64k",
+        bench: false,
+    },
+    Geometry {
+        name: "64K/52",
+        features: "granule-64k,va-52",
+        bench: false,
+    },
+];
+
 /// Upper bound for one run (the release kernel takes 10-20 s under TCG).
 const TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Builds the arm64 kernel and returns the path of its ELF image.
-pub fn build_kernel() -> Result<PathBuf, String> {
+/// Builds the arm64 kernel for `geo` and returns the path of its ELF
+/// image (a copy per geometry: every build writes the same output file).
+pub fn build_kernel(geo: &Geometry) -> Result<PathBuf, String> {
     let root = root();
     let dir = root.join("examples/arm64-kernel");
     let target_dir = root.join("target/kernels");
-    run(cargo()
-        .current_dir(&dir)
+    let mut c = cargo();
+    c.current_dir(&dir)
         .args(["build", "--release", "--target", TARGET])
         .arg("--target-dir")
-        .arg(&target_dir))?;
-    Ok(target_dir.join(TARGET).join("release/pgtable-arm64-kernel"))
+        .arg(&target_dir);
+    if !geo.features.is_empty() {
+        c.args(["--features", geo.features]);
+    }
+    run(&mut c)?;
+    let built = target_dir.join(TARGET).join("release/pgtable-arm64-kernel");
+    let copy = target_dir
+        .join(TARGET)
+        .join(format!("release/pgtable-arm64-kernel-{}", file_name(geo)));
+    std::fs::copy(&built, &copy).map_err(|e| format!("{}: {e}", copy.display()))?;
+    Ok(copy)
+}
+
+/// `16K/48` as a file-name part: `16k-48`.
+fn file_name(geo: &Geometry) -> String {
+    geo.name.to_ascii_lowercase().replace('/', "-")
+}
+
+/// The kernel command line for `geo`: the options, and `nobench` where
+/// the benchmarks are not run.
+fn geometry_cmdline(opts: &QemuOpts, geo: &Geometry) -> String {
+    let mut line = cmdline(opts);
+    if !geo.bench {
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str("nobench");
+    }
+    line
+}
+
+/// Ok if the kernel said it runs `geo` (`MMU on (<name>):`).
+fn require_geometry(outcome: &Outcome, geo: &Geometry) -> Result<(), String> {
+    let want = format!("MMU on ({}):", geo.name);
+    if outcome.lines.iter().any(|l| l.starts_with(&want)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the kernel did not report `{want}`: not built for the {} geometry, or it stopped before",
+            geo.name
+        ))
+    }
 }
 
 /// The QEMU arguments that boot `kernel` with `append` as its command line.
@@ -189,17 +284,42 @@ fn qemu_args(kernel: &std::path::Path, append: &str) -> Vec<String> {
     args
 }
 
-/// Builds and boots the arm64 kernel; Ok only if its suite passed.
+/// Builds the arm64 kernel for every geometry, then boots each; Ok only
+/// if every run passed.
 pub fn qemu_test(opts: &QemuOpts) -> Result<(), String> {
     ensure_target(TARGET)?;
     ensure_qemu(QEMU)?;
-    let kernel = build_kernel()?;
+    let mut kernels = Vec::new();
+    for geo in GEOMETRIES {
+        kernels.push((geo, build_kernel(geo)?));
+    }
+    let mut failures = Vec::new();
+    for (geo, kernel) in kernels {
+        match run_geometry(opts, geo, &kernel) {
+            Ok(()) => eprintln!("xtask: arm64: {}-bit run passed (tcg)", geo.name),
+            Err(e) => {
+                eprintln!("xtask: arm64: {}-bit run FAILED: {e}", geo.name);
+                failures.push(format!("{}: {e}", geo.name));
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+/// Boots `kernel` (built for `geo`) and judges its run.
+fn run_geometry(opts: &QemuOpts, geo: &Geometry, kernel: &std::path::Path) -> Result<(), String> {
+    let prefix = format!("arm64 {}| ", geo.name);
     let outcome = boot(
         QEMU,
-        &qemu_args(&kernel, &cmdline(opts)),
+        &qemu_args(kernel, &geometry_cmdline(opts, geo)),
         TIMEOUT,
-        "arm64| ",
+        &prefix,
     )?;
+    require_geometry(&outcome, geo)?;
     judge(&outcome, EXIT_SUCCESS)?;
     require_ok(&outcome, SPACE_CASES)?;
     require_online(&outcome, CPUS)?;
@@ -246,6 +366,38 @@ mod tests {
             &["space_user_roundtrip"]
         )
         .is_err());
+    }
+
+    #[test]
+    fn each_geometry_has_its_own_features_file_and_command_line() {
+        let names: Vec<&str> = GEOMETRIES.iter().map(|g| g.name).collect();
+        assert_eq!(
+            names,
+            ["4K/48", "4K/52", "16K/48", "16K/52", "64K/48", "64K/52"]
+        );
+        let mut files: Vec<String> = GEOMETRIES.iter().map(file_name).collect();
+        files.dedup();
+        assert_eq!(files.len(), GEOMETRIES.len());
+        assert_eq!(file_name(&GEOMETRIES[3]), "16k-52");
+        // Exactly one geometry runs the benchmarks.
+        assert_eq!(GEOMETRIES.iter().filter(|g| g.bench).count(), 1);
+        let opts = QemuOpts {
+            arch: "arm64".into(),
+            seed: Some(7),
+            threshold_mb: None,
+            no_kvm: false,
+        };
+        assert_eq!(geometry_cmdline(&opts, &GEOMETRIES[0]), "seed=7");
+        assert_eq!(geometry_cmdline(&opts, &GEOMETRIES[2]), "seed=7 nobench");
+        let o = |lines: &[&str]| Outcome {
+            code: Some(EXIT_SUCCESS),
+            lines: lines.iter().map(|s| s.to_string()).collect(),
+            timed_out: false,
+        };
+        let line = "MMU on (16K/48): TTBR1_EL1=0x40400000";
+        assert!(require_geometry(&o(&[line]), &GEOMETRIES[2]).is_ok());
+        assert!(require_geometry(&o(&[line]), &GEOMETRIES[3]).is_err());
+        assert!(require_geometry(&o(&["MMU on: TTBR1_EL1=0x1"]), &GEOMETRIES[0]).is_err());
     }
 
     #[test]

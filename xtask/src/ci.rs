@@ -90,6 +90,23 @@ pub fn ci() -> Result<(), String> {
             .args(["--", "-D", "warnings"])
             .env("CARGO_TARGET_DIR", root().join("target/kernels")))?;
     }
+    // The arm64 kernel once more for each of its other geometries.
+    let manifest = root().join("examples/arm64-kernel/Cargo.toml");
+    for geo in crate::arm64::GEOMETRIES
+        .iter()
+        .filter(|g| !g.features.is_empty())
+    {
+        sh(cargo()
+            .args([
+                "clippy",
+                "--target",
+                "aarch64-unknown-none",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .args(["--features", geo.features, "--", "-D", "warnings"])
+            .env("CARGO_TARGET_DIR", root().join("target/kernels")))?;
+    }
     Ok(())
 }
 

@@ -47,15 +47,21 @@ use pgtable_arm64::bits::{
     AF, ATTR_INDX_SHIFT, MAIR_IDX_DEVICE_NGNRE, MAIR_IDX_NORMAL, PXN, SH_INNER, TABLE_OR_PAGE, UXN,
     VALID,
 };
-use pgtable_arm64::regs::{SCTLR_MMU_BITS, SCTLR_MMU_CLEAR};
+use pgtable_arm64::regs::{SCTLR_MMU_BITS, SCTLR_MMU_CLEAR, TCR_DS};
 use pgtable_arm64::MAIR_VALUE;
 
+use crate::geom;
 use crate::memory::{DEVICE_OFFSET, KIMAGE_OFFSET, PAGE_OFFSET, RAM_BASE};
 
+/// The early blocks' shareability: Inner Shareable in descriptor bits
+/// 9:8, except with TCR_EL1.DS = 1 (52-bit builds with 4 or 16 KiB pages),
+/// where those bits hold OA\[51:50\] (0 for the first 4 GiB) and
+/// shareability comes from TCR_EL1.SH0/SH1 (Arm ARM D8.3.2, FEAT_LPA2).
+const EARLY_SH: u64 = if geom::DS { 0 } else { SH_INNER };
 /// An early 1 GiB block of Normal memory: EL1 read-write-execute, global,
 /// never executable at EL0 (the early map is for the boot only).
 const EARLY_RAM_BLOCK: u64 =
-    VALID | AF | SH_INNER | UXN | (MAIR_IDX_NORMAL << ATTR_INDX_SHIFT) | RAM_BASE;
+    VALID | AF | EARLY_SH | UXN | (MAIR_IDX_NORMAL << ATTR_INDX_SHIFT) | RAM_BASE;
 /// The early 1 GiB block of devices at physical 0 (the UART is in it):
 /// Device-nGnRE, EL1 read-write, never executable.
 const EARLY_DEVICE_BLOCK: u64 = VALID | AF | UXN | PXN | (MAIR_IDX_DEVICE_NGNRE << ATTR_INDX_SHIFT);
@@ -64,16 +70,18 @@ const TABLE: u64 = VALID | TABLE_OR_PAGE;
 
 /// TCR_EL1 of the early map, without IPS (set from PARange at boot) and
 /// without hardware access-flag and dirty-state updates (`kernel_main`
-/// writes pgtable's `tcr_value` before it installs the kernel map, and
-/// checks that it differs from this only there):
+/// switches to pgtable's value for the build's geometry in two steps, see
+/// [`switch_ttbr1`] and [`switch_ttbr0_tcr`], and checks that the early
+/// value is the 4 KiB one pgtable computes):
 ///
 /// | field | value |
 /// |---|---|
 /// | T0SZ, T1SZ | 16: 48-bit halves, each with its own 512-entry root (Linux `TCR_T0SZ(48)`, `TCR_T1SZ(48)`) |
 /// | IRGN0/1, ORGN0/1 | 0b01: walks Write-Back Read/Write-Allocate |
 /// | SH0/1 | 0b11: Inner Shareable |
-/// | TG0 / TG1 | 0b00 / 0b10: 4 KiB granule |
+/// | TG0 / TG1 | 0b00 / 0b10: 4 KiB granule, in every build |
 /// | EPD0, EPD1 | 0: both halves are walked |
+/// | DS | 1 in the builds whose geometry needs it (`geom::DS`): DS applies to both halves, and the early identity map is still in TTBR0_EL1 when TTBR1_EL1 takes the kernel map |
 pub const EARLY_TCR: u64 = 16
     | 0b01 << 8
     | 0b01 << 10
@@ -82,7 +90,13 @@ pub const EARLY_TCR: u64 = 16
     | 0b01 << 24
     | 0b01 << 26
     | 0b11 << 28
-    | 0b10 << 30;
+    | 0b10 << 30
+    | if geom::DS { TCR_DS } else { 0 };
+
+/// The TCR_EL1 fields of the TTBR0_EL1 walks (T0SZ, EPD0, IRGN0, ORGN0,
+/// SH0, TG0: bits 15:0), which keep their early values until
+/// [`switch_ttbr0_tcr`].
+pub const TCR_TTBR0_FIELDS: u64 = 0xffff;
 
 /// The byte offset of the root entry that maps `va` (VA bits 47:39).
 const fn root_slot(va: u64) -> u64 {
@@ -133,12 +147,13 @@ _start:
     // The new CPACR_EL1 applies to the instructions after this isb.
     isb
 
-    // The early tables (x0 = root, x1 = level 1, x0 + 8 KiB = an empty
-    // table for pgk_replace_ttbr1). The loader does not clear them.
+    // The early tables (x0 = root, x1 = level 1, x0 + 64 KiB = an empty
+    // table of 64 KiB, a root of any geometry, for pgk_replace_ttbr1 and
+    // switch_ttbr0_tcr). The loader does not clear them.
     adrp    x0, pgk_boot_tables
     add     x1, x0, #1, lsl #12
     mov     x2, x0
-    add     x3, x0, #3, lsl #12
+    add     x3, x0, #32, lsl #12
 4:  stp     xzr, xzr, [x2], #16
     cmp     x2, x3
     b.lo    4b
@@ -161,7 +176,7 @@ _start:
     mov     x4, #4
     lsl     x4, x4, x3
     mov     x2, x0
-    add     x3, x0, #3, lsl #12
+    add     x3, x0, #32, lsl #12
 5:  dc      ivac, x2
     add     x2, x2, x4
     cmp     x2, x3
@@ -170,10 +185,11 @@ _start:
 
     ldr     x2, ={mair}
     msr     mair_el1, x2
-    // TCR_EL1.IPS (bits 34:32) = ID_AA64MMFR0_EL1.PARange, at most 48 bits.
+    // TCR_EL1.IPS (bits 34:32) = ID_AA64MMFR0_EL1.PARange, at most 48
+    // bits (52 with TCR_EL1.DS = 1, where IPS = 0b110 means 52 bits).
     mrs     x3, id_aa64mmfr0_el1
     and     x3, x3, #0xf
-    mov     x4, #5
+    mov     x4, #{ips_max}
     cmp     x3, x4
     csel    x3, x3, x4, lo
     ldr     x2, ={tcr}
@@ -198,32 +214,38 @@ _start:
     ldr     x2, =pgk_kernel_entry
     br      x2
 
-// pgk_replace_ttbr1(x0 = the new TTBR1_EL1). Called from the upper half,
-// runs from the identity map: TTBR1_EL1 first gets an empty table and the
-// local TLB is flushed, so no translation of the old tables is live when
-// the new ones come in (a TLB holding both, of different sizes for one
-// address, could raise a TLB conflict abort; Linux swaps its kernel
-// tables through the identity map, `idmap_cpu_replace_ttbr1`, for the
-// same reason). Uses x0 and x1 only, no stack (the stack is in the upper
-// half).
+// pgk_replace_ttbr1(x0 = the new TTBR1_EL1, x1 = the new TCR_EL1).
+// Called from the upper half, runs from the identity map: TTBR1_EL1 first
+// gets an empty table and the local TLB is flushed, so no translation of
+// the old tables is live when the new ones come in (a TLB holding both,
+// of different sizes for one address, could raise a TLB conflict abort;
+// Linux swaps its kernel tables through the identity map,
+// `idmap_cpu_replace_ttbr1`, for the same reason). The new TCR_EL1 (the
+// TTBR1 walks in the build's granule and VA size, the TTBR0 fields still
+// the early map's) is written while TTBR1_EL1 holds the empty table, so
+// no walk of the kernel map ever used the early granule. Uses x0-x2
+// only, no stack (the stack is in the upper half).
 .global pgk_replace_ttbr1
 pgk_replace_ttbr1:
-    adrp    x1, pgk_boot_tables
-    add     x1, x1, #2, lsl #12
-    msr     ttbr1_el1, x1
+    adrp    x2, pgk_boot_tables
+    add     x2, x2, #16, lsl #12
+    msr     ttbr1_el1, x2
     isb
     tlbi    vmalle1
     dsb     nsh
+    isb
+    msr     tcr_el1, x1
+    // The new TCR_EL1 applies to the walks after this isb.
     isb
     msr     ttbr1_el1, x0
     isb
     ret
 
 .section .boot.tables, "aw", %nobits
-.balign 4096
+.balign 65536
 .global pgk_boot_tables
 pgk_boot_tables:
-    .skip   3 * 4096
+    .skip   2 * 65536
 
 // ---------------------------------------------------------------------
 // The kernel proper, in the upper half.
@@ -250,7 +272,7 @@ pgk_kernel_entry:
 8:  wfe
     b       8b
 
-// pgk_switch_ttbr1(x0 = the new TTBR1_EL1): calls pgk_replace_ttbr1 at its
+// pgk_switch_ttbr1(x0 = the new TTBR1_EL1, x1 = the new TCR_EL1): calls pgk_replace_ttbr1 at its
 // identity-mapped (physical) address, out of reach of a PC-relative branch.
 .global pgk_switch_ttbr1
 pgk_switch_ttbr1:
@@ -270,6 +292,9 @@ pgk_image_start_pa:
 .global pgk_kimage_offset
 pgk_kimage_offset:
     .quad   __kimage_offset
+.global pgk_empty_table_pa
+pgk_empty_table_pa:
+    .quad   pgk_boot_tables + 65536
 
 // ---------------------------------------------------------------------
 // Exception vectors (Arm ARM D1.10.2): 16 entries of 0x80 bytes, the
@@ -497,6 +522,7 @@ pgk_probe_exec_ret:
     slot_device = const root_slot(DEVICE_OFFSET),
     mair = const MAIR_VALUE,
     tcr = const EARLY_TCR,
+    ips_max = const if geom::DS { 6 } else { 5 },
     sctlr_set = const SCTLR_MMU_BITS,
     sctlr_clear = const SCTLR_MMU_CLEAR,
 );
@@ -504,6 +530,7 @@ pgk_probe_exec_ret:
 extern "C" {
     static pgk_image_start_pa: u64;
     static pgk_kimage_offset: u64;
+    static pgk_empty_table_pa: u64;
 }
 
 /// The physical address the image starts at (`__image_start_pa`).
@@ -519,24 +546,64 @@ pub fn linked_kimage_offset() -> u64 {
 }
 
 /// Makes `ttbr1` (the root of a `VaRange::Upper` space) the upper half's
-/// translation, through `pgk_replace_ttbr1`.
+/// translation and `tcr` TCR_EL1, through `pgk_replace_ttbr1`.
 ///
 /// # Safety
 ///
 /// TTBR0_EL1 still holds the early identity map (the switch runs from
-/// it). The new tables map the code, stack, data and device this kernel
-/// uses at the same addresses as the old ones, and stay alive while
-/// installed.
-pub unsafe fn switch_ttbr1(ttbr1: u64) {
-    // SAFETY: `pgk_switch_ttbr1` uses x0, x1, x9, x10 and x30 (all
+/// it), and `tcr` keeps the early map's TTBR0 fields
+/// ([`TCR_TTBR0_FIELDS`]) and its DS. The new tables are of the geometry
+/// `tcr` gives TTBR1_EL1, map the code, stack, data and device this
+/// kernel uses at the same addresses as the old ones, and stay alive
+/// while installed.
+pub unsafe fn switch_ttbr1(ttbr1: u64, tcr: u64) {
+    // SAFETY: `pgk_switch_ttbr1` uses x0-x2, x9, x10 and x30 (all
     // declared clobbered through the C ABI) and no memory; our caller
-    // guarantees that the new tables map everything used after it.
+    // guarantees that the new tables and TCR_EL1 map everything used
+    // after it.
     unsafe {
         asm!(
             "bl pgk_switch_ttbr1",
             in("x0") ttbr1,
+            in("x1") tcr,
             clobber_abi("C"),
             options(nostack),
+        );
+    }
+}
+
+/// Gives the TTBR0_EL1 walks the fields of `tcr` (the build's granule
+/// and VA size, after [`switch_ttbr1`] gave them to TTBR1_EL1): TTBR0_EL1
+/// gets the empty table, then TCR_EL1 is written and the local TLB is
+/// flushed, so nothing the early identity map put in the TLB (4 KiB
+/// granule) outlives the change; the caller installs the lower-half
+/// space afterwards. Runs in the upper half, which it does not change.
+///
+/// # Safety
+///
+/// Nothing uses the lower half until a space is installed there, and
+/// `tcr` differs from TCR_EL1 in [`TCR_TTBR0_FIELDS`] only.
+pub unsafe fn switch_ttbr0_tcr(tcr: u64) {
+    // SAFETY: a word of `.rodata` the linker filled in.
+    let empty = unsafe { pgk_empty_table_pa };
+    // SAFETY: TTBR0_EL1 gets a zeroed 64 KiB table (a root of every
+    // geometry, so walks of it find no valid entry in any granule);
+    // TCR_EL1 changes only the TTBR0 walks (the caller's promise), which
+    // nothing uses; the isbs make each write apply to what follows it,
+    // and `tlbi vmalle1; dsb nsh` drops every translation of the early
+    // identity map from this CPU's TLB before anything uses TTBR0_EL1.
+    unsafe {
+        asm!(
+            "msr ttbr0_el1, {empty}",
+            "isb",
+            "msr tcr_el1, {tcr}",
+            "isb",
+            "tlbi vmalle1",
+            "dsb nsh",
+            "isb",
+            empty = in(reg) empty,
+            tcr = in(reg) tcr,
+            options(nostack, preserves_flags),
         );
     }
 }

@@ -12,7 +12,7 @@
 //! | text | image `[__text_start, __text_end)` | read, execute (EL1 only) |
 //! | rodata | image `[__rodata_start, __rodata_end)` | read, execute-never |
 //! | data, bss | image `[__data_start, __stack_guard)` | read-write, execute-never |
-//! | guard | one page below the stack | unmapped |
+//! | guard | 64 KiB below the stack | unmapped |
 //! | stack | image `[__stack_bottom, __stack_top)` | read-write, execute-never |
 //! | linear map | `PAGE_OFFSET + pa` for all RAM | read-write, execute-never |
 //! | linear alias of the boot code, text and rodata | | read-only, execute-never (Linux `mark_linear_text_alias_ro`) |
@@ -22,10 +22,12 @@
 //! pgtable sets UXN on every kernel leaf and PXN on every one without
 //! `Prot::EXEC`.
 
+use pgtable_core::contract::level;
 use pgtable_core::{AddressSpace, Error, MapOptions, MemType, PhysAddr, Prot, VirtAddr};
 
 use crate::boot;
 use crate::console::{UART_BASE, UART_VA};
+use crate::geom::{self, PAGE, PMD_SIZE};
 use crate::memory::{
     kimage_to_phys, phys_to_virt, KernelTables, Layout, KERNEL_VA_END, PAGE_OFFSET,
 };
@@ -56,7 +58,7 @@ extern "C" {
     static __stack_top: u8;
 }
 
-/// The image's sections (virtual addresses, 4 KiB aligned by link.ld).
+/// The image's sections (virtual addresses, 64 KiB aligned by link.ld).
 #[derive(Clone, Copy, Debug)]
 pub struct Image {
     /// `.text`.
@@ -65,7 +67,7 @@ pub struct Image {
     pub rodata: (u64, u64),
     /// `.data` and `.bss`.
     pub data: (u64, u64),
-    /// The guard page below the stack (unmapped).
+    /// The guard below the stack (unmapped, 64 KiB).
     pub guard: (u64, u64),
     /// The boot stack.
     pub stack: (u64, u64),
@@ -146,7 +148,7 @@ pub fn build(l: &Layout, img: &Image) -> Result<KernelSpace, Error> {
         s.map(
             VirtAddr(UART_VA),
             PhysAddr(UART_BASE),
-            4096,
+            PAGE,
             DEVICE,
             MapOptions::PAGES,
         )?;
@@ -161,17 +163,23 @@ pub fn build(l: &Layout, img: &Image) -> Result<KernelSpace, Error> {
     let st = space.stats();
     let mut blocks = [0u64; 3];
     space.walk(VirtAddr(PAGE_OFFSET), KERNEL_VA_END - PAGE_OFFSET, |m| {
-        blocks[m.height as usize] += 1
+        if let Some(n) = blocks.get_mut(m.height as usize) {
+            *n += 1
+        }
     })?;
     println!(
-        "kernel map (TTBR1): {} MiB of RAM + image + UART: {} entries written, {} walker barriers, {} tables; leaves: {} x 1 GiB, {} x 2 MiB, {} x 4 KiB",
+        "kernel map (TTBR1, {}): {} MiB of RAM + image + UART: {} entries written, {} walker barriers, {} tables; leaves: {} x {}, {} x {}, {} x {}",
+        geom::NAME,
         (l.ram.1 - l.ram.0) >> 20,
         st.entries_written(),
         st.barriers(),
         st.tables_allocated(),
         blocks[2],
+        Size(level::size::<Arm64>(2)),
         blocks[1],
-        blocks[0]
+        Size(PMD_SIZE),
+        blocks[0],
+        Size(PAGE)
     );
     let row = |what: &str, va: (u64, u64), pa: u64, prot: &str| {
         println!("  {what:<12} {:#x}..{:#x} -> {pa:#x}  {prot}", va.0, va.1)
@@ -215,9 +223,25 @@ pub fn build(l: &Layout, img: &Image) -> Result<KernelSpace, Error> {
     );
     row(
         "uart",
-        (UART_VA, UART_VA + 4096),
+        (UART_VA, UART_VA + PAGE),
         UART_BASE,
         "rw- XN, Device-nGnRE, global",
     );
     Ok(space)
+}
+
+/// A size in bytes, printed as `4 KiB`, `32 MiB`, `64 GiB`, `4 TiB`.
+#[derive(Clone, Copy)]
+pub struct Size(pub u64);
+
+impl core::fmt::Display for Size {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+        for (shift, unit) in units {
+            if self.0 >= 1 << shift && self.0 % (1 << shift) == 0 {
+                return write!(f, "{} {unit}", self.0 >> shift);
+            }
+        }
+        write!(f, "{} B", self.0)
+    }
 }

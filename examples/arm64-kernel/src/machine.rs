@@ -3,22 +3,41 @@
 
 use core::fmt;
 
+use pgtable_core::contract::level;
 use pgtable_core::suite::{Fault, Machine};
 use pgtable_core::{PhysAddr, VirtAddr};
 
 use crate::memory::is_kernel_va;
+use crate::platform::Arm64;
 use crate::{print, probe, timer};
 
-/// The suite's virtual window in its test space (TTBR0_EL1): 16 GiB at
-/// 64 GiB (8 GiB is the suite's minimum; the 2 GiB moves at PUD alignment
-/// need 16 GiB to place source and destination at odd multiples of 1 GiB).
-pub const WINDOW: (u64, u64) = (0x10_0000_0000, 16 << 30);
+/// The unit the suite lays its window out in: a PUD entry (1 GiB with
+/// 4 KiB pages, 64 GiB with 16 KiB, 4 TiB with 64 KiB).
+const UNIT: u64 = level::size::<Arm64>(2);
+
+/// The suite's virtual window in its test space (TTBR0_EL1): 16 units at
+/// 64 GiB or at 16 units, whichever is higher (4 KiB pages: 16 GiB at
+/// 64 GiB; 8 units is the suite's minimum; the moves of 2 units at PUD
+/// alignment need 16 to place source and destination at odd multiples of
+/// a unit).
+pub const WINDOW: (u64, u64) = (max(0x10_0000_0000, 16 * UNIT), 16 * UNIT);
 
 /// The window of the suite's run on the kernel's own space (TTBR1_EL1),
 /// which runs only the cases at the last entries of the upper half: 16
-/// GiB of the upper half the kernel does not use. The suite only checks
-/// that it stays empty.
-pub const KERNEL_SPACE_WINDOW: (u64, u64) = (0xffff_a000_0000_0000, 16 << 30);
+/// units of the upper half the kernel does not use (from 160 TiB into a
+/// 48-bit half). The suite only checks that it stays empty.
+pub const KERNEL_SPACE_WINDOW: (u64, u64) = (0xffff_a000_0000_0000, 16 * UNIT);
+
+const fn max(a: u64, b: u64) -> u64 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+const _: () = assert!(KERNEL_SPACE_WINDOW.0 % UNIT == 0 && KERNEL_SPACE_WINDOW.1 <= 64 << 40);
+const _: () = assert!(WINDOW.0 + WINDOW.1 <= 1 << 47);
 
 /// The kernel as a suite machine.
 pub struct KernelMachine {

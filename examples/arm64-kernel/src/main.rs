@@ -1,8 +1,11 @@
 //! A tiny arm64 kernel for QEMU `virt` that runs pgtable's conformance
 //! suite on the real (emulated) MMU, then the arm64 benchmarks.
 //!
-//! It is split like Linux: two 48-bit halves (T0SZ = T1SZ = 16), each with
-//! its own root. The kernel lives in the upper half, translated through
+//! It is split like Linux: two halves (48-bit, T0SZ = T1SZ = 16, or
+//! 52-bit, T0SZ = T1SZ = 12), each with its own root. Every address space
+//! has the geometry of the build ([`geom`]: 4, 16 or 64 KiB pages, 48- or
+//! 52-bit VAs, chosen by Cargo features; `cargo xtask qemu-test` builds
+//! and runs all six). The kernel lives in the upper half, translated through
 //! TTBR1_EL1 by a kernel space built with pgtable (`new_kernel`: a W^X map
 //! of the image, a linear map of all RAM at `PAGE_OFFSET`, the UART); the
 //! lower half (TTBR0_EL1) holds the suite's test space and, for the EL0
@@ -11,15 +14,16 @@
 //!
 //! Boot sequence (details in `boot.rs`):
 //! 1. `_start`, at its physical address with the MMU off: EL2→EL1, FP on,
-//!    early tables (an identity map of the first GiB of RAM in TTBR0_EL1;
-//!    the linear map, the image and the UART in TTBR1_EL1), MMU on, jump
-//!    to the upper half;
+//!    early tables (4 KiB granule in every build: an identity map of the
+//!    first GiB of RAM in TTBR0_EL1; the linear map, the image and the UART
+//!    in TTBR1_EL1), MMU on, jump to the upper half;
 //! 2. `pgk_kernel_entry`: stack, `.bss`, vectors, `kernel_main`;
 //! 3. `kernel_main`: RAM from the device tree (through the linear map),
-//!    the kernel map built with pgtable ([`kmap`]), pgtable's TCR_EL1
-//!    value, TTBR1_EL1 switched to the kernel map from the identity map,
-//!    then the empty test space installed in TTBR0_EL1 (the identity map
-//!    is gone);
+//!    the kernel map built with pgtable ([`kmap`]), the CPU checked for
+//!    the geometry (`check_geometry`), TTBR1_EL1 switched to the kernel
+//!    map from the identity map together with TCR_EL1's TTBR1 fields
+//!    (granule, T1SZ), then TCR_EL1's TTBR0 fields and the empty test
+//!    space installed in TTBR0_EL1 (the identity map is gone);
 //! 4. SMP ([`smp`], [`smp_cases`]): every CPU QEMU gives is started
 //!    through PSCI (`smp: <N> CPUs online`), the `smp_` cases check that
 //!    every CPU sees a change once pgtable returns, the shootdown
@@ -41,6 +45,7 @@
 //!   the command line through semihosting, the cycle counter;
 //! - `probe.rs`: loads, stores and fetches that return faults as values;
 //! - `fdt.rs`: the RAM size from the device tree QEMU puts at 0x4000_0000;
+//! - `geom.rs`: the build's geometry (format, page, block and run sizes);
 //! - `memory.rs`: the virtual and physical layout, the table allocator;
 //! - `kmap.rs`: the kernel's own address space, built with pgtable;
 //! - `user.rs`: a user space, the user program, running it at EL0;
@@ -62,7 +67,8 @@
 //! - `bench.rs`: the benchmark tables.
 //!
 //! Options come from the kernel command line (`-append "seed=N
-//! threshold_mb=M"`), read through semihosting `SYS_GET_CMDLINE`, which
+//! threshold_mb=M nobench"`; `nobench` leaves the benchmarks out, as
+//! xtask does for every geometry but the default 4K/48), read through semihosting `SYS_GET_CMDLINE`, which
 //! QEMU answers with the kernel file name followed by the `-append` text:
 //! simpler than reading `/chosen/bootargs` from the device tree.
 //!
@@ -78,6 +84,7 @@ mod boot;
 mod console;
 mod contpte;
 mod fdt;
+mod geom;
 mod kmap;
 mod machine;
 mod memory;
@@ -101,13 +108,15 @@ use pgtable_core::VaRange;
 
 use crate::kmap::KernelSpace;
 
-/// Options from the kernel command line (`-append "seed=N threshold_mb=M"`).
+/// Options from the kernel command line (`-append "seed=N threshold_mb=M nobench"`).
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
     /// Seed of the suite's fill pattern.
     pub seed: u64,
     /// MiB of each moved range the suite validates.
     pub threshold_mb: u64,
+    /// Leave the benchmarks out.
+    pub nobench: bool,
 }
 
 impl Options {
@@ -115,8 +124,13 @@ impl Options {
         let mut o = Options {
             seed: 0x5eed_2026,
             threshold_mb: 4,
+            nobench: false,
         };
         for word in line.split_ascii_whitespace() {
+            if word == "nobench" {
+                o.nobench = true;
+                continue;
+            }
             let Some((key, value)) = word.split_once('=') else {
                 continue;
             };
@@ -141,44 +155,77 @@ fn parse_u64(s: &str) -> Option<u64> {
     }
 }
 
-/// Checks that TCR_EL1 (set by the boot code from [`boot::EARLY_TCR`])
-/// is pgtable's `tcr_value_separate_halves` for this CPU (T0SZ = T1SZ =
-/// 16) without the hardware access-flag and dirty-state bits and with
-/// 8-bit ASIDs, then writes pgtable's value (HA and HD on where the CPU
-/// has them, and TCR_EL1.AS for 16-bit ASIDs where it has those, as
-/// `enable_mmu_separate_halves` would). Only ASID 0 has been used so far,
-/// and the caller flushes the TLB (the TTBR1_EL1 switch does). Returns the
-/// value, or the mismatch.
-fn set_tcr() -> Result<u64, (u64, u64)> {
-    use aarch64_cpu::registers::{ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, TCR_EL1};
-    use pgtable_arm64::{tcr_value_separate_halves, AsidBits, TcrConfig};
-    use tock_registers::interfaces::{Readable, Writeable};
+/// The TCR_EL1 values of the switch from the early map to pgtable's
+/// tables: `early` (the boot code's, checked), `mid` (TTBR1 walks in the
+/// build's geometry, TTBR0 walks still the early map's) and `last`.
+struct Tcrs {
+    mid: u64,
+    last: u64,
+}
+
+/// Checks that the CPU implements the build's geometry (granule, 52-bit
+/// VA and PA: [`pgtable_arm64::check_geometry`]), and that TCR_EL1 (set
+/// by the boot code from [`boot::EARLY_TCR`]) is pgtable's 4 KiB value
+/// for this CPU (T0SZ = T1SZ = 16, DS as the geometry needs) without the
+/// hardware access-flag and dirty-state bits and with 8-bit ASIDs. Gives
+/// pgtable's value for the geometry (HA and HD on where the CPU has them,
+/// TCR_EL1.AS for 16-bit ASIDs where it has those, as
+/// `enable_mmu_separate_halves` would) and the value between the two
+/// switches. Only ASID 0 has been used so far.
+fn tcrs() -> Result<Tcrs, fmt::Arguments<'static>> {
+    use aarch64_cpu::registers::{ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, ID_AA64MMFR2_EL1, TCR_EL1};
+    use pgtable_arm64::granule::{check_geometry, Granule};
+    use pgtable_arm64::regs::{tcr_value_for_separate_halves, TcrGeometry};
+    use pgtable_arm64::{AsidBits, TcrConfig};
+    use tock_registers::interfaces::Readable;
 
     let mmfr0 = ID_AA64MMFR0_EL1.get();
+    let mmfr2 = ID_AA64MMFR2_EL1.get();
+    let pa_bits = if geom::VA_BITS == 52 { 52 } else { 48 };
+    if let Err(e) = check_geometry(geom::GRANULE, geom::VA_BITS, pa_bits, mmfr0, mmfr2) {
+        println!("FAIL: {} geometry unsupported by this CPU: {e}", geom::NAME);
+        return Err(format_args!("FAIL: the CPU lacks the build's geometry"));
+    }
     let hafdbs = ID_AA64MMFR1_EL1.get() & 0xf;
     let cfg = TcrConfig {
-        va_bits: 48,
+        va_bits: geom::VA_BITS,
         ttbr1: true,
         pa_range: mmfr0 & 0xf,
         hw_access_flag: hafdbs >= 1,
         hw_dirty: hafdbs >= 2,
         asid16: AsidBits::from_mmfr0(mmfr0) == AsidBits::Bits16,
     };
-    let want = tcr_value_separate_halves(cfg);
-    let early = tcr_value_separate_halves(TcrConfig {
-        hw_access_flag: false,
-        hw_dirty: false,
-        asid16: false,
-        ..cfg
+    let last = tcr_value_for_separate_halves(TcrGeometry {
+        cfg,
+        granule: geom::GRANULE,
+        ds: geom::DS,
     });
+    let early = tcr_value_for_separate_halves(TcrGeometry {
+        cfg: TcrConfig {
+            va_bits: 48,
+            hw_access_flag: false,
+            hw_dirty: false,
+            asid16: false,
+            ..cfg
+        },
+        granule: Granule::K4,
+        ds: geom::DS,
+    });
+    let (Ok(last), Ok(early)) = (last, early) else {
+        return Err(format_args!("FAIL: no TCR_EL1 value for the geometry"));
+    };
     let now = TCR_EL1.get();
-    if now != early || early & 0xffff_ffff != boot::EARLY_TCR {
-        return Err((now, early));
+    if now != early || early & !(0b111 << 32) != boot::EARLY_TCR {
+        println!(
+            "FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {early:#x} (without HA/HD)"
+        );
+        return Err(format_args!("FAIL: early TCR_EL1"));
     }
-    TCR_EL1.set(want);
-    // The new TCR_EL1 applies to the instructions after this isb.
-    aarch64_cpu::asm::barrier::isb(aarch64_cpu::asm::barrier::SY);
-    Ok(want)
+    let t0 = boot::TCR_TTBR0_FIELDS;
+    Ok(Tcrs {
+        mid: (last & !t0) | (early & t0),
+        last,
+    })
 }
 
 /// The Rust entry point, called by `pgk_kernel_entry` on the boot core at
@@ -241,16 +288,15 @@ extern "C" fn kernel_main() -> ! {
     // The secondaries' stack guard pages (smp.rs), before the map is live.
     smp::unmap_stack_guards(&mut kspace)
         .unwrap_or_else(|e| fail(format_args!("FAIL: smp stack guards: {e}")));
-    let tcr = set_tcr().unwrap_or_else(|(now, want)| {
-        fail(format_args!(
-            "FAIL: the boot code's TCR_EL1 {now:#x} is not pgtable's {want:#x} (without HA/HD)"
-        ))
-    });
-    // SAFETY: TTBR0_EL1 holds the early identity map; the kernel map maps
-    // the image (code, data, stack) at the addresses the early map did,
-    // the UART, and the linear map of all RAM (the tables, the device
-    // tree), and lives until the run exits (this function never returns).
-    unsafe { boot::switch_ttbr1(kspace.root().0) };
+    let tcrs = tcrs().unwrap_or_else(|e| fail(e));
+    let tcr = tcrs.last;
+    // SAFETY: TTBR0_EL1 holds the early identity map, whose TCR_EL1
+    // fields `mid` keeps; the kernel map is of the geometry `mid` gives
+    // TTBR1_EL1, maps the image (code, data, stack) at the addresses the
+    // early map did, the UART, and the linear map of all RAM (the tables,
+    // the device tree), and lives until the run exits (this function
+    // never returns).
+    unsafe { boot::switch_ttbr1(kspace.root().0, tcrs.mid) };
     // SAFETY: the same root again (no translation changes): this marks the
     // space active, so it is never freed under the MMU.
     unsafe { kspace.install() };
@@ -259,11 +305,15 @@ extern "C" fn kernel_main() -> ! {
     // the user table attributes: the suite executes its pages at EL1.
     let mut test = KernelSpace::new_in(VaRange::Lower, platform::lower_mmu(), memory::KernelTables)
         .unwrap_or_else(|e| fail(format_args!("FAIL: test space: {e}")));
-    // SAFETY: the test space is empty and the kernel uses nothing in the
-    // lower half any more.
+    // SAFETY: the kernel uses nothing in the lower half any more, and
+    // `last` differs from `mid` (TCR_EL1 now) in the TTBR0 fields only.
+    unsafe { boot::switch_ttbr0_tcr(tcrs.last) };
+    // SAFETY: the test space is empty, of the geometry TCR_EL1 now gives
+    // TTBR0_EL1.
     unsafe { test.install() };
     println!(
-        "MMU on: TTBR1_EL1={:#x} (kernel space, {:?}, T1SZ {}) TTBR0_EL1={:#x} (test space, T0SZ {}) TCR_EL1={tcr:#x}",
+        "MMU on ({}): TTBR1_EL1={:#x} (kernel space, {:?}, T1SZ {}) TTBR0_EL1={:#x} (test space, T0SZ {}) TCR_EL1={tcr:#x}",
+        geom::NAME,
         kspace.root().0,
         kspace.va_range(),
         pgtable_arm64::regs::tcr_t1sz(tcr),
@@ -340,7 +390,9 @@ extern "C" fn kernel_main() -> ! {
         println!("FAIL suite_upper_half: no case ran on the kernel's space");
         failed += 1;
     }
-    if let Err(e) = bench::run(&mut test, layout.pool) {
+    if opts.nobench {
+        println!("benchmarks: not run (nobench)");
+    } else if let Err(e) = bench::run(&mut test, layout.pool) {
         println!("FAIL benchmarks: {e}");
         failed += 1;
     }

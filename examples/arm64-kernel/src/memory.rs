@@ -4,9 +4,11 @@
 //! half (TTBR0_EL1) belongs to the suite's test space and to user spaces.
 //! As Linux configures arm64 with 48-bit VAs, each half has 48 bits
 //! (T0SZ = T1SZ = 16) and its own root: the lower half is
-//! `[0, 2^48)`, the upper half `[0xffff_0000_0000_0000, 2^64)`. Each kernel
-//! region sits in its own 512 GiB slot (one root entry of the kernel's
-//! root) and reaches physical memory at a fixed offset:
+//! `[0, 2^48)`, the upper half `[0xffff_0000_0000_0000, 2^64)`; the 52-bit
+//! builds (geom.rs) have `[0, 2^52)` and `[0xfff0_0000_0000_0000, 2^64)`
+//! and keep the kernel's regions where the 48-bit layout has them. Each
+//! kernel region sits in its own 512 GiB slot (one root entry of the
+//! early map's 4 KiB root) and reaches physical memory at a fixed offset:
 //!
 //! ```text
 //! 0xffff_0000_0000_0000  PAGE_OFFSET    linear map of all RAM: va = pa + PAGE_OFFSET
@@ -36,6 +38,8 @@ use core::ptr::NonNull;
 
 use pgtable_core::contract::{Table, TableAlloc};
 use pgtable_core::PhysAddr;
+
+use crate::geom::{PAGE, PAGE_SHIFT};
 
 /// Bytes reserved for page-table frames.
 pub const TABLE_POOL: u64 = 64 << 20;
@@ -152,7 +156,7 @@ fn with_frames<R>(f: impl FnOnce(&mut Frames) -> R) -> R {
 ///
 /// # Safety
 ///
-/// Call once, before the first allocation. `[start, end)` is 4 KiB aligned
+/// Call once, before the first allocation. `[start, end)` is page aligned
 /// RAM that nothing else uses, reachable through the linear map (the early
 /// one of boot.rs, and the kernel map's once that is installed).
 pub unsafe fn init_tables(start: u64, end: u64) {
@@ -198,7 +202,7 @@ unsafe impl TableAlloc for KernelTables {
                 pa
             } else if fr.next < fr.end {
                 let pa = fr.next;
-                fr.next += 4096;
+                fr.next += PAGE;
                 pa
             } else {
                 return None;
@@ -207,10 +211,17 @@ unsafe impl TableAlloc for KernelTables {
             fr.peak = fr.peak.max(fr.live);
             Some(pa)
         })?;
-        // SAFETY: the frame was just taken from the pool, is 4 KiB aligned
-        // and mapped (linear map), and nothing else uses it.
-        unsafe { (phys_to_virt(pa) as *mut Table).write_bytes(0, 1) };
+        // SAFETY: the frame was just taken from the pool, is one page of
+        // the geometry (`PAGE` bytes, aligned to it) and mapped (linear
+        // map), and nothing else uses it.
+        unsafe { (phys_to_virt(pa) as *mut u8).write_bytes(0, PAGE as usize) };
         Some(PhysAddr(pa))
+    }
+
+    /// Frames are pages of the build's geometry (a table of 16 KiB pages
+    /// takes 16 KiB).
+    fn frame_shift(&self) -> u32 {
+        PAGE_SHIFT
     }
 
     unsafe fn free_table(&mut self, pa: PhysAddr) {

@@ -7,10 +7,10 @@
 use core::ops::Deref;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+pub use crate::geom::Arm64;
 use pgtable_arm64::flush::{flush_plan, FlushPlan};
 pub use pgtable_arm64::mmu::local_flush_tlb_all;
 use pgtable_arm64::mmu::{has_tlb_range, Arm64Mmu};
-pub use pgtable_arm64::Arm64;
 use pgtable_core::contract::{Mmu as MmuOps, Slot, TlbRange};
 use pgtable_core::{PhysAddr, VaRange};
 
@@ -151,7 +151,9 @@ unsafe impl MmuOps for Mmu {
 /// root itself (T1SZ = 16: the root's 512 entries translate the upper
 /// 2^48 bytes).
 pub const fn kernel_mmu() -> Mmu {
-    Mmu(Arm64Mmu::new().installing_into(VaRange::Upper))
+    Mmu(Arm64Mmu::new()
+        .for_format::<Arm64>()
+        .installing_into(VaRange::Upper))
 }
 
 /// The MMU of the lower-half spaces (the suite's test space, user spaces,
@@ -159,13 +161,15 @@ pub const fn kernel_mmu() -> Mmu {
 /// TLB) until `set_asid` tags it; `install_root` writes TTBR0_EL1 only,
 /// so installing one never touches the kernel's upper half.
 pub const fn lower_mmu() -> Mmu {
-    Mmu(Arm64Mmu::new().installing_into(VaRange::Lower))
+    Mmu(Arm64Mmu::new()
+        .for_format::<Arm64>()
+        .installing_into(VaRange::Lower))
 }
 
 /// The MMU of a user space switched by `AsidAllocator::switch_mm`: no ASID
 /// until its first switch (`Arm64Mmu::unassigned`), TTBR0_EL1.
 pub const fn unassigned_mmu() -> Mmu {
-    Mmu(Arm64Mmu::unassigned())
+    Mmu(Arm64Mmu::unassigned().for_format::<Arm64>())
 }
 
 // SAFETY: forwarded to `Arm64Mmu`, which upholds the contract;

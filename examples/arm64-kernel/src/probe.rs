@@ -44,10 +44,14 @@ pub const fn is_permission_fault(esr: u64) -> bool {
     esr & 0x3c == 0x0c
 }
 
-/// Whether it is a translation fault (0b0001xx, levels 0 to 3): nothing
-/// is mapped there.
+/// Whether ESR_EL1 of a Data or Instruction Abort reports a translation
+/// fault at any level: DFSC/IFSC 0b0001LL for levels 0 to 3, and 0b101011
+/// for level -1, which the 5-level FEAT_LPA2 walks (4 KiB pages, 52-bit
+/// VAs) report once an unmap freed every table under a root entry (Arm
+/// ARM D24.2 "ESR_EL1", ISS encoding for a Data Abort; Linux
+/// `esr_fsc_is_translation_fault`).
 pub const fn is_translation_fault(esr: u64) -> bool {
-    esr & 0x3c == 0x04
+    esr & 0x3c == 0x04 || esr & 0x3f == 0b10_1011
 }
 
 impl Fault {

@@ -43,11 +43,12 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
+use crate::geom::{MAX_PAGE, PAGE};
+use crate::platform::Arm64;
 use aarch64_cpu::registers::{
     CurrentEL, ID_AA64MMFR1_EL1, MAIR_EL1, MPIDR_EL1, SCTLR_EL1, TCR_EL1, TTBR1_EL1, VBAR_EL1,
 };
 use pgtable_arm64::mmu::Arm64Mmu;
-use pgtable_arm64::Arm64;
 use pgtable_core::contract::Mmu;
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use tock_registers::interfaces::Readable;
@@ -62,7 +63,9 @@ pub type SmpSpace = AddressSpace<Arm64, Arm64Mmu, KernelTables>;
 
 /// An untagged handle installing into TTBR0_EL1.
 pub const fn ttbr0_mmu() -> Arm64Mmu {
-    Arm64Mmu::new().installing_into(VaRange::Lower)
+    Arm64Mmu::new()
+        .for_format::<Arm64>()
+        .installing_into(VaRange::Lower)
 }
 
 /// CPUs this kernel runs at most (CPU 0 and three secondaries).
@@ -70,10 +73,15 @@ pub const MAX_CPUS: usize = 4;
 /// Bytes of each secondary's stack.
 const STACK_SIZE: usize = 32 << 10;
 
-/// A secondary's stack with its guard page below it.
-#[repr(C, align(4096))]
+/// Bytes of the unmapped guard below each secondary stack: a page of any
+/// geometry (the alignment below must match).
+const GUARD: usize = MAX_PAGE as usize;
+
+/// A secondary's stack with its guard below it, aligned to the largest
+/// page so the guard is whole pages in every geometry.
+#[repr(C, align(65536))]
 struct CpuStack {
-    guard: [u8; 4096],
+    guard: [u8; GUARD],
     stack: [u8; STACK_SIZE],
 }
 
@@ -87,7 +95,7 @@ unsafe impl Sync for Stacks {}
 static STACKS: Stacks = Stacks(UnsafeCell::new(
     [const {
         CpuStack {
-            guard: [0; 4096],
+            guard: [0; GUARD],
             stack: [0; STACK_SIZE],
         }
     }; MAX_CPUS - 1],
@@ -344,7 +352,7 @@ pub fn unmap_stack_guards<M: Mmu>(
     let base = STACKS.0.get() as u64;
     for i in 0..MAX_CPUS - 1 {
         let guard = base + (i * core::mem::size_of::<CpuStack>()) as u64;
-        kspace.unmap(VirtAddr(guard), 4096)?;
+        kspace.unmap(VirtAddr(guard), GUARD as u64)?;
     }
     Ok(())
 }
@@ -352,7 +360,8 @@ pub fn unmap_stack_guards<M: Mmu>(
 /// The guard page and stack range of secondary `cpu` (1..).
 pub fn stack_of(cpu: usize) -> (u64, u64, u64) {
     let base = STACKS.0.get() as u64 + ((cpu - 1) * core::mem::size_of::<CpuStack>()) as u64;
-    (base, base + 4096, base + 4096 + STACK_SIZE as u64)
+    let guard = GUARD as u64;
+    (base, base + guard, base + guard + STACK_SIZE as u64)
 }
 
 /// Cleans `[va, va + len)` to the point of coherency (`dc cvac` per
@@ -403,14 +412,14 @@ pub fn bring_up(cpus: &Cpus) -> Result<Smp, &'static str> {
     // the next (the code may cross a page boundary).
     // SAFETY: a word of `.rodata` the linker filled in.
     let entry = unsafe { pgk_secondary_entry_pa };
-    let page = entry & !0xfff;
+    let page = entry & !(PAGE - 1);
     let mut idmap =
         SmpSpace::new(ttbr0_mmu(), KernelTables).map_err(|_| "no table for the identity map")?;
     idmap
         .map(
             VirtAddr(page),
             PhysAddr(page),
-            2 * 4096,
+            2 * PAGE,
             Prot::EXEC,
             MapOptions::PAGES,
         )

@@ -25,6 +25,7 @@
 use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
+use crate::geom::PAGE;
 use crate::kmap::{Image, KernelSpace};
 use crate::memory::{self, kimage_to_phys, phys_to_virt};
 use crate::probe::{
@@ -323,7 +324,7 @@ pub fn user_cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, f
     // SAFETY: the user space maps only its two frames in the lower half;
     // the kernel runs on TTBR1_EL1, which this does not touch.
     unsafe { us.space.install() };
-    let sp = USER_DATA + 4096;
+    let sp = USER_DATA + PAGE;
 
     t.case("space_user_roundtrip", || {
         us.set_data_word(0, 41);
@@ -398,8 +399,8 @@ pub fn user_cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, f
     t.case("space_kernel_cannot_execute_user_memory", || {
         // Words past the program and below the stack, so both stay intact.
         for (what, va) in [
-            ("an EL1 fetch from user code", USER_CODE + 0xff8),
-            ("an EL1 fetch from user data", USER_DATA + 0x800),
+            ("an EL1 fetch from user code", USER_CODE + PAGE - 8),
+            ("an EL1 fetch from user data", USER_DATA + PAGE / 2),
         ] {
             // SAFETY: the user pages hold no Rust object; the probe puts
             // the old word back.

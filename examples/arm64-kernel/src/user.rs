@@ -14,14 +14,19 @@ use core::arch::{asm, global_asm};
 
 use pgtable_core::{Error, MapOptions, PhysAddr, Prot, VirtAddr};
 
+use crate::geom::{MAX_PAGE, PAGE};
 use crate::kmap::KernelSpace;
 use crate::memory::{phys_to_virt, KernelTables};
 use crate::platform::lower_mmu;
 
-/// Where the user program runs (user-executable, read-only).
+/// Where the user program runs (user-executable, read-only; a page of the
+/// geometry, 64 KiB aligned so that every geometry can map it).
 pub const USER_CODE: u64 = 0x0040_0000;
-/// The user data and stack page (user read-write, never executable).
+/// The user data and stack page (user read-write, never executable; 64 KiB
+/// aligned).
 pub const USER_DATA: u64 = 0x0080_0000;
+
+const _: () = assert!(USER_CODE % MAX_PAGE == 0 && USER_DATA % MAX_PAGE == 0);
 /// The program's `SVC` immediate.
 pub const SVC_IMM: u64 = 0x2a;
 
@@ -148,14 +153,15 @@ fn sync_code(va: u64, len: u64) {
 ///
 /// # Safety
 ///
-/// The frame is 4 KiB-aligned pool memory that nothing else uses.
+/// The frame is one page ([`PAGE`] bytes, aligned to it) of pool memory
+/// that nothing else uses.
 pub unsafe fn load_program(code_pa: u64) -> ProgramLayout {
     let (src, layout) = program();
     // SAFETY: the frame is ours (caller's promise), reached through the
     // linear map; the program's bytes are in the kernel text, readable,
     // and shorter than a page.
     unsafe {
-        core::ptr::write_bytes(phys_to_virt(code_pa) as *mut u8, 0, 4096);
+        core::ptr::write_bytes(phys_to_virt(code_pa) as *mut u8, 0, PAGE as usize);
         core::ptr::copy_nonoverlapping(
             src as *const u8,
             phys_to_virt(code_pa) as *mut u8,
@@ -167,32 +173,32 @@ pub unsafe fn load_program(code_pa: u64) -> ProgramLayout {
 }
 
 impl UserSpace {
-    /// Builds the user space over the two pool frames at `frames` (8 KiB,
-    /// 4 KiB aligned, used by nothing else while it lives): copies the
+    /// Builds the user space over the two pool frames at `frames` (two
+    /// pages, [`PAGE`] aligned, used by nothing else while it lives): copies the
     /// program, zeroes the data page and maps both, in a new user space of
     /// `kernel` (`new_user`: the lower half, TTBR0_EL1, with the user table
     /// attributes).
     pub fn new(kernel: &KernelSpace, frames: u64) -> Result<UserSpace, Error> {
-        let (code_pa, data_pa) = (frames, frames + 4096);
+        let (code_pa, data_pa) = (frames, frames + PAGE);
         // SAFETY: both frames are pool memory given to us (caller's
         // promise), reached through the linear map.
         let layout = unsafe { load_program(code_pa) };
         // SAFETY: as above.
-        unsafe { core::ptr::write_bytes(phys_to_virt(data_pa) as *mut u8, 0, 4096) };
+        unsafe { core::ptr::write_bytes(phys_to_virt(data_pa) as *mut u8, 0, PAGE as usize) };
         // SAFETY: the kernel space lives until the run ends (kernel_main
         // never returns).
         let mut space = unsafe { KernelSpace::new_user(kernel, lower_mmu(), KernelTables) }?;
         space.map(
             VirtAddr(USER_CODE),
             PhysAddr(code_pa),
-            4096,
+            PAGE,
             Prot::USER | Prot::EXEC,
             MapOptions::PAGES,
         )?;
         space.map(
             VirtAddr(USER_DATA),
             PhysAddr(data_pa),
-            4096,
+            PAGE,
             Prot::USER | Prot::WRITE,
             MapOptions::PAGES,
         )?;

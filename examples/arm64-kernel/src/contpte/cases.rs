@@ -30,7 +30,7 @@ pub(super) fn partial_protect(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
         store_ok("a neighbour in the former run", WINDOW + p * PAGE + 8, !p)?;
     }
     reads_markers("after the change", WINDOW, 0, PAGES)?;
-    // A whole run: it stays folded, all 16 entries read-only.
+    // A whole run: it stays folded, all its entries read-only.
     s.change_protection(VirtAddr(WINDOW + CONT_PTE), CONT_PTE, Prot::READ_ONLY)
         .map_err(|e| Why::new(format_args!("change_protection of a run: {e}")))?;
     expect_folded(s, "after protecting a whole run", WINDOW + CONT_PTE, 0)?;
@@ -40,39 +40,43 @@ pub(super) fn partial_protect(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
     reads_markers("after protecting the run", WINDOW + CONT_PTE, RUN, RUN)
 }
 
-/// `contpte_block_run_split`.
+/// `contpte_block_run_split`: a page made read-only inside a folded run of
+/// level-2 blocks; where the pool holds no whole run of blocks (64 KiB
+/// pages: 32 x 512 MiB), inside one block, which must split the same way.
 pub(super) fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
-    const SPLIT: u64 = 6;
+    let (blocks, split) = if mem.block_run { (RUN_PMD, 6) } else { (1, 0) };
     s.map(
         VirtAddr(BLOCKS_VA),
         PhysAddr(mem.blocks),
-        CONT_PMD,
+        blocks * BLOCK,
         Prot::READ_WRITE,
         MapOptions::PMD_BLOCKS,
     )
     .map_err(|e| Why::new(format_args!("map the blocks: {e}")))?;
-    expect_folded(s, "after map", BLOCKS_VA, 1)?;
-    for b in 0..RUN {
-        store_ok("before the change", BLOCKS_VA + b * BLOCK + 0x1008, b)?;
+    if mem.block_run {
+        expect_folded(s, "after map", BLOCKS_VA, 1)?;
     }
-    // The page at 0x1000 of block SPLIT becomes read-only.
-    let va = BLOCKS_VA + SPLIT * BLOCK + 0x1000;
+    for b in 0..blocks {
+        store_ok("before the change", BLOCKS_VA + b * BLOCK + PAGE + 8, b)?;
+    }
+    // The second page of block `split` becomes read-only.
+    let va = BLOCKS_VA + split * BLOCK + PAGE;
     s.change_protection(VirtAddr(va), PAGE, Prot::READ_ONLY)
         .map_err(|e| Why::new(format_args!("change_protection of a page of a block: {e}")))?;
-    let e = run_entries(s, BLOCKS_VA, 1)?;
+    let e = entries_at(s, BLOCKS_VA, 1, blocks)?;
     ensure!(
         cont_mask(&e) == 0,
         "after the split: entries {:#06x} of the block run still have the contiguous hint",
         cont_mask(&e)
     );
-    for (b, &raw) in e.iter().enumerate() {
+    for (b, &raw) in e.entries().iter().enumerate() {
         ensure!(
-            (b as u64 == SPLIT) != is_leaf(raw, 1),
+            (b as u64 == split) != is_leaf(raw, 1),
             "after the split: PMD entry {b} is {raw:#x}: expected {}",
-            if b as u64 == SPLIT {
+            if b as u64 == split {
                 "a table"
             } else {
-                "a 2 MiB block"
+                "a block"
             }
         );
     }
@@ -83,10 +87,10 @@ pub(super) fn block_run_split(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
         0,
     )?;
     store_faults("a store to the read-only page", va)?;
-    for b in 0..RUN {
+    for b in 0..blocks {
         let at = BLOCKS_VA + b * BLOCK;
-        load_is("the earlier store", at + 0x1008, b)?;
-        store_ok("a neighbour in the former block run", at + 0x2010, b)?;
+        load_is("the earlier store", at + PAGE + 8, b)?;
+        store_ok("a neighbour in the former block run", at + 2 * PAGE + 16, b)?;
     }
     store_ok("the page before the read-only one", va - PAGE, 1)
 }
@@ -107,9 +111,9 @@ pub(super) fn partial_unmap(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
         cont_mask(&e)
     );
     ensure!(
-        e[HOLE as usize] == 0,
+        e.raw[HOLE as usize] == 0,
         "the unmapped entry is {:#x}",
-        e[HOLE as usize]
+        e.raw[HOLE as usize]
     );
     expect_folded(s, "the next run", WINDOW + CONT_PTE, 0)?;
     load_faults("the unmapped page", va)?;
@@ -129,7 +133,7 @@ pub(super) fn partial_unmap(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
 
 /// `contpte_misaligned_move`.
 pub(super) fn misaligned_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
-    // Not 64 KiB-congruent with the frames (which are 64 KiB aligned).
+    // Not congruent with the frames modulo a run (they are run aligned).
     const DST: u64 = MOVED + PAGE;
     map_marked(s, WINDOW, mem.pages, PAGES)?;
     expect_folded(s, "after map", WINDOW, 0)?;
@@ -198,15 +202,15 @@ pub(super) fn congruent_move(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R {
 
 /// Bit `i`: entry `i` of the run at `va` has the hardware dirty state
 /// (`young == false`) or the access flag (`young == true`).
-fn ad_mask(s: &KernelSpace, va: u64, young: bool) -> Result<u16, Why> {
+fn ad_mask(s: &KernelSpace, va: u64, young: bool) -> Result<Mask, Why> {
     let e = run_entries(s, va, 0)?;
-    Ok(e.iter().enumerate().fold(0, |m, (i, &r)| {
+    Ok(e.entries().iter().enumerate().fold(0, |m, (i, &r)| {
         let set = if young {
             r & AF != 0
         } else {
             is_hw_dirty(r) || r & SW_DIRTY != 0
         };
-        m | (u16::from(set) << i)
+        m | (Mask::from(set) << i)
     }))
 }
 
@@ -354,7 +358,7 @@ pub(super) fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
     expect_folded(s, "after the accessed/dirty updates", WINDOW, 0)?;
     // Unmapping the run reports every page with the run's state: one
     // entry was marked dirty, but which page was written is not known.
-    let mut seen = 0u16;
+    let mut seen: Mask = 0;
     let mut bad: Option<(u64, Option<PhysAddr>, bool)> = None;
     s.unmap_with(VirtAddr(WINDOW), CONT_PTE, |x| {
         let p = (x.va().0 - WINDOW) / PAGE;
@@ -371,8 +375,8 @@ pub(super) fn access_dirty(s: &mut KernelSpace, mem: Mem, hardware: bool) -> R {
         );
     }
     ensure!(
-        seen == 0xffff,
-        "unmap_with reported pages {seen:#06x} of the run dirty, expected all 16"
+        seen == full(RUN),
+        "unmap_with reported pages {seen:#06x} of the run dirty, expected all {RUN}"
     );
     load_faults("the unmapped run", WINDOW + STORE * PAGE)
 }
@@ -383,7 +387,7 @@ pub(super) fn live_protect_refused(s: &mut KernelSpace, mem: Mem, _: HwAd) -> R 
     map_marked(s, WINDOW, mem.pages, RUN)?;
     expect_folded(s, "after map", WINDOW, 0)?;
     let before = run_entries(s, WINDOW, 0)?;
-    // In place, one page of a folded run cannot change: its 16 entries
+    // In place, one page of a folded run cannot change: its entries
     // would disagree while the hint is set, and unfolding them needs
     // break-before-make, which an in-place change does not allow.
     let va = WINDOW + IN_RUN * PAGE;

@@ -72,7 +72,8 @@ use pgtable_core::contract::{Decoded, Format};
 use pgtable_core::{ClearRefs, FaultFlags, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
-use crate::kmap::KernelSpace;
+use crate::geom;
+use crate::kmap::{KernelSpace, Size};
 use crate::memory::{self, phys_to_virt, KERNEL_VA_END, PAGE_OFFSET};
 use crate::platform::Arm64;
 use crate::println;
@@ -80,36 +81,78 @@ use crate::probe::{self, EC_DABT_CUR};
 use crate::space::{ensure, fail, load_faults, load_is, store_faults, Tally, Why, R};
 
 /// Where the cases map, in the test space (away from the suite's window,
-/// the benchmarks' and the `smp_` cases').
+/// the benchmarks' and the `smp_` cases'); 16 GiB aligned, so a run of
+/// level-2 blocks of every granule can start here.
 const WINDOW: u64 = 0xe0_0000_0000;
 /// The destination of the moves.
 const MOVED: u64 = WINDOW + (16 << 20);
 /// The destination of a move of part of a run.
 const MOVED2: u64 = WINDOW + (24 << 20);
-/// Where the run of 2 MiB blocks is mapped (32 MiB aligned).
-const BLOCKS_VA: u64 = WINDOW + (32 << 20);
+/// Where the run of level-2 blocks is mapped (aligned to the run).
+const BLOCKS_VA: u64 = WINDOW
+    + if CONT_PMD > 32 << 20 {
+        CONT_PMD
+    } else {
+        32 << 20
+    };
 /// Everything the cases map lies in `[WINDOW, WINDOW + SPAN)`.
-const SPAN: u64 = 64 << 20;
+const SPAN: u64 = BLOCKS_VA - WINDOW + CONT_PMD;
 
-const PAGE: u64 = 4096;
-const BLOCK: u64 = 2 << 20;
-/// Entries in a contiguous run (4 KiB granule, at both levels).
-const RUN: u64 = 16;
-/// Bytes of a run of pages (64 KiB) and of 2 MiB blocks (32 MiB).
+/// Bytes of a page and of a level-2 block (4 KiB and 2 MiB with the
+/// 4 KiB granule, 16 KiB and 32 MiB with 16 KiB, 64 KiB and 512 MiB with
+/// 64 KiB).
+const PAGE: u64 = geom::PAGE;
+const BLOCK: u64 = geom::PMD_SIZE;
+/// Entries in a contiguous run of pages and of level-2 blocks (Linux
+/// `CONT_PTES` and `CONT_PMDS`: 16 and 16, 128 and 32, 32 and 32).
+const RUN: u64 = geom::GRANULE.cont_ptes();
+const RUN_PMD: u64 = geom::GRANULE.cont_pmds();
+/// Bytes of a run of pages (64 KiB, 2 MiB, 2 MiB) and of blocks (32 MiB,
+/// 1 GiB, 16 GiB).
 const CONT_PTE: u64 = RUN * PAGE;
-const CONT_PMD: u64 = RUN * BLOCK;
+const CONT_PMD: u64 = RUN_PMD * BLOCK;
+/// The most entries a run has at any granule.
+const MAX_RUN: usize = 128;
 /// Pages of the page-level cases: two runs.
 const PAGES: u64 = 2 * RUN;
+
+const _: () = assert!(RUN as usize <= MAX_RUN && RUN_PMD as usize <= MAX_RUN);
+const _: () = assert!(WINDOW % CONT_PMD == 0 && MOVED2 + PAGES * PAGE <= BLOCKS_VA);
+
+/// One bit per entry of a run.
+type Mask = u128;
+
+/// The mask of all `n` entries of a run.
+const fn full(n: u64) -> Mask {
+    if n >= 128 {
+        Mask::MAX
+    } else {
+        (1 << n) - 1
+    }
+}
+
+/// Entries in a run at `height` (0: pages, 1: level-2 blocks).
+const fn run_len(height: u32) -> u64 {
+    if height == 0 {
+        RUN
+    } else {
+        RUN_PMD
+    }
+}
+
 /// User read-write data.
 const USER_RW: Prot = Prot::WRITE.union(Prot::USER);
 /// The marker of page `p` (word 0 of its frame) is `MARK ^ p`.
 const MARK: u64 = 0xc047_0000_0000_0000;
 
-/// Physical memory the cases map: a 32 MiB-aligned run for the blocks,
-/// then two 64 KiB runs of frames.
+/// Physical memory the cases map: a run of level-2 blocks aligned to the
+/// run (or, where such a run does not fit in the pool, one block: 64 KiB
+/// pages, 32 x 512 MiB), then two runs of frames.
 #[derive(Clone, Copy)]
 struct Mem {
     blocks: u64,
+    /// Whether `blocks` holds a whole run of blocks (otherwise one block).
+    block_run: bool,
     pages: u64,
 }
 
@@ -187,11 +230,27 @@ fn store_ok(what: &str, va: u64, v: u64) -> R {
     Ok(())
 }
 
-/// The 16 raw entries at `height` of the run that starts at `va`.
-fn run_entries(s: &KernelSpace, va: u64, height: u32) -> Result<[u64; 16], Why> {
+/// The raw entries of a run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct RunEntries {
+    raw: [u64; MAX_RUN],
+    len: usize,
+}
+
+impl RunEntries {
+    fn entries(&self) -> &[u64] {
+        &self.raw[..self.len]
+    }
+}
+
+/// The `n` raw entries at `height` from `va` on (a run: [`run_len`]).
+fn entries_at(s: &KernelSpace, va: u64, height: u32, n: u64) -> Result<RunEntries, Why> {
     let size = if height == 0 { PAGE } else { BLOCK };
-    let mut e = [0u64; 16];
-    for (i, x) in e.iter_mut().enumerate() {
+    let mut e = RunEntries {
+        raw: [0; MAX_RUN],
+        len: n as usize,
+    };
+    for (i, x) in e.raw[..n as usize].iter_mut().enumerate() {
         let at = va + i as u64 * size;
         match s.inspect().entry(VirtAddr(at), height) {
             Some(raw) => *x = raw,
@@ -201,11 +260,17 @@ fn run_entries(s: &KernelSpace, va: u64, height: u32) -> Result<[u64; 16], Why> 
     Ok(e)
 }
 
+/// The raw entries at `height` of the run that starts at `va`.
+fn run_entries(s: &KernelSpace, va: u64, height: u32) -> Result<RunEntries, Why> {
+    entries_at(s, va, height, run_len(height))
+}
+
 /// Bit `i` set: entry `i` has the contiguous hint.
-fn cont_mask(e: &[u64; 16]) -> u16 {
-    e.iter()
+fn cont_mask(e: &RunEntries) -> Mask {
+    e.entries()
+        .iter()
         .enumerate()
-        .fold(0, |m, (i, &r)| m | (u16::from(is_contiguous(r)) << i))
+        .fold(0, |m, (i, &r)| m | (Mask::from(is_contiguous(r)) << i))
 }
 
 /// Whether `raw` is a present leaf at `height`.
@@ -213,10 +278,11 @@ fn is_leaf(raw: u64, height: u32) -> bool {
     matches!(<Arm64 as Format>::decode(raw, height), Decoded::Leaf(_))
 }
 
-/// The run at `va` must be folded: 16 present leaves, each with the hint.
+/// The run at `va` must be folded: all its entries present leaves, each
+/// with the hint.
 fn expect_folded(s: &KernelSpace, what: &str, va: u64, height: u32) -> R {
     let e = run_entries(s, va, height)?;
-    for (i, &r) in e.iter().enumerate() {
+    for (i, &r) in e.entries().iter().enumerate() {
         ensure!(
             is_leaf(r, height),
             "{what}: entry {i} of the run at {va:#x} is {r:#x}, not a leaf at height {height}"
@@ -224,8 +290,9 @@ fn expect_folded(s: &KernelSpace, what: &str, va: u64, height: u32) -> R {
     }
     let m = cont_mask(&e);
     ensure!(
-        m == 0xffff,
-        "{what}: the run at {va:#x} has the contiguous hint on entries {m:#06x} only, expected all 16"
+        m == full(e.len as u64),
+        "{what}: the run at {va:#x} has the contiguous hint on entries {m:#06x} only, expected all {}",
+        e.len
     );
     Ok(())
 }
@@ -274,11 +341,35 @@ fn reads_markers(what: &str, va: u64, first: u64, pages: u64) -> R {
 /// `kernel` the kernel's space, `pool` the test pool.
 pub fn cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, pool: (u64, u64)) {
     let (live_before, _) = memory::tables_live();
-    let blocks = (pool.0 + (4 << 20)).next_multiple_of(CONT_PMD);
-    let mem = Mem {
-        blocks,
-        pages: blocks + CONT_PMD,
+    let run_blocks = (pool.0 + (4 << 20)).next_multiple_of(CONT_PMD);
+    let block_run = run_blocks + CONT_PMD + PAGES * PAGE <= pool.1;
+    let mem = if block_run {
+        Mem {
+            blocks: run_blocks,
+            block_run,
+            pages: run_blocks + CONT_PMD,
+        }
+    } else {
+        let blocks = (pool.0 + (4 << 20)).next_multiple_of(BLOCK);
+        Mem {
+            blocks,
+            block_run,
+            pages: blocks + BLOCK,
+        }
     };
+    println!(
+        "contpte: {} runs of {RUN} x {} pages ({}) and of {RUN_PMD} x {} blocks ({}){}",
+        geom::NAME,
+        Size(PAGE),
+        Size(CONT_PTE),
+        Size(BLOCK),
+        Size(CONT_PMD),
+        if block_run {
+            ""
+        } else {
+            "; a run of blocks does not fit in the test pool, so contpte_block_run_split splits one block"
+        }
+    );
     let hw = HwAd::now();
     println!(
         "contpte: ID_AA64MMFR1_EL1.HAFDBS = {} ({}), TCR_EL1.HA = {}, TCR_EL1.HD = {}",
@@ -300,15 +391,29 @@ pub fn cases(t: &mut Tally, kernel: &KernelSpace, test: &mut KernelSpace, pool: 
     t.case("contpte_linear_map_folded", || {
         let [pte, pmd] = linear::linear_map_runs(kernel)?;
         println!(
-            "contpte: linear map: {} x 64 KiB runs folded (of {} that can be), {} x 32 MiB runs folded (of {})",
-            pte.folded, pte.foldable, pmd.folded, pmd.foldable
+            "contpte: linear map: {} x {} runs folded (of {} that can be), {} x {} runs folded (of {})",
+            pte.folded,
+            Size(CONT_PTE),
+            pte.foldable,
+            pmd.folded,
+            Size(CONT_PMD),
+            pmd.foldable
         );
+        // A run of blocks folds only where RAM holds one, aligned: not a
+        // 16 GiB run of 64 KiB pages' 512 MiB blocks in this RAM.
+        let ram_holds_block_run = CONT_PMD <= 1 << 30;
         ensure!(
-            pte.folded > 0 && pmd.folded > 0,
-            "no folded run of pages ({}) or of 2 MiB blocks ({}) in the linear map",
+            pte.folded > 0 && (pmd.folded > 0 || !ram_holds_block_run),
+            "no folded run of pages ({}) or of blocks ({}) in the linear map",
             pte.folded,
             pmd.folded
         );
+        if !ram_holds_block_run {
+            println!(
+                "contpte: linear map: a {} run of blocks is larger than the RAM's aligned ranges; no run of blocks to fold",
+                Size(CONT_PMD)
+            );
+        }
         Ok(())
     });
     let mut run = |name: &str, body: fn(&mut KernelSpace, Mem, HwAd) -> R| {

@@ -4,12 +4,14 @@
 use core::arch::asm;
 use core::sync::atomic::Ordering::Relaxed;
 
+use crate::platform::Arm64;
 use aarch64_cpu::registers::TTBR0_EL1;
 use pgtable_arm64::bits::SW_DIRTY;
+use pgtable_arm64::flush::tlbi_va_operand_for;
 use pgtable_arm64::format::is_hw_dirty;
 use pgtable_arm64::mmu::{local_flush_tlb_all, Arm64Mmu};
-use pgtable_arm64::regs::{ttbr0_value, Asid};
-use pgtable_arm64::Arm64;
+use pgtable_arm64::regs::{ttbr0_value, ttbr0_value_52, ttbr_root_52, Asid};
+use pgtable_arm64::Arm64Geometry;
 use pgtable_core::contract::{Mmu, TlbRange};
 use pgtable_core::{AddressSpace, MapOptions, MoveOptions, PhysAddr, Prot, VaRange, VirtAddr};
 use tock_registers::interfaces::Readable;
@@ -19,6 +21,7 @@ use super::{
     check_gone, cpus_of, no_wrong, peek, poke, row_of, Cases, CpuList, Row, Space, MOVED, PAGE, R,
     REUSE, WINDOW,
 };
+use crate::geom::{ENTRIES, GRANULE};
 use crate::memory::KernelTables;
 use crate::println;
 use crate::smp::{CPUS, FAULT, OK};
@@ -45,9 +48,16 @@ unsafe impl Mmu for LocalMmu {
     fn flush_tlb_range(&self, range: TlbRange) {
         // SAFETY: barriers and a local TLB invalidation; no memory effects.
         unsafe { asm!("dsb ishst", options(nostack, preserves_flags)) };
+        if range.strides() > ENTRIES {
+            // More than one table's worth: the whole (local) TLB.
+            local_flush_tlb_all();
+            return;
+        }
         let mut va = range.start.0;
-        for _ in 0..range.strides().min(512) {
-            let x = (va >> 12) & ((1 << 44) - 1);
+        for _ in 0..range.strides() {
+            // The operand of the granule (VA[55:12], the bits below the
+            // page RES0), ASID 0, no TTL hint.
+            let x = tlbi_va_operand_for(GRANULE, va, 0, 0);
             // SAFETY: as above.
             unsafe { asm!("tlbi vae1, {}", in(reg) x, options(nostack, preserves_flags)) };
             va += 1 << range.stride_shift;
@@ -64,9 +74,31 @@ unsafe impl Mmu for LocalMmu {
         // SAFETY: the caller's promise (tables complete and alive).
         unsafe {
             Arm64Mmu::new()
+                .for_format::<Arm64>()
                 .installing_into(VaRange::Lower)
                 .install_root(root)
         }
+    }
+}
+
+/// The TTBR0_EL1 value for `root` and `asid` in the BADDR layout of the
+/// format: root bits \[51:48\] in register bits \[5:2\] with 52-bit output
+/// addresses (Arm ARM D24.2 "TTBR0_EL1"), as `Arm64Mmu` writes it.
+fn ttbr_of(root: u64, asid: Asid) -> u64 {
+    if <Arm64 as Arm64Geometry>::OA52 {
+        ttbr0_value_52(root, asid).unwrap_or(ttbr0_value(root, asid))
+    } else {
+        ttbr0_value(root, asid)
+    }
+}
+
+/// The root address a TTBR0_EL1 value of the format holds (BADDR, without
+/// the ASID and CnP).
+fn root_of(ttbr: u64) -> u64 {
+    if <Arm64 as Arm64Geometry>::OA52 {
+        ttbr_root_52(ttbr)
+    } else {
+        ttbr & 0xffff_ffff_fffe
     }
 }
 
@@ -294,11 +326,15 @@ pub(super) fn protect_readonly_everywhere(k: &mut Cases, a: &mut Space, hd: bool
 pub(super) fn space_live_elsewhere(k: &mut Cases, a: &mut Space) -> R {
     // A space tagged with ASID 9, live on the secondaries only.
     const ASID: u8 = 9;
-    let mut b = Space::new(Arm64Mmu::with_asid(ASID), KernelTables).map_err(|_| "no root")?;
+    let mut b = Space::new(
+        Arm64Mmu::with_asid(ASID).for_format::<Arm64>(),
+        KernelTables,
+    )
+    .map_err(|_| "no root")?;
     k.map_marked(&mut b, WINDOW, 0, 16, Prot::READ_WRITE)?;
     let r = (|| {
-        k.ttbr0(k.all, ttbr0_value(b.root().0, Asid::from_u8(ASID)))?;
-        if TTBR0_EL1.get() & 0xffff_ffff_fffe == b.root().0 {
+        k.ttbr0(k.all, ttbr_of(b.root().0, Asid::from_u8(ASID)))?;
+        if root_of(TTBR0_EL1.get()) == b.root().0 {
             return Err("the space is live on CPU 0");
         }
         b.stats().reset();

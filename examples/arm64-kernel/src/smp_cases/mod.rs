@@ -32,14 +32,15 @@ mod hammer;
 
 use core::sync::atomic::Ordering::{Relaxed, Release};
 
+use crate::platform::Arm64;
 use aarch64_cpu::registers::ID_AA64MMFR1_EL1;
-use pgtable_arm64::Arm64;
-use pgtable_core::contract::Mmu;
+use pgtable_core::contract::{level, Mmu};
 use pgtable_core::{AddressSpace, MapOptions, PhysAddr, Prot, VirtAddr};
 use tock_registers::interfaces::Readable;
 
 pub use hammer::hammer;
 
+use crate::geom::PAGE;
 use crate::memory::{phys_to_virt, KernelTables};
 use crate::probe::{self, is_permission_fault, is_translation_fault};
 use crate::smp::{wait_for, Op, Smp, CMD, CPUS, FAULT, OK, WRONG};
@@ -48,13 +49,31 @@ use crate::{println, timer};
 /// Where the cases map, in the lower half (away from the suite's window
 /// and the benchmarks').
 const WINDOW: u64 = 0xc0_0000_0000;
-/// The destination of the moves: 32 GiB higher, under another PUD entry
-/// (so the move links the tables it needs there).
-const MOVED: u64 = 0xc8_0000_0000;
+/// The distance between the cases' places: at least 32 GiB and at least
+/// one entry of the level above the PMD (a PUD entry; with 64 KiB pages,
+/// whose third level is the root, a root entry), so each place has tables
+/// of its own below that level. 32 GiB with 4 KiB pages, 64 GiB with
+/// 16 KiB, 4 TiB with 64 KiB.
+const STEP: u64 = {
+    let pud = level::size::<Arm64>(2);
+    if pud > 32 << 30 {
+        pud
+    } else {
+        32 << 30
+    }
+};
+/// The destination of the moves: [`STEP`] higher, under another PUD
+/// entry (so the move links the tables it needs there).
+const MOVED: u64 = WINDOW + STEP;
 /// A third place, where a new mapping takes the table frames an unmap
 /// freed.
-const REUSE: u64 = 0xd0_0000_0000;
-const PAGE: u64 = 4096;
+const REUSE: u64 = WINDOW + 2 * STEP;
+/// The pool frames the cases use (frame `i` is `PAGE` bytes at
+/// `pool + i * PAGE`).
+const FRAMES: u64 = 64;
+/// The alignment of the cases' first pool frame: 2 MiB, a multiple of
+/// every granule's page.
+const POOL_ALIGN: u64 = 2 << 20;
 /// Accesses each secondary makes before the operation, and after the
 /// epoch, in a round.
 const WARM: u64 = 32;
@@ -300,10 +319,19 @@ fn no_wrong(mask: u64) -> R {
 
 /// Runs the `smp_` cases and the shootdown benchmark with the CPUs of
 /// `smp`, then turns the secondaries off. `pool` is RAM the cases may map
-/// (64 frames, 2 MiB aligned); `test_root` is the suite's test space,
-/// installed again in TTBR0_EL1 at the end. Returns (passed, failed).
+/// ([`FRAMES`] pages from its first [`POOL_ALIGN`] boundary);
+/// `test_root` is the suite's test space, installed again in TTBR0_EL1
+/// at the end. Returns (passed, failed).
 pub fn run(smp: &mut Smp, pool: (u64, u64), test_root: PhysAddr) -> (u32, u32) {
     let all = smp.mask_first(smp.online - 1);
+    let first = pool.0.next_multiple_of(POOL_ALIGN);
+    if first.saturating_add(FRAMES * PAGE) > pool.1 {
+        println!(
+            "FAIL smp_setup: the pool {:#x}..{:#x} has no {FRAMES} pages of {PAGE:#x} bytes",
+            pool.0, pool.1
+        );
+        return (0, 1);
+    }
     let mut a = match Space::new(crate::smp::ttbr0_mmu(), KernelTables) {
         Ok(s) => s,
         Err(_) => {
@@ -316,7 +344,7 @@ pub fn run(smp: &mut Smp, pool: (u64, u64), test_root: PhysAddr) -> (u32, u32) {
     let mut k = Cases {
         smp,
         all,
-        pool: pool.0.next_multiple_of(2 << 20),
+        pool: first,
         passed: 0,
         failed: 0,
         rows: [Row::default(); 8],
@@ -334,6 +362,12 @@ pub fn run(smp: &mut Smp, pool: (u64, u64), test_root: PhysAddr) -> (u32, u32) {
         "smp cases: CPU 0 operates through pgtable, CPUs {} hammer; FEAT_HAFDBS dirty-state management {}",
         CpuList(all),
         if hd { "on (TCR_EL1.HD)" } else { "absent" }
+    );
+    println!(
+        "smp cases: geometry {}, pages of {} KiB, moves {} GiB apart",
+        crate::geom::NAME,
+        PAGE >> 10,
+        STEP >> 30
     );
 
     k.case("smp_unmap_faults_everywhere", |k| {

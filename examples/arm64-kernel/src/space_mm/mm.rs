@@ -8,28 +8,25 @@ use pgtable_core::contract::NewPte;
 
 use super::*;
 
-/// Where the reclaim case maps its PTE table's 512 pages (2 MiB aligned).
-const RECLAIM_VA: u64 = 0x0c00_0000;
+/// Where the reclaim case maps its PTE table's [`ENTRIES`] pages (PMD
+/// aligned: 192 MiB with 4 KiB pages).
+const RECLAIM_VA: u64 = 96 * PMD_SIZE;
 
 /// Reclaim of a whole PTE table under an allocator that refuses every
-/// frame: each of the 512 pages becomes a swap entry in place, with its
+/// frame: each of the table's [`ENTRIES`] pages (512 with 4 KiB pages)
+/// becomes a swap entry in place, with its
 /// frame and the dirty state the hardware set returned; the table count
 /// does not move; every page then faults. Swap-in maps the frames back,
 /// still without a table frame to spare, and the data is there.
-pub(super) fn reclaim_full_table_no_alloc(
-    cx: &mut Ctx,
-    ps: &mut [Option<Proc>; 1],
-    pool: (u64, u64),
-) -> R {
-    // 2 MiB of pool memory past what the other cases use.
-    let pa = (pool.0 + (6 << 20)).next_multiple_of(2 << 20);
-    ensure!(pa + (2 << 20) <= pool.1, "no room for 2 MiB in the pool");
+pub(super) fn reclaim_full_table_no_alloc(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pa: u64) -> R {
+    // `pa`: a PMD's span of pool memory nothing else uses.
+    ensure!(pa % PAGE == 0, "the pages at {pa:#x} are not page aligned");
     let mut p = cx.new_proc()?;
     p.space
         .map(
             VirtAddr(RECLAIM_VA),
             PhysAddr(pa),
-            2 << 20,
+            PMD_SIZE,
             USER_RW,
             MapOptions::PAGES.no_contiguous(),
         )
@@ -39,8 +36,8 @@ pub(super) fn reclaim_full_table_no_alloc(
     cx.switch(p)?;
     // Loads from every page (the TLB caches them), stores to every third
     // (the hardware marks them dirty).
-    for i in 0..512u64 {
-        let va = RECLAIM_VA + i * 4096;
+    for i in 0..ENTRIES {
+        let va = RECLAIM_VA + i * PAGE;
         if i % 3 == 0 {
             store_ok("a page", va + 8, 0xda7a_0000 + i)?;
         }
@@ -60,14 +57,14 @@ pub(super) fn reclaim_full_table_no_alloc(
         memory::tables_live().0
     );
     ensure!(
-        d.asid == 0 && d.all == 0 && d.range == 512,
+        d.asid == 0 && d.all == 0 && d.range == ENTRIES,
         "swap-out flushed {} ranges, {} ASIDs, {} all: expected one page each",
         d.range,
         d.asid,
         d.all
     );
-    for i in 0..512u64 {
-        load_faults("a swapped-out page", RECLAIM_VA + i * 4096)?;
+    for i in 0..ENTRIES {
+        load_faults("a swapped-out page", RECLAIM_VA + i * PAGE)?;
     }
     memory::refuse_tables(true);
     let back = swap_in(p, pa);
@@ -78,29 +75,32 @@ pub(super) fn reclaim_full_table_no_alloc(
         "{live} table frames before the swap-in, {} after",
         memory::tables_live().0
     );
-    for i in (0..512u64).step_by(3) {
+    for i in (0..ENTRIES).step_by(3) {
         load_is(
             "a swapped-in page",
-            RECLAIM_VA + i * 4096 + 8,
+            RECLAIM_VA + i * PAGE + 8,
             0xda7a_0000 + i,
         )?;
     }
-    println!("  512 pages of one PTE table swapped out and in with every table allocation refused; {live} table frames throughout, one page flush each");
+    println!(
+        "  {ENTRIES} pages of {} KiB (one PTE table) swapped out and in with every table allocation refused; {live} table frames throughout, one page flush each",
+        PAGE >> 10
+    );
     Ok(())
 }
 
 /// Every page of the reclaim case's table to a swap entry (slot `i`).
 fn swap_out(p: &mut Proc, pa: u64) -> R {
-    for i in 0..512u64 {
-        let va = VirtAddr(RECLAIM_VA + i * 4096);
+    for i in 0..ENTRIES {
+        let va = VirtAddr(RECLAIM_VA + i * PAGE);
         let old = p
             .space
             .replace_pte(va, NewPte::Swap(i))
             .map_err(|e| Why::new(format_args!("replace_pte {va} (swap-out): {e}")))?;
         ensure!(
-            old.pa() == Some(PhysAddr(pa + i * 4096)) && old.young(),
+            old.pa() == Some(PhysAddr(pa + i * PAGE)) && old.young(),
             "page {i}: replace_pte returned {old:?}, not the accessed page at {:#x}",
-            pa + i * 4096
+            pa + i * PAGE
         );
         ensure!(
             old.dirty() == (i % 3 == 0),
@@ -119,10 +119,10 @@ fn swap_out(p: &mut Proc, pa: u64) -> R {
 
 /// Every swap entry of the reclaim case back to its frame.
 fn swap_in(p: &mut Proc, pa: u64) -> R {
-    for i in 0..512u64 {
-        let va = VirtAddr(RECLAIM_VA + i * 4096);
+    for i in 0..ENTRIES {
+        let va = VirtAddr(RECLAIM_VA + i * PAGE);
         let page = NewPte::Page {
-            pa: PhysAddr(pa + i * 4096),
+            pa: PhysAddr(pa + i * PAGE),
             prot: USER_RW,
         };
         let old = p
@@ -155,7 +155,7 @@ pub(super) fn cow_replace(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
         .copy_page_range(
             &mut child.space,
             VirtAddr(SHARED_VA),
-            4096,
+            PAGE,
             CopyMode::Cow,
             |_| {},
         )
@@ -167,7 +167,7 @@ pub(super) fn cow_replace(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
     store_faults("a store to the copy-on-write page", SHARED_VA + 16)?;
     // The fault handler: copy the frame, mark the copy, replace the PTE.
     let copy = cx.frames.take(0)?;
-    for i in 0..512 {
+    for i in 0..PAGE / 8 {
         // SAFETY: `copy` is a pool frame of ours, in the linear map.
         unsafe { (phys_to_virt(copy + 8 * i) as *mut u64).write_volatile(word(f, i)) };
     }
@@ -234,7 +234,7 @@ pub(super) fn switch_mm(cx: &mut Ctx, ps: &mut [Option<Proc>; ROLLOVER_SPACES]) 
         if i == 0 {
             // A space that never ran: its unmap flushes nothing.
             p.space
-                .unmap(VirtAddr(SHARED_VA), 4096)
+                .unmap(VirtAddr(SHARED_VA), PAGE)
                 .map_err(|e| Why::new(format_args!("unmap: {e}")))?;
             map(&mut p.space, SHARED_VA, pa)?;
         }
@@ -273,7 +273,7 @@ pub(super) fn switch_mm(cx: &mut Ctx, ps: &mut [Option<Proc>; ROLLOVER_SPACES]) 
                 let q = at(ps, t)?;
                 let pa = cx.frames.take(marker(t) | 0xff)?;
                 q.space
-                    .unmap(VirtAddr(SHARED_VA), 4096)
+                    .unmap(VirtAddr(SHARED_VA), PAGE)
                     .map_err(|e| Why::new(format_args!("unmap: {e}")))?;
                 map(&mut q.space, SHARED_VA, pa)?;
                 frames[t] = pa;

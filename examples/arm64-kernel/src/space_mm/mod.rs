@@ -21,18 +21,20 @@
 //!   `CopyMode::Cow` a store faults in parent and child, at EL1 and EL0,
 //!   and both read the same data;
 //! - `space_swap_entry_survives_move`: a software entry moved with its PTE
-//!   table (by entries, then a whole 2 MiB table) is found at the new
-//!   address, and every old address faults;
+//!   table (by entries, then a whole PTE table: 2 MiB with 4 KiB pages) is
+//!   found at the new address, and every old address faults;
 //! - `space_live_kernel_protect`: `change_protection_live` of a kernel data
 //!   page RW -> RO -> RW, and a change that needs break-before-make is
 //!   refused with nothing changed;
 //! - `space_unmap_reports`: `unmap_with` reports every removed leaf (pa,
 //!   size, dirty after EL1 stores to some of them through clean writable
 //!   leaves, which the hardware marks dirty) and the swap entry, with one
-//!   flush; the same through one `MmuGather` for two ranges (a 2 MiB
-//!   block and pages), flushed once by `MmuGather::finish`;
-//! - `mm_reclaim_full_table_no_alloc`: `replace_pte` swaps out the 512
-//!   pages of one PTE table in place while the table allocator refuses
+//!   flush; the same through one `MmuGather` for two ranges (a PMD block,
+//!   2 MiB with 4 KiB pages, and pages), flushed once by
+//!   `MmuGather::finish`;
+//! - `mm_reclaim_full_table_no_alloc`: `replace_pte` swaps out the pages
+//!   of one whole PTE table (512, 2048 or 8192 with 4, 16 or 64 KiB
+//!   pages) in place while the table allocator refuses
 //!   every frame (each returned with its frame and the dirty state the
 //!   hardware set, one page flush each, every page then faulting), and
 //!   swaps them in again, the data there;
@@ -48,6 +50,15 @@
 //!   new frame (no stale translation), one local flush per roll-over and
 //!   no other full flush;
 //! - `space_asid_spaces_free_their_tables`: every table frame came back.
+//!
+//! Every size is the build's geometry (`geom.rs`): a page is
+//! [`PAGE`] bytes, a PTE table maps [`PMD_SIZE`] bytes with [`ENTRIES`]
+//! entries, and the fixed user addresses are aligned to what they need in
+//! every geometry. In the 52-bit builds the switching cases (isolation,
+//! stale translations after a switch, after an unmap in another space and
+//! across roll-overs) give each space a second page at [`HIGH_VA`], above
+//! 2^48, with a frame and a marker of its own, and check it as they check
+//! the first.
 //!
 //! The cases on switching are in `switching.rs`, the `mm_` cases in
 //! `mm.rs`, those on the other operations in `ops.rs`.
@@ -75,6 +86,7 @@ mod ops;
 mod switching;
 
 use crate::asids::{Proc, Switcher};
+use crate::geom::{ENTRIES, MAX_PAGE, PAGE, PMD_SIZE, VA_BITS};
 use crate::kmap::{Image, KernelSpace, DATA, RODATA};
 use crate::memory::{self, phys_to_virt, KernelTables, PAGE_OFFSET};
 use crate::platform::{unassigned_mmu, Arm64, FlushCounts};
@@ -89,6 +101,24 @@ use crate::user::{enter_user, load_program, ProgramLayout, USER_CODE};
 const SHARED_VA: u64 = 0x0100_0000;
 /// A user stack page.
 const STACK_VA: u64 = 0x0200_0000;
+/// An address above 2^48 in the lower half, which the 52-bit builds
+/// translate (TCR_EL1.T0SZ = 12): there the switching cases map a second
+/// page of each space (see [`VAS`]).
+const HIGH_VA: u64 = 0x000f_0000_0000_0000 + SHARED_VA;
+/// Where the switching cases map and check the pages of each space: at
+/// [`SHARED_VA`], and in the 52-bit builds also at [`HIGH_VA`] (each page
+/// a frame of its own, [`marker_at`] in its first word).
+const VAS: &[u64] = if VA_BITS == 52 {
+    &[SHARED_VA, HIGH_VA]
+} else {
+    &[SHARED_VA]
+};
+/// Set in the marker of a space's page at [`HIGH_VA`] (the low byte of a
+/// [`marker`] is 0).
+const HIGH_MARK: u64 = 0x80;
+
+const _: () = assert!(SHARED_VA % MAX_PAGE == 0 && STACK_VA % MAX_PAGE == 0);
+const _: () = assert!(HIGH_VA >= 1 << 48 && HIGH_VA < 1 << 52);
 /// User read-write data.
 const USER_RW: Prot = Prot::USER.union(Prot::WRITE);
 /// The 16-bit allocator's bitmap words (65 536 ASIDs).
@@ -102,6 +132,18 @@ const fn marker(i: usize) -> u64 {
     0x5eed_0000_0000 | (i as u64) << 8
 }
 
+/// The word 0 of space `i`'s page at `VAS[k]`.
+const fn marker_at(i: usize, k: usize) -> u64 {
+    if k == 0 {
+        marker(i)
+    } else {
+        marker(i) | HIGH_MARK
+    }
+}
+
+/// The frames of a space's pages at [`VAS`] (as many as it has).
+type Pages = [u64; 2];
+
 /// Pool frames handed out once each (never reused during the run).
 struct Frames {
     next: u64,
@@ -111,15 +153,15 @@ struct Frames {
 impl Frames {
     /// A zeroed frame with `word0` in its first word.
     fn take(&mut self, word0: u64) -> Result<u64, Why> {
-        if self.next + 4096 > self.end {
+        if self.next + PAGE > self.end {
             fail!("out of pool frames");
         }
         let pa = self.next;
-        self.next += 4096;
+        self.next += PAGE;
         // SAFETY: a pool frame nobody else uses during the space cases,
         // reached through the linear map.
         unsafe {
-            core::ptr::write_bytes(phys_to_virt(pa) as *mut u8, 0, 4096);
+            core::ptr::write_bytes(phys_to_virt(pa) as *mut u8, 0, PAGE as usize);
             (phys_to_virt(pa) as *mut u64).write_volatile(word0);
         }
         Ok(pa)
@@ -187,7 +229,7 @@ impl Ctx<'_> {
             .map(
                 VirtAddr(USER_CODE),
                 PhysAddr(self.code_pa),
-                4096,
+                PAGE,
                 Prot::USER | Prot::EXEC,
                 MapOptions::PAGES,
             )
@@ -204,6 +246,19 @@ impl Ctx<'_> {
         let mut p = self.new_proc()?;
         let f = self.frames.take(word0)?;
         map(&mut p.space, SHARED_VA, f)?;
+        Ok((p, f))
+    }
+
+    /// A new user space with a page at every address of [`VAS`], each a
+    /// fresh frame holding [`marker_at`]`(i, k)`; returns it and the
+    /// frames.
+    fn proc_with_pages(&mut self, i: usize) -> Result<(Proc, Pages), Why> {
+        let mut p = self.new_proc()?;
+        let mut f = [0; 2];
+        for (k, &va) in VAS.iter().enumerate() {
+            f[k] = self.frames.take(marker_at(i, k))?;
+            map(&mut p.space, va, f[k])?;
+        }
         Ok((p, f))
     }
 
@@ -261,7 +316,7 @@ impl Ctx<'_> {
     /// stores it at [x0 + 8].
     fn el0(&self, x0: u64, stack: u64) -> crate::user::UserExit {
         // SAFETY: the installed TTBR0_EL1 space maps the program.
-        unsafe { enter_user(USER_CODE, stack + 4096, x0, 0) }
+        unsafe { enter_user(USER_CODE, stack + PAGE, x0, 0) }
     }
 
     /// Checks an EL0 run that must end with the program's SVC returning
@@ -287,8 +342,47 @@ impl Ctx<'_> {
 /// Maps the frame `pa` at `va`, user read-write.
 fn map(space: &mut KernelSpace, va: u64, pa: u64) -> R {
     space
-        .map(VirtAddr(va), PhysAddr(pa), 4096, USER_RW, MapOptions::PAGES)
+        .map(VirtAddr(va), PhysAddr(pa), PAGE, USER_RW, MapOptions::PAGES)
         .map_err(|e| Why::new(format_args!("map {va:#x}: {e}")))
+}
+
+/// Prints, in the 52-bit builds, that `what` was checked at [`HIGH_VA`].
+fn report_high(what: &str) {
+    if VAS.contains(&HIGH_VA) {
+        println!("  {HIGH_VA:#x} (above 2^48, {VA_BITS}-bit VAs; a page of its own in each space) checked too: {what}");
+    }
+}
+
+/// The parts of the test pool the cases use (physical, each aligned to
+/// what it holds).
+#[derive(Clone, Copy)]
+struct PoolUse {
+    /// The frames handed out by [`Frames`]: 256 pages from 1 MiB into the
+    /// pool (the EL0 cases of space.rs use its first two pages).
+    frames: (u64, u64),
+    /// A PMD block for `space_unmap_reports`.
+    block: u64,
+    /// A PTE table's worth of pages for `mm_reclaim_full_table_no_alloc`.
+    reclaim: u64,
+}
+
+impl PoolUse {
+    fn new(pool: (u64, u64)) -> Result<PoolUse, Why> {
+        let frames = (pool.0 + (1 << 20), pool.0 + (1 << 20) + 256 * PAGE);
+        let block = frames.1.next_multiple_of(PMD_SIZE);
+        let reclaim = block + PMD_SIZE;
+        ensure!(
+            pool.0 % PAGE == 0 && reclaim + PMD_SIZE <= pool.1,
+            "the pool {:#x}..{:#x} has no room for 256 pages and two PMDs ({PMD_SIZE:#x} bytes each)",
+            pool.0,
+            pool.1
+        );
+        Ok(PoolUse {
+            frames,
+            block,
+            reclaim,
+        })
+    }
 }
 
 /// Fails if switches issued a full or by-ASID flush since `f0`.
@@ -315,21 +409,20 @@ pub fn cases(
 ) {
     let (live_before, _) = memory::tables_live();
     let width = asid_bits();
-    // Frames from 1 MiB into the pool (the EL0 cases of space.rs use its
-    // first two).
-    let mut frames = Frames {
-        next: pool.0 + (1 << 20),
-        end: pool.0 + (2 << 20),
-    };
     let setup = (|| {
+        let parts = PoolUse::new(pool)?;
+        let mut frames = Frames {
+            next: parts.frames.0,
+            end: parts.frames.1,
+        };
         let code_pa = frames.take(0)?;
         // SAFETY: a pool frame of ours.
         let layout = unsafe { load_program(code_pa) };
         let main = Switcher::new(width.bits(), width)?;
         let small = Switcher::new(ROLLOVER_BITS, width)?;
-        Ok::<_, Why>((code_pa, layout, main, small))
+        Ok::<_, Why>((parts, frames, code_pa, layout, main, small))
     })();
-    let (code_pa, layout, main, small) = match setup {
+    let (parts, frames, code_pa, layout, main, small) = match setup {
         Ok(s) => s,
         Err(why) => {
             t.case("space_isolation_by_asid", || Err(why));
@@ -387,10 +480,10 @@ pub fn cases(
         |cx, _: &mut [Option<Proc>; 0]| ops::live_kernel_protect(cx, pool),
     );
     cx.run(t, "space_unmap_reports", |cx, ps| {
-        ops::unmap_reports(cx, ps, pool)
+        ops::unmap_reports(cx, ps, parts.block)
     });
     cx.run(t, "mm_reclaim_full_table_no_alloc", |cx, ps| {
-        mm::reclaim_full_table_no_alloc(cx, ps, pool)
+        mm::reclaim_full_table_no_alloc(cx, ps, parts.reclaim)
     });
     cx.run(t, "mm_cow_replace", mm::cow_replace);
     cx.run(t, "mm_prot_none", ops::prot_none);

@@ -5,6 +5,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::*;
+use pgtable_arm64::bits::CONT;
 use pgtable_core::contract::NewPte;
 
 pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
@@ -31,7 +32,7 @@ pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
         .copy_page_range(
             &mut child.space,
             VirtAddr(SHARED_VA),
-            4096,
+            PAGE,
             CopyMode::Cow,
             |_| {},
         )
@@ -65,19 +66,21 @@ pub(super) fn fork_cow(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
 }
 
 pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
-    const SRC: u64 = 0x0400_0000;
-    const MID: u64 = 0x0800_5000;
-    const MID_TABLE: u64 = 0x0800_0000;
-    const DST_TABLE: u64 = 0x0a00_0000;
+    // Each in a PTE table of its own (PMD-aligned; with 4 KiB pages 64,
+    // 128 and 160 MiB); MID five pages into its table.
+    const SRC: u64 = 32 * PMD_SIZE;
+    const MID_TABLE: u64 = 64 * PMD_SIZE;
+    const MID: u64 = MID_TABLE + 5 * PAGE;
+    const DST_TABLE: u64 = 80 * PMD_SIZE;
     const DST: u64 = DST_TABLE + (MID - MID_TABLE);
     const SWP: u64 = 0x5_a5a5;
     let mut p = cx.new_proc()?;
     let f0 = cx.frames.take(marker(0))?;
     let f2 = cx.frames.take(marker(2))?;
     map(&mut p.space, SRC, f0)?;
-    map(&mut p.space, SRC + 0x2000, f2)?;
+    map(&mut p.space, SRC + 2 * PAGE, f2)?;
     p.space
-        .install_pte(VirtAddr(SRC + 0x1000), NewPte::Swap(SWP))
+        .install_pte(VirtAddr(SRC + PAGE), NewPte::Swap(SWP))
         .map_err(|e| Why::new(format_args!("install_pte (software entry): {e}")))?;
     ps[0] = Some(p);
     let p = at(ps, 0)?;
@@ -85,50 +88,50 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
     let check = |p: &Proc, base: u64, old: &[u64]| -> R {
         ensure!(
             p.space
-                .ptep_get(VirtAddr(base + 0x1000))
+                .ptep_get(VirtAddr(base + PAGE))
                 .and_then(|e| e.swap_value())
                 == Some(SWP),
             "no swap entry {SWP:#x} at {:#x}",
-            base + 0x1000
+            base + PAGE
         );
         load_is("a moved page", base, marker(0))?;
-        load_is("a moved page", base + 0x2000, marker(2))?;
-        load_faults("the swap entry", base + 0x1000)?;
+        load_is("a moved page", base + 2 * PAGE, marker(2))?;
+        load_faults("the swap entry", base + PAGE)?;
         for &o in old {
             ensure!(
                 p.space
-                    .ptep_get(VirtAddr(o + 0x1000))
+                    .ptep_get(VirtAddr(o + PAGE))
                     .and_then(|e| e.swap_value())
                     .is_none(),
                 "the swap entry is still at {:#x}",
-                o + 0x1000
+                o + PAGE
             );
-            for off in [0, 0x1000, 0x2000] {
+            for off in [0, PAGE, 2 * PAGE] {
                 load_faults("an old address", o + off)?;
             }
         }
         Ok(())
     };
     check(p, SRC, &[])?;
-    // A move of entries within PTE tables (not 2 MiB aligned).
+    // A move of entries within PTE tables (not PMD aligned).
     p.space
-        .move_page_tables(VirtAddr(SRC), VirtAddr(MID), 0x3000, MoveOptions::DEFAULT)
+        .move_page_tables(VirtAddr(SRC), VirtAddr(MID), 3 * PAGE, MoveOptions::DEFAULT)
         .map_err(|e| Why::new(format_args!("move of the PTEs: {e}")))?;
     check(p, MID, &[SRC])?;
-    // A 2 MiB-aligned move: the whole PTE table goes.
+    // A PMD-aligned move of a PMD's span: the whole PTE table goes.
     let table = p.space.inspect().entry(VirtAddr(MID_TABLE), 1).unwrap_or(0);
     p.space
         .move_page_tables(
             VirtAddr(MID_TABLE),
             VirtAddr(DST_TABLE),
-            2 << 20,
+            PMD_SIZE,
             MoveOptions::DEFAULT,
         )
         .map_err(|e| Why::new(format_args!("move of the table: {e}")))?;
     let moved = p.space.inspect().entry(VirtAddr(DST_TABLE), 1).unwrap_or(0);
     ensure!(
         table != 0 && moved == table,
-        "the 2 MiB move did not move the PTE table whole: entry {table:#x} before, {moved:#x} after"
+        "the move of {PMD_SIZE:#x} bytes did not move the PTE table whole: entry {table:#x} before, {moved:#x} after"
     );
     ensure!(
         p.space.inspect().entry(VirtAddr(MID_TABLE), 1).unwrap_or(0) == 0,
@@ -137,11 +140,18 @@ pub(super) fn swap_entry_survives_move(cx: &mut Ctx, ps: &mut [Option<Proc>; 1])
     check(p, DST, &[SRC, MID])
 }
 
-/// A page of kernel data of its own (in `.bss`).
-#[repr(C, align(4096))]
-struct LivePage([AtomicU64; 512]);
+/// Words of [`LivePage`].
+const LIVE_WORDS: usize = (MAX_PAGE / 8) as usize;
 
-static LIVE_PAGE: LivePage = LivePage([const { AtomicU64::new(0) }; 512]);
+/// A page of kernel data of its own (in `.bss`), as large and aligned as
+/// the largest page (64 KiB), so that it is a whole page, alone, in every
+/// geometry.
+#[repr(C, align(65536))]
+struct LivePage([AtomicU64; LIVE_WORDS]);
+
+const _: () = assert!(core::mem::align_of::<LivePage>() as u64 == MAX_PAGE);
+
+static LIVE_PAGE: LivePage = LivePage([const { AtomicU64::new(0) }; LIVE_WORDS]);
 
 pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
     let va = &raw const LIVE_PAGE as u64;
@@ -150,11 +160,11 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
     let t = cx.kernel.translate(VirtAddr(va));
     ensure!(
         t.map(|t| t.height) == Some(0),
-        "{va:#x} is not mapped by a 4 KiB page ({t:?})"
+        "{va:#x} is not mapped by a page ({t:?})"
     );
     let in_place = |cx: &mut Ctx, prot: Prot| {
         cx.kernel
-            .change_protection_live(VirtAddr(va), 4096, prot, LiveOptions::IN_PLACE)
+            .change_protection_live(VirtAddr(va), PAGE, prot, LiveOptions::IN_PLACE)
             .map_err(|e| Why::new(format_args!("change_protection_live: {e}")))
     };
     // The TLB holds the writable translation.
@@ -177,23 +187,24 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
     }
     ensure!(LIVE_PAGE.0[0].load(Relaxed) == 2, "the store was lost");
 
-    // A 4 KiB part of a linear-map block (pool memory): a split, which
-    // needs break-before-make on arm64, is refused in place.
-    let lin = phys_to_virt((pool.1 - (4 << 20)).next_multiple_of(2 << 20));
-    let Some(t) = cx.kernel.translate(VirtAddr(lin)) else {
-        fail!("{lin:#x} is not in the linear map");
+    // A page of a linear-map block of pool memory outside any contiguous
+    // run: a split, which needs break-before-make on arm64, is refused in
+    // place. The highest such block: with 4 and 64 KiB pages the one at the
+    // end of RAM (1 GiB, 512 MiB); with 16 KiB pages the whole GiBs of
+    // 32 MiB blocks are folded into runs, so one of the first GiB.
+    let Some((lin, height, before)) = unfolded_linear_block(cx.kernel, pool) else {
+        fail!("no block outside a contiguous run maps the pool in the linear map");
     };
-    ensure!(t.height >= 1, "{lin:#x} is mapped by a page, not a block");
-    let before = cx.kernel.inspect().entry(VirtAddr(lin), t.height);
+    let before = Some(before);
     let r = cx
         .kernel
-        .change_protection_live(VirtAddr(lin), 4096, RODATA, LiveOptions::IN_PLACE);
+        .change_protection_live(VirtAddr(lin), PAGE, RODATA, LiveOptions::IN_PLACE);
     ensure!(
         r == Err(Error::BreakBeforeMake(VirtAddr(lin), BbmReason::BlockSplit)),
         "splitting a block in place: {r:?}, expected BreakBeforeMake({lin:#x})"
     );
     ensure!(
-        cx.kernel.inspect().entry(VirtAddr(lin), t.height) == before,
+        cx.kernel.inspect().entry(VirtAddr(lin), height) == before,
         "the refused change wrote the block entry"
     );
     let old = probe::read_u64(lin).map_err(|f| Why::new(format_args!("ESR {:#x}", f.esr)))?;
@@ -205,6 +216,24 @@ pub(super) fn live_kernel_protect(cx: &mut Ctx, pool: (u64, u64)) -> R {
         );
     }
     Ok(())
+}
+
+/// The highest PMD-aligned linear-map address of pool memory mapped by a
+/// block (height 1 or more) without the contiguous hint: the address, the
+/// block's height and its entry.
+fn unfolded_linear_block(kernel: &KernelSpace, pool: (u64, u64)) -> Option<(u64, u32, u64)> {
+    let mut pa = pool.1.checked_sub(PMD_SIZE)? & !(PMD_SIZE - 1);
+    while pa >= pool.0 {
+        let va = phys_to_virt(pa);
+        if let Some(t) = kernel.translate(VirtAddr(va)) {
+            let e = kernel.inspect().entry(VirtAddr(va), t.height).unwrap_or(0);
+            if t.height >= 1 && e & CONT == 0 {
+                return Some((va, t.height, e));
+            }
+        }
+        pa = pa.checked_sub(PMD_SIZE)?;
+    }
+    None
 }
 
 /// `mprotect(PROT_NONE)` of a kernel page and back (Linux `PAGE_NONE`,
@@ -219,12 +248,12 @@ pub(super) fn prot_none(cx: &mut Ctx, _: &mut [Option<Proc>; 0]) -> R {
     let Some(before) = cx.kernel.translate(VirtAddr(va)) else {
         fail!("{va:#x} is not mapped");
     };
-    ensure!(before.height == 0, "{va:#x} is not a 4 KiB page");
+    ensure!(before.height == 0, "{va:#x} is not mapped by a page");
     // The TLB holds the writable translation.
     LIVE_PAGE.0[1].store(WORD, Relaxed);
     let protect = |cx: &mut Ctx, prot: Prot| {
         cx.kernel
-            .change_protection(VirtAddr(va), 4096, prot)
+            .change_protection(VirtAddr(va), PAGE, prot)
             .map_err(|e| Why::new(format_args!("change_protection({prot:?}): {e}")))
     };
     protect(cx, Prot::NONE)?;
@@ -322,17 +351,19 @@ impl Reports {
     }
 }
 
-pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64, u64)) -> R {
+/// `blk_pa`: a PMD-aligned PMD's span of pool memory nothing else uses.
+pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], blk_pa: u64) -> R {
     use aarch64_cpu::registers::TCR_EL1;
     use tock_registers::interfaces::Readable;
 
-    const BASE: u64 = 0x0300_0000;
+    // Each in a PMD of its own (with 4 KiB pages 48, 96 and 160 MiB).
+    const BASE: u64 = 24 * PMD_SIZE;
     const PAGES: u64 = 8;
-    const SWP_VA: u64 = BASE + PAGES * 4096;
+    const SWP_VA: u64 = BASE + PAGES * PAGE;
     const SWP: u64 = 0x77;
     const DIRTY: [u64; 3] = [1, 3, 6];
-    const BLK_VA: u64 = 0x0600_0000;
-    const BASE2: u64 = 0x0a00_0000;
+    const BLK_VA: u64 = 48 * PMD_SIZE;
+    const BASE2: u64 = 80 * PMD_SIZE;
     ensure!(
         TCR_EL1.get() & (1 << 40) != 0,
         "needs hardware dirty-state updates (TCR_EL1.HD)"
@@ -341,48 +372,47 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
     let mut fr = [0u64; PAGES as usize];
     for (i, f) in fr.iter_mut().enumerate() {
         *f = cx.frames.take(marker(i))?;
-        map(&mut p.space, BASE + 4096 * i as u64, *f)?;
+        map(&mut p.space, BASE + PAGE * i as u64, *f)?;
     }
     p.space
         .install_pte(VirtAddr(SWP_VA), NewPte::Swap(SWP))
         .map_err(|e| Why::new(format_args!("install_pte (software entry): {e}")))?;
-    // A 2 MiB block of pool memory (past the frames the cases take).
-    let blk_pa = (pool.0 + (2 << 20)).next_multiple_of(2 << 20);
+    // A PMD block (2 MiB with 4 KiB pages, 512 MiB with 64 KiB pages).
     ensure!(
-        blk_pa + (2 << 20) <= pool.1,
-        "no room for a 2 MiB block in the pool"
+        blk_pa % PMD_SIZE == 0,
+        "the block's frame {blk_pa:#x} is not PMD aligned"
     );
     p.space
         .map(
             VirtAddr(BLK_VA),
             PhysAddr(blk_pa),
-            2 << 20,
+            PMD_SIZE,
             USER_RW,
             MapOptions::PMD_BLOCKS,
         )
         .map_err(|e| Why::new(format_args!("map the block: {e}")))?;
     let fr2 = [cx.frames.take(marker(20))?, cx.frames.take(marker(21))?];
     for (i, &f) in fr2.iter().enumerate() {
-        map(&mut p.space, BASE2 + 4096 * i as u64, f)?;
+        map(&mut p.space, BASE2 + PAGE * i as u64, f)?;
     }
     ps[0] = Some(p);
     let p = at(ps, 0)?;
     cx.switch(p)?;
     // Loads from every page, stores to some: only those become dirty.
     for i in 0..PAGES {
-        load_is("a page", BASE + 4096 * i, marker(i as usize))?;
+        load_is("a page", BASE + PAGE * i, marker(i as usize))?;
     }
     for i in DIRTY {
-        store_ok("a page", BASE + 4096 * i + 8, 1)?;
+        store_ok("a page", BASE + PAGE * i + 8, 1)?;
     }
-    store_ok("the block", BLK_VA + 0x1008, 1)?;
+    store_ok("the block", BLK_VA + PAGE + 8, 1)?;
     load_is("a page", BASE2, marker(20))?;
 
     // unmap_with: the pages and the swap entry, one flush.
     let f0 = FlushCounts::now();
     let mut got = Reports::default();
     p.space
-        .unmap_with(VirtAddr(BASE), (PAGES + 1) * 4096, |x| got.push(x))
+        .unmap_with(VirtAddr(BASE), (PAGES + 1) * PAGE, |x| got.push(x))
         .map_err(|e| Why::new(format_args!("unmap_with: {e}")))?;
     let d = FlushCounts::now().since(f0);
     ensure!(
@@ -398,9 +428,9 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
             );
             continue;
         }
-        let i = (r.va - BASE) / 4096;
+        let i = r.va.wrapping_sub(BASE) / PAGE;
         ensure!(
-            r.va >= BASE && i < PAGES && r.pa == fr[i as usize] && r.size == 4096,
+            r.va >= BASE && i < PAGES && r.pa == fr[i as usize] && r.size == PAGE,
             "a report {r:x?} that does not match a mapped page"
         );
         ensure!(
@@ -418,15 +448,15 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
         d.all
     );
     for i in 0..=PAGES {
-        load_faults("an unmapped page", BASE + 4096 * i)?;
+        load_faults("an unmapped page", BASE + PAGE * i)?;
     }
 
     // One gather for the block and two pages: one flush at the end.
     let f0 = FlushCounts::now();
     let mut tlb = p.space.tlb_gather_mmu();
     let mut got = Reports::default();
-    let r1 = tlb.unmap_with(VirtAddr(BLK_VA), 2 << 20, |x| got.push(x));
-    let r2 = tlb.unmap_with(VirtAddr(BASE2), 2 * 4096, |x| got.push(x));
+    let r1 = tlb.unmap_with(VirtAddr(BLK_VA), PMD_SIZE, |x| got.push(x));
+    let r2 = tlb.unmap_with(VirtAddr(BASE2), 2 * PAGE, |x| got.push(x));
     let before_finish = FlushCounts::now().since(f0);
     tlb.finish();
     let d = FlushCounts::now().since(f0);
@@ -437,13 +467,13 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
         g.len() == 3
             && g[0].va == BLK_VA
             && g[0].pa == blk_pa
-            && g[0].size == 2 << 20
+            && g[0].size == PMD_SIZE
             && g[0].dirty,
-        "gathered reports {g:x?}: expected the dirty 2 MiB block at {blk_pa:#x} first"
+        "gathered reports {g:x?}: expected the dirty PMD block at {blk_pa:#x} first"
     );
     for (k, r) in g[1..].iter().enumerate() {
         ensure!(
-            r.va == BASE2 + 4096 * k as u64 && r.pa == fr2[k] && r.size == 4096 && !r.dirty,
+            r.va == BASE2 + PAGE * k as u64 && r.pa == fr2[k] && r.size == PAGE && !r.dirty,
             "gathered report {r:x?} does not match clean page {k}"
         );
     }
@@ -451,6 +481,6 @@ pub(super) fn unmap_reports(cx: &mut Ctx, ps: &mut [Option<Proc>; 1], pool: (u64
         before_finish == FlushCounts::default() && d.range + d.asid + d.all == 1,
         "the gather flushed {before_finish:?} before finish and {d:?} in all: expected one flush, at the end"
     );
-    load_faults("the unmapped block", BLK_VA + 0x1000)?;
+    load_faults("the unmapped block", BLK_VA + PAGE)?;
     load_faults("an unmapped page", BASE2)
 }

@@ -6,11 +6,15 @@ use tock_registers::interfaces::Readable;
 
 use super::*;
 
+/// The height of the root table (3 with four levels, 4 with five, 2 with
+/// three).
+const ROOT: u32 = <Arm64 as Format>::LEVELS - 1;
+
 pub(super) fn table_attrs(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
     let k = cx
         .kernel
         .inspect()
-        .entry(VirtAddr(PAGE_OFFSET), 3)
+        .entry(VirtAddr(PAGE_OFFSET), ROOT)
         .unwrap_or(0);
     ensure!(
         k & (AP_TABLE_NO_EL0 | UXN_TABLE) == AP_TABLE_NO_EL0 | UXN_TABLE && k & PXN_TABLE == 0,
@@ -18,7 +22,11 @@ pub(super) fn table_attrs(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
     );
     ps[0] = Some(cx.new_proc()?);
     let p = at(ps, 0)?;
-    let u = p.space.inspect().entry(VirtAddr(USER_CODE), 3).unwrap_or(0);
+    let u = p
+        .space
+        .inspect()
+        .entry(VirtAddr(USER_CODE), ROOT)
+        .unwrap_or(0);
     ensure!(
         u & PXN_TABLE != 0 && u & (AP_TABLE_NO_EL0 | UXN_TABLE) == 0,
         "a user root entry is {u:#x}: expected PXNTable only"
@@ -27,9 +35,9 @@ pub(super) fn table_attrs(cx: &mut Ctx, ps: &mut [Option<Proc>; 1]) -> R {
 }
 
 pub(super) fn isolation(cx: &mut Ctx, ps: &mut [Option<Proc>; 4]) -> R {
-    let mut frames = [0u64; 4];
+    let mut frames = [[0u64; 2]; 4];
     for (i, f) in frames.iter_mut().enumerate() {
-        let (p, pa) = cx.proc_with_frame(marker(i))?;
+        let (p, pa) = cx.proc_with_pages(i)?;
         ps[i] = Some(p);
         *f = pa;
     }
@@ -53,9 +61,11 @@ pub(super) fn isolation(cx: &mut Ctx, ps: &mut [Option<Proc>; 4]) -> R {
                     && ttbr0 & 0xffff_ffff_f000 == at(ps, i)?.space.root().0,
                 "TTBR0_EL1 is {ttbr0:#x}: expected space {i}'s root with ASID {a}"
             );
-            load_is("EL1", SHARED_VA, marker(i))?;
-            store_ok("EL1", SHARED_VA + 16, round << 32 | i as u64)?;
-            cx.el0_returns("EL0", SHARED_VA, SHARED_VA, marker(i) + 1)?;
+            for (k, &va) in VAS.iter().enumerate() {
+                load_is("EL1", va, marker_at(i, k))?;
+                store_ok("EL1", va + 16, round << 32 | i as u64)?;
+                cx.el0_returns("EL0", va, va, marker_at(i, k) + 1)?;
+            }
         }
     }
     for i in 0..4 {
@@ -66,88 +76,112 @@ pub(super) fn isolation(cx: &mut Ctx, ps: &mut [Option<Proc>; 4]) -> R {
                 asids[i]
             );
         }
-        let f = frames[i];
-        ensure!(
-            word(f, 1) == marker(i) + 1 && word(f, 2) == 2 << 32 | i as u64,
-            "frame of space {i} holds {:#x}, {:#x}: another space's stores reached it",
-            word(f, 1),
-            word(f, 2)
-        );
+        for (k, &f) in frames[i][..VAS.len()].iter().enumerate() {
+            ensure!(
+                word(f, 1) == marker_at(i, k) + 1 && word(f, 2) == 2 << 32 | i as u64,
+                "frame of space {i} at {:#x} holds {:#x}, {:#x}: another space's stores reached it",
+                VAS[k],
+                word(f, 1),
+                word(f, 2)
+            );
+        }
     }
-    no_full_flush(f0)
+    no_full_flush(f0)?;
+    report_high("every space's page read and written at EL1 and EL0 after each switch");
+    Ok(())
 }
 
 pub(super) fn no_stale_after_switch(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
-    let (a, fa) = cx.proc_with_frame(marker(0))?;
-    let (b, fb) = cx.proc_with_frame(marker(1))?;
-    let fc = cx.frames.take(marker(2))?;
+    let (a, fa) = cx.proc_with_pages(0)?;
+    let (b, fb) = cx.proc_with_pages(1)?;
+    let mut fc = [0u64; 2];
+    for (k, f) in fc[..VAS.len()].iter_mut().enumerate() {
+        *f = cx.frames.take(marker_at(2, k))?;
+    }
     ps[0] = Some(a);
     ps[1] = Some(b);
     let f0 = FlushCounts::now();
-    for (round, (i, m, f)) in [(0, marker(0), fa), (1, marker(1), fb), (0, marker(0), fa)]
-        .into_iter()
-        .enumerate()
-    {
+    for (round, (i, f)) in [(0, fa), (1, fb), (0, fa)].into_iter().enumerate() {
         let p = at(ps, i)?;
         cx.switch(p)?;
-        load_is("after the switch", SHARED_VA, m)?;
-        store_ok("after the switch", SHARED_VA + 8, 0xa0 + round as u64)?;
-        ensure!(
-            word(f, 1) == 0xa0 + round as u64,
-            "the store of switch {round} did not reach space {i}'s frame"
-        );
+        for (k, &va) in VAS.iter().enumerate() {
+            load_is("after the switch", va, marker_at(i, k))?;
+            store_ok("after the switch", va + 8, 0xa0 + round as u64)?;
+            ensure!(
+                word(f[k], 1) == 0xa0 + round as u64,
+                "the store of switch {round} to {va:#x} did not reach space {i}'s frame"
+            );
+        }
     }
-    // Remap B while A runs (and holds its translation in the TLB).
+    // Remap B while A runs (and holds its translations in the TLB).
     let b = at(ps, 1)?;
-    b.space
-        .unmap(VirtAddr(SHARED_VA), 4096)
-        .map_err(|e| Why::new(format_args!("unmap: {e}")))?;
-    map(&mut b.space, SHARED_VA, fc)?;
+    for (k, &va) in VAS.iter().enumerate() {
+        b.space
+            .unmap(VirtAddr(va), PAGE)
+            .map_err(|e| Why::new(format_args!("unmap {va:#x}: {e}")))?;
+        map(&mut b.space, va, fc[k])?;
+    }
     let f1 = FlushCounts::now();
     let b = at(ps, 1)?;
     cx.switch(b)?;
-    load_is("space B after its remap", SHARED_VA, marker(2))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space B after its remap", va, marker_at(2, k))?;
+    }
     let a = at(ps, 0)?;
     cx.switch(a)?;
-    load_is("space A after B's remap", SHARED_VA, marker(0))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space A after B's remap", va, marker_at(0, k))?;
+    }
     no_full_flush(f0)?;
-    no_full_flush(f1)
+    no_full_flush(f1)?;
+    report_high("no stale translation after switches away and back, and after a remap while another space ran");
+    Ok(())
 }
 
 pub(super) fn no_stale_after_unmap_in_other_space(cx: &mut Ctx, ps: &mut [Option<Proc>; 2]) -> R {
-    let (a, _) = cx.proc_with_frame(marker(0))?;
-    let (mut b, _) = cx.proc_with_frame(marker(1))?;
+    let (a, _) = cx.proc_with_pages(0)?;
+    let (mut b, _) = cx.proc_with_pages(1)?;
     let stack = cx.frames.take(0)?;
     map(&mut b.space, STACK_VA, stack)?;
     ps[0] = Some(a);
     ps[1] = Some(b);
     let f0 = FlushCounts::now();
-    // B's translation of SHARED_VA gets into the TLB under B's ASID.
+    // B's translations of its pages get into the TLB under B's ASID.
     let b = at(ps, 1)?;
     cx.switch(b)?;
-    load_is("space B", SHARED_VA, marker(1))?;
-    cx.el0_returns("space B at EL0", SHARED_VA, STACK_VA, marker(1) + 1)?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space B", va, marker_at(1, k))?;
+        cx.el0_returns("space B at EL0", va, STACK_VA, marker_at(1, k) + 1)?;
+    }
     let a = at(ps, 0)?;
     cx.switch(a)?;
-    load_is("space A", SHARED_VA, marker(0))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space A", va, marker_at(0, k))?;
+    }
     // Unmap in B, which is not current.
     let b = at(ps, 1)?;
-    b.space
-        .unmap(VirtAddr(SHARED_VA), 4096)
-        .map_err(|e| Why::new(format_args!("unmap: {e}")))?;
+    for &va in VAS {
+        b.space
+            .unmap(VirtAddr(va), PAGE)
+            .map_err(|e| Why::new(format_args!("unmap {va:#x}: {e}")))?;
+    }
     cx.switch(b)?;
-    load_faults("space B after the unmap", SHARED_VA)?;
-    let e = cx.el0(SHARED_VA, STACK_VA);
-    ensure!(
-        esr_class(e.esr) == EC_DABT_LOWER && is_translation_fault(e.esr) && e.far == SHARED_VA,
-        "space B at EL0 after the unmap: ESR {:#x} FAR {:#x} ELR {:#x}, expected a translation fault at {SHARED_VA:#x}",
-        e.esr,
-        e.far,
-        e.elr
-    );
+    for &va in VAS {
+        load_faults("space B after the unmap", va)?;
+        let e = cx.el0(va, STACK_VA);
+        ensure!(
+            esr_class(e.esr) == EC_DABT_LOWER && is_translation_fault(e.esr) && e.far == va,
+            "space B at EL0 after the unmap: ESR {:#x} FAR {:#x} ELR {:#x}, expected a translation fault at {va:#x}",
+            e.esr,
+            e.far,
+            e.elr
+        );
+    }
     let a = at(ps, 0)?;
     cx.switch(a)?;
-    load_is("space A after B's unmap", SHARED_VA, marker(0))?;
+    for (k, &va) in VAS.iter().enumerate() {
+        load_is("space A after B's unmap", va, marker_at(0, k))?;
+    }
     let d = FlushCounts::now().since(f0);
     ensure!(
         d.all == 0 && d.local == 0,
@@ -155,6 +189,7 @@ pub(super) fn no_stale_after_unmap_in_other_space(cx: &mut Ctx, ps: &mut [Option
         d.all,
         d.local
     );
+    report_high("an unmap in a space that was not current faults at EL1 and EL0 once it runs");
     Ok(())
 }
 
@@ -162,9 +197,9 @@ pub(super) fn no_stale_after_asid_rollover(
     cx: &mut Ctx,
     ps: &mut [Option<Proc>; ROLLOVER_SPACES],
 ) -> R {
-    let mut frames = [0u64; ROLLOVER_SPACES];
+    let mut frames = [[0u64; 2]; ROLLOVER_SPACES];
     for (i, f) in frames.iter_mut().enumerate() {
-        let (p, pa) = cx.proc_with_frame(marker(i))?;
+        let (p, pa) = cx.proc_with_pages(i)?;
         ps[i] = Some(p);
         *f = pa;
     }
@@ -182,17 +217,22 @@ pub(super) fn no_stale_after_asid_rollover(
             // of the test space at its end flushes it.
             let a = unsafe { cx.small.switch(p) }?;
             *l = a;
-            load_is("after the switch", SHARED_VA, marker(i))?;
-            store_ok("after the switch", SHARED_VA + 8, round << 32 | i as u64)?;
+            for (k, &va) in VAS.iter().enumerate() {
+                load_is("after the switch", va, marker_at(i, k))?;
+                store_ok("after the switch", va + 8, round << 32 | (i * 2 + k) as u64)?;
+            }
         }
     }
     let rollovers = cx.small.rollovers() - r0;
-    for (i, &f) in frames.iter().enumerate() {
-        ensure!(
-            word(f, 1) == 3 << 32 | i as u64,
-            "frame of space {i} holds {:#x}: a store went to another space",
-            word(f, 1)
-        );
+    for (i, f) in frames.iter().enumerate() {
+        for (k, &f) in f[..VAS.len()].iter().enumerate() {
+            ensure!(
+                word(f, 1) == 3 << 32 | (i * 2 + k) as u64,
+                "frame of space {i} at {:#x} holds {:#x}: a store went to another space",
+                VAS[k],
+                word(f, 1)
+            );
+        }
     }
     let d = FlushCounts::now().since(f0);
     ensure!(
@@ -207,5 +247,6 @@ pub(super) fn no_stale_after_asid_rollover(
         d.all,
         d.asid
     );
+    report_high("every space's page read and written after each switch across the roll-overs");
     Ok(())
 }
