@@ -152,6 +152,39 @@ impl Regime {
     }
 }
 
+/// What the hardware makes of the descriptor `raw` in a table at `height`
+/// (Arm lookup level `3 - height`) of `A`'s regime (Arm ARM D8.3.1): bit 0
+/// clear is invalid; at level 3 bit 1 set is a page, clear reserved
+/// (invalid); above it bit 1 set is a table, clear a block where the
+/// granule allows one, else invalid. The simulator's
+/// [`HwDecoder`](pgtable_core::sim::HwDecoder) for `A`.
+fn arm_decode<A: Format>(raw: u64, height: u32) -> Decoded {
+    let r = Regime::of::<A>();
+    let level = 3 - height as i32;
+    if raw & 1 == 0 {
+        return if raw == 0 {
+            Decoded::None
+        } else {
+            Decoded::Invalid
+        };
+    }
+    let table_or_page = raw & 0b10 != 0;
+    if level == 3 {
+        return if table_or_page {
+            Decoded::Leaf(PhysAddr(r.address(raw, r.page_shift)))
+        } else {
+            Decoded::Invalid
+        };
+    }
+    if table_or_page {
+        Decoded::Table(PhysAddr(r.address(raw, r.page_shift)))
+    } else if r.block_allowed(level) {
+        Decoded::Leaf(PhysAddr(r.address(raw, r.level_shift(level))))
+    } else {
+        Decoded::Invalid
+    }
+}
+
 /// Sign-extends `v` from bit `top`.
 fn sext(v: u64, top: u32) -> u64 {
     let s = 63 - top;
@@ -353,6 +386,7 @@ type TlbiSpace<A> = Installed<A, TlbiMmu<A>, SimAlloc>;
 
 fn tlbi_space<A: Arch>(enc: Encoding) -> (SimMachine<A>, TlbiSpace<A>) {
     let m = SimMachine::<A>::new();
+    m.set_hw_decoder(Some(arm_decode::<A>));
     let mmu = TlbiMmu::new(m.mmu_installing_into(VaRange::Lower), enc);
     let s = AddressSpace::<A, _, _>::new_in(VaRange::Lower, mmu, m.alloc()).unwrap();
     // SAFETY: a simulated MMU.
@@ -636,12 +670,14 @@ enum HwWalk {
     NotATable { level: i32, pa: u64 },
 }
 
-/// The walk the hardware makes for `va` from `root` with `regime`, reading
-/// the entries of the live frames of `frames` (Arm ARM D8.2 "Translation
-/// table walk", D8.3.1 "VMSAv8-64 descriptor formats").
-fn hw_walk(regime: Regime, frames: &Frames, root: PhysAddr, va: u64) -> HwWalk {
+/// The walk the hardware makes for `va` from `root` in `A`'s regime,
+/// reading the entries of the live frames of `frames` and decoding them
+/// with [`arm_decode`] (Arm ARM D8.2 "Translation table walk"): the levels,
+/// the initial one's index width and the output address all from the page
+/// shift, VA bits and PA bits alone.
+fn hw_walk<A: Format>(frames: &Frames, root: PhysAddr, va: u64) -> HwWalk {
+    let regime = Regime::of::<A>();
     let levels = regime.levels();
-    let per_level = regime.page_shift - 3;
     let mut table = root.0;
     for i in 0..levels {
         let level = 4 - levels as i32 + i as i32;
@@ -649,51 +685,41 @@ fn hw_walk(regime: Regime, frames: &Frames, root: PhysAddr, va: u64) -> HwWalk {
         let bits = if i == 0 {
             regime.va_bits - shift
         } else {
-            per_level
+            regime.page_shift - 3
         };
         let index = (va >> shift) & ((1 << bits) - 1);
         if !frames.live.lock().unwrap().contains(&table) {
             return HwWalk::NotATable { level, pa: table };
         }
         // SAFETY: `table` is a live frame of the allocator (checked
-        // above), of `2^per_level` entries; entries are atomics.
+        // above), of `2^(page_shift - 3)` entries; entries are atomics.
         let d = unsafe {
             let t = frames.phys_to_virt(PhysAddr(table)).cast::<Slot>();
             (*t.as_ptr().add(index as usize)).load(Relaxed)
         };
-        if d & 1 == 0 {
-            return HwWalk::Fault { level };
-        }
-        let table_or_page = d & 0b10 != 0;
-        if level == 3 {
-            if !table_or_page {
-                return HwWalk::Fault { level };
+        match arm_decode::<A>(d, (3 - level) as u32) {
+            Decoded::Table(next) => table = next.0,
+            Decoded::Leaf(pa) => {
+                return HwWalk::Mapped {
+                    pa: pa.0 | (va & ((1 << shift) - 1)),
+                    level,
+                }
             }
-            let off = va & ((1 << regime.page_shift) - 1);
-            return HwWalk::Mapped {
-                pa: regime.address(d, regime.page_shift) | off,
-                level,
-            };
+            Decoded::None | Decoded::Invalid => return HwWalk::Fault { level },
         }
-        if table_or_page {
-            table = regime.address(d, regime.page_shift);
-            continue;
-        }
-        if !regime.block_allowed(level) {
-            return HwWalk::Fault { level };
-        }
-        return HwWalk::Mapped {
-            pa: regime.address(d, shift) | (va & ((1 << shift) - 1)),
-            level,
-        };
     }
-    unreachable!("the last level returns")
+    unreachable!("the last level holds no table")
 }
 
 type HwSpace<A> = Installed<A, SimMmu<A>, Frames>;
 
-fn hw_space<A: Arch>() -> (SimMachine<A>, HwSpace<A>) {
+/// A lower-half space of `A` on a fresh machine, with the simulator's
+/// hardware decoder set to [`arm_decode`] if `hook`.
+fn hw_space<A: Arch>(hook: bool) -> (SimMachine<A>, HwSpace<A>) {
     let m = SimMachine::<A>::new();
+    if hook {
+        m.set_hw_decoder(Some(arm_decode::<A>));
+    }
     let frames = Frames {
         inner: m.alloc(),
         live: Arc::default(),
@@ -708,8 +734,11 @@ fn hw_space<A: Arch>() -> (SimMachine<A>, HwSpace<A>) {
     (m, unsafe { Installed::new(s) })
 }
 
-/// Compares, at `va`, what the hardware walker sees with `want` (the
-/// address the test mapped there) and with what the simulator translates.
+/// Compares, at `va`, what the simulator translates (always `want`, the
+/// address the test mapped there: it walks with the format), what its
+/// check then says (with the hardware decoder set, the first entry the
+/// format encodes wrongly), and what [`hw_walk`] sees. `Ok`: the level of
+/// the leaf.
 fn hw_sees<A: Arch>(
     m: &SimMachine<A>,
     s: &HwSpace<A>,
@@ -723,7 +752,9 @@ fn hw_sees<A: Arch>(
         "{}: the simulator translates {va} by the format",
         A::NAME
     );
-    match hw_walk(Regime::of::<A>(), s.alloc(), s.root(), va.0) {
+    m.check()
+        .map_err(|e| format!("{}: the simulator's check: {e}", A::NAME))?;
+    match hw_walk::<A>(s.alloc(), s.root(), va.0) {
         HwWalk::Mapped { pa, level } if pa == want => Ok(level),
         other => Err(format!(
             "{}: the hardware walker sees {other:x?} at {va}, {want:#x} was mapped",
@@ -734,9 +765,10 @@ fn hw_sees<A: Arch>(
 
 /// Pages and PMD blocks mapped at output addresses above 2^48 with each of
 /// the high bits set alone (so a swap of any two shows), read back by the
-/// hardware walker. `Err` names the first disagreement.
-fn high_oa<A: Arch>() -> Result<(), String> {
-    let (m, mut s) = hw_space::<A>();
+/// simulator (with its hardware decoder set to [`arm_decode`] if `hook`)
+/// and by [`hw_walk`]. `Err` names the first disagreement.
+fn high_oa<A: Arch>(hook: bool) -> Result<(), String> {
+    let (m, mut s) = hw_space::<A>(hook);
     let page = level::page_size::<A>();
     let pmd = level::size::<A>(1);
     for (i, high) in [48u32, 49, 50, 51].into_iter().enumerate() {
@@ -943,19 +975,33 @@ unsafe impl<F: Arch, T: Twist> Arch for Twisted<F, T> {
 
 #[test]
 fn the_hardware_walker_sees_every_52_bit_output_address_where_it_was_mapped() {
-    high_oa::<Arm64Lpa2>().unwrap();
-    high_oa::<Arm64K16Lpa2>().unwrap();
-    high_oa::<Arm64K64Va52>().unwrap();
+    for hook in [true, false] {
+        high_oa::<Arm64Lpa2>(hook).unwrap();
+        high_oa::<Arm64K16Lpa2>(hook).unwrap();
+        high_oa::<Arm64K64Va52>(hook).unwrap();
+    }
 }
 
 #[test]
 fn a_52_bit_format_with_its_high_output_address_bits_swapped_is_caught() {
-    // The simulator's walker, decoding with the format, agrees with the
-    // twisted format (`hw_sees` asserts it); the hardware walker does not.
+    // With the hardware decoder set, the simulator's check names the first
+    // entry the format encodes where the hardware does not read it.
     for e in [
-        high_oa::<Twisted<Arm64Lpa2, SwappedLpa2>>(),
-        high_oa::<Twisted<Arm64K16Lpa2, SwappedLpa2>>(),
-        high_oa::<Twisted<Arm64K64Va52, ReversedLpa64k>>(),
+        high_oa::<Twisted<Arm64Lpa2, SwappedLpa2>>(true),
+        high_oa::<Twisted<Arm64K16Lpa2, SwappedLpa2>>(true),
+        high_oa::<Twisted<Arm64K64Va52, ReversedLpa64k>>(true),
+    ] {
+        let e = e.unwrap_err();
+        assert!(e.contains("the simulator's check: entry"), "{e}");
+        assert!(e.contains("the hardware decoder Leaf"), "{e}");
+    }
+    // Without it the simulator, decoding with the format, agrees with the
+    // twisted format (`hw_sees` asserts it); the test's own walker does
+    // not.
+    for e in [
+        high_oa::<Twisted<Arm64Lpa2, SwappedLpa2>>(false),
+        high_oa::<Twisted<Arm64K16Lpa2, SwappedLpa2>>(false),
+        high_oa::<Twisted<Arm64K64Va52, ReversedLpa64k>>(false),
     ] {
         let e = e.unwrap_err();
         assert!(e.contains("the hardware walker sees"), "{e}");
@@ -967,7 +1013,7 @@ fn a_52_bit_format_with_its_high_output_address_bits_swapped_is_caught() {
 
 /// [`high_oa`] below 2^48, for 48-bit formats.
 fn high_oa_48<A: Arch>() -> Result<(), String> {
-    let (m, mut s) = hw_space::<A>();
+    let (m, mut s) = hw_space::<A>(true);
     let page = level::page_size::<A>();
     let pmd = level::size::<A>(1);
     let pa = 0xf000_4000_0000;
@@ -994,7 +1040,7 @@ fn high_oa_48<A: Arch>() -> Result<(), String> {
 fn walks_like_the_hardware<A: Arch>(levels: u32) {
     let regime = Regime::of::<A>();
     assert_eq!(regime.levels(), levels, "{}", A::NAME);
-    let (m, mut s) = hw_space::<A>();
+    let (m, mut s) = hw_space::<A>(true);
     let page = level::page_size::<A>();
     let pmd = level::size::<A>(1);
     let hi = 1u64 << A::VA_BITS;
@@ -1006,7 +1052,7 @@ fn walks_like_the_hardware<A: Arch>(levels: u32) {
         A::NAME
     );
     assert_eq!(
-        hw_walk(regime, s.alloc(), s.root(), hi - page),
+        hw_walk::<A>(s.alloc(), s.root(), hi - page),
         HwWalk::Fault {
             level: 4 - levels as i32
         }

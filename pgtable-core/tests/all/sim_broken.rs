@@ -1542,3 +1542,45 @@ fn a_root_index_not_cut_to_the_va_bits_is_caught() {
     assert_eq!(m.read_u64(va).unwrap(), 5);
     m.check().unwrap();
 }
+
+/// A "hardware" that reads every leaf one page further than the format
+/// means: the format's encoding of the output address is wrong for it.
+fn one_page_off(raw: u64, height: u32) -> pgtable_core::contract::Decoded {
+    use pgtable_core::contract::Decoded;
+    match T4::decode(raw, height) {
+        Decoded::Leaf(pa) => Decoded::Leaf(PhysAddr(pa.0 + K4)),
+        d => d,
+    }
+}
+
+#[test]
+fn an_encoding_the_hardware_decoder_reads_differently_is_caught() {
+    let run = |decoder: Option<pgtable_core::sim::HwDecoder>| {
+        let m = SimMachine::<T4>::new();
+        m.set_hw_decoder(decoder);
+        let s = AddressSpace::<T4, _, _>::new(m.mmu(), m.alloc()).unwrap();
+        // SAFETY: a simulated MMU.
+        let mut s = unsafe { Installed::new(s) };
+        s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+            .unwrap();
+        // The walk goes on as the format decodes.
+        m.write_u64(VA, 3).unwrap();
+        assert_eq!(m.phys_read_u64(PA), 3);
+        m.check()
+    };
+    // The format's own decoding as the hardware's, and none: nothing to
+    // report (tables, the leaf and the empty entries agree).
+    run(Some(T4::decode)).unwrap();
+    run(None).unwrap();
+    match run(Some(one_page_off)) {
+        Err(CheckError::HwDecode(d)) => {
+            assert_eq!((d.va, d.height), (VA, 0));
+            assert_eq!(d.format, pgtable_core::contract::Decoded::Leaf(PA));
+            assert_eq!(
+                d.hardware,
+                pgtable_core::contract::Decoded::Leaf(PhysAddr(PA.0 + K4))
+            );
+        }
+        other => panic!("expected a decoder mismatch, got {other:?}"),
+    }
+}
