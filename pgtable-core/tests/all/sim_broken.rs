@@ -9,9 +9,10 @@
 //! frame), a user space writing the kernel half's shared entry and
 //! flushing only its own CPU, a kernel-half table freed with a flush of
 //! the current ASID only (left in another ASID's walk cache), a
-//! `Prot::NONE` encoding the hardware still uses, and a dropped flush
-//! after a change to `Prot::NONE` — with the correct variant beside each
-//! one passing.
+//! `Prot::NONE` encoding the hardware still uses, a dropped flush after a
+//! change to `Prot::NONE`, and an encoding the hardware decoder reads
+//! differently from the format — with the correct variant beside each one
+//! passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 use crate::common::test_format_variant;
