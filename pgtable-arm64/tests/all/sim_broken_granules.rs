@@ -19,12 +19,14 @@
 //! - **Output-address split.** The simulated walker decodes entries with
 //!   the format's own `decode`, so a format whose encoding and decoding
 //!   agree on putting OA\[51:48\] (or OA\[51:50\]) in the wrong descriptor
-//!   bits passes unseen there. [`hw_walk`] is a second walker, written from
-//!   the Arm ARM (D8.3 "Translation table descriptor formats"): it knows
-//!   nothing of the format but its page shift, VA bits and PA bits (what
-//!   TCR_EL1 is programmed from) and reads the tables the address space
-//!   built; a mapping above 2^48 that it sees at another address than was
-//!   mapped is caught.
+//!   bits passes unseen there. [`arm_decode`] is a decoder written from the
+//!   Arm ARM (D8.3 "Translation table descriptor formats") that knows of
+//!   the format only its page shift, VA bits and PA bits (what TCR_EL1 is
+//!   programmed from); given to the simulator
+//!   (`SimMachine::set_hw_decoder`) it makes the check name the first entry
+//!   the hardware reads at another address than the format means, and
+//!   [`hw_walk`], a whole walk of the tables with it, sees the mapping
+//!   there too.
 //! - **Level count.** `Arm64Format::LEVELS` is computed from the page shift
 //!   and VA bits, and `level::check` refuses, at compile time, any format
 //!   whose level count disagrees with them, so a format with one level too
