@@ -24,5 +24,6 @@ mod kernel_half;
 mod live;
 mod ops;
 mod ptdump;
+mod sim_broken_granules;
 mod smp_sim;
 mod swfork;

@@ -9,9 +9,10 @@
 //! frame), a user space writing the kernel half's shared entry and
 //! flushing only its own CPU, a kernel-half table freed with a flush of
 //! the current ASID only (left in another ASID's walk cache), a
-//! `Prot::NONE` encoding the hardware still uses, and a dropped flush
-//! after a change to `Prot::NONE` — with the correct variant beside each
-//! one passing.
+//! `Prot::NONE` encoding the hardware still uses, a dropped flush after a
+//! change to `Prot::NONE`, and an encoding the hardware decoder reads
+//! differently from the format — with the correct variant beside each one
+//! passing.
 #![cfg(all(feature = "sim", feature = "suite"))]
 
 use crate::common::{test_format_variant, ProbesOnly};
@@ -1510,4 +1511,46 @@ fn a_root_index_not_cut_to_the_va_bits_is_caught() {
     s.mmu().flush_tlb_all();
     assert_eq!(m.read_u64(va).unwrap(), 5);
     m.check().unwrap();
+}
+
+/// A "hardware" that reads every leaf one page further than the format
+/// means: the format's encoding of the output address is wrong for it.
+fn one_page_off(raw: u64, height: u32) -> pgtable_core::contract::Decoded {
+    use pgtable_core::contract::Decoded;
+    match T4::decode(raw, height) {
+        Decoded::Leaf(pa) => Decoded::Leaf(PhysAddr(pa.0 + K4)),
+        d => d,
+    }
+}
+
+#[test]
+fn an_encoding_the_hardware_decoder_reads_differently_is_caught() {
+    let run = |decoder: Option<pgtable_core::sim::HwDecoder>| {
+        let m = SimMachine::<T4>::new();
+        m.set_hw_decoder(decoder);
+        let s = AddressSpace::<T4, _, _>::new(m.mmu(), m.alloc()).unwrap();
+        // SAFETY: a simulated MMU.
+        let mut s = unsafe { Installed::new(s) };
+        s.map(VA, PA, K4, Prot::READ_WRITE, MapOptions::PAGES)
+            .unwrap();
+        // The walk goes on as the format decodes.
+        m.write_u64(VA, 3).unwrap();
+        assert_eq!(m.phys_read_u64(PA), 3);
+        m.check()
+    };
+    // The format's own decoding as the hardware's, and none: nothing to
+    // report (tables, the leaf and the empty entries agree).
+    run(Some(T4::decode)).unwrap();
+    run(None).unwrap();
+    match run(Some(one_page_off)) {
+        Err(CheckError::HwDecode(d)) => {
+            assert_eq!((d.va, d.height), (VA, 0));
+            assert_eq!(d.format, pgtable_core::contract::Decoded::Leaf(PA));
+            assert_eq!(
+                d.hardware,
+                pgtable_core::contract::Decoded::Leaf(PhysAddr(PA.0 + K4))
+            );
+        }
+        other => panic!("expected a decoder mismatch, got {other:?}"),
+    }
 }

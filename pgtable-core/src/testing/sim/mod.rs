@@ -41,6 +41,15 @@
 //!   that is not a table frame of this machine, or to a freed one, faults
 //!   too ([`SimFaultKind::NotATable`], [`SimFaultKind::FreedTable`]) — the
 //!   classic use-after-free of a table that was freed before the TLB flush.
+//! - **Hardware decoder** (optional). The walker decodes with the format
+//!   itself, so a format whose encoding and decoding agree on a wrong
+//!   layout (an output-address field in the wrong bits) walks as if it
+//!   were right. [`SimMachine::set_hw_decoder`] gives the machine a second
+//!   decoder, written from the architecture manual without the format's
+//!   help ([`HwDecoder`]); every entry a walk reads is then decoded both
+//!   ways, and the first one the two read differently (as the walker would
+//!   use it: a table, a leaf where the format allows one, or a fault) is a
+//!   [`CheckError::HwDecode`].
 //! - **Halves.** On a format with
 //!   [`SEPARATE_HALVES`](crate::Format::SEPARATE_HALVES) (arm64), an MMU
 //!   handle made with [`SimMachine::mmu_installing_into`] installs into
@@ -279,8 +288,8 @@ use std::thread::JoinHandle;
 
 use crate::contract::TaggedMmu;
 use crate::{
-    Access, AccessFault, AddressSpace, Arch, Mmu, PhysAddr, Slot, Table, TableAlloc, TlbRange,
-    VaRange, VirtAddr,
+    Access, AccessFault, AddressSpace, Arch, Decoded, Mmu, PhysAddr, Slot, Table, TableAlloc,
+    TlbRange, VaRange, VirtAddr,
 };
 
 mod foreign;
@@ -506,6 +515,30 @@ pub enum UnknownTableKind {
     Clash,
 }
 
+/// A decoder of a format's entries as the hardware reads them, written
+/// from the architecture manual independently of the format's own
+/// [`Format::decode`](crate::Format::decode): what the entry `raw` of a
+/// table at `height` is for the hardware walker ([`Decoded::Invalid`] for
+/// anything it faults on). See [`SimMachine::set_hw_decoder`].
+pub type HwDecoder = fn(raw: u64, height: u32) -> Decoded;
+
+/// An entry a walk read that the format and the [`HwDecoder`] read
+/// differently: the format's encoding of it is not what the hardware
+/// makes of it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DecodeMismatch {
+    /// The address being translated.
+    pub va: VirtAddr,
+    /// Height of the entry's table.
+    pub height: u32,
+    /// The entry.
+    pub raw: u64,
+    /// What the format decodes it to, as the walker uses it.
+    pub format: Decoded,
+    /// What the hardware decoder decodes it to.
+    pub hardware: Decoded,
+}
+
 /// What [`SimMachine::check`] found.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum CheckError {
@@ -526,6 +559,9 @@ pub enum CheckError {
     Unordered(UnorderedLink),
     /// A contiguous run whose entries disagree.
     Contiguous(ContConflict),
+    /// An entry the format and the hardware decoder read differently
+    /// ([`SimMachine::set_hw_decoder`]).
+    HwDecode(DecodeMismatch),
 }
 
 impl fmt::Display for CheckError {
@@ -578,6 +614,12 @@ impl fmt::Display for CheckError {
                 f,
                 "table {} linked at host {:#x} before its contents were published",
                 u.table, u.slot
+            ),
+            CheckError::HwDecode(d) => write!(
+                f,
+                "entry {:#x} (height {}) on the walk of {}: the format decodes {:x?}, \
+                 the hardware decoder {:x?}",
+                d.raw, d.height, d.va, d.format, d.hardware
             ),
         }
     }
@@ -1103,6 +1145,16 @@ impl<A: Arch> SimMachine<A> {
     /// state (a report, a harvest) misses a store the run took.
     pub fn set_run_ad_on_first_entry(&self, on: bool) {
         self.state().run_ad_first = on;
+    }
+
+    /// Decodes every entry a walk reads with `decoder` too (`None`: no
+    /// more), and records the first one it reads differently from the
+    /// format for [`check`](Self::check) ([`CheckError::HwDecode`]). The
+    /// walk itself goes on as the format decodes. Give it a decoder
+    /// written from the architecture manual, knowing of the format only
+    /// what the hardware is configured with (page size, address sizes).
+    pub fn set_hw_decoder(&self, decoder: Option<HwDecoder>) {
+        self.state().hw_decoder = decoder;
     }
 
     /// Sets how many entries the TLB holds (at least 1).

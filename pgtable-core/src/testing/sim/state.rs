@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::vec::Vec;
 
 use super::{
-    AdUpdate, BbmConflict, CheckError, ContConflict, MixedSizes, PendingWrite, SimFault,
-    SimFaultKind, SimStats, StaleTlb, UnknownTable, UnknownTableKind, UnorderedLink,
+    AdUpdate, BbmConflict, CheckError, ContConflict, DecodeMismatch, HwDecoder, MixedSizes,
+    PendingWrite, SimFault, SimFaultKind, SimStats, StaleTlb, UnknownTable, UnknownTableKind,
+    UnorderedLink,
 };
 use crate::contract::level::size;
 use crate::ops::contpte::leaf_pa;
@@ -290,6 +291,11 @@ pub(super) struct State {
     /// A store that makes an invalid entry valid needs no barrier
     /// (RISC-V Svvptc; riscv.rs).
     pub(super) svvptc: bool,
+    /// The second decoder of every entry a walk reads
+    /// ([`SimMachine::set_hw_decoder`](super::SimMachine::set_hw_decoder)).
+    pub(super) hw_decoder: Option<HwDecoder>,
+    /// The first entry it read differently from the format.
+    decode_mismatch: Option<DecodeMismatch>,
     pub(super) stats: SimStats,
 }
 
@@ -345,6 +351,8 @@ impl State {
             pending: Map::default(),
             software_ad: false,
             svvptc: false,
+            hw_decoder: None,
+            decode_mismatch: None,
             stats: SimStats::default(),
         }
     }
@@ -637,6 +645,9 @@ impl State {
             let slot = &t[idx];
             let (raw, st) = self.walker_read::<A>(slot);
             stale |= st;
+            if let Some(hw) = self.hw_decoder {
+                self.compare_decoders::<A>(hw, va, raw, h);
+            }
             match A::decode(raw, h) {
                 Decoded::Table(c) if h > 0 => {
                     limits = limits.union(A::table_limits(raw, h));
@@ -660,6 +671,37 @@ impl State {
                 _ => return Err(SimFaultKind::Translation { height: h }),
             }
             h -= 1;
+        }
+    }
+
+    /// Records the first entry (`raw`, at `height`, on the walk of `va`)
+    /// that the format and `hw` read differently, each as the walker would
+    /// use it: a table above height 0, a leaf where the format allows one
+    /// and that is not `Prot::NONE`, else a fault ([`Decoded::Invalid`]).
+    fn compare_decoders<A: Arch>(&mut self, hw: HwDecoder, va: u64, raw: u64, height: u32) {
+        if self.decode_mismatch.is_some() {
+            return;
+        }
+        let format = match A::decode(raw, height) {
+            Decoded::Table(pa) if height > 0 => Decoded::Table(pa),
+            Decoded::Leaf(pa) if A::leaf_allowed(height) && !A::is_protnone(raw, height) => {
+                Decoded::Leaf(pa)
+            }
+            _ => Decoded::Invalid,
+        };
+        let hardware = match hw(raw, height) {
+            Decoded::Table(pa) if height > 0 => Decoded::Table(pa),
+            Decoded::Leaf(pa) => Decoded::Leaf(pa),
+            _ => Decoded::Invalid,
+        };
+        if format != hardware {
+            self.decode_mismatch = Some(DecodeMismatch {
+                va: VirtAddr(va),
+                height,
+                raw,
+                format,
+                hardware,
+            });
         }
     }
 
@@ -1578,6 +1620,9 @@ impl State {
 
     pub(super) fn check<A: Arch>(&self) -> Result<(), CheckError> {
         self.check_known().map_err(CheckError::UnknownTable)?;
+        if let Some(d) = self.decode_mismatch {
+            return Err(CheckError::HwDecode(d));
+        }
         if let Some(c) = self.conflict {
             return Err(CheckError::Conflict(c));
         }

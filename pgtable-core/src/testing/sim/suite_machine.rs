@@ -175,6 +175,10 @@ impl<A: Arch> Machine for SimSuiteMachine<A> {
                 va: VirtAddr(u.slot),
                 what: "table linked before its contents were published; entry at host address",
             }),
+            Err(CheckError::HwDecode(d)) => Err(Inconsistency {
+                va: d.va,
+                what: "an entry the format encodes differently from what the hardware decoder reads",
+            }),
         }
     }
 }
