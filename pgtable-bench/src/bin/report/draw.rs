@@ -653,8 +653,9 @@ const GRANULE_TITLE: &str = "arm64 granules: ns per page";
 const GRANULE_CAPTION: &str = "Median ns per page of the criterion groups arm64-granules-map, -unmap, -protect and \
      -move (functions 4K, 16K, 64K), lower is better; the ratio is to the 4 KiB figure. Host time: the arm64 formats' \
      tables in host memory, written and walked by the host CPU, no TLB maintenance. Each granule does the same number \
-     of pages per call, mapped as pages without the contiguous hint. map: map the range into an empty space \
-     (allocating its tables); unmap: unmap the mapped range (freeing and zeroing its tables); protect: change every \
+     of pages per call, mapped as pages without the contiguous hint, with one more page mapped after the range \
+     throughout so the tables above the range's PTE tables never become empty. map: map the range (allocating its PTE \
+     tables); unmap: unmap the mapped range (freeing and zeroing its PTE tables); protect: change every \
      page of the range from read-write to read-only or back; move: move_page_tables of the range to an address one \
      page past a multiple of the PMD size, so no PMD entry moves whole and every PTE is moved (Linux move_ptes).";
 
