@@ -4,9 +4,10 @@
 //! `summary.md`).
 //!
 //! 1. criterion, `cargo bench -p pgtable-bench` (every bench, and the
-//!    `contpte` bench with the simulator's fill counts; `--quick`: the two
-//!    peer benches and `contpte` only, 10 samples, 0.3 s warm-up and 1 s
-//!    measurement per benchmark); the report reads the medians from
+//!    `contpte` bench with the simulator's fill counts; `--quick`: the
+//!    three peer benches, the arm64 granule comparison (`granules`) and
+//!    `contpte` only, 10 samples, 0.3 s warm-up and 1 s measurement per
+//!    benchmark); the report reads the medians from
 //!    criterion's `target/criterion/<group>/<function>/new/estimates.json`;
 //! 2. the size sweep and table-memory census, pgtable-bench's `sweep`
 //!    binary (same profile as the benches): `sweep.csv`;
@@ -44,6 +45,8 @@ pub fn run(quick: bool) -> Result<(), String> {
             "arm64_peers",
             "--bench",
             "riscv_peers",
+            "--bench",
+            "granules",
         ])
         .env("PGTABLE_BENCH_QUICK", "1")
         .args(["--", "--warm-up-time", "0.3", "--measurement-time", "1"]);

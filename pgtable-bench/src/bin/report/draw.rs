@@ -630,6 +630,66 @@ fn summary_rows(data: &Data, arch: &str) -> (Vec<String>, Vec<(String, Vec<Strin
     (heads, rows)
 }
 
+/// The rows of the granule table (`benches/granules.rs`): criterion group
+/// suffix and label.
+const GRANULE_OPS: [(&str, &str); 4] = [
+    ("map", "map"),
+    ("unmap", "unmap"),
+    ("protect", "protect (RW ↔ RO)"),
+    ("move", "move, PTE by PTE"),
+];
+
+/// The columns of the granule table: criterion function and heading.
+const GRANULES: [(&str, &str); 3] = [
+    ("4K", "4 KiB pages"),
+    ("16K", "16 KiB pages (ratio to 4 KiB)"),
+    ("64K", "64 KiB pages (ratio to 4 KiB)"),
+];
+
+/// The title of the granule table.
+const GRANULE_TITLE: &str = "arm64 granules: ns per page";
+
+/// What the granule table's rows measure.
+const GRANULE_CAPTION: &str = "Median ns per page of the criterion groups arm64-granules-map, -unmap, -protect and \
+     -move (functions 4K, 16K, 64K), lower is better; the ratio is to the 4 KiB figure. Host time: the arm64 formats' \
+     tables in host memory, written and walked by the host CPU, no TLB maintenance. Each granule does the same number \
+     of pages per call, mapped as pages without the contiguous hint, with one more page mapped after the range \
+     throughout so the tables above the range's PTE tables never become empty. map: map the range (allocating its PTE \
+     tables); unmap: unmap the mapped range (freeing and zeroing its PTE tables); protect: change every \
+     page of the range from read-write to read-only or back; move: move_page_tables of the range to an address one \
+     page past a multiple of the PMD size, so no PMD entry moves whole and every PTE is moved (Linux move_ptes).";
+
+/// The granule table: one row per operation that has a figure, cells in
+/// [`GRANULES`] order (the 4 KiB figure, then each other granule's figure
+/// with its ratio to 4 KiB; `–` where a figure is missing).
+fn granule_rows(data: &Data) -> Vec<(String, Vec<String>)> {
+    let mut rows = Vec::new();
+    for (op, label) in GRANULE_OPS {
+        let g = format!("arm64-granules-{op}");
+        let vals: Vec<Option<f64>> = GRANULES
+            .iter()
+            .map(|(f, _)| find(&data.criterion, &g, f))
+            .collect();
+        if vals.iter().all(Option::is_none) {
+            continue;
+        }
+        let base = vals[0];
+        let cells = vals
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match (*v, base) {
+                (None, _) => "–".to_string(),
+                (Some(v), Some(b)) if i > 0 && b > 0.0 => {
+                    format!("{} ({:.2}×)", short(v), v / b)
+                }
+                (Some(v), _) => short(v),
+            })
+            .collect();
+        rows.push((label.to_string(), cells));
+    }
+    rows
+}
+
 /// The summary tables as markdown.
 pub fn summary_markdown(data: &Data) -> String {
     let mut md = String::new();
@@ -653,6 +713,17 @@ pub fn summary_markdown(data: &Data) -> String {
             let _ = writeln!(md, "| {op} | {} |", cells.join(" | "));
         }
         md.push('\n');
+    }
+    let rows = granule_rows(data);
+    if !rows.is_empty() {
+        let _ = writeln!(md, "**{GRANULE_TITLE}**\n");
+        let heads: Vec<&str> = GRANULES.iter().map(|(_, h)| *h).collect();
+        let _ = writeln!(md, "| operation | {} |", heads.join(" | "));
+        let _ = writeln!(md, "|---|{}", "---:|".repeat(heads.len()));
+        for (op, cells) in rows {
+            let _ = writeln!(md, "| {op} | {} |", cells.join(" | "));
+        }
+        let _ = writeln!(md, "\n{GRANULE_CAPTION}\n");
     }
     let _ = writeln!(
         md,
@@ -678,6 +749,7 @@ fn html(data: &Data, charts: &[Chart]) -> String {
          <style>body{font-family:sans-serif;max-width:1250px;margin:2em auto;padding:0 1em;color:#222}\
          table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:.3em .6em}\
          td{text-align:right}td:first-child{text-align:left}figure{margin:2em 0}figcaption{color:#444;max-width:60em}\
+         caption{caption-side:bottom;text-align:left;color:#444;padding-top:.4em}\
          .note{color:#555}</style></head><body>\n<h1>pgtable benchmark report</h1>\n",
     );
     let _ = writeln!(
@@ -743,6 +815,27 @@ fn html(data: &Data, charts: &[Chart]) -> String {
          <li>Each peer runs in its fastest documented usage (ranged calls where it has them); no TLB work on the \
          host.</li></ul>\n",
     );
+    let rows = granule_rows(data);
+    if !rows.is_empty() {
+        let _ = write!(
+            h,
+            "<h2>{}</h2><table><caption>{}</caption><tr><th>operation</th>",
+            esc(GRANULE_TITLE),
+            esc(GRANULE_CAPTION)
+        );
+        for (_, hd) in GRANULES {
+            let _ = write!(h, "<th>{}</th>", esc(hd));
+        }
+        h.push_str("</tr>\n");
+        for (op, cells) in rows {
+            let _ = write!(h, "<tr><td>{}</td>", esc(&op));
+            for c in cells {
+                let _ = write!(h, "<td>{}</td>", esc(&c));
+            }
+            h.push_str("</tr>\n");
+        }
+        h.push_str("</table>\n");
+    }
     h.push_str("<h2>Charts</h2>\n");
     for c in charts {
         let _ = writeln!(
@@ -823,4 +916,114 @@ fn html(data: &Data, charts: &[Chart]) -> String {
     }
     h.push_str("</body></html>\n");
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(criterion: Vec<Est>) -> Data {
+        Data {
+            quick: false,
+            criterion,
+            sweep: Vec::new(),
+            memory: Vec::new(),
+            linux: Err("not run".into()),
+            kernel: Err("not run".into()),
+            cpu: "test CPU".into(),
+        }
+    }
+
+    fn est(group: &str, function: &str, ns: f64) -> Est {
+        Est {
+            group: group.into(),
+            function: function.into(),
+            ns,
+        }
+    }
+
+    /// Writes criterion's two files for `group/function` under `dir`: a
+    /// whole-call median of `median` ns over `pages` elements.
+    fn criterion_fixture(dir: &Path, group: &str, function: &str, pages: u64, median: f64) {
+        let new = dir.join(group).join(function).join("new");
+        std::fs::create_dir_all(&new).unwrap();
+        std::fs::write(
+            new.join("benchmark.json"),
+            format!(
+                r#"{{"group_id":"{group}","function_id":"{function}","value_str":null,"throughput":{{"Elements":{pages}}},"full_id":"{group}/{function}"}}"#
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            new.join("estimates.json"),
+            format!(
+                r#"{{"mean":{{"point_estimate":1.0,"standard_error":1.0}},"median":{{"confidence_interval":{{"confidence_level":0.95,"lower_bound":1.0,"upper_bound":2.0}},"point_estimate":{median},"standard_error":1.0}}}}"#
+            ),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn granule_table_is_per_page_with_ratios_to_4k() {
+        // Medians of whole calls over 65,536 pages: 4K 209,715.2 ns (3.2
+        // ns per page), 16K 157,286.4 ns (2.4), 64K 314,572.8 ns (4.8).
+        let dir = std::env::temp_dir().join(format!("report-granules-{}", std::process::id()));
+        let pages = 65_536;
+        criterion_fixture(&dir, "arm64-granules-map", "4K", pages, 209_715.2);
+        criterion_fixture(&dir, "arm64-granules-map", "16K", pages, 157_286.4);
+        criterion_fixture(&dir, "arm64-granules-map", "64K", pages, 314_572.8);
+        // A peer group's function of the same name is not a granule.
+        criterion_fixture(&dir, "arm64-map-4K", "4K", pages, 1.0);
+        let c = crate::data::read_criterion(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let rows = granule_rows(&data(c));
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].0, "map");
+        assert_eq!(rows[0].1, ["3.20", "2.40 (0.75×)", "4.80 (1.50×)"]);
+    }
+
+    #[test]
+    fn granule_table_rows_follow_the_figures_there_are() {
+        let d = data(vec![
+            est("arm64-granules-move", "4K", 20.0),
+            est("arm64-granules-move", "64K", 5.0),
+            est("arm64-granules-unmap", "16K", 0.5),
+            est("arm64-granules-map", "4K", 3.0),
+            est("arm64-granules-map", "16K", 3.0),
+            est("arm64-granules-map", "64K", 1.5),
+        ]);
+        let rows = granule_rows(&d);
+        let ops: Vec<&str> = rows.iter().map(|(op, _)| op.as_str()).collect();
+        // Table order, whatever the order of the figures; no protect row.
+        assert_eq!(ops, ["map", "unmap", "move, PTE by PTE"]);
+        assert_eq!(rows[0].1, ["3", "3 (1.00×)", "1.50 (0.50×)"]);
+        // No 4 KiB figure: no ratio.
+        assert_eq!(rows[1].1, ["–", "0.50", "–"]);
+        assert_eq!(rows[2].1, ["20", "–", "5 (0.25×)"]);
+
+        let md = summary_markdown(&d);
+        assert!(md.contains(&format!("**{GRANULE_TITLE}**")), "{md}");
+        assert!(
+            md.contains("| map | 3 | 3 (1.00×) | 1.50 (0.50×) |"),
+            "{md}"
+        );
+        assert!(md.contains(GRANULE_CAPTION), "{md}");
+        let page = html(&d, &[]);
+        assert!(
+            page.contains("<h2>arm64 granules: ns per page</h2>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<td>move, PTE by PTE</td><td>20</td><td>–</td><td>5 (0.25×)</td>"),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn no_granule_figures_no_granule_table() {
+        let d = data(vec![est("arm64-map-4K", "pgtable", 2.0)]);
+        assert!(granule_rows(&d).is_empty());
+        assert!(!summary_markdown(&d).contains(GRANULE_TITLE));
+        assert!(!html(&d, &[]).contains(GRANULE_TITLE));
+    }
 }
