@@ -1,4 +1,4 @@
-//! `cargo xtask ci`, `cargo xtask soak` and `cargo xtask miri`.
+//! `cargo xtask ci`, `cargo xtask msrv`, `cargo xtask docs` and `cargo xtask soak`.
 
 use std::process::Command;
 
@@ -20,7 +20,7 @@ const FEATURE_SETS: [&[&str]; 4] = [
 
 /// The library crates: what is published, what the MSRV and the docs
 /// steps build.
-const LIBS: [&str; 4] = [
+pub(crate) const LIBS: [&str; 4] = [
     "pgtable-core",
     "pgtable-arm64",
     "pgtable-x86",
@@ -151,7 +151,7 @@ fn msrv_toolchain() -> Result<String, String> {
 /// A command that runs `program` from `toolchain` (through rustup, which
 /// also sets the toolchain for the cargo it starts), with the variables
 /// the cargo running xtask set for it removed.
-fn with_toolchain(toolchain: &str, program: &str) -> Command {
+pub(crate) fn with_toolchain(toolchain: &str, program: &str) -> Command {
     let mut c = Command::new("rustup");
     c.current_dir(root())
         .args(["run", toolchain, program])
@@ -271,219 +271,4 @@ pub fn soak(ops: Option<u64>, seed: Option<u64>) -> Result<(), String> {
         c.env("PGTABLE_SOAK_SEED", s.to_string());
     }
     sh(&mut c)
-}
-
-/// The crates whose host test binaries run under Miri: pgtable-core and
-/// the three arch crates, each with every feature (the simulator, the
-/// suite and the model test included).
-const MIRI_CRATES: [&str; LIBS.len()] = LIBS;
-
-/// Test-name fragments Miri skips: only cases that map, move or walk a GiB
-/// of 4 KiB pages (262,144 entries or more, hours each under Miri). The
-/// same code paths run in the other cases at MiB scale. Each fragment
-/// matches the named tests only (of every crate's test binaries).
-const MIRI_SKIP: [&str; 11] = [
-    // pgtable-core `moves::{pud_aligned,pmd_only,misaligned}_1g_move_*`:
-    // 1 GiB of pages moved whole, by PMDs, and PTE by PTE.
-    "1g_move",
-    // pgtable-core `moves::control_options_move_1g_pte_by_pte`: the same
-    // GiB moved with whole-table moves off.
-    "move_1g",
-    // pgtable-core `moves::allocation_failure_in_a_1g_pte_path_move_*`: the
-    // GiB moved 515 times, failing after each allocation.
-    "1g_pte_path",
-    // arm64 `aspace::linear_map_of_1g_pages_*`: a GiB of pages mapped.
-    "of_1g_pages",
-    // arm64 `aspace::barrier_per_entry_variant_issues_one_per_pte`: a GiB
-    // of pages mapped with a barrier per entry.
-    "barrier_per_entry_variant",
-    // arm64 `aspace::moving_a_pud_aligned_gib_*` and
-    // `contpte::contpte_tlb_fills_of_a_gib_*` (a GiB of pages mapped and
-    // touched page by page, twice); pgtable-core
-    // `engine::mapping_1gib_of_pages_*`.
-    "gib",
-    // pgtable-core `moves::move_across_a_pud_boundary_*`: 1 GiB + 4 MiB of
-    // pages moved.
-    "pud_boundary",
-    // pgtable-core `moves::three_and_five_level_formats_move_whole_puds`:
-    // 1 GiB + 2 MiB of pages mapped and moved at 3 and 5 levels.
-    "move_whole_puds",
-    // pgtable-core `moves::one_step_move_onto_a_mapped_destination_*` and
-    // `moves::one_step_move_into_an_existing_empty_table_*`: a GiB of pages
-    // mapped as the source.
-    "onto_a_mapped_destination",
-    "existing_empty_table",
-    // pgtable-core `conformance::suite_big_moves_*`: the suite's 1 and 2 GiB
-    // moves.
-    "big_moves",
-];
-
-/// The nightly components `cargo miri` needs.
-const MIRI_COMPONENTS: [&str; 2] = ["miri", "rust-src"];
-
-/// Installs what `cargo miri` needs when it is missing: the nightly
-/// toolchain (minimal profile, with [`MIRI_COMPONENTS`]), or on a nightly
-/// that is there each of [`MIRI_COMPONENTS`] it lacks (checked one by
-/// one: a minimal nightly has neither, and `miri` without `rust-src`
-/// cannot build its sysroot).
-fn ensure_miri() -> Result<(), String> {
-    let installed = with_toolchain("nightly", "rustc")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !installed {
-        let mut c = Command::new("rustup");
-        c.args(["toolchain", "install", "nightly", "--profile", "minimal"]);
-        for comp in MIRI_COMPONENTS {
-            c.args(["--component", comp]);
-        }
-        return sh(&mut c);
-    }
-    let out = Command::new("rustup")
-        .args(["component", "list", "--installed", "--toolchain", "nightly"])
-        .output()
-        .map_err(|e| format!("rustup: {e}"))?;
-    let have = String::from_utf8_lossy(&out.stdout).into_owned();
-    for comp in MIRI_COMPONENTS {
-        if !has_component(&have, comp) {
-            sh(Command::new("rustup").args(["component", "add", comp, "--toolchain", "nightly"]))?;
-        }
-    }
-    Ok(())
-}
-
-/// Whether `rustup component list --installed` printed `comp`: listed as
-/// `miri-<host triple>`, or bare (`rust-src`); no other component's name
-/// starts with `miri-` or `rust-src-`.
-fn has_component(listed: &str, comp: &str) -> bool {
-    listed
-        .lines()
-        .map(str::trim)
-        .any(|l| l == comp || l.starts_with(&format!("{comp}-")))
-}
-
-/// Installs `cargo-nextest` (from crates.io, `--locked`) unless `cargo
-/// nextest` runs already.
-fn ensure_nextest() -> Result<(), String> {
-    let there = Command::new("cargo")
-        .args(["nextest", "--version"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if there {
-        return Ok(());
-    }
-    sh(Command::new("cargo").args(["install", "cargo-nextest", "--locked"]))
-}
-
-/// What `cargo xtask miri` runs: every test, or only those of the named
-/// integration test binaries, and all of them or one slice.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct MiriOpts {
-    /// `--test NAME`: integration test binaries (`model`, `all`).
-    pub tests: Vec<String>,
-    /// `--partition K/N`: the K-th of N slices of the tests (1-based), so
-    /// a run can be split over machines or sessions.
-    pub partition: Option<(u32, u32)>,
-}
-
-/// The nextest filter expression of a Miri run: the named binaries (or
-/// all), without the tests whose names contain a [`MIRI_SKIP`] fragment.
-fn miri_filter(tests: &[String]) -> String {
-    let skip = format!("not test(/{}/)", MIRI_SKIP.join("|"));
-    if tests.is_empty() {
-        return skip;
-    }
-    let bins: Vec<String> = tests.iter().map(|t| format!("binary({t})")).collect();
-    format!("({}) and {skip}", bins.join(" | "))
-}
-
-/// Every host test (unit and integration tests, not doctests) of
-/// pgtable-core and of the arch crates ([`MIRI_CRATES`]) under Miri, with
-/// every feature, on the nightly toolchain ([`ensure_miri`] installs it and
-/// its components when missing), skipping only [`MIRI_SKIP`] (the GiB
-/// cases). The tests run through `cargo nextest` ([`ensure_nextest`]
-/// installs it), one interpreter per test and one per CPU at a time:
-/// libtest under Miri runs a binary's tests one after another on one core.
-///
-/// The tests themselves scale their long loops down under `cfg(miri)`,
-/// keeping every code path and every per-step check:
-///
-/// - the model test runs one episode of `MIRI_OPS` operations per format
-///   (and leaves the check that every documented outcome was reached to
-///   the native run);
-/// - the randomized and racing loops run a tenth of their rounds
-///   (`miri_scaled`) and only their first seed (`miri_first`); the ASID
-///   model's 12-bit run, which checks all of its 5000 spaces at every
-///   step, a hundredth; the protection-change races 48 leaves instead of
-///   2048;
-/// - the exhaustive grids run every 29th case (`miri_sample`), the
-///   reservation grids of thousands of cases every 1009th
-///   (`miri_sample_sparse`), and `replace_pte` of a full table the first
-///   four pages and every 29th;
-/// - the conformance suite fills and validates one page of each moved
-///   range and, in a run of every case, runs every fourth case and one
-///   case of its move matrix, from offsets that follow the format and the
-///   machine (`suite::Summary::unsampled` counts the others, printed as
-///   `unsampled <name>`), so the suite's runs on the different formats
-///   cover different cases.
-///
-/// The arena hands out host addresses as physical addresses, hence
-/// permissive provenance. Leaks are not checked: the SMP and race tests
-/// leak their `'static` handles on purpose (`Box::leak` of the
-/// `Shootdown`, `MmCpus` and slots their threads share), and the
-/// simulator's frame counts already check that the library frees every
-/// table. `--no-fail-fast`: every test runs and reports.
-pub fn miri(opts: &MiriOpts) -> Result<(), String> {
-    ensure_miri()?;
-    ensure_nextest()?;
-    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut c = with_toolchain("nightly", "cargo");
-    c.args(["miri", "nextest", "run", "--all-features", "--no-fail-fast"])
-        .args(["-j", &jobs.to_string()])
-        .args(MIRI_CRATES.iter().flat_map(|k| ["-p", k]))
-        .args(["-E", &miri_filter(&opts.tests)]);
-    if let Some((k, n)) = opts.partition {
-        c.args(["--partition", &format!("count:{k}/{n}")]);
-    }
-    c.env(
-        "MIRIFLAGS",
-        "-Zmiri-permissive-provenance -Zmiri-ignore-leaks",
-    );
-    sh(&mut c)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{has_component, miri_filter, MIRI_COMPONENTS, MIRI_SKIP};
-
-    #[test]
-    fn the_miri_filter_skips_every_fragment_and_selects_the_binaries() {
-        let all = miri_filter(&[]);
-        assert!(all.starts_with("not test(/"), "{all}");
-        for s in MIRI_SKIP {
-            assert!(all.contains(s), "{s} not skipped: {all}");
-        }
-        let two = miri_filter(&["model".into(), "all".into()]);
-        assert!(
-            two.starts_with("(binary(model) | binary(all)) and not test(/"),
-            "{two}"
-        );
-    }
-
-    #[test]
-    fn components_are_found_with_and_without_the_host_triple() {
-        let minimal = "cargo-x86_64-unknown-linux-gnu\nrust-std-x86_64-unknown-linux-gnu\n\
-                       rustc-x86_64-unknown-linux-gnu\n";
-        let full = format!("{minimal}miri-x86_64-unknown-linux-gnu\nrust-src\n");
-        for comp in MIRI_COMPONENTS {
-            assert!(!has_component(minimal, comp), "{comp} in a minimal nightly");
-            assert!(has_component(&full, comp), "{comp} not found");
-        }
-        // Only `miri` missing: `rust-src` is found, `miri` is not.
-        let no_miri = format!("{minimal}rust-src\n");
-        assert!(has_component(&no_miri, "rust-src"));
-        assert!(!has_component(&no_miri, "miri"));
-    }
 }

@@ -24,18 +24,21 @@
 //!   test of pgtable-core and of the arch crates (pgtable-arm64,
 //!   pgtable-x86, pgtable-riscv; unit tests, the simulator's tests, the
 //!   suite and the model test) under Miri, or only those of the named
-//!   integration test binaries (each crate has `model` and `all`), or the
-//!   K-th of N slices of them. Skips only the cases that map, move or walk
-//!   a GiB of 4 KiB pages (`MIRI_SKIP` in `ci.rs`, each named with its
-//!   reason). Under Miri (`cfg(miri)`) the long loops run fewer steps: the
-//!   model test one 48-operation episode per format, the randomized and
-//!   racing loops a tenth of their rounds, the exhaustive grids every 29th
-//!   case, the suite fills and validates one page of each moved range.
-//!   Runs through `cargo nextest`, one test per CPU at a time, and installs
-//!   what is missing: the nightly toolchain, its `miri` and `rust-src`
-//!   components, `cargo-nextest`. Not part of `ci`: about an hour or more
-//!   on two cores (each test is interpreted hundreds of times slower than
-//!   native code, with Stacked Borrows checking every table-entry access).
+//!   test binaries (`lib`, the unit tests; each crate also has `model`
+//!   and `all`), or the K-th of N slices of them. Skips only the cases
+//!   that map, move or walk a GiB of 4 KiB pages (`MIRI_SKIP` in
+//!   `miri.rs`, each named with its reason). Under Miri (`cfg(miri)`) the
+//!   long loops run fewer steps: the model test one 48-operation episode
+//!   per format, the randomized and racing loops a tenth of their rounds,
+//!   the exhaustive grids every 29th case, the suite fills and validates
+//!   one page of each moved range. Each binary's tests run in batches, one
+//!   libtest process under Miri per batch and one batch per CPU at a time;
+//!   prints a line per batch, then per binary the tests run, passed,
+//!   failed and skipped, and the totals. Installs what is missing: the
+//!   nightly toolchain and its `miri` and `rust-src` components. Not part
+//!   of `ci`: hours on two cores (each test is interpreted hundreds of
+//!   times slower than native code, with Stacked Borrows checking every
+//!   table-entry access).
 //!
 //! Plain `cargo test` works without xtask; xtask only strings commands together.
 
@@ -43,6 +46,7 @@ mod arm64;
 mod bench;
 mod ci;
 mod linux_mremap;
+mod miri;
 mod qemu;
 #[cfg(test)]
 mod readme;
@@ -94,7 +98,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         "miri" => match parse_miri_opts(&args[1..]) {
-            Ok(opts) => ci::miri(&opts),
+            Ok(opts) => miri::miri(&opts),
             Err(e) => Err(e),
         },
         _ => return usage(),
@@ -172,8 +176,8 @@ fn parse_soak_opts(args: &[String]) -> Result<(Option<u64>, Option<u64>), String
 }
 
 /// `--test NAME` (repeatable) and `--partition K/N` of `miri`.
-fn parse_miri_opts(args: &[String]) -> Result<ci::MiriOpts, String> {
-    let mut opts = ci::MiriOpts::default();
+fn parse_miri_opts(args: &[String]) -> Result<miri::MiriOpts, String> {
+    let mut opts = miri::MiriOpts::default();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
