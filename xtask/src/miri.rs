@@ -74,6 +74,19 @@ const MIRIFLAGS: &str = "-Zmiri-permissive-provenance -Zmiri-ignore-leaks";
 /// seconds) stays a small part of each batch.
 const BATCH: usize = 8;
 
+/// The test binary whose tests each run for minutes under Miri (the model
+/// test: one episode per format). Its tests run first and one per batch,
+/// so that the run does not end with one CPU working through them alone.
+const LONG: &str = "model";
+
+/// The indices of `bins`, those of [`LONG`] binaries first.
+fn first_the_long(bins: &[Binary]) -> Vec<usize> {
+    let (mut long, short): (Vec<usize>, Vec<usize>) =
+        (0..bins.len()).partition(|&i| bins[i].target == LONG);
+    long.extend(short);
+    long
+}
+
 /// The nightly components `cargo miri` needs.
 const MIRI_COMPONENTS: [&str; 2] = ["miri", "rust-src"];
 
@@ -345,8 +358,9 @@ struct Tally {
 /// only [`MIRI_SKIP`] (the GiB cases).
 ///
 /// Each binary's tests are listed under Miri, then run in batches of
-/// [`BATCH`] (one libtest process under Miri each, `--exact` names), one
-/// batch per CPU at a time. A batch that Miri stops (undefined behaviour)
+/// [`BATCH`] (one libtest process under Miri each, `--exact` names; the
+/// [`LONG`] binaries first, a test per batch), one batch per CPU at a
+/// time. A batch that Miri stops (undefined behaviour)
 /// is reported with its log, and the tests it did not reach run in a batch
 /// of their own. Every batch runs; the summary gives per binary the tests
 /// run, passed, failed and skipped, and the seconds spent, then one line
@@ -399,13 +413,14 @@ pub fn miri(opts: &MiriOpts) -> Result<(), String> {
     }
     let mine = slice(all, opts.partition);
     let mut queue = VecDeque::new();
-    for (i, _) in bins.iter().enumerate() {
+    for i in first_the_long(&bins) {
         let tests: Vec<String> = mine
             .iter()
             .filter(|(b, _)| *b == i)
             .map(|(_, n)| n.clone())
             .collect();
-        for chunk in tests.chunks(BATCH) {
+        let per_batch = if bins[i].target == LONG { 1 } else { BATCH };
+        for chunk in tests.chunks(per_batch) {
             queue.push_back(Batch {
                 bin: i,
                 tests: chunk.to_vec(),
@@ -565,7 +580,10 @@ fn summarize(bins: &[Binary], tally: &[Tally], t0: Instant) -> Result<(), String
 
 #[cfg(test)]
 mod tests {
-    use super::{has_component, parse_list, parse_run, skipped, slice, MIRI_COMPONENTS};
+    use super::{
+        first_the_long, has_component, parse_list, parse_run, skipped, slice, Binary,
+        MIRI_COMPONENTS,
+    };
 
     #[test]
     fn gib_cases_are_skipped_and_others_are_not() {
@@ -584,6 +602,22 @@ mod tests {
         ] {
             assert!(!skipped(name), "{name}");
         }
+    }
+
+    #[test]
+    fn the_model_binaries_run_first() {
+        let bin = |krate, target: &str| Binary {
+            krate,
+            target: target.to_string(),
+        };
+        let bins = [
+            bin("a", "lib"),
+            bin("a", "all"),
+            bin("a", "model"),
+            bin("b", "all"),
+            bin("b", "model"),
+        ];
+        assert_eq!(first_the_long(&bins), [2, 4, 0, 1, 3]);
     }
 
     #[test]
