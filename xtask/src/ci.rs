@@ -27,7 +27,8 @@ pub(crate) const LIBS: [&str; 4] = [
     "pgtable-riscv",
 ];
 
-/// fmt, clippy (host + bare-metal, every feature combination), tests, docs
+/// fmt, clippy (host + bare-metal, every feature combination), tests, the
+/// loom models, docs
 /// (host and every bare-metal target), the minimum supported Rust
 /// version, and `cargo package --workspace`.
 pub fn ci() -> Result<(), String> {
@@ -62,6 +63,7 @@ pub fn ci() -> Result<(), String> {
         sh(cargo().args(["test", "--workspace"]).args(fs))?;
     }
     sh(cargo().args(["test", "--workspace", "--all-features"]))?;
+    loom()?;
     sh(cargo()
         .args(["doc", "--workspace", "--no-deps", "--all-features"])
         .env("RUSTDOCFLAGS", "-D warnings"))?;
@@ -108,6 +110,20 @@ pub fn ci() -> Result<(), String> {
             .env("CARGO_TARGET_DIR", root().join("target/kernels")))?;
     }
     Ok(())
+}
+
+/// The loom models (pgtable-core's `tests/loom.rs`, which print the
+/// interleavings each explored): built with `--cfg loom`, so the library's
+/// lock-free code runs on loom's atomics, optimised as loom advises, in a
+/// target directory of their own (the flag rebuilds every crate), and with
+/// at most 3 preemptions per execution so the step takes seconds.
+fn loom() -> Result<(), String> {
+    sh(cargo()
+        .args(["test", "-p", "pgtable-core", "--test", "loom", "--release"])
+        .args(["--", "--nocapture"])
+        .env("RUSTFLAGS", "--cfg loom")
+        .env("CARGO_TARGET_DIR", root().join("target/loom"))
+        .env("LOOM_MAX_PREEMPTIONS", "3"))
 }
 
 /// The libraries' docs for each bare-metal target, warnings denied: what

@@ -106,6 +106,14 @@
 //! - [`TableAlloc`] requires `alloc_table`, `free_table` and
 //!   `phys_to_virt`.
 //!
+//! # For many CPUs in one address space
+//!
+//! Readers that walk tables without their locks rely on a grace period
+//! before an unlinked table is freed: a [`GracePeriod`] the kernel
+//! supplies (its RCU, or interrupts off and an IPI, as Linux's GUP-fast
+//! and `tlb_remove_table` do), or [`ReaderSlots`], which needs nothing but
+//! atomics.
+//!
 //! [`AddressSpace`]: crate::AddressSpace
 
 use core::fmt;
@@ -114,6 +122,7 @@ use crate::{AddressSpace, VirtAddr};
 
 pub(crate) mod arch;
 pub(crate) mod format;
+pub(crate) mod grace;
 pub mod level;
 pub(crate) mod mmu;
 pub(crate) mod table;
@@ -121,6 +130,7 @@ pub(crate) mod table;
 pub use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 pub use crate::contract::arch::Arch;
 pub use crate::contract::format::{Access, AccessFault, Decoded, Format};
+pub use crate::contract::grace::{GracePeriod, ReadGuard, ReaderSlots};
 pub use crate::contract::level::Level;
 pub use crate::contract::mmu::{Mmu, NoopMmu, TaggedMmu, TlbRange};
 #[cfg(feature = "alloc")]
