@@ -178,15 +178,19 @@ pub(crate) fn with_toolchain(toolchain: &str, program: &str) -> Command {
     c
 }
 
-/// Installs `toolchain` (minimal profile) with every bare-metal target
-/// unless it is there already.
-fn ensure_toolchain(toolchain: &str) -> Result<(), String> {
-    let installed = with_toolchain(toolchain, "rustc")
+/// Whether rustup has `toolchain` (its `rustc` runs).
+pub(crate) fn has_toolchain(toolchain: &str) -> bool {
+    with_toolchain(toolchain, "rustc")
         .arg("--version")
         .output()
         .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !installed {
+        .unwrap_or(false)
+}
+
+/// Installs `toolchain` (minimal profile) with every bare-metal target
+/// unless it is there already.
+fn ensure_toolchain(toolchain: &str) -> Result<(), String> {
+    if !has_toolchain(toolchain) {
         let mut c = Command::new("rustup");
         c.args(["toolchain", "install", toolchain, "--profile", "minimal"]);
         for t in TARGETS {

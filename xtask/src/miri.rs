@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::ci::{with_toolchain, LIBS};
+use crate::ci::{has_toolchain, with_toolchain, LIBS};
 use crate::qemu::{root, run as sh};
 
 /// The crates whose host test binaries run under Miri: pgtable-core and
@@ -96,12 +96,7 @@ const MIRI_COMPONENTS: [&str; 2] = ["miri", "rust-src"];
 /// one: a minimal nightly has neither, and `miri` without `rust-src`
 /// cannot build its sysroot).
 fn ensure_miri() -> Result<(), String> {
-    let installed = with_toolchain("nightly", "rustc")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !installed {
+    if !has_toolchain("nightly") {
         let mut c = Command::new("rustup");
         c.args(["toolchain", "install", "nightly", "--profile", "minimal"]);
         for comp in MIRI_COMPONENTS {
