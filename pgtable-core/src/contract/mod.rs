@@ -108,11 +108,16 @@
 //!
 //! # For many CPUs in one address space
 //!
-//! Readers that walk tables without their locks rely on a grace period
-//! before an unlinked table is freed: a [`GracePeriod`] the kernel
+//! [`AddressSpace`]'s operations take `&mut self`: one CPU at a time, no
+//! locks. Operations by many CPUs at once build on two parts of the
+//! contract. Readers that walk tables without their locks rely on a grace
+//! period before an unlinked table is freed: a [`GracePeriod`] the kernel
 //! supplies (its RCU, or interrupts off and an IPI, as Linux's GUP-fast
 //! and `tlb_remove_table` do), or [`ReaderSlots`], which needs nothing but
-//! atomics.
+//! atomics. Writers lock the tables they change: a [`TableLock`] per
+//! table frame, which a [`TableLocks`] allocator keeps where the kernel
+//! keeps per-frame metadata (Linux's split page-table locks in `ptdesc`;
+//! the simulator's `SimAlloc` implements it).
 //!
 //! [`AddressSpace`]: crate::AddressSpace
 
@@ -124,6 +129,7 @@ pub(crate) mod arch;
 pub(crate) mod format;
 pub(crate) mod grace;
 pub mod level;
+pub(crate) mod lock;
 pub(crate) mod mmu;
 pub(crate) mod table;
 
@@ -132,6 +138,7 @@ pub use crate::contract::arch::Arch;
 pub use crate::contract::format::{Access, AccessFault, Decoded, Format};
 pub use crate::contract::grace::{GracePeriod, ReadGuard, ReaderSlots};
 pub use crate::contract::level::Level;
+pub use crate::contract::lock::{TableLock, TableLockGuard, TableLocks};
 pub use crate::contract::mmu::{Mmu, NoopMmu, TaggedMmu, TlbRange};
 #[cfg(feature = "alloc")]
 pub use crate::contract::table::Arena;

@@ -432,3 +432,39 @@ fn a_deactivated_space_frees_its_tables_when_dropped() {
         SimFaultKind::FreedTable(root)
     );
 }
+
+/// The simulator's allocator keeps one lock per live table frame: the same
+/// lock on every call and from every clone of the allocator, distinct for
+/// distinct frames, and a new, unlocked one when a freed frame comes back.
+#[test]
+fn sim_alloc_keeps_one_table_lock_per_live_frame() {
+    use pgtable_core::contract::{TableAlloc, TableLocks};
+
+    let m = SimMachine::<T4>::new();
+    let mut a = m.alloc();
+    let other = m.alloc();
+    let (p, q) = (a.alloc_table().unwrap(), a.alloc_table().unwrap());
+    // SAFETY: both frames are live until freed below, and no reference is
+    // used after its frame's free.
+    unsafe {
+        let lp = a.table_lock(p);
+        assert!(core::ptr::eq(lp, other.table_lock(p)));
+        assert!(!core::ptr::eq(lp, a.table_lock(q)));
+        let held = lp.lock();
+        assert!(other.table_lock(p).try_lock().is_none());
+        assert!(a.table_lock(q).try_lock().is_some());
+        drop(held);
+        // Freed while locked: the frame comes back with an unlocked lock.
+        core::mem::forget(a.table_lock(q).lock());
+        a.free_table(q);
+    }
+    let q2 = a.alloc_table().unwrap();
+    // SAFETY: live frames, references used only while they live.
+    unsafe {
+        assert_eq!(q2, q, "the arena hands the freed frame out again");
+        assert!(!a.table_lock(q2).is_locked());
+        a.free_table(q2);
+        a.free_table(p);
+    }
+    assert_eq!(a.live(), 0);
+}

@@ -1599,6 +1599,20 @@ unsafe impl TableAlloc for SimAlloc {
     }
 }
 
+// SAFETY: a frame's lock is created unlocked the first time it is asked
+// for and boxed, so it stays at one address, for every CPU, until
+// `free_table` drops it with the frame; distinct frames have distinct
+// boxes.
+unsafe impl crate::contract::TableLocks for SimAlloc {
+    unsafe fn table_lock(&self, pa: PhysAddr) -> &crate::contract::TableLock {
+        let mut s = lock(&self.shared);
+        let l: *const crate::contract::TableLock = &**s.locks.entry(pa.0).or_default();
+        // SAFETY: the box lives until the frame is freed, which the caller
+        // promises comes after the last use of the reference.
+        unsafe { &*l }
+    }
+}
+
 /// An address space installed on a simulated machine, that
 /// [deactivates](AddressSpace::deactivate) it when it goes out of scope, so
 /// that dropping it frees its tables (also when a test fails and unwinds).

@@ -241,6 +241,10 @@ pub(super) struct State {
     pub(super) frames: Set<u64>,
     /// Frames allocated now (the arena's and the adopted ones).
     pub(super) live: Set<u64>,
+    /// The [`TableLock`](crate::contract::TableLock) of each live arena
+    /// frame that was asked for one (boxed: a lock stays where it is while
+    /// others come and go), dropped when the frame is freed.
+    pub(super) locks: Map<u64, Box<crate::contract::TableLock>>,
     /// Frames of other allocators ([`SimAllocFrom`](super::SimAllocFrom)),
     /// live or freed: physical address to host address. Disjoint from
     /// `frames`; the memory of a freed one may be gone, so only live ones
@@ -332,6 +336,7 @@ impl State {
             arena: Arena::for_format::<A>(),
             frames: Set::default(),
             live: Set::default(),
+            locks: Map::default(),
             foreign: Map::default(),
             foreign_host: Map::default(),
             unknown: None,
@@ -485,6 +490,7 @@ impl State {
     /// As [`TableAlloc::free_table`].
     pub(super) unsafe fn free_table(&mut self, pa: PhysAddr) {
         self.live.remove(&pa.0);
+        self.locks.remove(&pa.0);
         // An arena frame's host address is its physical address.
         self.forget_frame(pa.0);
         // SAFETY: forwarded from our caller.
